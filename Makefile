@@ -1,0 +1,30 @@
+# `make demo` and `make test` each build the environment from scratch when it is missing.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: env demo test bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	# The CPU build of torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev,plot]'
+	touch $(STAMP)
+
+env: $(STAMP)
+
+demo: env
+	$(BIN)/python examples/demo.py --workdir build/demo
+
+test: env
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+bench: env
+	$(BIN)/python tools/bench_packing.py
+
+clean:
+	rm -rf $(VENV) build .pytest_cache
