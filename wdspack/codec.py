@@ -1,0 +1,181 @@
+"""Pack format v1: one msgpack map per pack. This module owns the bytes.
+
+A pack holds several sub-samples back to back, unpadded::
+
+    input_ids   <s> [INST] [IMG] [IMG] hi [/INST] hello </s> | <s> [INST] 2+2 [/INST] 4 </s>
+    loss_mask    0     0     0     0    0     0       1    1  |  0    0     0     0     1  1
+    seq_lens    [8, 6]               sample_ids ["a", "b"]
+    images      [<jpeg bytes>]       image_sample [0]        image_tokens [2]
+
+:func:`encode_pack` and :func:`decode_pack` are mirrors; the golden shard in ``tests/``
+pins the exact bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgpack
+import numpy as np
+
+from .errors import FormatError
+
+__all__ = ["FORMAT", "Pack", "decode_pack", "encode_pack", "token_dtype_for", "validate_pack"]
+
+FORMAT = "wdspack/1"
+_TOKEN_DTYPES = ("<u2", "<u4")
+_KEYS = ("format", "token_dtype", "input_ids", "loss_mask", "seq_lens", "sample_ids",
+         "images", "image_sample", "image_tokens")
+# Bounds for untrusted bytes: a pack never needs more than this.
+_MAX_PACK_BYTES = 1 << 31
+_MAX_ITEMS = 1 << 22
+
+
+@dataclass(frozen=True, slots=True)
+class Pack:
+    """One pack: sub-samples concatenated without padding (see the module docstring)."""
+
+    input_ids: np.ndarray  # 1-D unsigned ints
+    loss_mask: np.ndarray  # 1-D uint8, same length
+    seq_lens: tuple[int, ...]
+    sample_ids: tuple[str, ...]
+    images: tuple[bytes, ...] = ()
+    image_sample: tuple[int, ...] = ()
+    image_tokens: tuple[int, ...] = ()
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.seq_lens)
+
+    @property
+    def num_images(self) -> int:
+        return len(self.images)
+
+
+def token_dtype_for(vocab_size: int) -> str:
+    """``"<u2"`` when every id fits in 16 bits, else ``"<u4"``.
+
+    Example:
+        >>> token_dtype_for(32_000), token_dtype_for(131_072)
+        ('<u2', '<u4')
+    """
+    return "<u2" if vocab_size <= 1 << 16 else "<u4"
+
+
+def encode_pack(pack: Pack, *, token_dtype: str) -> bytes:
+    """Encode a pack as one msgpack map (keys in a fixed order, so bytes are deterministic).
+
+    Example:
+        >>> p = Pack(np.array([1, 2, 3]), np.array([0, 1, 1]), (3,), ("a",))
+        >>> decode_pack(encode_pack(p, token_dtype="<u2")).seq_lens
+        (3,)
+    """
+    if token_dtype not in _TOKEN_DTYPES:
+        raise FormatError(f"token_dtype {token_dtype!r} is not one of {_TOKEN_DTYPES}")
+    validate_pack(pack)
+    ids = np.asarray(pack.input_ids)
+    if ids.size and int(ids.max()) > np.iinfo(np.dtype(token_dtype)).max:
+        raise FormatError(f"token id {int(ids.max())} does not fit token_dtype {token_dtype!r}; use '<u4'")
+    record = {
+        "format": FORMAT,
+        "token_dtype": token_dtype,
+        "input_ids": ids.astype(token_dtype, copy=False).tobytes(),
+        "loss_mask": np.asarray(pack.loss_mask, dtype=np.uint8).tobytes(),
+        "seq_lens": [int(n) for n in pack.seq_lens],
+        "sample_ids": [str(s) for s in pack.sample_ids],
+        "images": [bytes(b) for b in pack.images],
+        "image_sample": [int(i) for i in pack.image_sample],
+        "image_tokens": [int(n) for n in pack.image_tokens],
+    }
+    return msgpack.packb(record, use_bin_type=True)
+
+
+def decode_pack(data: bytes) -> Pack:
+    """Decode and validate one pack. Raises :class:`FormatError` on anything malformed.
+
+    Never executes code from the bytes: msgpack maps, lists, strings and bins only.
+    """
+    if len(data) > _MAX_PACK_BYTES:
+        raise FormatError(f"pack of {len(data)} bytes exceeds the {_MAX_PACK_BYTES}-byte limit")
+    try:
+        record = msgpack.unpackb(
+            data, raw=False, strict_map_key=True, use_list=True,
+            max_bin_len=_MAX_PACK_BYTES, max_str_len=1 << 20,
+            max_array_len=_MAX_ITEMS, max_map_len=1024, max_ext_len=0,
+        )
+    except Exception as e:  # msgpack raises several unrelated types on bad bytes
+        raise FormatError(f"pack is not valid msgpack: {type(e).__name__}: {e}") from None
+    if not isinstance(record, dict):
+        raise FormatError(f"pack is a msgpack {type(record).__name__}, expected a map")
+    fmt = record.get("format")
+    if fmt != FORMAT:
+        raise FormatError(f"pack format {fmt!r} is not supported by this reader, which reads {FORMAT!r}; "
+                          "upgrade wdspack or re-pack the data")
+    missing = [k for k in _KEYS if k not in record]
+    if missing:
+        raise FormatError(f"pack is missing keys {missing}")
+    dtype = record["token_dtype"]
+    if dtype not in _TOKEN_DTYPES:
+        raise FormatError(f"token_dtype {dtype!r} is not one of {_TOKEN_DTYPES}")
+    try:
+        pack = Pack(
+            input_ids=np.frombuffer(_as_bytes(record["input_ids"]), dtype=dtype),
+            loss_mask=np.frombuffer(_as_bytes(record["loss_mask"]), dtype=np.uint8),
+            seq_lens=tuple(_as_int(n) for n in record["seq_lens"]),
+            sample_ids=tuple(_as_str(s) for s in record["sample_ids"]),
+            images=tuple(_as_bytes(b) for b in record["images"]),
+            image_sample=tuple(_as_int(i) for i in record["image_sample"]),
+            image_tokens=tuple(_as_int(n) for n in record["image_tokens"]),
+        )
+    except (TypeError, ValueError) as e:
+        raise FormatError(f"pack has a field of the wrong type: {e}") from None
+    validate_pack(pack)
+    return pack
+
+
+def validate_pack(pack: Pack, *, seq_len: int | None = None, max_images: int | None = None) -> None:
+    """Check the invariants of format v1 (and, if given, the budgets). Raises :class:`FormatError`."""
+    n = pack.input_ids.shape[0]
+    if pack.input_ids.ndim != 1 or pack.loss_mask.shape != (n,):
+        raise FormatError(f"input_ids ({n} tokens) and loss_mask ({pack.loss_mask.shape}) disagree")
+    if len(pack.sample_ids) != len(pack.seq_lens):
+        raise FormatError(f"{len(pack.sample_ids)} sample_ids for {len(pack.seq_lens)} seq_lens")
+    if any(s <= 0 for s in pack.seq_lens) or sum(pack.seq_lens) != n:
+        raise FormatError(f"seq_lens {list(pack.seq_lens)[:8]}... do not sum to the {n} tokens")
+    if not (len(pack.images) == len(pack.image_sample) == len(pack.image_tokens)):
+        raise FormatError(f"{len(pack.images)} images, {len(pack.image_sample)} image_sample, "
+                          f"{len(pack.image_tokens)} image_tokens: the three must agree")
+    if any(not 0 <= i < len(pack.seq_lens) for i in pack.image_sample):
+        raise FormatError(f"image_sample {list(pack.image_sample)} names a sub-sample outside 0..{len(pack.seq_lens) - 1}")
+    if list(pack.image_sample) != sorted(pack.image_sample):
+        raise FormatError(f"image_sample {list(pack.image_sample)} is not in token order")
+    if any(t < 0 for t in pack.image_tokens):
+        raise FormatError(f"negative image_tokens {list(pack.image_tokens)}")
+    if pack.loss_mask.size and int(pack.loss_mask.max()) > 1:
+        raise FormatError("loss_mask holds values other than 0 and 1")
+    if seq_len is not None and n > seq_len:
+        raise FormatError(f"pack has {n} tokens > seq_len {seq_len}")
+    if max_images is not None and len(pack.images) > max_images:
+        raise FormatError(f"pack has {len(pack.images)} images > max_images {max_images}")
+
+
+def _as_bytes(v: object) -> bytes:
+    if not isinstance(v, (bytes, bytearray)):
+        raise TypeError(f"expected bin, got {type(v).__name__}")
+    return bytes(v)
+
+
+def _as_int(v: object) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"expected int, got {type(v).__name__}")
+    return v
+
+
+def _as_str(v: object) -> str:
+    if not isinstance(v, str):
+        raise TypeError(f"expected str, got {type(v).__name__}")
+    return v

@@ -1,0 +1,111 @@
+"""Exceptions raised by wdspack, and the record of a dropped sample.
+
+The tree::
+
+    WdspackError                 base of everything wdspack raises on purpose
+    ├── ConfigError              bad arguments or options (the fix is on the command line)
+    ├── SourceError              a whole source cannot be read (missing file, unknown layout)
+    ├── SampleError              one record or sample is bad; carries a drop ``reason``
+    ├── FormatError              bytes that do not follow pack format v1 (or an unknown version)
+    ├── ManifestError            a manifest that is missing, unreadable or inconsistent
+    └── OutputError              the output folder cannot be written, or a resume does not match
+
+A :class:`SampleError` never stops a job under ``on_error="skip"``: it becomes a
+:class:`Dropped` entry, counted by reason in the manifest and listed in ``dropped.jsonl``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "ConfigError",
+    "DROP_REASONS",
+    "Dropped",
+    "FormatError",
+    "ManifestError",
+    "OutputError",
+    "SampleError",
+    "SourceError",
+    "WdspackError",
+]
+
+#: Every reason a sample can be dropped for, with what it means.
+DROP_REASONS: dict[str, str] = {
+    "malformed_record": "the record could not be parsed (bad JSON, wrong field types)",
+    "unknown_role": "a turn has a role that is not system/user/assistant (or a known alias)",
+    "empty_conversation": "the record has no turns, or nothing left after templating",
+    "no_assistant_turn": "nothing to train on: the conversation has no assistant turn",
+    "placeholder_mismatch": "the number of image placeholders differs from the number of images",
+    "missing_image": "an image file named by the record does not exist",
+    "image_path_escape": "an image path points outside the image root",
+    "unreadable_image": "the image bytes are corrupt, truncated or not an image",
+    "image_too_large": "the image has more pixels than the decompression-bomb limit",
+    "too_long": "the sample has more tokens than seq_len",
+    "too_many_images": "the sample has more images than max_images",
+    "duplicate_id": "another sample already has this id",
+}
+
+
+class WdspackError(Exception):
+    """Base class of every error wdspack raises on purpose."""
+
+
+class ConfigError(WdspackError, ValueError):
+    """An argument or option is invalid; the message names the value and the fix."""
+
+
+class SourceError(WdspackError):
+    """A whole source cannot be read (missing path, unknown layout, unreadable file)."""
+
+
+class SampleError(WdspackError):
+    """One record or sample is bad.
+
+    Args:
+        reason: a key of :data:`DROP_REASONS`.
+        detail: what exactly is wrong, naming the value and the fix.
+        sample_id: the sample's id, when known.
+    """
+
+    def __init__(self, reason: str, detail: str, *, sample_id: str | None = None) -> None:
+        if reason not in DROP_REASONS:
+            raise ValueError(f"unknown drop reason {reason!r}; known: {sorted(DROP_REASONS)}")
+        self.reason = reason
+        self.detail = detail
+        self.sample_id = sample_id
+        prefix = f"sample {sample_id!r}: " if sample_id is not None else ""
+        super().__init__(f"{prefix}{detail} [{reason}]")
+
+    def to_dropped(self, sample_id: str | None = None) -> Dropped:
+        """The :class:`Dropped` entry for this error."""
+        return Dropped(sample_id=sample_id or self.sample_id or "?", reason=self.reason, detail=self.detail)
+
+
+class FormatError(WdspackError):
+    """Bytes that do not follow pack format v1, or a pack of an unknown format version."""
+
+
+class ManifestError(WdspackError):
+    """A manifest that is missing, unreadable or inconsistent with its shards."""
+
+
+class OutputError(WdspackError):
+    """The output cannot be written, or a ``--resume`` does not match the earlier job."""
+
+
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    """A sample that is in no pack, and why.
+
+    Example:
+        >>> Dropped("llava:17", "missing_image", "images/17.jpg does not exist")
+        Dropped(sample_id='llava:17', reason='missing_image', detail='images/17.jpg does not exist')
+    """
+
+    sample_id: str
+    reason: str
+    detail: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        return {"id": self.sample_id, "reason": self.reason, "detail": self.detail}

@@ -1,0 +1,118 @@
+"""``manifest.json``: what a packed dataset holds, written last (its presence means complete).
+
+The loader reads it once and never lists a remote folder again. Everything in it is
+deterministic (no timestamps, no host names, no credentials), so two runs with the same inputs
+and seed write the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .codec import FORMAT
+from .errors import ManifestError
+
+__all__ = ["MANIFEST_NAME", "DROPPED_NAME", "Manifest", "ShardInfo", "read_manifest", "write_json_atomic"]
+
+MANIFEST_NAME = "manifest.json"
+DROPPED_NAME = "dropped.jsonl"
+
+
+@dataclass(frozen=True, slots=True)
+class ShardInfo:
+    """One shard as the manifest lists it."""
+
+    name: str
+    packs: int
+    samples: int
+    tokens: int
+    images: int
+    bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """The dataset's table of contents and provenance.
+
+    ``tokenizer`` holds name, vocab_size, pad_token_id, image_token, image_token_id,
+    chat_template_sha256 and token_dtype. ``image_policy`` says how image token counts were
+    decided (``{"kind": "fixed", "tokens_per_image": 64}`` or ``{"kind": "processor", ...}``).
+    ``totals`` holds samples_read / samples_packed / samples_dropped / dropped_by_reason /
+    packs / tokens / images / fill_ratio.
+    """
+
+    seq_len: int
+    max_images: int | None
+    algorithm: str
+    seed: int
+    tokenizer: dict[str, Any]
+    image_policy: dict[str, Any]
+    shards: tuple[ShardInfo, ...]
+    totals: dict[str, Any]
+    split: str = "train"
+    sources: tuple[str, ...] = ()
+    provenance: dict[str, Any] = field(default_factory=dict)
+    dropped_file: str = DROPPED_NAME
+    format: str = FORMAT
+    wdspack_version: str = ""
+
+    @property
+    def num_packs(self) -> int:
+        return sum(s.packs for s in self.shards)
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        order = ["format", "wdspack_version", "split", "seq_len", "max_images", "algorithm", "seed",
+                 "tokenizer", "image_policy", "sources", "provenance", "totals", "dropped_file", "shards"]
+        return json.dumps({k: d[k] for k in order}, indent=1, sort_keys=False, ensure_ascii=False) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Manifest:
+        try:
+            d = json.loads(text)
+        except ValueError as e:
+            raise ManifestError(f"manifest is not valid JSON: {e}") from None
+        if not isinstance(d, dict):
+            raise ManifestError("manifest is not a JSON object")
+        if d.get("format") != FORMAT:
+            raise ManifestError(f"manifest format {d.get('format')!r} is not supported by this reader, "
+                                f"which reads {FORMAT!r}; upgrade wdspack or re-pack the data")
+        try:
+            shards = tuple(ShardInfo(**s) for s in d["shards"])
+            return cls(
+                seq_len=int(d["seq_len"]), max_images=d.get("max_images"), algorithm=d["algorithm"],
+                seed=int(d["seed"]), tokenizer=dict(d["tokenizer"]), image_policy=dict(d["image_policy"]),
+                shards=shards, totals=dict(d["totals"]), split=d.get("split", "train"),
+                sources=tuple(d.get("sources", ())), provenance=dict(d.get("provenance", {})),
+                dropped_file=d.get("dropped_file", DROPPED_NAME), format=d["format"],
+                wdspack_version=d.get("wdspack_version", ""),
+            )
+        except (KeyError, TypeError) as e:
+            raise ManifestError(f"manifest is missing or has a malformed field: {e}") from None
+
+
+def read_manifest(root: str | os.PathLike[str]) -> Manifest:
+    """Read ``manifest.json`` from a local dataset folder (or the path of the file itself)."""
+    path = Path(root)
+    if path.is_dir():
+        path = path / MANIFEST_NAME
+    if not path.exists():
+        raise ManifestError(f"{path} does not exist: the dataset is incomplete (the manifest is written "
+                            "last) or this is not a wdspack dataset; re-run `wdspack pack ... --resume`")
+    return Manifest.from_json(path.read_bytes())
+
+
+def write_json_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write text to ``path`` through a temp name and ``os.replace`` (never half a file)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
