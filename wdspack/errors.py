@@ -68,7 +68,7 @@ class SampleError(WdspackError):
         sample_id: the sample's id, when known.
     """
 
-    def __init__(self, reason: str, detail: str, *, sample_id: str | None = None) -> None:
+    def __init__(self, reason: str, detail: str, sample_id: str | None = None) -> None:
         if reason not in DROP_REASONS:
             raise ValueError(f"unknown drop reason {reason!r}; known: {sorted(DROP_REASONS)}")
         self.reason = reason
@@ -76,6 +76,9 @@ class SampleError(WdspackError):
         self.sample_id = sample_id
         prefix = f"sample {sample_id!r}: " if sample_id is not None else ""
         super().__init__(f"{prefix}{detail} [{reason}]")
+
+    def __reduce__(self):  # survives a trip through a process pool
+        return (type(self), (self.reason, self.detail, self.sample_id))
 
     def to_dropped(self, sample_id: str | None = None) -> Dropped:
         """The :class:`Dropped` entry for this error."""
