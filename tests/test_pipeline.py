@@ -1,0 +1,271 @@
+"""The pack job end to end: round trip, conservation, determinism, resume."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from wdspack import pipeline
+from wdspack.codec import decode_pack
+from wdspack.errors import ConfigError, Dropped, OutputError, SampleError
+from wdspack.manifest import read_manifest
+from wdspack.pipeline import PackConfig, pack_dataset
+from wdspack.samples import SampleConfig, get_builder
+from wdspack.sources import iter_records, list_partitions
+
+ROOT = Path(__file__).resolve().parents[1]
+SEQ_LEN, MAX_IMAGES = 2048, 6
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("make_demo_data", ROOT / "examples" / "make_demo_data.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def demo_data(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    _generator().main([str(out), "--records", "160", "--seed", "3"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def sample_config(tekken_dir, pixtral_template):
+    return SampleConfig(tokenizer=str(tekken_dir), chat_template=pixtral_template,
+                        tokens_per_image=16, image_token="[IMG]")
+
+
+def _sources(demo_data):
+    return [str(demo_data / "llava.jsonl"), str(demo_data / "messages.jsonl")]
+
+
+def _config(**kw):
+    base = dict(seq_len=SEQ_LEN, max_images=MAX_IMAGES, shard_max_bytes=150_000, records_per_partition=40)
+    base.update(kw)
+    return PackConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory, demo_data, sample_config):
+    out = tmp_path_factory.mktemp("packed") / "ds"
+    summary = pack_dataset(_sources(demo_data), out, sample_config=sample_config, config=_config())
+    return out, summary
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(root.iterdir()) if p.is_file()}
+
+
+def _read_packs(root: Path):
+    for shard in read_manifest(root).shards:
+        with tarfile.open(root / shard.name) as tar:
+            for m in tar.getmembers():
+                yield decode_pack(tar.extractfile(m).read())
+
+
+def test_round_trip_byte_for_byte(packed, demo_data, sample_config):
+    out, _ = packed
+    builder = get_builder(sample_config)
+    expected = {}
+    for part in list_partitions(_sources(demo_data)):
+        for rec in iter_records(part):
+            if isinstance(rec, Dropped):
+                continue
+            try:
+                s = builder.build(rec)
+            except SampleError:
+                continue
+            expected[s.sample_id] = s
+    got = {}
+    for pack in _read_packs(out):
+        assert pack.num_tokens <= SEQ_LEN and pack.num_images <= MAX_IMAGES
+        starts = np.cumsum((0,) + pack.seq_lens)
+        for k, sid in enumerate(pack.sample_ids):
+            sl = slice(starts[k], starts[k + 1])
+            owned = [i for i, owner in enumerate(pack.image_sample) if owner == k]
+            got[sid] = (pack.input_ids[sl], pack.loss_mask[sl], [pack.images[i] for i in owned],
+                        [pack.image_tokens[i] for i in owned])
+    assert got, "nothing was packed"
+    for sid, (ids, mask, images, image_tokens) in got.items():
+        s = expected[sid]
+        assert ids.tolist() == s.input_ids.tolist(), sid
+        assert mask.tolist() == s.loss_mask.tolist(), sid
+        assert images == list(s.images) and image_tokens == list(s.image_tokens), sid
+    too_big = {sid for sid, s in expected.items() if s.token_count > SEQ_LEN or s.image_count > MAX_IMAGES}
+    assert set(got) == set(expected) - too_big
+
+
+def test_every_record_is_packed_or_dropped_once(packed, demo_data):
+    out, summary = packed
+    all_ids = [r.sample_id for part in list_partitions(_sources(demo_data)) for r in iter_records(part)]
+    packed_ids = [sid for pack in _read_packs(out) for sid in pack.sample_ids]
+    dropped = [json.loads(line) for line in (out / "dropped.jsonl").read_text().splitlines()]
+    dropped_ids = [d["id"] for d in dropped]
+    assert len(packed_ids) == len(set(packed_ids))
+    assert sorted(packed_ids + dropped_ids) == sorted(all_ids)
+    m = read_manifest(out)
+    t = m.totals
+    assert t["samples_read"] == len(all_ids) == summary.samples_read
+    assert t["samples_packed"] == len(packed_ids) and t["samples_dropped"] == len(dropped)
+    assert sum(t["dropped_by_reason"].values()) == len(dropped)
+    # The demo data holds one record of each bad kind; each is reported with its reason.
+    for reason in ("missing_image", "unreadable_image", "too_long", "malformed_record", "unknown_role"):
+        assert t["dropped_by_reason"].get(reason, 0) >= 1, (reason, t["dropped_by_reason"])
+    assert all(d["detail"] for d in dropped)
+    assert t["packs"] == sum(s.packs for s in m.shards) == summary.packs
+    assert t["tokens"] == sum(s.tokens for s in m.shards)
+    assert abs(t["fill_ratio"] - t["tokens"] / (t["packs"] * SEQ_LEN)) < 1e-6
+
+
+def test_manifest_describes_the_job(packed):
+    out, _ = packed
+    m = read_manifest(out)
+    assert (m.seq_len, m.max_images, m.algorithm, m.seed) == (SEQ_LEN, MAX_IMAGES, "bfd", 0)
+    assert m.tokenizer["vocab_size"] == 131072 and m.tokenizer["token_dtype"] == "<u4"
+    assert m.tokenizer["image_token_id"] == 10
+    assert len(m.shards) > 1, "shard_max_bytes should roll over shards"
+    for s in m.shards:
+        assert (out / s.name).stat().st_size == s.bytes
+    assert not (out / pipeline.WORK_DIR).exists(), "the work folder is removed when the job is done"
+    names = sorted(p.name for p in out.iterdir())
+    assert names == sorted(["manifest.json", "dropped.jsonl"] + [s.name for s in m.shards])
+
+
+def test_two_runs_and_two_workers_give_identical_bytes(packed, demo_data, sample_config, tmp_path):
+    out, _ = packed
+    again = tmp_path / "again"
+    pack_dataset(_sources(demo_data), again, sample_config=sample_config, config=_config(workers=2))
+    assert _files(again) == _files(out)
+
+
+class _Boom(RuntimeError):
+    pass
+
+
+def test_resume_after_a_crash_while_writing(packed, demo_data, sample_config, tmp_path, monkeypatch):
+    out, _ = packed
+    target = tmp_path / "crashy"
+    real, calls = pipeline._write_shard, []
+
+    def crash_on_third(*args):
+        calls.append(args[0])
+        if len(calls) == 3:
+            raise _Boom("killed")
+        return real(*args)
+
+    monkeypatch.setattr(pipeline, "_write_shard", crash_on_third)
+    with pytest.raises(_Boom):
+        pack_dataset(_sources(demo_data), target, sample_config=sample_config, config=_config())
+    assert not (target / "manifest.json").exists()
+    assert not [p for p in target.iterdir() if p.name.endswith(".tmp")]
+    with pytest.raises(OutputError, match="--resume"):
+        pack_dataset(_sources(demo_data), target, sample_config=sample_config, config=_config())
+    monkeypatch.setattr(pipeline, "_write_shard", real)
+    summary = pack_dataset(_sources(demo_data), target, sample_config=sample_config, config=_config(),
+                           resume=True)
+    assert summary.resumed_shards == 2
+    assert _files(target) == _files(out)
+
+
+def test_resume_after_a_crash_while_measuring(packed, demo_data, sample_config, tmp_path, monkeypatch):
+    out, _ = packed
+    target = tmp_path / "crashy"
+    real, calls = pipeline._measure_partition, []
+
+    def crash_on_second(*args):
+        calls.append(args[0])
+        if len(calls) == 2:
+            raise _Boom("killed")
+        return real(*args)
+
+    monkeypatch.setattr(pipeline, "_measure_partition", crash_on_second)
+    with pytest.raises(_Boom):
+        pack_dataset(_sources(demo_data), target, sample_config=sample_config, config=_config())
+    monkeypatch.setattr(pipeline, "_measure_partition", real)
+    pack_dataset(_sources(demo_data), target, sample_config=sample_config, config=_config(), resume=True)
+    assert _files(target) == _files(out)
+
+
+def test_resume_refuses_other_arguments(demo_data, sample_config, tmp_path, monkeypatch):
+    target = tmp_path / "ds"
+    monkeypatch.setattr(pipeline, "_write_shard", lambda *a: (_ for _ in ()).throw(_Boom("killed")))
+    with pytest.raises(_Boom):
+        pack_dataset(_sources(demo_data), target, sample_config=sample_config, config=_config())
+    with pytest.raises(OutputError, match="other inputs or arguments"):
+        pack_dataset(_sources(demo_data), target, sample_config=sample_config, config=_config(seq_len=1024),
+                     resume=True)
+
+
+def test_sigkill_at_random_points_then_resume(demo_data, tekken_dir, tmp_path):
+    """A real SIGKILL of the CLI process, then --resume: the same bytes as an uninterrupted run."""
+    template = ROOT / "examples" / "chat_templates" / "pixtral.jinja"
+    target = tmp_path / "killed"
+    argv = [sys.executable, "-m", "wdspack.cli", "pack", *_sources(demo_data), "--output", str(target),
+            "--tokenizer", str(tekken_dir), "--chat-template", str(template), "--image-token", "[IMG]",
+            "--tokens-per-image", "16", "--seq-len", str(SEQ_LEN), "--max-images", str(MAX_IMAGES),
+            "--shard-size", "150000", "--quiet"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    # records_per_partition is not a CLI flag; the CLI's default partitions the same data identically
+    # to itself, so compare the killed-and-resumed output with an uninterrupted CLI run.
+    reference = tmp_path / "reference"
+    ref_argv = [a if a != str(target) else str(reference) for a in argv]
+    assert subprocess.run(ref_argv, env=env, capture_output=True).returncode == 0
+    rng = np.random.default_rng(0)
+    for attempt in range(2):
+        proc = subprocess.Popen(argv + (["--resume"] if attempt else []), env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(float(rng.uniform(2.0, 7.0)))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        for shard in target.glob("train-*.tar") if target.exists() else []:
+            with tarfile.open(shard) as tar:  # anything under a final name is complete
+                for m in tar.getmembers():
+                    decode_pack(tar.extractfile(m).read())
+    done = subprocess.run(argv + ["--resume"], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert _files(target) == _files(reference)
+
+
+def test_output_folder_checks(packed, demo_data, sample_config, tmp_path):
+    out, _ = packed
+    with pytest.raises(OutputError, match="already holds a packed dataset"):
+        pack_dataset(_sources(demo_data), out, sample_config=sample_config, config=_config())
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("mine")
+    with pytest.raises(OutputError, match="not empty"):
+        pack_dataset(_sources(demo_data), busy, sample_config=sample_config, config=_config())
+
+
+def test_on_error_raise_stops_at_the_first_bad_record(demo_data, sample_config, tmp_path):
+    with pytest.raises(SampleError, match="--on-error skip"):
+        pack_dataset(_sources(demo_data), tmp_path / "ds", sample_config=sample_config,
+                     config=_config(on_error="raise"))
+
+
+def test_drop_tolerance(demo_data, sample_config, tmp_path):
+    with pytest.raises(SampleError, match="over the tolerance"):
+        pack_dataset(_sources(demo_data), tmp_path / "ds", sample_config=sample_config,
+                     config=_config(max_drop_fraction=0.001))
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(algorithm="magic"), "unknown --algorithm 'magic'"),
+    (dict(on_error="ignore"), "--on-error"),
+    (dict(workers=0), "--workers"),
+])
+def test_config_errors(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        _config(**kw)

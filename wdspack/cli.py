@@ -1,0 +1,158 @@
+"""The ``wdspack`` command line: each subcommand parses, calls one library function, and maps
+wdspack's errors to an exit code and a one-line message.
+
+Exit codes: 0 success, 1 a data or output problem (:class:`~wdspack.errors.WdspackError`),
+2 bad arguments (:class:`~wdspack.errors.ConfigError` or argparse).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import __version__
+from .errors import ConfigError, WdspackError
+
+__all__ = ["main", "parse_size"]
+
+_EPILOG = """\
+examples:
+  wdspack pack data/llava.jsonl --output packed/ --tokenizer ./pixtral-tokenizer \\
+      --chat-template examples/chat_templates/pixtral.jinja --image-token '[IMG]' \\
+      --seq-len 4096 --max-images 16 --tokens-per-image 64 --workers 4
+
+run `wdspack COMMAND --help` for the options of each command.
+"""
+
+_PACK_EPILOG = """\
+examples:
+  # LLaVA JSONL with images next to it, a fixed 64 tokens per image (SmolVLM / nanoVLM):
+  wdspack pack llava.jsonl --output packed/ --tokenizer ./tok --chat-template tmpl.jinja \\
+      --image-token '<image>' --seq-len 4096 --max-images 16 --tokens-per-image 64
+
+  # Parquet with image bytes, Qwen2-VL token counts from the image sizes, 4 processes:
+  wdspack pack 'data/*.parquet' --output packed/ --tokenizer Qwen/Qwen2-VL-2B-Instruct \\
+      --tokens-per-image processor:Qwen/Qwen2-VL-2B-Instruct --seq-len 8192 --workers 4
+
+  # The job was killed: run the same command again with --resume.
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (tests call this in-process)."""
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse exits on --help and on usage errors
+        return int(e.code or 0)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.run(args)
+    except ConfigError as e:
+        print(f"wdspack {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except WdspackError as e:
+        print(f"wdspack {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"wdspack {args.command}: interrupted; re-run with --resume to continue", file=sys.stderr)
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="wdspack", description="Pack multimodal chat data into knapsack-packed WebDataset shards.",
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"wdspack {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    _add_pack(sub)
+    return p
+
+
+def _add_pack(sub) -> None:
+    p = sub.add_parser("pack", help="tokenize, plan and write packed shards",
+                       description="Tokenize chat data once, plan packs under a token and an image budget, "
+                                   "and write WebDataset shards with a manifest.",
+                       epilog=_PACK_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("sources", nargs="+", metavar="SOURCE",
+                   help="JSON/JSONL (LLaVA or messages), Parquet, a save_to_disk folder; files, folders or globs")
+    p.add_argument("--output", "-o", required=True, help="dataset folder to create")
+    p.add_argument("--tokenizer", required=True, help="tokenizer name or local path (loaded with AutoTokenizer)")
+    p.add_argument("--chat-template", metavar="FILE", help="Jinja chat template, when the tokenizer has none")
+    p.add_argument("--seq-len", type=int, required=True, help="tokens per pack")
+    p.add_argument("--max-images", type=int, default=None, help="images per pack (default: unlimited)")
+    p.add_argument("--tokens-per-image", default="64", metavar="N|processor:NAME",
+                   help="image tokens per image: a fixed count, or processor:NAME_OR_PATH (default 64)")
+    p.add_argument("--image-token", help="the tokenizer's image token placeholders expand to, e.g. '<image>'")
+    p.add_argument("--image-root", help="folder image paths are relative to (default: each source's folder)")
+    p.add_argument("--max-image-side", type=int, help="downscale larger images to this longest side at pack time")
+    p.add_argument("--algorithm", default="bfd", help="greedy | shuffle | ffd | bfd | balanced (default bfd)")
+    p.add_argument("--shard-size", default="512MB", help="roll over shards at this size (default 512MB)")
+    p.add_argument("--shard-packs", type=int, help="roll over shards at this many packs")
+    p.add_argument("--workers", type=int, default=1, help="processes for tokenizing and writing (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed for shuffles (default 0)")
+    p.add_argument("--on-error", choices=("skip", "raise"), default="skip",
+                   help="drop bad samples with a reason (skip, default) or stop at the first (raise)")
+    p.add_argument("--max-drop-fraction", type=float, help="fail if more than this fraction is dropped")
+    p.add_argument("--split", default="train", help="shard name prefix (default train)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted job in --output")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
+    p.set_defaults(run=_run_pack)
+
+
+def _run_pack(args: argparse.Namespace) -> int:
+    from .pipeline import PackConfig, pack_dataset
+    from .samples import SampleConfig
+
+    template = None
+    if args.chat_template:
+        path = Path(args.chat_template)
+        if not path.is_file():
+            raise ConfigError(f"--chat-template {args.chat_template!r} is not a file")
+        template = path.read_text(encoding="utf-8")
+    tpi: int | str = args.tokens_per_image
+    if re.fullmatch(r"\d+", str(tpi)):
+        tpi = int(tpi)
+    elif not str(tpi).startswith("processor:"):
+        raise ConfigError(f"--tokens-per-image {tpi!r}: give a number (e.g. 64) or processor:NAME_OR_PATH")
+    sample_config = SampleConfig(tokenizer=args.tokenizer, chat_template=template, tokens_per_image=tpi,
+                                 image_token=args.image_token, max_image_side=args.max_image_side)
+    config = PackConfig(seq_len=args.seq_len, max_images=args.max_images, algorithm=args.algorithm,
+                        seed=args.seed, shard_max_bytes=parse_size(args.shard_size),
+                        shard_max_packs=args.shard_packs, workers=args.workers, on_error=args.on_error,
+                        max_drop_fraction=args.max_drop_fraction, split=args.split)
+    summary = pack_dataset(args.sources, args.output, sample_config=sample_config, config=config,
+                           image_root=args.image_root, resume=args.resume,
+                           progress=not args.quiet and sys.stderr.isatty())
+    for line in summary.lines():
+        print(line)
+    return 0
+
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """Parse a byte size such as ``512MB``, ``1.5GiB`` or ``100000``.
+
+    Example:
+        >>> parse_size("512MB"), parse_size("1KiB")
+        (512000000, 1024)
+    """
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ConfigError(f"size {text!r} not understood; write e.g. 512MB, 2GiB or 100000")
+    value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if value <= 0:
+        raise ConfigError(f"size {text!r} must be positive")
+    return value
+
+
+if __name__ == "__main__":
+    sys.exit(main())

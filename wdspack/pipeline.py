@@ -1,0 +1,543 @@
+"""The pack job: measure → plan → write, resumable, in a process pool.
+
+::
+
+    sources ──list_partitions──► partitions ──measure (pool)──► spool files + per-partition meta
+                                                                        │ integer arrays only
+                                                                        ▼
+                                              plan_packs (one process) → packs → shards
+                                                                        │
+                                                write (pool) ◄──────────┘ one task per shard
+                                                    ▼
+                                   train-000000.tar … + dropped.jsonl + manifest.json (last)
+
+Measuring tokenizes each sample once and spools it (tokens, mask, image bytes) under
+``OUTPUT/.wdspack-work/``; the driver keeps only integers and ids. Every finished unit of work
+is visible under its final name only when complete (temp name + ``os.replace``), so a job
+killed at any point and re-run with ``resume=True`` redoes only what was unfinished, and the
+result is byte-identical to an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from . import __version__
+from .codec import Pack, encode_pack
+from .errors import ConfigError, Dropped, OutputError, SampleError
+from .manifest import DROPPED_NAME, MANIFEST_NAME, Manifest, ShardInfo, write_json_atomic
+from .packing import ALGORITHMS, plan_packs
+from .samples import SampleConfig, get_builder
+from .sources import Partition, iter_records, list_partitions
+from .writer import ShardWriter, shard_name
+
+__all__ = ["PackConfig", "PackSummary", "pack_dataset"]
+
+WORK_DIR = ".wdspack-work"
+_PACK_OVERHEAD = 64  # msgpack framing per pack, bytes (for shard size estimates)
+_SAMPLE_OVERHEAD = 48  # per sub-sample: its id, length and image lists
+
+
+@dataclass(frozen=True, slots=True)
+class PackConfig:
+    """How to plan and write (everything but the tokenizer, which is :class:`SampleConfig`)."""
+
+    seq_len: int
+    max_images: int | None = None
+    algorithm: str = "bfd"
+    seed: int = 0
+    shard_max_bytes: int = 512 * 10**6
+    shard_max_packs: int | None = None
+    workers: int = 1
+    on_error: str = "skip"
+    max_drop_fraction: float | None = None
+    split: str = "train"
+    records_per_partition: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.seq_len <= 0:
+            raise ConfigError(f"seq_len must be positive, got {self.seq_len}")
+        if self.max_images is not None and self.max_images < 0:
+            raise ConfigError(f"max_images must be >= 0, got {self.max_images}")
+        if self.algorithm not in ALGORITHMS:
+            raise ConfigError(f"unknown --algorithm {self.algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
+        if self.on_error not in ("skip", "raise"):
+            raise ConfigError(f"--on-error must be 'skip' or 'raise', got {self.on_error!r}")
+        if self.shard_max_bytes <= 0 or (self.shard_max_packs is not None and self.shard_max_packs <= 0):
+            raise ConfigError("shard size limits must be positive")
+        if self.workers < 1:
+            raise ConfigError(f"--workers must be >= 1, got {self.workers}")
+        if self.max_drop_fraction is not None and not 0 <= self.max_drop_fraction <= 1:
+            raise ConfigError(f"max_drop_fraction must be in [0, 1], got {self.max_drop_fraction}")
+
+
+@dataclass(frozen=True, slots=True)
+class PackSummary:
+    """What a pack job did; :meth:`lines` is what the CLI prints."""
+
+    output: str
+    samples_read: int
+    samples_packed: int
+    dropped_by_reason: dict[str, int]
+    packs: int
+    tokens: int
+    images: int
+    fill_ratio: float
+    shards: int
+    bytes: int
+    seconds: float
+    resumed_shards: int = 0
+
+    @property
+    def samples_dropped(self) -> int:
+        return sum(self.dropped_by_reason.values())
+
+    def lines(self) -> list[str]:
+        dropped = ", ".join(f"{k} {v}" for k, v in sorted(self.dropped_by_reason.items())) or "none"
+        rate = self.samples_read / self.seconds if self.seconds > 0 else 0.0
+        return [
+            f"samples  read {self.samples_read}  packed {self.samples_packed}  dropped {self.samples_dropped} ({dropped})",
+            f"packs    {self.packs}  fill {self.fill_ratio:.2%}  tokens {self.tokens}  images {self.images}",
+            f"shards   {self.shards}  {_human_bytes(self.bytes)}  in {self.output}",
+            f"time     {self.seconds:.1f} s  ({rate:.0f} samples/s)"
+            + (f"  resumed: {self.resumed_shards} shards kept" if self.resumed_shards else ""),
+        ]
+
+
+@dataclass(slots=True)
+class _Measured:
+    """Integer arrays over all measured samples, in input order (the driver's whole state)."""
+
+    ids: list[str] = field(default_factory=list)
+    tokens: list[np.ndarray] = field(default_factory=list)
+    images: list[np.ndarray] = field(default_factory=list)
+    part: list[np.ndarray] = field(default_factory=list)
+    offset: list[np.ndarray] = field(default_factory=list)
+    length: list[np.ndarray] = field(default_factory=list)
+    image_bytes: list[np.ndarray] = field(default_factory=list)
+    dropped: list[Dropped] = field(default_factory=list)
+    records: int = 0
+    describe: dict[str, Any] | None = None
+
+
+def pack_dataset(
+    sources: Sequence[str],
+    output: str | os.PathLike[str],
+    *,
+    sample_config: SampleConfig,
+    config: PackConfig,
+    image_root: str | None = None,
+    resume: bool = False,
+    progress: bool = False,
+) -> PackSummary:
+    """Pack chat data into shards: the library call behind ``wdspack pack``.
+
+    Args:
+        sources: files, folders or globs (JSON/JSONL/Parquet/``save_to_disk`` folders).
+        output: the dataset folder to create.
+        sample_config: tokenizer, chat template and image-token policy.
+        config: budgets, algorithm, seed, shard size, workers, error policy.
+        image_root: folder image paths are relative to (default: each source file's folder).
+        resume: continue an interrupted job in ``output`` (same arguments), keeping finished work.
+        progress: show progress bars on stderr.
+
+    Returns:
+        A :class:`PackSummary`.
+
+    Example:
+        >>> pack_dataset(["data/llava.jsonl"], "out", sample_config=SampleConfig("tok/"),
+        ...              config=PackConfig(seq_len=4096, max_images=16))  # doctest: +SKIP
+    """
+    start = time.perf_counter()
+    out = Path(output)
+    partitions = list_partitions(list(sources), image_root=image_root,
+                                 records_per_partition=config.records_per_partition)
+    fingerprint = _fingerprint(partitions, sample_config, config)
+    work = _prepare_output(out, fingerprint, resume=resume)
+    if work is None:  # already complete
+        return _summary_from_manifest(out, time.perf_counter() - start)
+
+    measured = _measure(partitions, work, sample_config, config, progress=progress)
+    describe = measured.describe or get_builder(sample_config).describe()
+    table = _select(measured, config)
+    plan = _plan(table, config)
+    shard_plans = _assign_shards(plan, table, config, token_itemsize=_itemsize(describe))
+    infos, kept = _write_shards(shard_plans, table, work, out, describe, config, progress=progress)
+
+    dropped = measured.dropped + table["dropped"]
+    _write_dropped(out / DROPPED_NAME, dropped)
+    manifest = _build_manifest(sources, config, sample_config, describe, infos, measured.records, dropped, image_root)
+    write_json_atomic(out / MANIFEST_NAME, manifest.to_json())
+    shutil.rmtree(work, ignore_errors=True)
+    totals = manifest.totals
+    return PackSummary(
+        output=str(out), samples_read=totals["samples_read"], samples_packed=totals["samples_packed"],
+        dropped_by_reason=totals["dropped_by_reason"], packs=totals["packs"], tokens=totals["tokens"],
+        images=totals["images"], fill_ratio=totals["fill_ratio"], shards=len(infos),
+        bytes=sum(i.bytes for i in infos), seconds=time.perf_counter() - start, resumed_shards=kept,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Output folder and resume
+
+
+def _fingerprint(partitions: Sequence[Partition], sample_config: SampleConfig, config: PackConfig) -> str:
+    """A hash of everything that decides the output (not workers: they change nothing)."""
+    inputs = []
+    for p in partitions:
+        st = os.stat(p.path)
+        inputs.append([p.path, p.kind, p.start, p.stop, p.first_row, p.image_root, st.st_size, st.st_mtime_ns])
+    cfg = {k: v for k, v in asdict(config).items() if k != "workers"}
+    blob = json.dumps({"inputs": inputs, "samples": asdict(sample_config), "config": cfg,
+                       "version": __version__}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _prepare_output(out: Path, fingerprint: str, *, resume: bool) -> Path | None:
+    """Create or check the output folder; return the work folder, or None if already complete."""
+    work = out / WORK_DIR
+    job_file = work / "job.json"
+    if (out / MANIFEST_NAME).exists():
+        if resume and (not job_file.exists() or json.loads(job_file.read_text())["fingerprint"] == fingerprint):
+            shutil.rmtree(work, ignore_errors=True)
+            return None
+        raise OutputError(f"{out} already holds a packed dataset; choose another --output or delete it")
+    if work.exists():
+        if not resume:
+            raise OutputError(f"{out} holds an unfinished pack job; pass --resume to continue it, "
+                              "or delete the folder to start over")
+        earlier = json.loads(job_file.read_text())["fingerprint"] if job_file.exists() else None
+        if earlier != fingerprint:
+            raise OutputError(f"--resume: the unfinished job in {out} was started with other inputs or "
+                              "arguments; re-run it with the same ones, or delete the folder to start over")
+    elif out.exists() and any(out.iterdir()):
+        raise OutputError(f"{out} exists and is not empty; choose a new --output folder")
+    try:
+        (work / "spool").mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"cannot create {work}: {e.strerror}; check the path and permissions") from None
+    if not job_file.exists():
+        write_json_atomic(job_file, json.dumps({"fingerprint": fingerprint}))
+    return work
+
+
+# ---------------------------------------------------------------------------------------------
+# Measure: tokenize each partition once, spool samples, keep integers
+
+
+def _measure(partitions, work: Path, sample_config, config, *, progress: bool) -> _Measured:
+    todo = [i for i in range(len(partitions)) if not _meta_path(work, i).exists()]
+    tasks = [(i, partitions[i], sample_config, str(work), config.on_error) for i in todo]
+    for _ in _run(_measure_partition, tasks, config.workers, desc="measure", unit="part", progress=progress):
+        pass
+    m = _Measured()
+    for i in range(len(partitions)):
+        meta = msgpack.unpackb(_meta_path(work, i).read_bytes(), raw=False)
+        n = len(meta["ids"])
+        m.ids.extend(meta["ids"])
+        m.tokens.append(np.frombuffer(meta["tokens"], np.int64))
+        m.images.append(np.frombuffer(meta["images"], np.int64))
+        m.image_bytes.append(np.frombuffer(meta["image_bytes"], np.int64))
+        m.offset.append(np.frombuffer(meta["offsets"], np.int64))
+        m.length.append(np.frombuffer(meta["lengths"], np.int64))
+        m.part.append(np.full(n, i, np.int64))
+        m.dropped.extend(Dropped(*d) for d in meta["dropped"])
+        m.records += meta["records"]
+        m.describe = m.describe or meta["describe"]
+    return m
+
+
+def _meta_path(work: Path, i: int) -> Path:
+    return work / "spool" / f"{i:06d}.meta"
+
+
+def _measure_partition(i: int, partition: Partition, sample_config: SampleConfig, work: str,
+                       on_error: str) -> int:
+    """Tokenize one partition into ``spool/{i}.bin``; its ``.meta`` appears only when complete."""
+    builder = get_builder(sample_config)
+    spool = Path(work) / "spool" / f"{i:06d}.bin"
+    ids, tokens, images, image_bytes, offsets, lengths, dropped = [], [], [], [], [], [], []
+    records = 0
+    with open(spool, "wb") as f:
+        for item in iter_records(partition):
+            records += 1
+            if isinstance(item, Dropped):
+                _on_drop(item, on_error)
+                dropped.append(item)
+                continue
+            try:
+                s = builder.build(item)
+            except SampleError as e:
+                d = e.to_dropped(item.sample_id)
+                _on_drop(d, on_error)
+                dropped.append(d)
+                continue
+            blob = msgpack.packb([s.sample_id, s.input_ids.astype("<u4").tobytes(),
+                                  s.loss_mask.astype(np.uint8).tobytes(), list(s.images),
+                                  list(s.image_tokens)], use_bin_type=True)
+            offsets.append(f.tell())
+            lengths.append(len(blob))
+            f.write(blob)
+            ids.append(s.sample_id)
+            tokens.append(s.token_count)
+            images.append(s.image_count)
+            image_bytes.append(sum(len(b) for b in s.images))
+        f.flush()
+        os.fsync(f.fileno())
+    meta = {
+        "ids": ids, "records": records, "describe": builder.describe(),
+        "tokens": np.asarray(tokens, np.int64).tobytes(), "images": np.asarray(images, np.int64).tobytes(),
+        "image_bytes": np.asarray(image_bytes, np.int64).tobytes(),
+        "offsets": np.asarray(offsets, np.int64).tobytes(), "lengths": np.asarray(lengths, np.int64).tobytes(),
+        "dropped": [[d.sample_id, d.reason, d.detail] for d in dropped],
+    }
+    path = _meta_path(Path(work), i)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(msgpack.packb(meta, use_bin_type=True))
+    os.replace(tmp, path)
+    return i
+
+
+def _on_drop(d: Dropped, on_error: str) -> None:
+    if on_error == "raise":
+        raise SampleError(d.reason, f"{d.detail} (pass --on-error skip to drop such samples and go on)",
+                          sample_id=d.sample_id)
+
+
+# ---------------------------------------------------------------------------------------------
+# Select and plan: integers only
+
+
+def _select(m: _Measured, config: PackConfig) -> dict[str, Any]:
+    """Concatenate the arrays, drop duplicates and samples over a budget (with reasons)."""
+    cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64)  # noqa: E731
+    tok, img = cat(m.tokens), cat(m.images)
+    keep = np.ones(tok.size, bool)
+    dropped: list[Dropped] = []
+    seen: set[str] = set()
+    for j, sid in enumerate(m.ids):
+        if sid in seen:
+            keep[j] = False
+            dropped.append(Dropped(sid, "duplicate_id", f"id {sid!r} appears more than once; "
+                                   "the first occurrence is kept — give samples unique ids"))
+            continue
+        seen.add(sid)
+        if tok[j] > config.seq_len:
+            keep[j] = False
+            dropped.append(Dropped(sid, "too_long", f"{int(tok[j])} tokens > seq_len {config.seq_len}; "
+                                   "raise --seq-len to keep it"))
+        elif config.max_images is not None and img[j] > config.max_images:
+            keep[j] = False
+            dropped.append(Dropped(sid, "too_many_images", f"{int(img[j])} images > max_images "
+                                   f"{config.max_images}; raise --max-images to keep it"))
+    if config.on_error == "raise" and dropped:
+        d = dropped[0]
+        raise SampleError(d.reason, f"{d.detail} (or pass --on-error skip)", sample_id=d.sample_id)
+    total = m.records
+    if config.max_drop_fraction is not None and total:
+        frac = (len(m.dropped) + len(dropped)) / total
+        if frac > config.max_drop_fraction:
+            reason = Counter(d.reason for d in m.dropped + dropped).most_common(1)[0][0]
+            raise SampleError(reason, f"{frac:.1%} of {total} samples were dropped (mostly {reason}), over "
+                              f"the tolerance {config.max_drop_fraction:.1%}; fix the data or raise the tolerance")
+    return {"ids": m.ids, "tokens": tok, "images": img, "part": cat(m.part), "offset": cat(m.offset),
+            "length": cat(m.length), "image_bytes": cat(m.image_bytes), "keep": keep, "dropped": dropped}
+
+
+def _plan(table: dict[str, Any], config: PackConfig) -> list[np.ndarray]:
+    """Packs as arrays of sample indices (into the table), in a seeded shuffled order."""
+    keep = np.flatnonzero(table["keep"])
+    packs = plan_packs(table["tokens"][keep], table["images"][keep], seq_len=config.seq_len,
+                       max_images=config.max_images, algorithm=config.algorithm, seed=config.seed)
+    # Shuffle packs so each shard mixes long and short samples (planners emit them sorted).
+    order = np.random.default_rng(config.seed).permutation(len(packs))
+    return [keep[np.asarray(packs[k], np.int64)] for k in order]
+
+
+def _assign_shards(plan, table, config: PackConfig, *, token_itemsize: int) -> list[list[np.ndarray]]:
+    """Cut the pack sequence into shards by estimated bytes and/or pack count."""
+    shards: list[list[np.ndarray]] = []
+    current: list[np.ndarray] = []
+    size = 0
+    for pack in plan:
+        est = (_PACK_OVERHEAD + int(table["tokens"][pack].sum()) * (token_itemsize + 1)
+               + int(table["image_bytes"][pack].sum()) + _SAMPLE_OVERHEAD * pack.size)
+        full_bytes = current and size + est > config.shard_max_bytes
+        full_packs = config.shard_max_packs is not None and len(current) >= config.shard_max_packs
+        if full_bytes or full_packs:
+            shards.append(current)
+            current, size = [], 0
+        current.append(pack)
+        size += est
+    if current:
+        shards.append(current)
+    return shards
+
+
+def _itemsize(describe: dict[str, Any]) -> int:
+    return np.dtype(describe["tokenizer"]["token_dtype"]).itemsize
+
+
+# ---------------------------------------------------------------------------------------------
+# Write: one task per shard, reading samples back from the spool
+
+
+def _write_shards(shard_plans, table, work: Path, out: Path, describe, config: PackConfig, *,
+                  progress: bool) -> tuple[list[ShardInfo], int]:
+    token_dtype = describe["tokenizer"]["token_dtype"]
+    infos: dict[int, ShardInfo] = {}
+    tasks = []
+    for j, packs in enumerate(shard_plans):
+        path = out / shard_name(config.split, j)
+        if path.exists():  # renamed into place only when complete, and the plan is the same
+            infos[j] = _info_of_existing(path, packs, table)
+            continue
+        refs = [[(int(table["part"][s]), int(table["offset"][s]), int(table["length"][s])) for s in pack]
+                for pack in packs]
+        tasks.append((j, refs, str(work), str(path), token_dtype))
+    kept = len(infos)
+    for j, info in _run(_write_shard, tasks, config.workers, desc="write", unit="shard", progress=progress):
+        infos[j] = info
+    return [infos[j] for j in range(len(shard_plans))], kept
+
+
+def _write_shard(j: int, refs, work: str, path: str, token_dtype: str) -> tuple[int, ShardInfo]:
+    """Assemble and write one shard; keys are ``{shard:06d}{pack:06d}``."""
+    files: dict[int, Any] = {}
+    try:
+        with ShardWriter(path) as writer:
+            for k, pack_refs in enumerate(refs):
+                samples = [_read_spooled(files, work, ref) for ref in pack_refs]
+                pack = _assemble(samples)
+                writer.add(f"{j:06d}{k:06d}", encode_pack(pack, token_dtype=token_dtype),
+                           samples=pack.num_samples, tokens=pack.num_tokens, images=pack.num_images)
+            return j, writer.close()
+    finally:
+        for f in files.values():
+            f.close()
+
+
+def _read_spooled(files: dict[int, Any], work: str, ref: tuple[int, int, int]) -> list[Any]:
+    part, offset, length = ref
+    f = files.get(part)
+    if f is None:
+        f = files[part] = open(Path(work) / "spool" / f"{part:06d}.bin", "rb")
+    f.seek(offset)
+    return msgpack.unpackb(f.read(length), raw=False)
+
+
+def _assemble(samples: Sequence[list[Any]]) -> Pack:
+    """Concatenate spooled samples ``[id, ids, mask, images, image_tokens]`` into one pack."""
+    ids = [np.frombuffer(s[1], "<u4") for s in samples]
+    images, image_sample, image_tokens = [], [], []
+    for k, s in enumerate(samples):
+        images.extend(s[3])
+        image_sample.extend([k] * len(s[3]))
+        image_tokens.extend(s[4])
+    return Pack(
+        input_ids=np.concatenate(ids), loss_mask=np.concatenate([np.frombuffer(s[2], np.uint8) for s in samples]),
+        seq_lens=tuple(len(x) for x in ids), sample_ids=tuple(s[0] for s in samples),
+        images=tuple(images), image_sample=tuple(image_sample), image_tokens=tuple(image_tokens),
+    )
+
+
+def _info_of_existing(path: Path, packs, table) -> ShardInfo:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    idx = np.concatenate(packs)
+    return ShardInfo(name=path.name, packs=len(packs), samples=int(idx.size),
+                     tokens=int(table["tokens"][idx].sum()), images=int(table["images"][idx].sum()),
+                     bytes=path.stat().st_size, sha256=h.hexdigest())
+
+
+# ---------------------------------------------------------------------------------------------
+# Manifest
+
+
+def _write_dropped(path: Path, dropped: Iterable[Dropped]) -> None:
+    text = "".join(json.dumps(d.to_json(), ensure_ascii=False) + "\n" for d in dropped)
+    write_json_atomic(path, text)
+
+
+def _build_manifest(sources, config: PackConfig, sample_config: SampleConfig, describe, infos,
+                    records: int, dropped: list[Dropped], image_root: str | None) -> Manifest:
+    packs = sum(i.packs for i in infos)
+    tokens = sum(i.tokens for i in infos)
+    by_reason = dict(sorted(Counter(d.reason for d in dropped).items()))
+    totals = {
+        "samples_read": records, "samples_packed": sum(i.samples for i in infos),
+        "samples_dropped": len(dropped), "dropped_by_reason": by_reason, "packs": packs,
+        "tokens": tokens, "images": sum(i.images for i in infos),
+        "fill_ratio": round(tokens / (packs * config.seq_len), 6) if packs else 0.0,
+        "bytes": sum(i.bytes for i in infos),
+    }
+    provenance = {
+        "shard_max_bytes": config.shard_max_bytes, "shard_max_packs": config.shard_max_packs,
+        "on_error": config.on_error, "image_root": image_root,
+        "max_image_side": sample_config.max_image_side, "max_image_pixels": sample_config.max_image_pixels,
+    }
+    return Manifest(
+        seq_len=config.seq_len, max_images=config.max_images, algorithm=config.algorithm, seed=config.seed,
+        tokenizer=describe["tokenizer"], image_policy=describe["image_policy"], shards=tuple(infos),
+        totals=totals, split=config.split, sources=tuple(str(s) for s in sources), provenance=provenance,
+        wdspack_version=__version__,
+    )
+
+
+def _summary_from_manifest(out: Path, seconds: float) -> PackSummary:
+    m = Manifest.from_json((out / MANIFEST_NAME).read_bytes())
+    t = m.totals
+    return PackSummary(output=str(out), samples_read=t["samples_read"], samples_packed=t["samples_packed"],
+                       dropped_by_reason=t["dropped_by_reason"], packs=t["packs"], tokens=t["tokens"],
+                       images=t["images"], fill_ratio=t["fill_ratio"], shards=len(m.shards),
+                       bytes=sum(s.bytes for s in m.shards), seconds=seconds, resumed_shards=len(m.shards))
+
+
+# ---------------------------------------------------------------------------------------------
+# Execution
+
+
+def _run(fn: Callable[..., Any], tasks: list[tuple], workers: int, *, desc: str, unit: str,
+         progress: bool) -> Iterable[Any]:
+    """Run ``fn(*task)`` for each task, in this process or a spawn pool, yielding results in order."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(tasks), desc=desc, unit=unit, disable=not progress, leave=False)
+    try:
+        if workers <= 1 or len(tasks) <= 1:
+            for t in tasks:
+                yield fn(*t)
+                bar.update()
+            return
+        with ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=get_context("spawn")) as pool:
+            futures = [pool.submit(fn, *t) for t in tasks]
+            for fut in futures:
+                yield fut.result()
+                bar.update()
+    finally:
+        bar.close()
+
+
+def _human_bytes(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n} B"
