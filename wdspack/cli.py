@@ -71,6 +71,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"wdspack {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     _add_pack(sub)
+    _add_inspect(sub)
+    _add_verify(sub)
+    _add_reshard(sub)
+    _add_upload(sub)
     return p
 
 
@@ -131,6 +135,122 @@ def _run_pack(args: argparse.Namespace) -> int:
                            progress=not args.quiet and sys.stderr.isatty())
     for line in summary.lines():
         print(line)
+    return 0
+
+
+def _add_inspect(sub) -> None:
+    p = sub.add_parser("inspect", help="numbers and a picture of a packed dataset",
+                       description="Fill ratio, packs, samples, images, tokens, drops; with --deep (or "
+                                   "--plot) the per-pack distributions and the padding a pad-to-longest "
+                                   "loader would waste.",
+                       epilog="examples:\n  wdspack inspect packed/ --plot fill.png\n"
+                              "  wdspack inspect hf://datasets/org/name@main --json",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dataset", help="dataset folder, https:// or hf://datasets/ORG/NAME[@REV]")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--deep", action="store_true", help="read every pack for distributions")
+    p.add_argument("--plot", metavar="FILE.png", help="write a picture (implies --deep; needs matplotlib)")
+    p.set_defaults(run=_run_inspect)
+
+
+def _run_inspect(args: argparse.Namespace) -> int:
+    import json
+
+    from .stats import dataset_stats, format_stats, plot_stats
+
+    stats = dataset_stats(args.dataset, deep=args.deep or bool(args.plot))
+    if args.plot:
+        plot_stats(stats, args.plot)
+    shown = {k: v for k, v in stats.items() if not k.startswith("_")}
+    print(json.dumps(shown, indent=1) if args.json else "\n".join(format_stats(shown)))
+    if args.plot and not args.json:
+        print(f"plot      {args.plot}")
+    return 0
+
+
+def _add_verify(sub) -> None:
+    p = sub.add_parser("verify", help="prove a packed dataset is intact",
+                       description="Check every shard's size and sha256, decode every pack against the "
+                                   "format's invariants and budgets, and with --source prove every source "
+                                   "sample is in exactly one pack or in the dropped list.",
+                       epilog="examples:\n  wdspack verify packed/\n"
+                              "  wdspack verify packed/ --source data/llava.jsonl",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dataset")
+    p.add_argument("--source", nargs="+", metavar="SOURCE", help="the original inputs")
+    p.add_argument("--image-root", help="as given to pack")
+    p.set_defaults(run=_run_verify)
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    from .verify import verify_dataset
+
+    problems = verify_dataset(args.dataset, sources=args.source, image_root=args.image_root)
+    for line in problems:
+        print(f"FAIL {line}")
+    if problems:
+        print(f"{len(problems)} problems in {args.dataset}", file=sys.stderr)
+        return 1
+    print(f"OK {args.dataset}: every shard, pack and sample checks out")
+    return 0
+
+
+def _add_reshard(sub) -> None:
+    p = sub.add_parser("reshard", help="re-pack a packed dataset for new budgets, without re-tokenizing",
+                       description="Split packs back into their samples (tokens, masks and images untouched) "
+                                   "and re-plan them for a new --seq-len / --max-images.",
+                       epilog="examples:\n  wdspack reshard packed-2048/ packed-4096/ --seq-len 4096\n"
+                              "  wdspack reshard hf://datasets/org/name@main packed-8k/ --seq-len 8192 "
+                              "--max-images 32",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("source", help="dataset folder, https:// or hf://datasets/ORG/NAME[@REV]")
+    p.add_argument("output")
+    p.add_argument("--seq-len", type=int, required=True)
+    p.add_argument("--max-images", type=int)
+    p.add_argument("--algorithm", default="bfd")
+    p.add_argument("--shard-size", default="512MB")
+    p.add_argument("--shard-packs", type=int)
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--quiet", "-q", action="store_true")
+    p.set_defaults(run=_run_reshard)
+
+
+def _run_reshard(args: argparse.Namespace) -> int:
+    from .pipeline import PackConfig
+    from .reshard import reshard_dataset
+
+    config = PackConfig(seq_len=args.seq_len, max_images=args.max_images, algorithm=args.algorithm,
+                        seed=args.seed, shard_max_bytes=parse_size(args.shard_size),
+                        shard_max_packs=args.shard_packs, workers=args.workers)
+    summary = reshard_dataset(args.source, args.output, config=config, resume=args.resume,
+                              progress=not args.quiet and sys.stderr.isatty())
+    for line in summary.lines():
+        print(line)
+    return 0
+
+
+def _add_upload(sub) -> None:
+    p = sub.add_parser("upload", help="publish a packed dataset to the Hugging Face Hub",
+                       description="Upload shards, manifest and a dataset card (with the packing statistics "
+                                   "and plot). Re-running uploads only what is missing. The token comes from "
+                                   "HF_TOKEN or `huggingface-cli login`; prefer those to --token, which puts "
+                                   "the secret on the command line.",
+                       epilog="examples:\n  HF_TOKEN=... wdspack upload packed/ my-org/llava-packed-4096 --private",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dataset")
+    p.add_argument("repo_id", metavar="ORG/NAME")
+    p.add_argument("--private", action="store_true")
+    p.add_argument("--revision", help="branch to commit to")
+    p.add_argument("--token", help="a Hub token; prefer HF_TOKEN (a token on the command line is visible to other users)")
+    p.set_defaults(run=_run_upload)
+
+
+def _run_upload(args: argparse.Namespace) -> int:
+    from .hub import upload_dataset
+
+    upload_dataset(args.dataset, args.repo_id, private=args.private, revision=args.revision, token=args.token)
     return 0
 
 

@@ -45,7 +45,7 @@ from .samples import SampleConfig, get_builder
 from .sources import Partition, iter_records, list_partitions
 from .writer import ShardWriter, shard_name
 
-__all__ = ["PackConfig", "PackSummary", "pack_dataset"]
+__all__ = ["PackConfig", "PackSummary", "SpoolWriter", "pack_dataset", "run_job"]
 
 WORK_DIR = ".wdspack-work"
 _PACK_OVERHEAD = 64  # msgpack framing per pack, bytes (for shard size estimates)
@@ -163,24 +163,41 @@ def pack_dataset(
         ...              config=PackConfig(seq_len=4096, max_images=16))  # doctest: +SKIP
     """
     start = time.perf_counter()
-    out = Path(output)
     partitions = list_partitions(list(sources), image_root=image_root,
                                  records_per_partition=config.records_per_partition)
     fingerprint = _fingerprint(partitions, sample_config, config)
+    tasks = [(i, p, sample_config, config.on_error) for i, p in enumerate(partitions)]
+    provenance = {"image_root": image_root, "max_image_side": sample_config.max_image_side,
+                  "max_image_pixels": sample_config.max_image_pixels}
+    return run_job(Path(output), fingerprint, _measure_partition, tasks, config,
+                   describe=lambda: get_builder(sample_config).describe(), sources=sources,
+                   provenance=provenance, resume=resume, progress=progress, start=start)
+
+
+def run_job(out: Path, fingerprint: str, measure: Callable[..., Any], tasks: list[tuple], config: PackConfig, *,
+            describe: Callable[[], dict[str, Any]], sources: Sequence[str], provenance: dict[str, Any],
+            resume: bool, progress: bool, start: float, carried: Sequence[Dropped] = (),
+            samples_read: int | None = None) -> PackSummary:
+    """Spool samples with ``measure(*task, work)``, then plan, write shards and the manifest.
+
+    Shared by :func:`pack_dataset` (tasks read and tokenize source partitions) and
+    :func:`wdspack.reshard.reshard_dataset` (tasks split existing packs back into samples).
+    ``carried`` are drops inherited from an earlier job; ``samples_read`` overrides the count.
+    """
     work = _prepare_output(out, fingerprint, resume=resume)
     if work is None:  # already complete
         return _summary_from_manifest(out, time.perf_counter() - start)
-
-    measured = _measure(partitions, work, sample_config, config, progress=progress)
-    describe = measured.describe or get_builder(sample_config).describe()
+    measured = _measure(measure, tasks, work, config, progress=progress)
+    info = measured.describe or describe()
     table = _select(measured, config)
     plan = _plan(table, config)
-    shard_plans = _assign_shards(plan, table, config, token_itemsize=_itemsize(describe))
-    infos, kept = _write_shards(shard_plans, table, work, out, describe, config, progress=progress)
+    shard_plans = _assign_shards(plan, table, config, token_itemsize=_itemsize(info))
+    infos, kept = _write_shards(shard_plans, table, work, out, info, config, progress=progress)
 
-    dropped = measured.dropped + table["dropped"]
+    dropped = list(carried) + measured.dropped + table["dropped"]
     _write_dropped(out / DROPPED_NAME, dropped)
-    manifest = _build_manifest(sources, config, sample_config, describe, infos, measured.records, dropped, image_root)
+    read = measured.records if samples_read is None else samples_read
+    manifest = _build_manifest(sources, config, info, infos, read, dropped, provenance)
     write_json_atomic(out / MANIFEST_NAME, manifest.to_json())
     shutil.rmtree(work, ignore_errors=True)
     totals = manifest.totals
@@ -240,13 +257,13 @@ def _prepare_output(out: Path, fingerprint: str, *, resume: bool) -> Path | None
 # Measure: tokenize each partition once, spool samples, keep integers
 
 
-def _measure(partitions, work: Path, sample_config, config, *, progress: bool) -> _Measured:
-    todo = [i for i in range(len(partitions)) if not _meta_path(work, i).exists()]
-    tasks = [(i, partitions[i], sample_config, str(work), config.on_error) for i in todo]
-    for _ in _run(_measure_partition, tasks, config.workers, desc="measure", unit="part", progress=progress):
+def _measure(fn: Callable[..., Any], tasks: list[tuple], work: Path, config: PackConfig, *,
+             progress: bool) -> _Measured:
+    todo = [t + (str(work),) for t in tasks if not _meta_path(work, t[0]).exists()]
+    for _ in _run(fn, todo, config.workers, desc="measure", unit="part", progress=progress):
         pass
     m = _Measured()
-    for i in range(len(partitions)):
+    for i in range(len(tasks)):
         meta = msgpack.unpackb(_meta_path(work, i).read_bytes(), raw=False)
         n = len(meta["ids"])
         m.ids.extend(meta["ids"])
@@ -266,51 +283,76 @@ def _meta_path(work: Path, i: int) -> Path:
     return work / "spool" / f"{i:06d}.meta"
 
 
-def _measure_partition(i: int, partition: Partition, sample_config: SampleConfig, work: str,
-                       on_error: str) -> int:
-    """Tokenize one partition into ``spool/{i}.bin``; its ``.meta`` appears only when complete."""
+def _measure_partition(i: int, partition: Partition, sample_config: SampleConfig, on_error: str,
+                       work: str) -> int:
+    """Tokenize one partition into the spool."""
     builder = get_builder(sample_config)
-    spool = Path(work) / "spool" / f"{i:06d}.bin"
-    ids, tokens, images, image_bytes, offsets, lengths, dropped = [], [], [], [], [], [], []
-    records = 0
-    with open(spool, "wb") as f:
+    with SpoolWriter(work, i) as spool:
         for item in iter_records(partition):
-            records += 1
             if isinstance(item, Dropped):
                 _on_drop(item, on_error)
-                dropped.append(item)
+                spool.drop(item)
                 continue
             try:
                 s = builder.build(item)
             except SampleError as e:
                 d = e.to_dropped(item.sample_id)
                 _on_drop(d, on_error)
-                dropped.append(d)
+                spool.drop(d)
                 continue
-            blob = msgpack.packb([s.sample_id, s.input_ids.astype("<u4").tobytes(),
-                                  s.loss_mask.astype(np.uint8).tobytes(), list(s.images),
-                                  list(s.image_tokens)], use_bin_type=True)
-            offsets.append(f.tell())
-            lengths.append(len(blob))
-            f.write(blob)
-            ids.append(s.sample_id)
-            tokens.append(s.token_count)
-            images.append(s.image_count)
-            image_bytes.append(sum(len(b) for b in s.images))
-        f.flush()
-        os.fsync(f.fileno())
-    meta = {
-        "ids": ids, "records": records, "describe": builder.describe(),
-        "tokens": np.asarray(tokens, np.int64).tobytes(), "images": np.asarray(images, np.int64).tobytes(),
-        "image_bytes": np.asarray(image_bytes, np.int64).tobytes(),
-        "offsets": np.asarray(offsets, np.int64).tobytes(), "lengths": np.asarray(lengths, np.int64).tobytes(),
-        "dropped": [[d.sample_id, d.reason, d.detail] for d in dropped],
-    }
-    path = _meta_path(Path(work), i)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(msgpack.packb(meta, use_bin_type=True))
-    os.replace(tmp, path)
+            spool.add(s.sample_id, s.input_ids, s.loss_mask, s.images, s.image_tokens)
+        spool.finish(builder.describe())
     return i
+
+
+class SpoolWriter:
+    """Samples of one unit of work, appended to ``spool/{i}.bin``; ``spool/{i}.meta`` (the
+    integers the driver plans with) appears only when :meth:`finish` completes."""
+
+    def __init__(self, work: str, i: int) -> None:
+        self._work, self._i = Path(work), i
+        self._f = open(self._work / "spool" / f"{i:06d}.bin", "wb")
+        self._ids: list[str] = []
+        self._ints: list[tuple[int, int, int, int, int]] = []  # tokens, images, image bytes, offset, length
+        self._dropped: list[Dropped] = []
+        self.records = 0
+
+    def add(self, sample_id: str, input_ids: np.ndarray, loss_mask: np.ndarray, images: Sequence[bytes],
+            image_tokens: Sequence[int]) -> None:
+        self.records += 1
+        blob = msgpack.packb([sample_id, np.asarray(input_ids).astype("<u4").tobytes(),
+                              np.asarray(loss_mask).astype(np.uint8).tobytes(), list(images),
+                              [int(t) for t in image_tokens]], use_bin_type=True)
+        self._ints.append((len(input_ids), len(images), sum(len(b) for b in images), self._f.tell(), len(blob)))
+        self._f.write(blob)
+        self._ids.append(sample_id)
+
+    def drop(self, d: Dropped) -> None:
+        self.records += 1
+        self._dropped.append(d)
+
+    def finish(self, describe: dict[str, Any]) -> None:
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+        cols = np.asarray(self._ints, np.int64).reshape(-1, 5).T
+        meta = {
+            "ids": self._ids, "records": self.records, "describe": describe,
+            "tokens": cols[0].tobytes(), "images": cols[1].tobytes(), "image_bytes": cols[2].tobytes(),
+            "offsets": cols[3].tobytes(), "lengths": cols[4].tobytes(),
+            "dropped": [[d.sample_id, d.reason, d.detail] for d in self._dropped],
+        }
+        path = _meta_path(self._work, self._i)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(msgpack.packb(meta, use_bin_type=True))
+        os.replace(tmp, path)
+
+    def __enter__(self) -> SpoolWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self._f.closed:
+            self._f.close()
 
 
 def _on_drop(d: Dropped, on_error: str) -> None:
@@ -476,8 +518,8 @@ def _write_dropped(path: Path, dropped: Iterable[Dropped]) -> None:
     write_json_atomic(path, text)
 
 
-def _build_manifest(sources, config: PackConfig, sample_config: SampleConfig, describe, infos,
-                    records: int, dropped: list[Dropped], image_root: str | None) -> Manifest:
+def _build_manifest(sources, config: PackConfig, describe, infos, records: int, dropped: list[Dropped],
+                    extra: dict[str, Any]) -> Manifest:
     packs = sum(i.packs for i in infos)
     tokens = sum(i.tokens for i in infos)
     by_reason = dict(sorted(Counter(d.reason for d in dropped).items()))
@@ -488,11 +530,8 @@ def _build_manifest(sources, config: PackConfig, sample_config: SampleConfig, de
         "fill_ratio": round(tokens / (packs * config.seq_len), 6) if packs else 0.0,
         "bytes": sum(i.bytes for i in infos),
     }
-    provenance = {
-        "shard_max_bytes": config.shard_max_bytes, "shard_max_packs": config.shard_max_packs,
-        "on_error": config.on_error, "image_root": image_root,
-        "max_image_side": sample_config.max_image_side, "max_image_pixels": sample_config.max_image_pixels,
-    }
+    provenance = {"shard_max_bytes": config.shard_max_bytes, "shard_max_packs": config.shard_max_packs,
+                  "on_error": config.on_error, **extra}
     return Manifest(
         seq_len=config.seq_len, max_images=config.max_images, algorithm=config.algorithm, seed=config.seed,
         tokenizer=describe["tokenizer"], image_policy=describe["image_policy"], shards=tuple(infos),

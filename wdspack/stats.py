@@ -1,0 +1,162 @@
+"""What a packed dataset holds, in numbers and a picture (``wdspack inspect``).
+
+From the manifest alone: fill ratio, packs, samples, images, tokens, dropped counts by reason.
+With ``deep=True`` (reads every pack): distributions of tokens, samples and images per pack, and
+the padding a naive pad-to-longest loader would have wasted on the same samples.
+"""
+
+from __future__ import annotations
+
+import tarfile
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from .codec import Pack, decode_pack
+from .manifest import MANIFEST_NAME, Manifest
+
+__all__ = ["dataset_stats", "format_stats", "iter_dataset_packs", "naive_padding_waste", "open_dataset",
+           "plot_stats"]
+
+
+def open_dataset(source: str) -> tuple[Manifest, str]:
+    """Read the manifest of a local folder, ``https://`` or ``hf://`` dataset; return it and the root URL.
+
+    Example:
+        >>> manifest, root = open_dataset("build/demo/packed")  # doctest: +SKIP
+    """
+    import fsspec
+
+    root = source[: -len(MANIFEST_NAME)].rstrip("/") if source.endswith(MANIFEST_NAME) else source.rstrip("/")
+    with fsspec.open(f"{root}/{MANIFEST_NAME}", "rb") as f:
+        return Manifest.from_json(f.read()), root
+
+
+def iter_dataset_packs(manifest: Manifest, root: str) -> Iterator[tuple[str, Pack]]:
+    """Yield ``(shard name, pack)`` for every pack, streaming each shard once, in manifest order."""
+    import fsspec
+
+    for shard in manifest.shards:
+        with fsspec.open(f"{root}/{shard.name}", "rb") as f, tarfile.open(fileobj=f, mode="r|") as tar:
+            for member in tar:
+                if member.isfile() and member.name.endswith(".mp"):
+                    yield shard.name, decode_pack(tar.extractfile(member).read())
+
+
+def naive_padding_waste(lengths: np.ndarray, *, batch_size: int = 8, seed: int = 0) -> float:
+    """Fraction of tokens that are padding when samples are batched in random order and each
+    batch is padded to its longest sample.
+
+    Example:
+        >>> naive_padding_waste(np.array([10, 10, 5, 5]), batch_size=4, seed=0)
+        0.25
+    """
+    if lengths.size == 0:
+        return 0.0
+    order = np.random.default_rng(seed).permutation(lengths.size)
+    shuffled = lengths[order]
+    padded = 0
+    for start in range(0, shuffled.size, batch_size):
+        chunk = shuffled[start:start + batch_size]
+        padded += int(chunk.max()) * batch_size if chunk.size == batch_size else int(chunk.max()) * chunk.size
+    return 1.0 - float(lengths.sum()) / padded
+
+
+def dataset_stats(source: str, *, deep: bool = False, batch_size: int = 8) -> dict[str, Any]:
+    """Numbers about a packed dataset (see the module docstring); JSON-serialisable."""
+    manifest, root = open_dataset(source)
+    t = manifest.totals
+    stats: dict[str, Any] = {
+        "source": source, "seq_len": manifest.seq_len, "max_images": manifest.max_images,
+        "algorithm": manifest.algorithm, "shards": len(manifest.shards), "packs": t["packs"],
+        "samples": t["samples_packed"], "samples_read": t["samples_read"], "tokens": t["tokens"],
+        "images": t["images"], "fill_ratio": t["fill_ratio"], "bytes": sum(s.bytes for s in manifest.shards),
+        "dropped_by_reason": t["dropped_by_reason"], "tokenizer": manifest.tokenizer.get("name"),
+    }
+    if not deep:
+        return stats
+    tokens, samples, images, lengths = [], [], [], []
+    for _, pack in iter_dataset_packs(manifest, root):
+        tokens.append(pack.num_tokens)
+        samples.append(pack.num_samples)
+        images.append(pack.num_images)
+        lengths.extend(pack.seq_lens)
+    lens = np.asarray(lengths, np.int64)
+    stats["per_pack"] = {
+        "tokens": _describe(np.asarray(tokens)), "samples": _describe(np.asarray(samples)),
+        "images": _describe(np.asarray(images)),
+    }
+    stats["per_sample_tokens"] = _describe(lens)
+    stats["padding_waste"] = 1.0 - t["fill_ratio"]
+    stats["naive_padding_waste"] = naive_padding_waste(lens, batch_size=batch_size)
+    stats["naive_batch_size"] = batch_size
+    stats["_arrays"] = {"tokens": tokens, "samples": samples, "images": images}
+    return stats
+
+
+def _describe(x: np.ndarray) -> dict[str, float]:
+    if x.size == 0:
+        return {"min": 0, "mean": 0.0, "max": 0, "p50": 0.0, "p90": 0.0, "p99": 0.0}
+    p50, p90, p99 = np.percentile(x, [50, 90, 99])
+    return {"min": int(x.min()), "mean": round(float(x.mean()), 3), "max": int(x.max()),
+            "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+
+
+def format_stats(stats: dict[str, Any]) -> list[str]:
+    """Human-readable lines for ``wdspack inspect``."""
+    dropped = ", ".join(f"{k} {v}" for k, v in stats["dropped_by_reason"].items()) or "none"
+    lines = [
+        f"dataset   {stats['source']}  (seq_len {stats['seq_len']}, max_images {stats['max_images']}, "
+        f"{stats['algorithm']})",
+        f"packs     {stats['packs']} in {stats['shards']} shards, {stats['bytes'] / 1e6:.1f} MB",
+        f"samples   {stats['samples']} packed of {stats['samples_read']} read; dropped: {dropped}",
+        f"tokens    {stats['tokens']}  images {stats['images']}  fill {stats['fill_ratio']:.2%}",
+    ]
+    if "per_pack" in stats:
+        for key in ("tokens", "samples", "images"):
+            d = stats["per_pack"][key]
+            lines.append(f"{key + '/pack':<13} min {d['min']}  mean {d['mean']:.1f}  p50 {d['p50']:.0f}  "
+                         f"p90 {d['p90']:.0f}  p99 {d['p99']:.0f}  max {d['max']}")
+        lines.append(f"padding   packed {stats['padding_waste']:.1%} of tokens; a pad-to-longest loader "
+                     f"(batches of {stats['naive_batch_size']}, random order) would waste "
+                     f"{stats['naive_padding_waste']:.1%}")
+    return lines
+
+
+def plot_stats(stats: dict[str, Any], path: str) -> None:
+    """Per-pack bars of real tokens vs padding, and histograms of samples and images per pack.
+
+    Needs ``deep`` stats and matplotlib (``pip install wdspack[plot]``).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arrays = stats["_arrays"]
+    tokens = np.asarray(arrays["tokens"])
+    L = stats["seq_len"]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4), gridspec_kw={"width_ratios": [2.2, 1, 1]})
+    ax = axes[0]
+    shown = np.sort(tokens)[::-1][:400]
+    x = np.arange(shown.size)
+    ax.bar(x, shown, width=1.0, color="#2b7bba", label="real tokens")
+    ax.bar(x, L - shown, bottom=shown, width=1.0, color="#f4a582", label="padding")
+    ax.set_xlim(-0.5, shown.size - 0.5)
+    ax.set_ylim(0, L)
+    ax.set_xlabel(f"pack (sorted; {shown.size} of {tokens.size} shown)")
+    ax.set_ylabel("tokens")
+    ax.set_title(f"fill {stats['fill_ratio']:.1%} vs pad-to-longest "
+                 f"{1 - stats['naive_padding_waste']:.1%}")
+    ax.legend(loc="lower left")
+    for ax, key, color in ((axes[1], "samples", "#4dac26"), (axes[2], "images", "#8073ac")):
+        values = np.asarray(arrays[key])
+        bins = np.arange(values.min(), values.max() + 2) - 0.5 if values.size else 10
+        ax.hist(values, bins=bins, color=color)
+        ax.set_xlabel(f"{key} per pack")
+        ax.set_ylabel("packs")
+        ax.set_title(f"{key} per pack (mean {values.mean():.1f})" if values.size else key)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,164 @@
+"""Prove a packed dataset is intact (``wdspack verify``).
+
+Checks, each problem reported as one line:
+
+- every shard the manifest lists exists, with the listed size and sha256;
+- every member is a pack ``{key}.mp`` with a key unique in the dataset, decodes, satisfies the
+  format's invariants and both budgets, and the per-shard counts match the manifest;
+- no sample id is in two packs or both packed and dropped; the totals add up;
+- with ``sources``: every source record is in exactly one pack or in the dropped list.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+from collections import Counter
+from collections.abc import Sequence
+
+from .codec import decode_pack
+from .errors import FormatError, WdspackError
+from .stats import open_dataset
+
+__all__ = ["verify_dataset"]
+
+
+def verify_dataset(dataset: str, *, sources: Sequence[str] | None = None,
+                   image_root: str | None = None) -> list[str]:
+    """Return the problems found (an empty list means the dataset is intact).
+
+    Example:
+        >>> verify_dataset("build/demo/packed")  # doctest: +SKIP
+        []
+    """
+    import fsspec
+
+    try:
+        manifest, root = open_dataset(dataset)
+    except (OSError, WdspackError) as e:
+        return [f"manifest: cannot read {dataset}: {e}"]
+    problems: list[str] = []
+    keys: set[str] = set()
+    packed: Counter[str] = Counter()
+    for shard in manifest.shards:
+        url = f"{root}/{shard.name}"
+        counts = Counter()
+        hasher = _Hashing()
+        try:
+            with fsspec.open(url, "rb") as raw:
+                hasher.wrap(raw)
+                with tarfile.open(fileobj=hasher, mode="r|") as tar:
+                    for m in tar:
+                        if not (m.isfile() and m.name.endswith(".mp")):
+                            problems.append(f"{shard.name}: member {m.name!r} is not a pack")
+                            continue
+                        key = m.name[:-3]
+                        if key in keys:
+                            problems.append(f"{shard.name}: pack key {key!r} appears twice in the dataset")
+                        keys.add(key)
+                        try:
+                            pack = decode_pack(tar.extractfile(m).read())
+                            if pack.num_tokens > manifest.seq_len:
+                                raise FormatError(f"{pack.num_tokens} tokens > seq_len {manifest.seq_len}")
+                            if manifest.max_images is not None and pack.num_images > manifest.max_images:
+                                raise FormatError(f"{pack.num_images} images > max_images {manifest.max_images}")
+                        except FormatError as e:
+                            problems.append(f"{shard.name}: pack {key}: {e}")
+                            continue
+                        packed.update(pack.sample_ids)
+                        counts.update(packs=1, samples=pack.num_samples, tokens=pack.num_tokens,
+                                      images=pack.num_images)
+                hasher.drain()
+        except FileNotFoundError:
+            problems.append(f"{shard.name}: missing (listed in the manifest)")
+            continue
+        except (tarfile.TarError, OSError, EOFError) as e:
+            problems.append(f"{shard.name}: truncated or corrupt tar: {e}")
+            continue
+        if hasher.size != shard.bytes:
+            problems.append(f"{shard.name}: {hasher.size} bytes, manifest says {shard.bytes}")
+        if hasher.hexdigest() != shard.sha256:
+            problems.append(f"{shard.name}: sha256 {hasher.hexdigest()[:12]}… differs from the manifest's "
+                            f"{shard.sha256[:12]}…")
+        for field in ("packs", "samples", "tokens", "images"):
+            if counts[field] != getattr(shard, field):
+                problems.append(f"{shard.name}: {counts[field]} {field}, manifest says {getattr(shard, field)}")
+    twice = [sid for sid, n in packed.items() if n > 1]
+    if twice:
+        problems.append(f"{len(twice)} sample ids are in more than one pack, e.g. {twice[:3]}")
+    dropped = _read_dropped(root, manifest.dropped_file, problems)
+    both = set(dropped) & set(packed)
+    if both:
+        problems.append(f"{len(both)} sample ids are both packed and dropped, e.g. {sorted(both)[:3]}")
+    t = manifest.totals
+    if t["samples_packed"] + t["samples_dropped"] != t["samples_read"]:
+        problems.append(f"totals: packed {t['samples_packed']} + dropped {t['samples_dropped']} != "
+                        f"read {t['samples_read']}")
+    if len(dropped) != t["samples_dropped"]:
+        problems.append(f"{manifest.dropped_file}: {len(dropped)} entries, manifest says {t['samples_dropped']}")
+    if sources:
+        problems.extend(_check_sources(sources, image_root, set(packed), set(dropped)))
+    return problems
+
+
+def _check_sources(sources, image_root, packed: set[str], dropped: set[str]) -> list[str]:
+    from .sources import iter_records, list_partitions
+
+    seen: Counter[str] = Counter()
+    for part in list_partitions(list(sources), image_root=image_root):
+        for rec in iter_records(part):
+            seen[rec.sample_id] += 1
+    problems = []
+    lost = [sid for sid in seen if sid not in packed and sid not in dropped]
+    if lost:
+        problems.append(f"{len(lost)} source samples are in no pack and not dropped, e.g. {lost[:3]}")
+    extra = [sid for sid in packed if sid not in seen]
+    if extra:
+        problems.append(f"{len(extra)} packed samples are not in the sources, e.g. {extra[:3]}")
+    return problems
+
+
+def _read_dropped(root: str, name: str, problems: list[str]) -> list[str]:
+    import fsspec
+
+    try:
+        with fsspec.open(f"{root}/{name}", "rt", encoding="utf-8") as f:
+            return [json.loads(line)["id"] for line in f if line.strip()]
+    except FileNotFoundError:
+        problems.append(f"{name}: missing")
+    except (ValueError, KeyError) as e:
+        problems.append(f"{name}: unreadable: {e}")
+    return []
+
+
+class _Hashing(io.RawIOBase):
+    """A read-only stream that hashes and counts what is read through it."""
+
+    def __init__(self) -> None:
+        self._f = None
+        self._h = hashlib.sha256()
+        self.size = 0
+
+    def wrap(self, f) -> None:
+        self._f = f
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        data = self._f.read(len(b))
+        n = len(data)
+        b[:n] = data
+        self._h.update(data)
+        self.size += n
+        return n
+
+    def drain(self) -> None:
+        """Read to the end (tar readers stop at the end-of-archive blocks)."""
+        while self.read(1 << 20):
+            pass
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
