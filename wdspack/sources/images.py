@@ -1,0 +1,117 @@
+"""Turn an image reference from a record into encoded image bytes.
+
+A reference is what a record holds for an image: a path relative to the image root, raw bytes,
+a Hugging Face ``{"bytes": ..., "path": ...}`` struct, an ``image_url`` dict, or a
+``data:image/...;base64,`` URL. Paths are confined to the image root: after resolving ``..``
+and symlinks the file must lie inside it. Bytes are returned as they are; whether they decode
+is checked later, when samples are built.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+from typing import Any
+
+from ..errors import SampleError
+
+__all__ = ["load_image", "resolve_image_path"]
+
+
+def load_image(ref: Any, image_root: str) -> bytes:
+    """The encoded bytes an image reference stands for.
+
+    Args:
+        ref: bytes, a path (relative to ``image_root``, or absolute inside it), a
+            ``data:`` URL, a ``{"bytes", "path"}`` dict or an ``image_url`` dict.
+        image_root: the folder image paths are relative to (already resolved).
+
+    Raises:
+        SampleError: ``missing_image``, ``image_path_escape`` or ``malformed_record``.
+
+    Example:
+        >>> load_image({"bytes": b"\\x89PNG...", "path": "a.png"}, "/data")
+        b'\\x89PNG...'
+    """
+    if isinstance(ref, (bytes, bytearray, memoryview)):
+        return bytes(ref)
+    if isinstance(ref, dict):
+        return _load_dict(ref, image_root)
+    if isinstance(ref, str):
+        if ref.startswith("data:"):
+            return _decode_data_url(ref)
+        if ref.startswith(("http://", "https://")):
+            raise SampleError("missing_image", f"image {ref!r} is a remote URL, and sources read local "
+                              "files only; download the images and refer to them by path")
+        if ref.startswith("file://"):
+            ref = ref[len("file://"):]
+        return _read_file(resolve_image_path(ref, image_root), ref)
+    raise SampleError("malformed_record", f"an image reference is {type(ref).__name__} {_short(ref)}; "
+                      "expected a path string, bytes, or a {'bytes', 'path'} object")
+
+
+def _load_dict(ref: dict, image_root: str) -> bytes:
+    if ref.get("bytes") is not None:
+        return load_image(ref["bytes"], image_root)
+    url = ref.get("url")
+    if url is None and isinstance(ref.get("image_url"), (dict, str)):
+        inner = ref["image_url"]
+        url = inner.get("url") if isinstance(inner, dict) else inner
+    for key in ("path", "image"):
+        if url is None and isinstance(ref.get(key), (str, dict, bytes)):
+            url = ref[key]
+    if url is None:
+        raise SampleError("malformed_record", f"an image object {_short(ref)} has no bytes, path or url; "
+                          "give each image as a path string or a {'bytes', 'path'} object")
+    return load_image(url, image_root)
+
+
+def resolve_image_path(path: str, image_root: str) -> str:
+    """The real path of an image file, checked to lie inside ``image_root``.
+
+    Raises:
+        SampleError: ``image_path_escape`` when the path leaves the root, ``malformed_record``
+            for an empty path.
+
+    Example:
+        >>> resolve_image_path("imgs/../imgs/a.png", "/data")
+        '/data/imgs/a.png'
+    """
+    if not path:
+        raise SampleError("malformed_record", "an image path is the empty string; name the image file")
+    real = os.path.realpath(os.path.join(image_root, path))
+    if os.path.commonpath([real, image_root]) != image_root:
+        raise SampleError("image_path_escape", f"image path {path!r} resolves to {real!r}, outside the "
+                          f"image root {image_root!r}; keep image paths inside the root (or pass a "
+                          "wider --image-root)")
+    return real
+
+
+def _read_file(real: str, shown: str) -> bytes:
+    try:
+        with open(real, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        detail = f"image {shown!r} does not exist (looked for {real!r}); check the path or --image-root"
+    except IsADirectoryError:
+        detail = f"image {shown!r} is a folder ({real!r}), not an image file; check the path"
+    except OSError as e:
+        detail = f"image {shown!r} cannot be read ({e.strerror}); check the file's permissions"
+    raise SampleError("missing_image", detail)
+
+
+def _decode_data_url(url: str) -> bytes:
+    head, sep, payload = url.partition(",")
+    if not sep or not head.endswith(";base64"):
+        raise SampleError("malformed_record", f"image URL {_short(url)} is not a base64 data URL "
+                          "('data:image/png;base64,...')")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise SampleError("malformed_record", f"image data URL {_short(url)} is not valid base64") from None
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."

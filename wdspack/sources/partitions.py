@@ -1,0 +1,320 @@
+"""Find the source files and cut them into partitions, units of work for one worker.
+
+================  ==================================  =====================================
+kind              ``start`` / ``stop``                cut
+================  ==================================  =====================================
+``jsonl``         byte offsets, line-aligned          every ``records_per_partition`` lines
+``json``          byte offsets inside the array       every ``records_per_partition`` elements
+``parquet``       row-group indices                   row groups merged up to the target
+``arrow``         row indices, batch-aligned          record batches merged up to the target
+================  ==================================  =====================================
+
+``first_row`` is the row index of the partition's first record in its file, so ids
+(``{name}:{row}``) do not depend on where the cuts fall. Nothing here parses a record.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import ConfigError, SourceError
+from .records import TEXT_COLUMNS
+from .scan import array_separators, jsonl_boundaries
+
+__all__ = ["FORMATS", "Partition", "arrow_batches", "list_partitions"]
+
+#: What a source may be, for error messages.
+FORMATS = ("JSON (a list of records, or one record per line), JSONL, Parquet, a Hugging Face "
+           "save_to_disk folder (dataset_info.json/state.json + data-*.arrow), or a folder or glob of these")
+_EXTENSIONS = {".jsonl": "jsonl", ".json": "json", ".parquet": "parquet"}
+# Hugging Face metadata, never records: skipped when a folder is searched.
+_METADATA = {"dataset_dict.json", "dataset_info.json", "dataset_infos.json", "state.json"}
+
+
+@dataclass(frozen=True, slots=True)
+class Partition:
+    """A slice of one source file that one worker reads; picklable and cheap.
+
+    Attributes:
+        path: the file (absolute).
+        kind: ``"jsonl" | "json" | "parquet" | "arrow"``.
+        start, stop: where the slice begins and ends (see the module's table).
+        first_row: row index, in the file, of the slice's first record.
+        image_root: the resolved folder image paths are relative to.
+        name: the file's name relative to the source root (the basename for a file named
+            directly); it prefixes the ids of records without an ``id`` field.
+
+    Example:
+        >>> p = Partition("/data/llava.jsonl", "jsonl", 0, 52_311, 0, "/data", "llava.jsonl")
+        >>> f"{p.name}:{p.first_row}"
+        'llava.jsonl:0'
+    """
+
+    path: str
+    kind: str
+    start: int
+    stop: int
+    first_row: int
+    image_root: str
+    name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class _SourceFile:
+    path: str
+    kind: str
+    name: str
+
+
+def list_partitions(sources: Sequence[str], *, image_root: str | None = None,
+                    records_per_partition: int = 1000) -> list[Partition]:
+    """Partitions covering every record of the sources exactly once, in a deterministic order.
+
+    Sources keep the order given; files found in a folder or by a glob are sorted. A file
+    reached twice is read once.
+
+    Args:
+        sources: files, folders (searched recursively for ``.json``/``.jsonl``/``.parquet``
+            files and ``save_to_disk`` folders; names starting with ``.`` are skipped) and globs.
+        image_root: the folder image paths are relative to; default: each file's folder.
+        records_per_partition: about how many records one partition holds.
+
+    Raises:
+        SourceError: a path that does not exist, a glob that matches nothing, a file of an
+            unknown format, or a JSON file that is not an array of records.
+        ConfigError: ``records_per_partition`` < 1.
+
+    Example:
+        >>> list_partitions(["data/llava.jsonl"], records_per_partition=1000)  # doctest: +SKIP
+        [Partition(path='/abs/data/llava.jsonl', kind='jsonl', start=0, stop=1048576, first_row=0, ...), ...]
+    """
+    if records_per_partition < 1:
+        raise ConfigError(f"records_per_partition is {records_per_partition}; it must be at least 1")
+    root = _image_root(image_root) if image_root is not None else None
+    seen: set[str] = set()
+    out: list[Partition] = []
+    for source in sources:
+        for f in _expand(str(source)):
+            real = os.path.realpath(f.path)
+            if real in seen:
+                continue
+            seen.add(real)
+            folder = root or os.path.realpath(os.path.dirname(f.path))
+            out.extend(_partition_file(f, folder, records_per_partition))
+    return out
+
+
+def _image_root(path: str) -> str:
+    real = os.path.realpath(os.path.expanduser(path))
+    if not os.path.isdir(real):
+        raise SourceError(f"image root {path!r} is not a folder; pass --image-root as the folder the "
+                          "image paths in the records are relative to")
+    return real
+
+
+def _expand(source: str) -> Iterator[_SourceFile]:
+    if "://" in source:
+        raise SourceError(f"source {source!r} is a URL; sources are local paths for now: download it "
+                          "first (e.g. `huggingface-cli download --repo-type dataset ...`)")
+    path = os.path.abspath(os.path.expanduser(source))
+    if glob.has_magic(source):
+        matches = sorted(glob.glob(path, recursive=True))
+        if not matches:
+            raise SourceError(f"source glob {source!r} matches nothing; check the pattern (quote it so the "
+                              "shell does not expand it)")
+        base = _glob_base(path)
+        found = [f for m in matches for f in _expand_path(m, base, explicit=False)]
+        if not found:
+            raise SourceError(f"source glob {source!r} matches {len(matches)} path(s) but no source files; "
+                              f"expected {FORMATS}")
+        yield from found
+    elif not os.path.exists(path):
+        raise SourceError(f"source {source!r} does not exist; sources are {FORMATS}")
+    else:
+        yield from _expand_path(path, None, explicit=True)
+
+
+def _glob_base(pattern: str) -> str:
+    parts = pattern.split(os.sep)
+    fixed = next(i for i, p in enumerate(parts) if glob.has_magic(p))
+    return os.sep.join(parts[:fixed]) or os.sep
+
+
+def _expand_path(path: str, base: str | None, *, explicit: bool) -> Iterator[_SourceFile]:
+    """The source files at ``path``; names are relative to ``base`` (default: its parent)."""
+    base = base if base is not None else os.path.dirname(path)
+    if os.path.isdir(path):
+        if _is_saved_dataset(path):
+            yield from _saved_dataset_files(path, base)
+            return
+        found = False
+        for f in _walk(path, path if explicit else base):
+            found = True
+            yield f
+        if not found and explicit:
+            raise SourceError(f"folder {path!r} holds no source files; expected {FORMATS}")
+        return
+    kind = _EXTENSIONS.get(os.path.splitext(path)[1].lower())
+    if kind is None and path.lower().endswith(".arrow") and explicit:
+        kind = "arrow"
+    if kind is None:
+        if explicit:
+            raise SourceError(f"source {path!r} has an unknown format; expected {FORMATS}")
+        return
+    yield _SourceFile(path, kind, _relname(path, base))
+
+
+def _walk(folder: str, base: str) -> Iterator[_SourceFile]:
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        if entry.name.startswith(".") or entry.name in _METADATA:
+            continue
+        if entry.is_dir():
+            if _is_saved_dataset(entry.path):
+                yield from _saved_dataset_files(entry.path, base)
+            else:
+                yield from _walk(entry.path, base)
+        elif entry.is_file() and os.path.splitext(entry.name)[1].lower() in _EXTENSIONS:
+            yield from _expand_path(entry.path, base, explicit=False)
+
+
+def _is_saved_dataset(folder: str) -> bool:
+    has_meta = any(os.path.isfile(os.path.join(folder, n)) for n in ("state.json", "dataset_info.json"))
+    return has_meta and bool(glob.glob(os.path.join(glob.escape(folder), "*.arrow")))
+
+
+def _saved_dataset_files(folder: str, base: str) -> Iterator[_SourceFile]:
+    """The ``data-*.arrow`` files of a ``save_to_disk`` folder, in the order ``state.json`` lists."""
+    names: list[str] = []
+    state = os.path.join(folder, "state.json")
+    if os.path.isfile(state):
+        try:
+            with open(state, encoding="utf-8") as f:
+                names = [d["filename"] for d in json.load(f).get("_data_files", [])]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise SourceError(f"{state} cannot be read ({e}); re-save the dataset with "
+                              "save_to_disk") from None
+    if not names:
+        pattern = os.path.join(glob.escape(folder), "data-*.arrow")
+        names = sorted(os.path.basename(p) for p in glob.glob(pattern))
+    if not names:
+        raise SourceError(f"{folder!r} looks like a save_to_disk folder but has no data-*.arrow files; "
+                          "re-save the dataset with save_to_disk, or name its files directly")
+    for n in names:
+        path = os.path.join(folder, n)
+        if not os.path.isfile(path):
+            raise SourceError(f"{state} lists {n!r}, which is missing from {folder}; re-save the dataset")
+        yield _SourceFile(path, "arrow", _relname(path, base))
+
+
+def _relname(path: str, base: str) -> str:
+    return os.path.relpath(path, base).replace(os.sep, "/")
+
+
+def _partition_file(f: _SourceFile, image_root: str, per: int) -> list[Partition]:
+    cut = {"jsonl": _cut_jsonl, "json": _cut_json, "parquet": _cut_parquet, "arrow": _cut_arrow}[f.kind]
+    try:
+        return cut(f, image_root, per)
+    except OSError as e:
+        raise SourceError(f"source {f.path!r} cannot be read: {e.strerror or e}") from None
+
+
+def _cut_jsonl(f: _SourceFile, root: str, per: int) -> list[Partition]:
+    bounds = jsonl_boundaries(f.path, every=per)
+    size = os.path.getsize(f.path)
+    stops = [b[0] for b in bounds[1:]] + [size]
+    return [Partition(f.path, "jsonl", start, stop, row, root, f.name)
+            for (start, row), stop in zip(bounds, stops)]
+
+
+def _cut_json(f: _SourceFile, root: str, per: int) -> list[Partition]:
+    if _looks_like_jsonl(f.path):
+        return _cut_jsonl(_SourceFile(f.path, "jsonl", f.name), root, per)
+    layout = array_separators(f.path)
+    if isinstance(layout, str):
+        raise SourceError(f"source {f.path!r} is not a JSON array of records: {layout}; fix the file, or "
+                          "write one record per line (JSONL)")
+    seps = layout.separators
+    return [Partition(f.path, "json", int(seps[k]) + 1, int(seps[min(k + per, layout.count)]), k, root,
+                      f.name) for k in range(0, layout.count, per)]
+
+
+def _looks_like_jsonl(path: str) -> bool:
+    """A ``.json`` file whose first line is a whole JSON object is JSON Lines."""
+    with open(path, "rb") as fh:
+        head = fh.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
+        if not head.startswith(b"{"):
+            return False
+        fh.seek(0)
+        first = fh.readline().lstrip(b"\xef\xbb\xbf")
+    try:
+        return isinstance(json.loads(first), dict)
+    except ValueError:
+        return False
+
+
+def _cut_parquet(f: _SourceFile, root: str, per: int) -> list[Partition]:
+    try:
+        meta = pq.ParquetFile(f.path).metadata
+    except (pa.ArrowException, ValueError) as e:
+        raise SourceError(f"source {f.path!r} is not a readable Parquet file ({e})") from None
+    _check_columns(meta.schema.to_arrow_schema().names, f.path)
+    rows = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    return [Partition(f.path, "parquet", a, b, first, root, f.name) for a, b, first in _merge(rows, per)]
+
+
+def _cut_arrow(f: _SourceFile, root: str, per: int) -> list[Partition]:
+    rows = []
+    for batch in arrow_batches(f.path):
+        if not rows:
+            _check_columns(batch.schema.names, f.path)
+        rows.append(batch.num_rows)
+    return [Partition(f.path, "arrow", first, first + sum(rows[a:b]), first, root, f.name)
+            for a, b, first in _merge(rows, per)]
+
+
+def _check_columns(names: list[str], path: str) -> None:
+    if not any(c in names for c in TEXT_COLUMNS):
+        raise SourceError(f"source {path!r} has columns {names[:12]} but none of "
+                          f"{list(TEXT_COLUMNS)}; rename the column that holds the conversation")
+
+
+def _merge(rows: list[int], per: int) -> Iterator[tuple[int, int, int]]:
+    """Group consecutive units (row groups, batches) into runs of about ``per`` rows:
+    ``(first unit, stop unit, first row)``; empty units join their neighbours."""
+    start = first = total = 0
+    for i, n in enumerate(rows):
+        total += n
+        if total - first >= per:
+            yield start, i + 1, first
+            start, first = i + 1, total
+    if total > first:
+        yield start, len(rows), first
+
+
+def arrow_batches(path: str) -> Iterator[pa.RecordBatch]:
+    """The record batches of an Arrow IPC file, streaming format (what ``save_to_disk`` writes)
+    or file format; memory-mapped, so batches that are skipped cost nothing.
+
+    Raises:
+        SourceError: the file is not Arrow IPC.
+    """
+    with pa.memory_map(path) as source:  # batches keep the mapping alive after close
+        try:
+            try:
+                reader = pa.ipc.open_stream(source)
+            except pa.ArrowInvalid:
+                source.seek(0)
+                file_reader = pa.ipc.open_file(source)
+                yield from (file_reader.get_batch(i) for i in range(file_reader.num_record_batches))
+                return
+            yield from reader
+        except pa.ArrowInvalid as e:
+            raise SourceError(f"source {path!r} is not a readable Arrow IPC file ({e}); expected the "
+                              "data-*.arrow files of a save_to_disk folder") from None
