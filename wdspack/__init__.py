@@ -1,6 +1,54 @@
-"""wdspack: pre-packed WebDataset shards for vision-language training."""
+"""wdspack: pre-packed WebDataset shards for vision-language training.
 
+The light parts (planner, format, manifest, errors) import eagerly; the parts that pull in
+transformers or torch are imported on first use, so ``import wdspack`` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .codec import FORMAT, Pack, decode_pack, encode_pack
+from .errors import (
+    ConfigError,
+    Dropped,
+    FormatError,
+    ManifestError,
+    OutputError,
+    SampleError,
+    SourceError,
+    WdspackError,
+)
+from .manifest import Manifest, ShardInfo, read_manifest
 from .packing import ALGORITHMS, lower_bound, plan_packs
 
 __version__ = "0.1.0"
-__all__ = ["ALGORITHMS", "lower_bound", "plan_packs", "__version__"]
+
+_LAZY = {
+    "PackConfig": "pipeline", "PackSummary": "pipeline", "pack_dataset": "pipeline",
+    "SampleConfig": "samples", "Sample": "samples", "SampleBuilder": "samples",
+    "Record": "sources", "list_partitions": "sources", "iter_records": "sources",
+    "reshard_dataset": "reshard", "verify_dataset": "verify", "dataset_stats": "stats",
+    "upload_dataset": "hub",
+    "PackedDataset": "loader", "make_loader": "loader",
+    "pack_to_example": "collate", "collate_packs": "collate", "make_image_transform": "images",
+}
+
+__all__ = [
+    "ALGORITHMS", "FORMAT", "ConfigError", "Dropped", "FormatError", "Manifest", "ManifestError",
+    "OutputError", "Pack", "SampleError", "ShardInfo", "SourceError", "WdspackError", "__version__",
+    "decode_pack", "encode_pack", "lower_bound", "plan_packs", "read_manifest", *sorted(_LAZY),
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'wdspack' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,157 @@
+"""Generate the offline demo dataset: Pillow-drawn images and varied chats, with a few bad records.
+
+    python examples/make_demo_data.py OUT_DIR [--records 1500] [--seed 0]
+
+Writes ``OUT_DIR/llava.jsonl`` (LLaVA / ShareGPT ``conversations``), ``OUT_DIR/messages.jsonl``
+(OpenAI / HF ``messages`` with typed parts) and ``OUT_DIR/images/``. Lengths are long-tailed
+like real instruction data (most answers short, a lognormal tail, a few long text-only chats);
+some chats are multi-turn, some text-only, some multi-image. Deliberately bad records show how
+drops are reported: a missing image, corrupt image bytes, a truncated JPEG, an over-long chat, a
+malformed JSON line and an unknown role. Same seed, same bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+WORDS = (
+    "the a an image shows picture photo scene object color red green blue yellow bright dark small large "
+    "left right top bottom center near far person dog cat car tree sky road building window table chart "
+    "graph value trend increase decrease because therefore however first second finally answer question "
+    "describe explain count how many what where why which is are was were has have this that these those "
+    "with without under over between inside outside model data train token pack batch sequence length"
+).split()
+QUESTIONS = ("Describe the image.", "What color is the largest shape?", "How many shapes are there?",
+             "What is written in the picture?", "Explain what you see in detail.", "Compare the two images.")
+BAD_KINDS = ("missing_image", "corrupt_image", "truncated_image", "too_long", "malformed_json", "unknown_role")
+
+
+def _text(rng: np.random.Generator, n_words: int) -> str:
+    words = rng.choice(WORDS, size=max(1, n_words))
+    sentences, start = [], 0
+    while start < len(words):
+        k = int(rng.integers(6, 16))
+        chunk = " ".join(words[start:start + k])
+        sentences.append(chunk[0].upper() + chunk[1:] + ".")
+        start += k
+    return " ".join(sentences)
+
+
+def _answer_words(rng: np.random.Generator) -> int:
+    """Long-tailed: median ~60 words, a lognormal tail to a few thousand."""
+    return int(min(3000, max(3, rng.lognormal(np.log(60), 1.0))))
+
+
+def _draw_image(rng: np.random.Generator, idx: int) -> tuple[bytes, str]:
+    w, h = (int(v) for v in rng.integers(64, 641, size=2))
+    bg = tuple(int(c) for c in rng.integers(0, 256, 3))
+    img = Image.new("RGB", (w, h), bg)
+    d = ImageDraw.Draw(img)
+    for _ in range(int(rng.integers(1, 6))):
+        x0, y0 = int(rng.integers(0, w // 2)), int(rng.integers(0, h // 2))
+        x1, y1 = x0 + int(rng.integers(8, w // 2 + 9)), y0 + int(rng.integers(8, h // 2 + 9))
+        color = tuple(int(c) for c in rng.integers(0, 256, 3))
+        (d.ellipse if rng.random() < 0.5 else d.rectangle)([x0, y0, x1, y1], fill=color)
+    d.text((4, 4), f"#{idx}", fill=(255, 255, 255))
+    buf = io.BytesIO()
+    if rng.random() < 0.7:
+        img.save(buf, format="JPEG", quality=80)
+        return buf.getvalue(), "jpg"
+    img.save(buf, format="PNG")
+    return buf.getvalue(), "png"
+
+
+def generate(out: Path, *, records: int = 1500, seed: int = 0) -> dict[str, int]:
+    """Write the demo dataset into ``out``; returns counts."""
+    rng = np.random.default_rng(seed)
+    (out / "images").mkdir(parents=True, exist_ok=True)
+    n_images = 0
+
+    def new_image() -> str:
+        nonlocal n_images
+        data, ext = _draw_image(rng, n_images)
+        name = f"images/{n_images:05d}.{ext}"
+        (out / name).write_bytes(data)
+        n_images += 1
+        return name
+
+    llava, messages = [], []
+    for i in range(records):
+        u = rng.random()
+        n_img = 0 if u < 0.2 else (1 if u < 0.85 else int(rng.integers(2, 5)))
+        turns = 1 if rng.random() < 0.7 else int(rng.integers(2, 5))
+        if rng.random() < 0.03:  # a few long text-only conversations
+            n_img, turns = 0, int(rng.integers(4, 9))
+        images = [new_image() for _ in range(n_img)]
+        pairs = [(str(rng.choice(QUESTIONS)) if t == 0 and n_img else _text(rng, int(rng.integers(5, 40))),
+                  _text(rng, _answer_words(rng))) for t in range(turns)]
+        system = _text(rng, 12) if rng.random() < 0.15 else None
+        if i % 2 == 0:
+            conv = ([{"from": "system", "value": system}] if system else [])
+            for t, (q, a) in enumerate(pairs):
+                prefix = "<image>\n" * n_img if t == 0 else ""
+                conv += [{"from": "human", "value": prefix + q}, {"from": "gpt", "value": a}]
+            rec = {"id": f"llava-{i:05d}", "conversations": conv}
+            if images:
+                rec["image"] = images[0] if len(images) == 1 else images
+            llava.append(rec)
+        else:
+            msgs = ([{"role": "system", "content": system}] if system else [])
+            for t, (q, a) in enumerate(pairs):
+                content = ([{"type": "image"} for _ in range(n_img)] if t == 0 else []) + [{"type": "text", "text": q}]
+                msgs += [{"role": "user", "content": content}, {"role": "assistant", "content": a}]
+            rec = {"id": f"msg-{i:05d}", "messages": msgs}
+            if images:
+                rec["images"] = images
+            messages.append(rec)
+
+    lines_llava = [json.dumps(r) for r in llava]
+    lines_msgs = [json.dumps(r) for r in messages]
+    # Deliberately bad records, spread through the files.
+    (out / "images" / "corrupt.jpg").write_bytes(rng.integers(0, 256, 4000, dtype=np.uint8).tobytes())
+    good_jpeg, _ = _draw_image(np.random.default_rng(seed + 1), 99999)
+    while _ != "jpg":
+        good_jpeg, _ = _draw_image(np.random.default_rng(seed + len(good_jpeg)), 99999)
+    (out / "images" / "truncated.jpg").write_bytes(good_jpeg[: len(good_jpeg) // 2])
+    qa = lambda img: [{"from": "human", "value": "<image>\nDescribe the image."},  # noqa: E731
+                      {"from": "gpt", "value": "A picture."}]
+    bad = [
+        json.dumps({"id": "bad-missing-image", "image": "images/does-not-exist.jpg", "conversations": qa(1)}),
+        json.dumps({"id": "bad-corrupt-image", "image": "images/corrupt.jpg", "conversations": qa(1)}),
+        json.dumps({"id": "bad-truncated-image", "image": "images/truncated.jpg", "conversations": qa(1)}),
+        json.dumps({"id": "bad-too-long", "conversations": [
+            {"from": "human", "value": "Tell me everything."}, {"from": "gpt", "value": _text(rng, 30000)}]}),
+        '{"id": "bad-malformed-json", "conversations": [{"from": "human", "value": "unterminated',
+        json.dumps({"id": "bad-unknown-role", "conversations": [
+            {"from": "narrator", "value": "Once upon a time."}, {"from": "gpt", "value": "Yes."}]}),
+    ]
+    for k, line in enumerate(bad):
+        target = lines_llava if k % 2 == 0 else lines_msgs
+        target.insert(int(rng.integers(0, len(target) + 1)), line)
+    (out / "llava.jsonl").write_text("\n".join(lines_llava) + "\n", encoding="utf-8")
+    (out / "messages.jsonl").write_text("\n".join(lines_msgs) + "\n", encoding="utf-8")
+    total_bytes = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    return {"records": len(lines_llava) + len(lines_msgs), "images": n_images, "bytes": total_bytes}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--records", type=int, default=1500)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    c = generate(args.out, records=args.records, seed=args.seed)
+    print(f"   {c['records']} records ({len(BAD_KINDS)} deliberately bad), {c['images']} images, "
+          f"{c['bytes'] / 1e6:.1f} MB in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
