@@ -143,6 +143,7 @@ def _groups(assign: np.ndarray) -> list[list[int]]:
 
 _SHARE_WEIGHTS = (1.0, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0)
 _TRIAL_SIZE = 20_000
+_IMAGE_HEAVY = 0.6  # image lower bound / token lower bound above which bfd also tries `balanced`
 
 
 def _bfd_2d(valid, tok, img, L, M, seed):
@@ -153,7 +154,9 @@ def _bfd_2d(valid, tok, img, L, M, seed):
     budgets, ``tokens / seq_len + w * images / max_images``, spreads them across packs
     instead; the best weight ``w`` depends on the data, so it is chosen on a seeded sample of
     the items, then the full plan is made with it *and* with the token order, and the plan with
-    fewer packs wins (so ``bfd`` never needs more packs than token-sorted BFD).
+    fewer packs wins (so ``bfd`` never needs more packs than token-sorted BFD). When the image
+    lower bound reaches 60 % of the token lower bound, both budgets bind and the balanced
+    knapsack's even spread is tried as well.
     """
     by_tokens = _best_fit(_decreasing(valid, tok), tok, img, L, M)
     if M == 0 or not img[valid].any():
@@ -167,10 +170,19 @@ def _bfd_2d(valid, tok, img, L, M, seed):
         n = _best_fit(_by_share(trial, tok, img, L, M, w), tok, img, L, M)[1].max()
         if n < best_n:
             best_w, best_n = w, n
-    if best_w == 0.0:
-        return by_tokens
-    by_share = _best_fit(_by_share(valid, tok, img, L, M, best_w), tok, img, L, M)
-    return by_share if by_share[1].max() <= by_tokens[1].max() else by_tokens
+    best = by_tokens
+    if best_w != 0.0:
+        by_share = _best_fit(_by_share(valid, tok, img, L, M, best_w), tok, img, L, M)
+        if by_share[1].max() <= by_tokens[1].max():
+            best = by_share
+    token_lb = -(-int(tok[valid].sum()) // L)
+    if -(-int(img[valid].sum()) // M) >= _IMAGE_HEAVY * token_lb:
+        # Both budgets bind about equally: spreading load evenly (the balanced knapsack) beats
+        # any single order here; bisect its pack count below the best plan so far.
+        balanced = _balanced_plan(_decreasing(valid, tok), tok, img, L, M, int(best[1].max()) + 1)
+        if balanced[1].max() < best[1].max():
+            best = balanced
+    return best
 
 
 def _by_share(idx, tok, img, L, M, w):
