@@ -1,0 +1,28 @@
+"""Shared fixtures: real tokenizers loaded offline.
+
+- ``tekken_dir``: a folder holding the Pixtral tokenizer (``tekken.json`` from mistral_common).
+- ``pixtral_template``: the text of ``examples/chat_templates/pixtral.jinja``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def tekken_dir(tmp_path_factory) -> Path:
+    import mistral_common
+
+    folder = tmp_path_factory.mktemp("tekken")
+    shutil.copyfile(Path(mistral_common.__file__).parent / "data" / "tekken_240911.json", folder / "tekken.json")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def pixtral_template() -> str:
+    return (ROOT / "examples" / "chat_templates" / "pixtral.jinja").read_text(encoding="utf-8")

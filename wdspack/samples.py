@@ -1,0 +1,311 @@
+"""Samples: tokenize a record once with the model's chat template, mask, expand image tokens.
+
+A sample after building (Pixtral-style template, 2 tokens per image for the drawing)::
+
+    tokens     <s> [INST] [IMG] [IMG] What is it? [/INST] A cat . </s>
+    loss_mask   0     0     0     0    0   0   0     0     1   1  1   1
+                                                          └ assistant content + end of turn
+
+The mask is found by rendering the conversation's prefixes with the chat template: the text
+between ``messages[:i]`` with a generation prompt and ``messages[:i+1]`` is assistant turn i.
+The full text is tokenized once with character offsets and every token inside such a span is a
+target. Templates with ``{% generation %}`` markers use transformers' own assistant mask.
+Each image part becomes the image token once in the text; after tokenizing, each occurrence is
+expanded to the image's token count (fixed, or from the model's image processor and the image's
+header size).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Protocol
+
+import numpy as np
+from PIL import Image
+
+from .codec import token_dtype_for
+from .errors import ConfigError, SampleError
+
+__all__ = ["Sample", "SampleBuilder", "SampleConfig", "get_builder"]
+
+_IMAGE_TOKEN_GUESSES = ("<image>", "[IMG]", "<|image_pad|>", "<|image|>", "<image_soft_token>", "<fake_token_around_image>")
+
+
+class RecordLike(Protocol):
+    sample_id: str
+    messages: tuple[dict, ...]
+    images: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SampleConfig:
+    """How samples are built; picklable, shipped to worker processes.
+
+    Example:
+        >>> SampleConfig("./pixtral", tokens_per_image=64, image_token="[IMG]").tokens_per_image
+        64
+    """
+
+    tokenizer: str
+    chat_template: str | None = None
+    tokens_per_image: int | str = 64
+    image_token: str | None = None
+    max_image_side: int | None = None
+    max_image_pixels: int = 64_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One tokenized sample: ids, loss mask, image bytes and the tokens each image occupies."""
+
+    sample_id: str
+    input_ids: np.ndarray
+    loss_mask: np.ndarray
+    images: tuple[bytes, ...] = ()
+    image_tokens: tuple[int, ...] = ()
+
+    @property
+    def token_count(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def image_count(self) -> int:
+        return len(self.images)
+
+
+@lru_cache(maxsize=4)
+def get_builder(config: SampleConfig) -> SampleBuilder:
+    """The builder for ``config``, built once per process (workers call this per task)."""
+    return SampleBuilder(config)
+
+
+class SampleBuilder:
+    """Turns records into samples with one tokenizer, chat template and image-token policy."""
+
+    def __init__(self, config: SampleConfig) -> None:
+        from transformers import AutoTokenizer
+
+        self.config = config
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer)
+        except Exception as e:  # transformers raises OSError/ValueError/... for a bad name
+            raise ConfigError(f"cannot load tokenizer {config.tokenizer!r}: {e}. Give a local folder or a model "
+                              "name that is in the Hugging Face cache (runs are offline)") from None
+        template = config.chat_template or getattr(self.tokenizer, "chat_template", None)
+        if not template:
+            raise ConfigError(f"tokenizer {config.tokenizer!r} has no chat template; pass --chat-template FILE")
+        self.template = template
+        self.processor = _load_processor(config.tokens_per_image)
+        self.image_token = config.image_token or _default_image_token(self.tokenizer, self.processor)
+        ids = self.tokenizer.convert_tokens_to_ids([self.image_token])
+        unk = getattr(self.tokenizer, "unk_token_id", None)
+        if not ids or ids[0] is None or (unk is not None and ids[0] == unk and self.image_token != self.tokenizer.unk_token):
+            raise ConfigError(f"image token {self.image_token!r} is not a single token in the vocabulary of "
+                              f"{config.tokenizer!r}; pass the model's image token with --image-token")
+        self.image_token_id = int(ids[0])
+        self.generation_markers = "{% generation %}" in template or "{%- generation %}" in template
+        self.typed_images = self._template_renders_typed_images()
+
+    # ---- public ----------------------------------------------------------------------------
+
+    def build(self, record: RecordLike) -> Sample:
+        """Tokenize one record. Raises :class:`SampleError` with a drop reason for a bad record."""
+        sid = record.sample_id
+        images, counts = self._prepare_images(record.images, sid)
+        messages = [self._message(m) for m in record.messages]
+        if not messages:
+            raise SampleError("empty_conversation", "the conversation has no turns", sid)
+        if not any(m["role"] == "assistant" for m in messages):
+            raise SampleError("no_assistant_turn", "the conversation has no assistant turn to train on", sid)
+        text, spans = self._render(messages, sid)
+        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids = np.asarray(enc["input_ids"], np.int64)
+        if ids.size == 0:
+            raise SampleError("empty_conversation", "nothing left after templating", sid)
+        offsets = np.asarray(enc["offset_mapping"], np.int64).reshape(-1, 2)
+        mask = np.zeros(ids.size, np.uint8)
+        for start, end in spans:
+            mask[(offsets[:, 0] >= start) & (offsets[:, 1] <= end) & (offsets[:, 1] > offsets[:, 0])] = 1
+        return self._expand(sid, ids, mask, images, counts)
+
+    def describe(self) -> dict[str, Any]:
+        """Tokenizer and image-token policy as the manifest records them (deterministic)."""
+        vocab = len(self.tokenizer)
+        pad = self.pad_token_id
+        policy: dict[str, Any]
+        if isinstance(self.config.tokens_per_image, int):
+            policy = {"kind": "fixed", "tokens_per_image": self.config.tokens_per_image}
+        else:
+            policy = {"kind": "processor", "name": str(self.config.tokens_per_image).split(":", 1)[-1]}
+        return {
+            "tokenizer": {
+                "name": self.config.tokenizer, "vocab_size": vocab, "pad_token_id": pad,
+                "image_token": self.image_token, "image_token_id": self.image_token_id,
+                "chat_template_sha256": hashlib.sha256(self.template.encode()).hexdigest(),
+                "token_dtype": token_dtype_for(vocab),
+            },
+            "image_policy": policy,
+        }
+
+    @property
+    def pad_token_id(self) -> int:
+        """The tokenizer's pad token, else a ``<pad>`` token in the vocabulary, else EOS, else 0."""
+        tok = self.tokenizer
+        if tok.pad_token_id is not None:
+            return int(tok.pad_token_id)
+        pad = tok.convert_tokens_to_ids(["<pad>"])[0]
+        if pad is not None and pad != tok.unk_token_id:
+            return int(pad)
+        return int(tok.eos_token_id) if tok.eos_token_id is not None else 0
+
+    # ---- rendering -------------------------------------------------------------------------
+
+    def _message(self, m: dict) -> dict:
+        if self.typed_images:
+            return {"role": m["role"], "content": [dict(p) for p in m["content"]]}
+        text = "".join(self.image_token if p.get("type") == "image" else p.get("text", "") for p in m["content"])
+        return {"role": m["role"], "content": text}
+
+    def _apply(self, messages: list[dict], *, generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, chat_template=self.template, tokenize=False,
+                                                  add_generation_prompt=generation_prompt)
+
+    def _render(self, messages: list[dict], sid: str) -> tuple[str, list[tuple[int, int]]]:
+        """The full text and the character spans of the assistant turns."""
+        try:
+            text = self._apply(messages, generation_prompt=False)
+        except Exception as e:  # jinja raises on templates that reject a conversation shape
+            raise SampleError("malformed_record", f"the chat template rejected the conversation: {e}", sid) from None
+        spans = []
+        for i, m in enumerate(messages):
+            if m["role"] != "assistant":
+                continue
+            before = self._apply(messages[:i], generation_prompt=True) if i else ""
+            after = self._apply(messages[: i + 1], generation_prompt=False)
+            if not (text.startswith(after) and after.startswith(before)):
+                raise ConfigError("the chat template is not prefix-stable (rendering the first turns of a "
+                                  "conversation is not a prefix of rendering all of them), so assistant turns "
+                                  "cannot be located; add {% generation %} markers or pass --chat-template")
+            spans.append((len(before), len(after)))
+        return text, spans
+
+    def _template_renders_typed_images(self) -> bool:
+        probe = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "x"}]},
+                 {"role": "assistant", "content": [{"type": "text", "text": "y"}]}]
+        try:
+            return self.image_token in self._apply(probe, generation_prompt=False)
+        except Exception:
+            return False
+
+    # ---- images ----------------------------------------------------------------------------
+
+    def _prepare_images(self, images: tuple[bytes, ...], sid: str) -> tuple[list[bytes], list[int]]:
+        out, counts = [], []
+        for k, data in enumerate(images):
+            data, (w, h) = self._check_image(data, sid, k)
+            out.append(data)
+            counts.append(self._tokens_for(w, h))
+        return out, counts
+
+    def _check_image(self, data: bytes, sid: str, k: int) -> tuple[bytes, tuple[int, int]]:
+        limit = self.config.max_image_pixels
+        try:
+            with Image.open(io.BytesIO(data)) as img:
+                w, h = img.size
+                if w * h > limit:
+                    raise SampleError("image_too_large", f"image {k} is {w}x{h} = {w * h} pixels > the limit "
+                                      f"{limit}; downscale it or raise max_image_pixels", sid)
+                fmt = img.format
+                img.draft("RGB", (max(1, w // 8), max(1, h // 8)))  # cheap full decode of JPEGs
+                img.load()
+        except SampleError:
+            raise
+        except Image.DecompressionBombError as e:
+            raise SampleError("image_too_large", f"image {k}: {e}", sid) from None
+        except Exception as e:  # PIL raises many types for bad bytes
+            raise SampleError("unreadable_image", f"image {k} cannot be decoded ({_error_text(e)}); "
+                              "fix or remove the file", sid) from None
+        side = self.config.max_image_side
+        if side and max(w, h) > side:
+            data, (w, h) = _downscale(data, side, fmt)
+        return data, (w, h)
+
+    def _tokens_for(self, w: int, h: int) -> int:
+        if self.processor is None:
+            return int(self.config.tokens_per_image)
+        return _processor_tokens(self.processor, h, w)
+
+    def _expand(self, sid: str, ids: np.ndarray, mask: np.ndarray, images: list[bytes],
+                counts: list[int]) -> Sample:
+        where = np.flatnonzero(ids == self.image_token_id)
+        if where.size != len(images):
+            raise SampleError("placeholder_mismatch", f"{where.size} image tokens {self.image_token!r} in the "
+                              f"rendered text for {len(images)} images", sid)
+        if where.size:
+            reps = np.ones(ids.size, np.int64)
+            reps[where] = counts
+            ids, mask = np.repeat(ids, reps), np.repeat(mask, reps)
+            mask[np.repeat(np.arange(reps.size), reps)[:0]] = 0
+            mask[ids == self.image_token_id] = 0
+        if not mask.any():
+            raise SampleError("no_assistant_turn", "no token is a training target after templating", sid)
+        return Sample(sid, ids.astype(np.uint32), mask, tuple(images), tuple(int(c) for c in counts))
+
+
+def _error_text(e: BaseException) -> str:
+    """The exception as text, without object addresses (drop details must be deterministic)."""
+    return f"{type(e).__name__}: " + re.sub(r"\s*<[^<>]* at 0x[0-9a-f]+>", "", str(e))
+
+
+def _load_processor(tokens_per_image: int | str | Any):
+    if isinstance(tokens_per_image, int):
+        if tokens_per_image < 0:
+            raise ConfigError(f"--tokens-per-image must be >= 0, got {tokens_per_image}")
+        return None
+    if not isinstance(tokens_per_image, str):
+        return tokens_per_image  # a processor object
+    if not tokens_per_image.startswith("processor:"):
+        raise ConfigError(f"--tokens-per-image {tokens_per_image!r}: give a number or processor:NAME_OR_PATH")
+    name = tokens_per_image.split(":", 1)[1]
+    if name.lower() in ("qwen2vl", "qwen2-vl"):
+        from transformers import Qwen2VLImageProcessor
+
+        return Qwen2VLImageProcessor()
+    from transformers import AutoImageProcessor
+
+    try:
+        return AutoImageProcessor.from_pretrained(name)
+    except Exception as e:
+        raise ConfigError(f"cannot load image processor {name!r}: {e}") from None
+
+
+def _processor_tokens(processor, height: int, width: int) -> int:
+    merge = getattr(processor, "merge_size", 1) or 1
+    patches = processor.get_number_of_image_patches(height, width, {})
+    return int(patches) // (merge * merge)
+
+
+def _default_image_token(tokenizer, processor) -> str:
+    for owner in (processor, tokenizer):
+        tok = getattr(owner, "image_token", None)
+        if isinstance(tok, str):
+            return tok
+    vocab = tokenizer.get_vocab()
+    for guess in _IMAGE_TOKEN_GUESSES:
+        if guess in vocab:
+            return guess
+    raise ConfigError("the tokenizer declares no image token; pass the model's image token with --image-token "
+                      "(e.g. '<image>', '[IMG]', '<|image_pad|>')")
+
+
+def _downscale(data: bytes, side: int, fmt: str | None) -> tuple[bytes, tuple[int, int]]:
+    with Image.open(io.BytesIO(data)) as img:
+        img = img.convert("RGB") if fmt == "JPEG" else img.copy()
+        img.thumbnail((side, side), Image.Resampling.LANCZOS)
+        buf = io.BytesIO()
+        img.save(buf, format=fmt or "PNG", **({"quality": 90} if fmt == "JPEG" else {}))
+        return buf.getvalue(), img.size
