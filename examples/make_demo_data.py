@@ -45,8 +45,8 @@ def _text(rng: np.random.Generator, n_words: int) -> str:
 
 
 def _answer_words(rng: np.random.Generator) -> int:
-    """Long-tailed: median ~60 words, a lognormal tail to a few thousand."""
-    return int(min(3000, max(3, rng.lognormal(np.log(60), 1.0))))
+    """Long-tailed: median ~80 words, a lognormal tail to a few thousand."""
+    return int(min(3000, max(3, rng.lognormal(np.log(80), 1.0))))
 
 
 def _draw_image(rng: np.random.Generator, idx: int) -> tuple[bytes, str]:
