@@ -9,7 +9,8 @@ A sample after building (Pixtral-style template, 2 tokens per image for the draw
 The mask is found by rendering the conversation's prefixes with the chat template: the text
 between ``messages[:i]`` with a generation prompt and ``messages[:i+1]`` is assistant turn i.
 The full text is tokenized once with character offsets and every token inside such a span is a
-target. Templates with ``{% generation %}`` markers use transformers' own assistant mask.
+target. This needs a prefix-stable template (rendering the first turns is a prefix of rendering
+all of them), which chat templates are as a rule; one that is not is refused with a clear error.
 Each image part becomes the image token once in the text; after tokenizing, each occurrence is
 expanded to the image's token count (fixed, or from the model's image processor and the image's
 header size).
@@ -107,7 +108,6 @@ class SampleBuilder:
             raise ConfigError(f"image token {self.image_token!r} is not a single token in the vocabulary of "
                               f"{config.tokenizer!r}; pass the model's image token with --image-token")
         self.image_token_id = int(ids[0])
-        self.generation_markers = "{% generation %}" in template or "{%- generation %}" in template
         self.typed_images = self._template_renders_typed_images()
 
     # ---- public ----------------------------------------------------------------------------
@@ -165,9 +165,12 @@ class SampleBuilder:
     # ---- rendering -------------------------------------------------------------------------
 
     def _message(self, m: dict) -> dict:
+        parts = m["content"]
+        if isinstance(parts, str):
+            parts = [{"type": "text", "text": parts}]
         if self.typed_images:
-            return {"role": m["role"], "content": [dict(p) for p in m["content"]]}
-        text = "".join(self.image_token if p.get("type") == "image" else p.get("text", "") for p in m["content"])
+            return {"role": m["role"], "content": [dict(p) for p in parts]}
+        text = "".join(self.image_token if p.get("type") == "image" else p.get("text", "") for p in parts)
         return {"role": m["role"], "content": text}
 
     def _apply(self, messages: list[dict], *, generation_prompt: bool) -> str:
@@ -189,7 +192,7 @@ class SampleBuilder:
             if not (text.startswith(after) and after.startswith(before)):
                 raise ConfigError("the chat template is not prefix-stable (rendering the first turns of a "
                                   "conversation is not a prefix of rendering all of them), so assistant turns "
-                                  "cannot be located; add {% generation %} markers or pass --chat-template")
+                                  "cannot be located; pass a prefix-stable template with --chat-template")
             spans.append((len(before), len(after)))
         return text, spans
 
@@ -249,7 +252,6 @@ class SampleBuilder:
             reps = np.ones(ids.size, np.int64)
             reps[where] = counts
             ids, mask = np.repeat(ids, reps), np.repeat(mask, reps)
-            mask[np.repeat(np.arange(reps.size), reps)[:0]] = 0
             mask[ids == self.image_token_id] = 0
         if not mask.any():
             raise SampleError("no_assistant_turn", "no token is a training target after templating", sid)
