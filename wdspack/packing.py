@@ -372,6 +372,9 @@ def _refresh(tree, head, r, K, size):
 def _balanced(order, tok, img, L, M, k):
     """One try with k packs: each item to the least-loaded pack with image room.
 
+    Two min-trees over the packs: token load of every pack, and token load of the packs that
+    still have image room (so the common one-image item is an O(1) lookup). Items with more
+    images search the second tree by branch and bound on (load, images left).
     Returns the assignment, or an array whose [1, 0] is -1 when some item found no pack.
     """
     n = order.size
@@ -379,41 +382,41 @@ def _balanced(order, tok, img, L, M, k):
     while size < k:
         size *= 2
     big = L + 1
-    load = np.full(2 * size, big, np.int64)  # min token load in subtree (unused leaves: never chosen)
-    arg = np.full(2 * size, -1, np.int64)    # leaf index achieving it
-    ri = np.full(2 * size, -1, np.int64)     # max images left in subtree
+    load = np.full(2 * size, big, np.int64)   # min load in subtree, all packs
+    arg = np.full(2 * size, -1, np.int64)
+    load2 = np.full(2 * size, big, np.int64)  # min load in subtree, packs with >= 1 image left
+    arg2 = np.full(2 * size, -1, np.int64)
+    ri = np.full(2 * size, -1, np.int64)      # max images left in subtree
     for p in range(k):
         load[size + p] = 0
         arg[size + p] = p
         ri[size + p] = M
+        if M > 0:
+            load2[size + p] = 0
+            arg2[size + p] = p
     for node in range(size - 1, 0, -1):
-        a, b = 2 * node, 2 * node + 1
-        if load[b] < load[a]:
-            load[node], arg[node] = load[b], arg[b]
-        else:
-            load[node], arg[node] = load[a], arg[a]
-        ri[node] = ri[a] if ri[a] > ri[b] else ri[b]
+        _pull(load, arg, load2, arg2, ri, node)
     out = np.empty((2, n), np.int64)
-    stack = np.empty(64, np.int64)
+    stack = np.empty(128, np.int64)
     for j in range(n):
         i = order[j]
         t, m = tok[i], img[i]
-        best = arg[1]  # least-loaded pack overall
-        if m > 0 and ri[size + best] < m:
-            best = -1
-        if best < 0:
-            # Branch and bound: least load among packs with >= m images left.
-            best_load = big
+        if m == 0:
+            best = arg[1]
+        elif m == 1 or ri[size + arg2[1]] >= m:
+            best = arg2[1] if load2[1] < big else -1
+        else:
+            best, best_load = -1, big
             sp = 0
             stack[sp] = 1
             sp += 1
             while sp > 0:
                 sp -= 1
                 node = stack[sp]
-                if ri[node] < m or load[node] >= best_load:
+                if ri[node] < m or load2[node] >= best_load:
                     continue
                 if node >= size:
-                    best_load = load[node]
+                    best_load = load2[node]
                     best = node - size
                     continue
                 stack[sp] = 2 * node + 1
@@ -425,15 +428,29 @@ def _balanced(order, tok, img, L, M, k):
         leaf = size + best
         load[leaf] += t
         ri[leaf] -= m
+        if ri[leaf] >= 1:
+            load2[leaf] = load[leaf]
+        else:
+            load2[leaf] = big
+            arg2[leaf] = -1
         node = leaf >> 1
         while node >= 1:
-            a, b = 2 * node, 2 * node + 1
-            if load[b] < load[a]:
-                load[node], arg[node] = load[b], arg[b]
-            else:
-                load[node], arg[node] = load[a], arg[a]
-            ri[node] = ri[a] if ri[a] > ri[b] else ri[b]
+            _pull(load, arg, load2, arg2, ri, node)
             node >>= 1
         out[0, j] = i
         out[1, j] = best
     return out
+
+
+@numba.njit(cache=True)
+def _pull(load, arg, load2, arg2, ri, node):
+    a, b = 2 * node, 2 * node + 1
+    if load[b] < load[a]:
+        load[node], arg[node] = load[b], arg[b]
+    else:
+        load[node], arg[node] = load[a], arg[a]
+    if load2[b] < load2[a]:
+        load2[node], arg2[node] = load2[b], arg2[b]
+    else:
+        load2[node], arg2[node] = load2[a], arg2[a]
+    ri[node] = ri[a] if ri[a] > ri[b] else ri[b]
