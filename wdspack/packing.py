@@ -10,15 +10,18 @@ name        what it does                                                  cost
 =========== ============================================================= ============
 greedy      next-fit in input order (the simplest baseline)               O(n)
 shuffle     next-fit on a seeded shuffle (NeMo's shuffle_and_pack)        O(n)
-ffd         first-fit decreasing by tokens; a segment tree over packs     O(n log n)
-bfd         best-fit decreasing, planned in both dimensions (default)     O(n log L)
+ffd         first-fit decreasing, planned in both dimensions; segment     O(n log n)
+            trees over packs
+bfd         best-fit decreasing, planned in both dimensions (default);    O(n log L)
+            buckets by room left, a segment tree over them
 balanced    Eagle 2 / nanoVLM balanced greedy knapsack: the fewest packs  O(n log n) a try
             it can fill, each item to the least-loaded pack that fits
 =========== ============================================================= ============
 
-``bfd`` is two-dimensional: when the image budget can bind, it also plans with an order that
-spreads image-bearing samples across packs (sorted by their combined share of both budgets)
-and keeps whichever plan needs fewer packs, so it never needs more packs than token-sorted BFD.
+``ffd`` and ``bfd`` are two-dimensional: when the image budget can bind, they also plan with an
+order that spreads image-bearing samples across packs (sorted by their combined share of both
+budgets) and keep whichever plan needs fewer packs, so neither needs more packs than its
+token-sorted version.
 
 The inner loops are compiled with numba (``cache=True``): a million samples plan in well under
 a second on one core after the first compile.
@@ -82,11 +85,11 @@ def plan_packs(
         order = valid[np.random.default_rng(seed).permutation(valid.size)]
         assign = _next_fit(order, tok, img, seq_len, M)
     elif algorithm == "ffd":
-        assign = _first_fit(_decreasing(valid, tok), tok, img, seq_len, M)
+        assign = _fit_2d(_first_fit, valid, tok, img, seq_len, M, seed)
     elif algorithm == "bfd":
-        assign = _bfd_2d(valid, tok, img, seq_len, M, seed)
+        assign = _fit_2d(_best_fit, valid, tok, img, seq_len, M, seed, try_balanced=True)
     else:
-        upper = int(_bfd_2d(valid, tok, img, seq_len, M, seed)[1].max()) + 1
+        upper = int(_fit_2d(_best_fit, valid, tok, img, seq_len, M, seed)[1].max()) + 1
         assign = _balanced_plan(_decreasing(valid, tok), tok, img, seq_len, M, upper)
     return _groups(assign)
 
@@ -146,8 +149,8 @@ _TRIAL_SIZE = 20_000
 _IMAGE_HEAVY = 0.6  # image lower bound / token lower bound above which bfd also tries `balanced`
 
 
-def _bfd_2d(valid, tok, img, L, M, seed):
-    """Best-fit decreasing in two dimensions.
+def _fit_2d(fit, valid, tok, img, L, M, seed, *, try_balanced=False):
+    """First- or best-fit decreasing (``fit`` is the kernel) in two dimensions.
 
     Token-sorted BFD leaves the short image-bearing samples for last, where they fill packs
     to the image cap at a fraction of ``seq_len``. Sorting by a combined share of both
@@ -156,27 +159,27 @@ def _bfd_2d(valid, tok, img, L, M, seed):
     the items, then the full plan is made with it *and* with the token order, and the plan with
     fewer packs wins (so ``bfd`` never needs more packs than token-sorted BFD). When the image
     lower bound reaches 60 % of the token lower bound, both budgets bind and the balanced
-    knapsack's even spread is tried as well.
+    knapsack's even spread is tried as well (``bfd`` only).
     """
-    by_tokens = _best_fit(_decreasing(valid, tok), tok, img, L, M)
+    by_tokens = fit(_decreasing(valid, tok), tok, img, L, M)
     if M == 0 or not img[valid].any():
         return by_tokens
     trial = valid
     if valid.size > _TRIAL_SIZE:
         pick = np.random.default_rng(seed).choice(valid.size, _TRIAL_SIZE, replace=False)
         trial = valid[np.sort(pick)]
-    best_w, best_n = 0.0, _best_fit(_decreasing(trial, tok), tok, img, L, M)[1].max()
+    best_w, best_n = 0.0, fit(_decreasing(trial, tok), tok, img, L, M)[1].max()
     for w in _SHARE_WEIGHTS:
-        n = _best_fit(_by_share(trial, tok, img, L, M, w), tok, img, L, M)[1].max()
+        n = fit(_by_share(trial, tok, img, L, M, w), tok, img, L, M)[1].max()
         if n < best_n:
             best_w, best_n = w, n
     best = by_tokens
     if best_w != 0.0:
-        by_share = _best_fit(_by_share(valid, tok, img, L, M, best_w), tok, img, L, M)
+        by_share = fit(_by_share(valid, tok, img, L, M, best_w), tok, img, L, M)
         if by_share[1].max() <= by_tokens[1].max():
             best = by_share
     token_lb = -(-int(tok[valid].sum()) // L)
-    if -(-int(img[valid].sum()) // M) >= _IMAGE_HEAVY * token_lb:
+    if try_balanced and -(-int(img[valid].sum()) // M) >= _IMAGE_HEAVY * token_lb:
         # Both budgets bind about equally: spreading load evenly (the balanced knapsack) beats
         # any single order here; bisect its pack count below the best plan so far.
         balanced = _balanced_plan(_decreasing(valid, tok), tok, img, L, M, int(best[1].max()) + 1)
@@ -239,49 +242,58 @@ def _next_fit(order, tok, img, L, M):
 
 @numba.njit(cache=True)
 def _first_fit(order, tok, img, L, M):
-    """Leftmost pack with room in both dimensions, via a segment tree of (max tokens left,
-    max images left) over all packs that could ever be opened."""
+    """Leftmost pack with room in both dimensions.
+
+    Segment trees over every pack that could be opened: max tokens left (all packs), max tokens
+    left among packs with an image slot left, and max images left. Text-only and one-image
+    items descend one tree in O(log n); items with more images search by branch and bound.
+    """
     n = order.size
     size = 1
     while size < n:
         size *= 2
-    rt = np.full(2 * size, L, np.int64)   # max remaining tokens in the subtree
-    ri = np.full(2 * size, M, np.int64)   # max remaining images in the subtree
+    rt = np.full(2 * size, L, np.int64)    # max tokens left in the subtree
+    rt2 = np.full(2 * size, L if M > 0 else -1, np.int64)  # ... among packs with >= 1 image left
+    ri = np.full(2 * size, M, np.int64)    # max images left in the subtree
     out = np.empty((2, n), np.int64)
-    stack = np.empty(64, np.int64)
-    opened = 0
+    stack = np.empty(128, np.int64)
     for j in range(n):
         i = order[j]
         t, m = tok[i], img[i]
-        # Depth-first, left child first, pruned by both maxima (necessary conditions).
-        sp = 0
-        stack[sp] = 1
-        sp += 1
         leaf = -1
-        while sp > 0:
-            sp -= 1
-            node = stack[sp]
-            if rt[node] < t or ri[node] < m:
-                continue
-            if node >= size:
-                leaf = node
-                break
-            stack[sp] = 2 * node + 1
-            stack[sp + 1] = 2 * node
-            sp += 2
-        p = leaf - size
-        if p >= opened:
-            opened = p + 1
+        if m <= 1:
+            tree = rt if m == 0 else rt2
+            node = 1
+            while node < size:  # leftmost leaf with tree value >= t (the root always has room)
+                node = 2 * node if tree[2 * node] >= t else 2 * node + 1
+            leaf = node
+        else:
+            sp = 0
+            stack[sp] = 1
+            sp += 1
+            while sp > 0:
+                sp -= 1
+                node = stack[sp]
+                if rt2[node] < t or ri[node] < m:
+                    continue
+                if node >= size:
+                    leaf = node
+                    break
+                stack[sp] = 2 * node + 1
+                stack[sp + 1] = 2 * node
+                sp += 2
         rt[leaf] -= t
         ri[leaf] -= m
+        rt2[leaf] = rt[leaf] if ri[leaf] >= 1 else -1
         node = leaf >> 1
         while node >= 1:
             a, b = 2 * node, 2 * node + 1
             rt[node] = rt[a] if rt[a] > rt[b] else rt[b]
+            rt2[node] = rt2[a] if rt2[a] > rt2[b] else rt2[b]
             ri[node] = ri[a] if ri[a] > ri[b] else ri[b]
             node >>= 1
         out[0, j] = i
-        out[1, j] = p
+        out[1, j] = leaf - size
     return out
 
 
