@@ -59,7 +59,7 @@ def _packs():
     d = rng.integers(11, V, 7)
     mask = lambda n, k: np.r_[np.zeros(n - k), np.ones(k)].astype(np.uint8)  # noqa: E731
     p1 = Pack(np.r_[a, b], np.r_[mask(10, 3), mask(8, 4)], (10, 8), ("a", "b"), (_image((250, 0, 0)),), (0,), (3,))
-    p2 = Pack(np.r_[c, d], np.r_[mask(10, 2), mask(7, 3)], (10, 7), ("c", "d"),
+    p2 = Pack(np.r_[c, d], np.r_[mask(10, 2), mask(7, 7)], (10, 7), ("c", "d"),
               (_image((0, 250, 0)), _image((0, 0, 250))), (0, 0), (2, 2))
     return [p1, p2]
 
