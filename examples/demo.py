@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq-len", type=int, default=4096)
     ap.add_argument("--max-images", type=int, default=16)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--batches", type=int, default=12)
     args = ap.parse_args(argv)
 
     from wdspack.cli import main as wdspack_main
@@ -70,7 +71,44 @@ def main(argv: list[str] | None = None) -> int:
     if rc != 0:
         return rc
     print(f"   (pack took {time.perf_counter() - t0:.1f} s, tokenizer load included)")
+
+    print("\n== 3. wdspack inspect")
+    wdspack_main(["inspect", str(packed), "--plot", str(work / "inspect.png")])
+
+    print("\n== 4. stream batches (make_loader: 2 workers, 4 packs per batch, images decoded to 224 px)")
+    stream(packed, batches=args.batches)
     return 0
+
+
+def stream(packed: Path, *, batches: int) -> None:
+    """Iterate the loader and print the batch shapes, real-token share and throughput."""
+    import torch
+
+    from wdspack import make_image_transform, make_loader
+
+    loader = make_loader(str(packed), batch_size=4, num_workers=2, seed=0,
+                         image_transform=make_image_transform(size=224))
+    shapes = None
+    real = total = images = packs = 0
+    t0 = time.perf_counter()
+    for step, batch in enumerate(loader):
+        if step == 0:
+            t0 = time.perf_counter()  # exclude worker start-up
+            shapes = {k: (tuple(v.shape), str(v.dtype).replace("torch.", "")) for k, v in batch.items()
+                      if isinstance(v, torch.Tensor)}
+        else:
+            real += int(batch["num_tokens"].sum())
+            total += batch["input_ids"].numel()
+            images += int(batch["image_mask"].sum())
+            packs += batch["input_ids"].shape[0]
+        if step + 1 >= batches:
+            break
+    seconds = time.perf_counter() - t0
+    for key in ("input_ids", "labels", "position_ids", "seq_idx", "cu_seqlens", "pixel_values", "image_mask"):
+        print(f"   {key:<14} {shapes[key][0]!s:<22} {shapes[key][1]}")
+    print(f"   {batches} batches ({len(loader)} per epoch): real tokens {real / max(total, 1):.1%} of every batch; "
+          f"{packs / seconds:.1f} packs/s, {real / seconds:,.0f} tokens/s, {images / seconds:.1f} images/s "
+          "(2 workers, decode + resize included)")
 
 
 if __name__ == "__main__":
