@@ -269,3 +269,41 @@ def test_drop_tolerance(demo_data, sample_config, tmp_path):
 def test_config_errors(kw, match):
     with pytest.raises(ConfigError, match=match):
         _config(**kw)
+
+
+def test_parquet_and_saved_dataset_sources_pack_with_a_real_tokenizer(sample_config, tmp_path):
+    """The Hub's large-collection layouts: Parquet with image bytes + messages, and a
+    ``save_to_disk`` folder with the_cauldron-style ``texts``."""
+    import io
+
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    def png(color):
+        buf = io.BytesIO()
+        Image.new("RGB", (32, 24), color).save(buf, format="PNG")
+        return buf.getvalue()
+
+    rows = [{"images": [{"bytes": png((i * 20, 0, 0)), "path": None}],
+             "messages": [{"role": "user", "content": "<image>What color?"},
+                          {"role": "assistant", "content": f"Red {i}."}]} for i in range(10)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "cauldron.parquet", row_group_size=4)
+    datasets.Dataset.from_list([
+        {"images": [png((0, i * 20, 0))], "texts": [{"user": "Describe.", "assistant": f"Green {i}.", "source": "x"}]}
+        for i in range(6)]).save_to_disk(str(tmp_path / "saved"))
+    out = tmp_path / "ds"
+    summary = pack_dataset([str(tmp_path / "cauldron.parquet"), str(tmp_path / "saved")], out,
+                           sample_config=sample_config, config=_config())
+    assert (summary.samples_read, summary.samples_packed, summary.images) == (16, 16, 16)
+    texts = []
+    builder = get_builder(sample_config)
+    for pack in _read_packs(out):
+        starts = np.cumsum((0,) + pack.seq_lens)
+        for k in range(pack.num_samples):
+            ids = pack.input_ids[starts[k]:starts[k + 1]]
+            mask = pack.loss_mask[starts[k]:starts[k + 1]].astype(bool)
+            texts.append(builder.tokenizer.decode([int(t) for t in ids[mask]]))
+            assert int((ids == 10).sum()) == 16  # one image of 16 tokens each
+    assert sorted(texts) == sorted([f"Red {i}.</s>" for i in range(10)] + [f"Green {i}.</s>" for i in range(6)])
