@@ -1,4 +1,4 @@
-"""The batch contract: literal layout, static shapes, masks, image slots, padding-free layout."""
+"""The batch contract: literal layouts, static shapes, masks, image slots, padding-free rows, properties."""
 
 from __future__ import annotations
 
@@ -12,102 +12,246 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from wdspack.codec import Pack
-from wdspack.collate import collate_packs, pack_to_example
-from wdspack.images import ImageDecodeError, decode_image, make_image_transform
+from wdspack.collate import IGNORE_INDEX, collate_packs, pack_to_example
+from wdspack.errors import ConfigError, FormatError
+from wdspack.images import ImageDecodeError, make_image_transform
+
+IMG = 10
 
 
-def _jpeg(w=40, h=30, color=(255, 0, 0)):
+def _png(color=(255, 0, 0), w=12, h=9) -> bytes:
     buf = io.BytesIO()
-    Image.new("RGB", (w, h), color).save(buf, format="JPEG", quality=95)
+    Image.new("RGB", (w, h), color).save(buf, format="PNG")
     return buf.getvalue()
 
 
-PACK = Pack(np.array([1, 10, 10, 7, 5, 2, 1, 6, 2]), np.array([0, 0, 0, 0, 1, 1, 0, 1, 1]), (6, 3), ("a", "b"),
-            (_jpeg(),), (0,), (2,))
+# <s> [IMG] [IMG] hi A </s> | <s> B </s>; the pack marks the first token of "b" as trained,
+# and collation must still drop it (no target across the boundary).
+PACK = Pack(np.array([1, IMG, IMG, 7, 5, 2, 1, 6, 2], np.uint16), np.array([0, 0, 0, 0, 1, 1, 1, 1, 1], np.uint8),
+            (6, 3), ("a", "b"), (_png(),), (0,), (2,))
+SHORT = Pack(np.array([1, 4, 2], np.uint16), np.array([0, 1, 1], np.uint8), (3,), ("c",))
 
 
-def test_literal_layout():
+def test_literal_layout_of_one_pack_and_a_batch():
     e = pack_to_example(PACK, seq_len=10, max_images=2, pad_token_id=0)
     assert e["input_ids"].tolist() == [1, 10, 10, 7, 5, 2, 1, 6, 2, 0]
     assert e["labels"].tolist() == [-100, -100, -100, -100, 5, 2, -100, 6, 2, -100]
     assert e["position_ids"].tolist() == [0, 1, 2, 3, 4, 5, 0, 1, 2, 0]
     assert e["seq_idx"].tolist() == [0, 0, 0, 0, 0, 0, 1, 1, 1, 2]
-    assert e["image_mask"].tolist() == [True, False] and e["image_sample_idx"].tolist() == [0, -1]
-    assert e["image_token_counts"].tolist() == [2, 0]
-    b = collate_packs([e, e])
-    assert b["cu_seqlens"].tolist() == [0, 6, 9, 10, 16, 19, 20] and b["max_seqlen"] == 6
-    assert b["input_ids"].dtype == torch.int64 and b["seq_idx"].dtype == torch.int32
-    assert b["cu_seqlens"].dtype == torch.int32 and b["image_pack_idx"].tolist() == [0, 0, 1, 1]
+    assert (int(e["num_tokens"]), int(e["num_samples"])) == (9, 2)
+    s = pack_to_example(SHORT, seq_len=10, max_images=2, pad_token_id=0)
+    assert s["position_ids"].tolist() == [0, 1, 2, 0, 1, 2, 3, 4, 5, 6]
+    assert s["seq_idx"].tolist() == [0, 0, 0, 1, 1, 1, 1, 1, 1, 1]
+    b = collate_packs([e, s])
+    assert b["cu_seqlens"].tolist() == [0, 6, 9, 10, 13, 20] and b["max_seqlen"] == 7
+    assert b["input_ids"].tolist()[1] == [1, 4, 2, 0, 0, 0, 0, 0, 0, 0]
+    assert b["labels"].tolist()[1] == [-100, 4, 2] + [-100] * 7
+    dtypes = {k: b[k].dtype for k in ("input_ids", "labels", "position_ids", "seq_idx", "cu_seqlens")}
+    assert dtypes == {"input_ids": torch.int64, "labels": torch.int64, "position_ids": torch.int64,
+                      "seq_idx": torch.int32, "cu_seqlens": torch.int32}
+    assert isinstance(b["max_seqlen"], int) and b["num_tokens"].tolist() == [9, 3]
 
 
-def test_first_token_of_each_sub_sample_is_never_a_target():
-    p = Pack(np.array([3, 4, 5, 6]), np.array([1, 1, 1, 1]), (2, 2), ("a", "b"))
-    assert pack_to_example(p, seq_len=4, max_images=0, pad_token_id=0)["labels"].tolist() == [-100, 4, -100, 6]
+def test_full_pack_has_no_padding_segment():
+    p = Pack(np.array([3, 4, 5, 6]), np.ones(4, np.uint8), (2, 2), ("a", "b"))
+    e = pack_to_example(p, seq_len=4, max_images=0, pad_token_id=0)
+    assert e["labels"].tolist() == [-100, 4, -100, 6] and e["seq_idx"].tolist() == [0, 0, 1, 1]
+    assert collate_packs([e])["cu_seqlens"].tolist() == [0, 2, 4]
 
 
-def _random_pack(rng, seq_len, max_images):
-    n_samples = int(rng.integers(1, 5))
-    lens = rng.integers(1, max(2, seq_len // n_samples), n_samples)
-    lens = lens[np.cumsum(lens) <= seq_len] if lens.sum() > seq_len else lens
-    n = int(lens.sum())
-    k = int(rng.integers(0, max_images + 1))
-    owners = tuple(sorted(int(x) for x in rng.integers(0, len(lens), k)))
-    return Pack(rng.integers(0, 1000, n), rng.integers(0, 2, n).astype(np.uint8), tuple(int(x) for x in lens),
-                tuple(f"s{i}" for i in range(len(lens))), tuple(_jpeg(8, 8) for _ in owners), owners,
-                tuple(1 for _ in owners))
+def _shapes(batch):
+    return {k: (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else type(v) for k, v in batch.items()
+            if k != "cu_seqlens"}
 
 
-@given(seed=st.integers(0, 10_000))
-@settings(max_examples=40, deadline=None)
-def test_shapes_are_static_and_4d_mask_is_block_causal(seed):
-    rng = np.random.default_rng(seed)
-    packs = [_random_pack(rng, 16, 3) for _ in range(3)]
-    exs = [pack_to_example(p, seq_len=16, max_images=3, pad_token_id=0, image_transform=make_image_transform(size=8))
-           for p in packs]
-    b = collate_packs(exs, attention_mask="4d")
-    assert b["input_ids"].shape == (3, 16) and b["pixel_values"].shape == (9, 3, 8, 8)
-    assert b["attention_mask"].shape == (3, 1, 16, 16)
-    assert int(b["cu_seqlens"][-1]) == 48
-    for bi, p in enumerate(packs):
-        sid = np.repeat(np.arange(len(p.seq_lens) + 1), list(p.seq_lens) + [16 - p.num_tokens])
-        brute = np.array([[sid[i] == sid[j] and j <= i for j in range(16)] for i in range(16)])
-        assert np.array_equal(b["attention_mask"][bi, 0].numpy(), brute)
-        real = b["image_mask"][bi * 3:(bi + 1) * 3]
-        assert int(real.sum()) == p.num_images
-        assert not b["pixel_values"][bi * 3 + p.num_images:(bi + 1) * 3].any(), "empty slots are zero"
-        assert b["image_sample_idx"][bi * 3:bi * 3 + p.num_images].tolist() == list(p.image_sample)
+def test_shapes_are_identical_for_packs_of_any_fill():
+    t = make_image_transform(size=8)
+    full = Pack(np.arange(1, 11), np.ones(10, np.uint8), (4, 6), ("x", "y"), (_png(), _png()), (0, 1), (1, 1))
+    empty = Pack(np.zeros(0, np.uint16), np.zeros(0, np.uint8), (), ())
+    batches = [collate_packs([pack_to_example(p, seq_len=10, max_images=2, pad_token_id=0, image_transform=t)
+                              for p in packs], attention_mask="4d")
+               for packs in ([PACK, SHORT], [full, full], [empty, SHORT])]
+    assert _shapes(batches[0]) == _shapes(batches[1]) == _shapes(batches[2])
+    assert batches[0]["pixel_values"].shape == (4, 3, 8, 8) and batches[0]["attention_mask"].shape == (2, 1, 10, 10)
+    assert batches[2]["cu_seqlens"].tolist() == [0, 10, 13, 20]  # an empty pack is one padding segment
 
 
-def test_2d_mask_and_padding_free():
-    e = pack_to_example(PACK, seq_len=10, max_images=1, pad_token_id=0)
-    b = collate_packs([e, e], attention_mask="2d")
-    assert b["attention_mask"].tolist()[0] == [1] * 9 + [0]
-    f = collate_packs([e, e], padding_free=True)
-    assert f["input_ids"].shape == (1, 20)
-    assert f["position_ids"].tolist()[0] == [0, 1, 2, 3, 4, 5, 0, 1, 2, 0] * 2
-    assert f["seq_idx"].tolist()[0] == [0] * 6 + [1] * 3 + [2] + [3] * 6 + [4] * 3 + [5]
-    with pytest.raises(ValueError, match="attention_mask"):
-        collate_packs([e], attention_mask="3d")
+def _brute_mask(seq_idx_row):
+    s = seq_idx_row.tolist()
+    return torch.tensor([[s[i] == s[j] and j <= i for j in range(len(s))] for i in range(len(s))])
 
 
-def test_image_transform_values_and_guards():
-    t = make_image_transform(size=8, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
-    pv = t([_jpeg(64, 48, (255, 0, 0))], max_images=2, seq_len=4)["pixel_values"]
-    assert pv.shape == (2, 3, 8, 8)
-    assert pv[0, 0].mean() > 0.9 and pv[0, 1].mean() < 0.1 and not pv[1].any()
-    with pytest.raises(ImageDecodeError, match="exceeds the limit"):
-        decode_image(_jpeg(200, 200), max_pixels=100)
-    with pytest.raises(ImageDecodeError, match="cannot decode"):
-        decode_image(b"garbage")
+def test_2d_and_4d_masks():
+    e, s = (pack_to_example(p, seq_len=10, max_images=1, pad_token_id=0) for p in (PACK, SHORT))
+    b = collate_packs([e, s], attention_mask="2d")
+    assert b["attention_mask"].tolist() == [[1] * 9 + [0], [1] * 3 + [0] * 7]
+    m = collate_packs([e, s], attention_mask="4d")["attention_mask"]
+    assert m.dtype == torch.bool and m.shape == (2, 1, 10, 10)
+    for r in range(2):
+        assert torch.equal(m[r, 0], _brute_mask(b["seq_idx"][r]))
+    assert m[0, 0, 6].tolist() == [False] * 6 + [True] + [False] * 3  # first token of "b" sees only itself
+    f = collate_packs([e, s], attention_mask="4d", mask_dtype=torch.float64)["attention_mask"]
+    assert f.dtype == torch.float64
+    assert torch.equal(f == 0, m) and torch.all(f[~m] == torch.finfo(torch.float64).min)
 
 
-def test_qwen2vl_processor_layout():
-    from transformers import Qwen2VLImageProcessor
+def test_padding_free_layout():
+    e, s = (pack_to_example(p, seq_len=10, max_images=1, pad_token_id=0) for p in (PACK, SHORT))
+    b = collate_packs([e, s], padding_free=True)
+    assert b["input_ids"].tolist() == [[1, 10, 10, 7, 5, 2, 1, 6, 2, 1, 4, 2] + [0] * 8]
+    assert b["labels"].tolist() == [[-100, -100, -100, -100, 5, 2, -100, 6, 2, -100, 4, 2] + [-100] * 8]
+    assert b["position_ids"].tolist() == [[0, 1, 2, 3, 4, 5, 0, 1, 2, 0, 1, 2, 0, 1, 2, 3, 4, 5, 6, 7]]
+    assert b["seq_idx"].tolist() == [[0] * 6 + [1] * 3 + [2] * 3 + [3] * 8]
+    assert b["cu_seqlens"].tolist() == [0, 6, 9, 12, 20] and b["max_seqlen"] == 8
+    fixed = collate_packs([e, s], padding_free=True, pad_to=14)
+    assert fixed["input_ids"].shape == (1, 14) and fixed["cu_seqlens"].tolist() == [0, 6, 9, 12, 14]
+    tight = collate_packs([e, s], padding_free=True, pad_to=None)
+    assert tight["input_ids"].shape == (1, 12) and tight["cu_seqlens"].tolist() == [0, 6, 9, 12]
+    m = collate_packs([e, s], padding_free=True, attention_mask="4d")["attention_mask"]
+    assert m.shape == (1, 1, 20, 20) and torch.equal(m[0, 0], _brute_mask(b["seq_idx"][0]))
+    with pytest.raises(ConfigError, match="whole row as one sequence"):
+        collate_packs([e, s], padding_free=True, attention_mask="2d")
+    with pytest.raises(ConfigError, match="pad_to=11"):
+        collate_packs([e, s], padding_free=True, pad_to=11)
 
-    proc = Qwen2VLImageProcessor()
-    t = make_image_transform(processor=proc)
-    out = t([_jpeg(56, 56), _jpeg(112, 56)], max_images=3, seq_len=64)
-    rows = 64 * proc.merge_size ** 2
-    assert out["pixel_values"].shape[0] == rows and out["patch_mask"].shape == (rows,)
-    assert out["image_grid_thw"].tolist() == [[1, 4, 4], [1, 4, 8], [0, 0, 0]]
-    assert int(out["patch_mask"].sum()) == 16 + 32
+
+def test_max_segments_gives_cu_seqlens_a_static_shape():
+    e, s = (pack_to_example(p, seq_len=10, max_images=1, pad_token_id=0) for p in (PACK, SHORT))
+    assert collate_packs([e, s], max_segments=7)["cu_seqlens"].tolist() == [0, 6, 9, 10, 13, 20, 20, 20]
+    with pytest.raises(ConfigError, match="5 segments > max_segments 4"):
+        collate_packs([e, s], max_segments=4)
+
+
+def test_image_slots_ownership_and_order():
+    red, green, blue = _png((255, 0, 0)), _png((0, 255, 0)), _png((0, 0, 255))
+    # Sub-sample 1 owns two images, sub-sample 2 one; sub-sample 0 none.
+    p = Pack(np.array([1, 5, 1, IMG, 5, IMG, IMG, 1, IMG]), np.zeros(9, np.uint8), (2, 5, 2), ("a", "b", "c"),
+             (red, green, blue), (1, 1, 2), (1, 2, 1))
+    t = make_image_transform(size=4, mean=(0, 0, 0), std=(1, 1, 1))
+    exs = [pack_to_example(q, seq_len=10, max_images=4, pad_token_id=0, image_transform=t) for q in (p, SHORT)]
+    b = collate_packs(exs)
+    assert b["image_mask"].tolist() == [True, True, True, False] + [False] * 4
+    assert b["image_pack_idx"].tolist() == [0] * 4 + [1] * 4
+    assert b["image_sample_idx"].tolist() == [1, 1, 2, -1] + [-1] * 4
+    assert b["image_token_counts"].tolist() == [1, 2, 1, 0] + [0] * 4
+    pv = b["pixel_values"]
+    assert pv.shape == (8, 3, 4, 4) and not pv[3:].any(), "slots past the real images are zero"
+    assert pv[:3].mean(dim=(2, 3)).round().tolist() == [[1, 0, 0], [0, 1, 0], [0, 0, 1]]
+    # Image tokens in flattened order belong, in slot order, to the owning sub-sample.
+    where = (b["input_ids"].reshape(-1) == IMG).nonzero().flatten()
+    owners = torch.repeat_interleave(b["image_sample_idx"][b["image_mask"]], b["image_token_counts"][b["image_mask"]])
+    assert torch.equal(b["seq_idx"].reshape(-1)[where].long(), owners)
+
+
+def test_errors_name_the_problem():
+    with pytest.raises(FormatError, match="9 tokens > seq_len 8"):
+        pack_to_example(PACK, seq_len=8, max_images=1, pad_token_id=0)
+    with pytest.raises(FormatError, match="1 images > max_images 0"):
+        pack_to_example(PACK, seq_len=10, max_images=0, pad_token_id=0)
+    bad = Pack(PACK.input_ids, PACK.loss_mask, PACK.seq_lens, ("a", "b"), (b"not an image",), (1,), (2,))
+    with pytest.raises(ImageDecodeError, match="sample 'b': image 0: cannot read the image header"):
+        pack_to_example(bad, seq_len=10, max_images=1, pad_token_id=0, image_transform=make_image_transform(size=4))
+    a = pack_to_example(PACK, seq_len=10, max_images=1, pad_token_id=0)
+    c = pack_to_example(PACK, seq_len=12, max_images=1, pad_token_id=0)
+    with pytest.raises(ConfigError, match="different"):
+        collate_packs([a, c])
+    with pytest.raises(ConfigError, match="attention_mask"):
+        collate_packs([a], attention_mask="3d")
+    with pytest.raises(ConfigError, match="at least one"):
+        collate_packs([])
+
+
+def test_a_plain_callable_transform_is_padded_to_the_slots():
+    def transform(images):  # one entry per image, any layout
+        return {"pixel_values": torch.ones(len(images), 2, 3), "sizes": torch.full((len(images), 2), 7)}
+
+    e = pack_to_example(PACK, seq_len=10, max_images=3, pad_token_id=0, image_transform=transform)
+    assert e["pixel_values"].shape == (3, 2, 3) and e["pixel_values"][1:].sum() == 0
+    assert e["sizes"].tolist() == [[7, 7], [0, 0], [0, 0]]
+    with pytest.raises(ConfigError, match="one entry per image"):
+        pack_to_example(PACK, seq_len=10, max_images=3, pad_token_id=0,
+                        image_transform=lambda ims: {"pixel_values": torch.ones(5, 2)})
+
+
+# --- properties over random packs --------------------------------------------------------------
+
+@st.composite
+def packs(draw, seq_len=24, max_images=3):
+    lens = draw(st.lists(st.integers(1, 9), min_size=0, max_size=5))
+    while sum(lens) > seq_len:
+        lens.pop()
+    n = sum(lens)
+    ids = np.array(draw(st.lists(st.integers(0, 500), min_size=n, max_size=n)), np.uint16)
+    mask = np.array(draw(st.lists(st.integers(0, 1), min_size=n, max_size=n)), np.uint8)
+    owners = sorted(draw(st.lists(st.integers(0, len(lens) - 1), max_size=max_images))) if lens else []
+    return Pack(ids, mask, tuple(lens), tuple(f"s{i}" for i in range(len(lens))), tuple(b"" for _ in owners),
+                tuple(owners), tuple(1 for _ in owners))
+
+
+def _runs(values):
+    """Lengths of the runs of equal consecutive values."""
+    v = np.asarray(values)
+    cuts = np.flatnonzero(np.diff(v)) + 1
+    return np.diff(np.r_[0, cuts, v.size]).tolist()
+
+
+def _position_segments(positions):
+    """Segments as transformers finds them: a new one wherever the position does not step by 1."""
+    p = np.asarray(positions)
+    return np.cumsum(np.r_[1, np.diff(p)] != 1)
+
+
+@given(st.lists(packs(), min_size=1, max_size=4), st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_properties_over_random_packs(batch_packs, padding_free):
+    L, M = 24, 3
+    exs = [pack_to_example(p, seq_len=L, max_images=M, pad_token_id=999) for p in batch_packs]
+    for p, e in zip(batch_packs, exs):
+        n = p.num_tokens
+        starts = set(np.cumsum((0,) + p.seq_lens[:-1]).tolist()) if p.seq_lens else set()
+        want = [int(t) if m and i not in starts else IGNORE_INDEX
+                for i, (t, m) in enumerate(zip(p.input_ids, p.loss_mask))] + [IGNORE_INDEX] * (L - n)
+        assert e["labels"].tolist() == want
+        assert e["input_ids"][:n].tolist() == p.input_ids.tolist() and set(e["input_ids"][n:].tolist()) <= {999}
+        assert _runs(e["seq_idx"].tolist()) == [x for x in (*p.seq_lens, L - n) if x]
+        assert np.array_equal(_position_segments(e["position_ids"]), e["seq_idx"].numpy())
+        assert e["image_sample_idx"][: p.num_images].tolist() == list(p.image_sample)
+        assert e["image_mask"].sum() == p.num_images
+    b = collate_packs(exs, attention_mask="4d", padding_free=padding_free)
+    B = len(batch_packs)
+    flat_seq = b["seq_idx"].reshape(-1)
+    cu = b["cu_seqlens"].tolist()
+    assert cu[-1] == B * L == flat_seq.numel()
+    if padding_free:
+        assert b["input_ids"].shape == (1, B * L)
+        assert _runs(flat_seq.tolist()) == np.diff(cu).tolist()  # ids are unique over the row
+        assert b["input_ids"][0, : sum(p.num_tokens for p in batch_packs)].tolist() == \
+            [int(t) for p in batch_packs for t in p.input_ids]
+    else:
+        assert b["input_ids"].shape == (B, L)
+        assert [x for r in range(B) for x in _runs(b["seq_idx"][r].tolist())] == np.diff(cu).tolist()
+    assert b["max_seqlen"] == max(np.diff(cu))
+    for r in range(b["seq_idx"].shape[0]):
+        assert torch.equal(b["attention_mask"][r, 0], _brute_mask(b["seq_idx"][r]))
+        segs = _position_segments(b["position_ids"][r])
+        assert _runs(segs.tolist()) == _runs(b["seq_idx"][r].tolist()), "position ids mark the same segments"
+
+
+class _Packs(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        t = make_image_transform(size=4)
+        for p in (PACK, SHORT, SHORT, PACK):
+            yield pack_to_example(p, seq_len=10, max_images=2, pad_token_id=0, image_transform=t)
+
+
+def test_collate_in_a_dataloader_worker_matches_in_process():
+    """In a worker, batches are built straight in shared memory; the values must not change."""
+    here = [collate_packs(list(_Packs())[i:i + 2]) for i in (0, 2)]
+    loader = torch.utils.data.DataLoader(_Packs(), batch_size=2, num_workers=1, collate_fn=collate_packs,
+                                         multiprocessing_context="fork")
+    there = list(loader)
+    assert len(there) == 2 and there[0]["pixel_values"].is_shared()
+    for a, b in zip(here, there):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k], k

@@ -1,149 +1,335 @@
-"""Packs → fixed-shape tensors (the batch contract of DESIGN.md §4).
+"""Packs → fixed-shape tensors: the batch contract of DESIGN.md §4.
 
-One pack of two sub-samples (``seq_len`` 10, sub-sample 0 owns one image of 2 tokens)::
+One pack, ``seq_len`` 10, two sub-samples; sub-sample 0 owns one image of 2 tokens::
 
     index          0    1    2    3    4    5    6    7    8    9
     input_ids     <s> [IMG][IMG]  hi   A  </s> <s>   B  </s> <pad>
-    loss_mask      0    0    0    0    1    1    0    1    1    -
+    loss_mask      1    0    0    0    1    1    0    1    1    -     (as stored in the pack)
     labels       -100 -100 -100 -100   A  </s> -100  B  </s> -100
     position_ids   0    1    2    3    4    5    0    1    2    0
-    seq_idx        0    0    0    0    0    0    1    1    1    2   (padding: its own id = S)
+    seq_idx        0    0    0    0    0    0    1    1    1    2     (padding: its own id, S = 2)
 
-``labels`` are *unshifted*, as Hugging Face models expect (the model predicts ``labels[i]`` from
-position ``i - 1``); the first token of every sub-sample is ``-100`` so no loss crosses a
-boundary. Over a batch, ``cu_seqlens`` lists every segment of the flattened ``[B·L]`` tokens,
-each pack's padding tail being a segment of its own, so ``cu_seqlens[-1] == B·L`` and varlen
-attention kernels can take the padded batch as is.
+Conventions:
+
+* ``labels`` are **unshifted**, as Hugging Face models expect: the model shifts internally, so
+  ``labels[i]`` is the target predicted from position ``i - 1``. ``labels`` = ``input_ids``
+  where ``loss_mask`` is 1, else ``-100``; the first token of every sub-sample is forced to
+  ``-100`` (index 0 above, trained in the pack) so no loss predicts across a boundary.
+* Padding sits after the real tokens and is a **segment of its own**: ``pad_token_id``,
+  label ``-100``, positions counting ``0, 1, 2, …`` again, ``seq_idx`` = the pack's number of
+  sub-samples. Restarting the positions is what lets a position-id based packing detector
+  (transformers' FlashAttention-2 and mask builders) see the padding as a separate sequence.
+
+A batch of two such packs (``B = 2``, ``L = 10``, ``max_images`` ``M = 2``)::
+
+    input_ids, labels, position_ids   [B, L] int64       (rows are the packs above)
+    seq_idx                           [B, L] int32
+    cu_seqlens    [0, 6, 9, 10, 16, 19, 20]  int32       every segment of the flattened [B·L]
+    max_seqlen    6                          int         tokens, padding tails included, so
+                                                         cu_seqlens[-1] == B·L (flash-attn varlen
+                                                         takes input_ids.view(-1) as it is)
+    attention_mask  "2d": [B, L] int64, 1 = real token
+                    "4d": [B, 1, L, L] block-diagonal causal; bool (True = attend) or additive float
+    slot               0     1     2     3               images: [B·M] slots, pack-major
+    image_mask        True False True False
+    image_pack_idx     0     0     1     1               owner pack (row of input_ids)
+    image_sample_idx   0    -1     0    -1               owner sub-sample in that pack (-1: empty)
+    image_token_counts 2     0     2     0               tokens the image fills
+    pixel_values      [B·M, 3, S, S] float32, zero in empty slots
+
+Real image slots, in order, match the image tokens of the flattened ``input_ids`` in order, so a
+model can ``masked_scatter`` ``vision(pixel_values[image_mask])`` into them. For flattened-patch
+processors (Qwen2-VL) ``pixel_values`` is ``[B·R, D]`` with ``patch_mask`` ``[B·R]`` and
+``image_grid_thw`` ``[B·M, 3]`` (zero rows for empty slots): feed
+``pixel_values[patch_mask]`` with ``image_grid_thw[image_mask]``.
+
+``padding_free=True`` lays the text out as one row ``[1, N]`` for transformers' padding-free
+FlashAttention-2 path: the packs' real tokens back to back, every pack's padding dropped, and
+one padding segment at the end up to ``pad_to`` (default ``B·L``, so shapes stay static;
+``pad_to=None`` drops padding entirely and ``N`` varies)::
+
+    input_ids     <s> [IMG][IMG] hi A </s> <s> B </s> | <s> [IMG][IMG] hi A </s> <s> B </s> | <pad> <pad>
+    position_ids   0    1    2   3  4   5   0  1   2  |  0    1    2   3  4   5   0  1   2  |   0     1
+    seq_idx        0    0    0   0  0   0   1  1   1  |  2    2    2   2  2   2   3  3   3  |   4     4
+    cu_seqlens    [0, 6, 9, 15, 18, 20]
+
+Which keys to feed (each is exact: ``tests/test_packed_exact.py``):
+
+* transformers ≥ 5, SDPA / eager / flex: ``input_ids``, ``labels``, ``position_ids``, no
+  ``attention_mask``, ``use_cache=False`` (with a cache the model does not look for packed
+  sequences); it builds the block-diagonal mask from the restarting positions.
+* transformers' FlashAttention-2: ``padding_free=True`` with ``position_ids``.
+* a hand-made mask: ``"4d"`` (bool for SDPA; ``mask_dtype=`` the model's float dtype for eager).
+  It costs ``B·L²`` elements: 256 MiB of bool for ``B = 4``, ``L = 8192``.
+* flash-attn's varlen kernels: ``cu_seqlens``, ``max_seqlen``; flex attention: ``seq_idx``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from .codec import Pack
+from .errors import ConfigError, FormatError
+
+if TYPE_CHECKING:
+    from .images import PatchLayout
 
 __all__ = ["IGNORE_INDEX", "collate_packs", "pack_to_example"]
 
+#: The label of a token that is not a target (PyTorch's and transformers' ``ignore_index``).
 IGNORE_INDEX = -100
+
+_TEXT_KEYS = ("input_ids", "labels", "position_ids", "seq_idx")
+_COUNT_KEYS = ("num_tokens", "num_samples")
 
 
 def pack_to_example(pack: Pack, *, seq_len: int, max_images: int, pad_token_id: int,
                     image_transform: Callable[[Sequence[bytes]], dict[str, torch.Tensor]] | None = None,
                     ) -> dict[str, torch.Tensor]:
-    """One pack as fixed-shape tensors (see the module docstring for the layout).
+    """One pack as fixed-shape tensors (layout and conventions in the module docstring).
 
-    Keys: ``input_ids``, ``labels``, ``position_ids`` ``[L]`` int64; ``seq_idx`` ``[L]`` int32;
-    ``num_tokens`` and ``num_samples`` (0-d); ``image_mask`` ``[M]`` bool,
-    ``image_sample_idx`` ``[M]`` (owner sub-sample, -1 for empty slots), ``image_token_counts``
-    ``[M]``; and the image tensors from ``image_transform`` padded to ``M`` slots (its
-    ``pixel_values`` ``[M, C, H, W]``, or for flattened-patch processors the processor's own layout
-    padded to a fixed number of rows).
+    Args:
+        pack: a decoded pack of at most ``seq_len`` tokens and ``max_images`` images.
+        seq_len: ``L``, the row length; padding fills the rest.
+        max_images: ``M``, the image slots; empty slots are zero.
+        pad_token_id: the id written into padding.
+        image_transform: encoded images → one tensor entry per image (see
+            :func:`wdspack.images.make_image_transform`); padded here to ``M`` slots (or, for the
+            flattened-patch layout, to the transform's ``patch_rows(L, M)`` rows).
+
+    Returns:
+        ``input_ids``, ``labels``, ``position_ids`` ``[L]`` int64; ``seq_idx`` ``[L]`` int32;
+        ``num_tokens``, ``num_samples`` 0-d int64; ``image_mask`` ``[M]`` bool;
+        ``image_sample_idx`` ``[M]`` int64 (owner sub-sample, -1 for empty slots);
+        ``image_token_counts`` ``[M]`` int64; and the padded image tensors.
+
+    Raises:
+        FormatError: the pack is over a budget, or an image cannot be decoded (the message
+            names the sub-sample's id); :class:`ConfigError` when the image processor's grid
+            disagrees with the image tokens the pack reserved.
 
     Example:
-        >>> p = Pack(np.array([1, 5, 2]), np.array([0, 1, 1]), (3,), ("a",))
-        >>> pack_to_example(p, seq_len=4, max_images=0, pad_token_id=0)["labels"].tolist()
-        [-100, 5, 2, -100]
+        >>> p = Pack(np.array([1, 5, 2]), np.array([1, 1, 1]), (3,), ("a",))
+        >>> e = pack_to_example(p, seq_len=5, max_images=0, pad_token_id=0)
+        >>> e["labels"].tolist(), e["position_ids"].tolist(), e["seq_idx"].tolist()
+        ([-100, 5, 2, -100, -100], [0, 1, 2, 0, 1], [0, 0, 0, 1, 1])
     """
-    n = pack.num_tokens
+    n, k = pack.num_tokens, pack.num_images
     if n > seq_len:
-        raise ValueError(f"pack has {n} tokens > seq_len {seq_len}")
-    if pack.num_images > max_images:
-        raise ValueError(f"pack has {pack.num_images} images > max_images {max_images}")
+        raise FormatError(f"pack with samples {_names(pack)} has {n} tokens > seq_len {seq_len}; load with the "
+                          "seq_len the dataset was packed for (its manifest), or reshard it")
+    if k > max_images:
+        raise FormatError(f"pack with samples {_names(pack)} has {k} images > max_images {max_images}; load with "
+                          "the max_images the dataset was packed for (its manifest)")
+    lens = np.asarray(pack.seq_lens, np.int64)
+    starts = np.cumsum(lens) - lens
     ids = np.full(seq_len, pad_token_id, np.int64)
     ids[:n] = pack.input_ids
-    labels = np.full(seq_len, IGNORE_INDEX, np.int64)
     trained = pack.loss_mask.astype(bool)
-    starts = np.cumsum((0,) + pack.seq_lens[:-1]) if pack.seq_lens else np.zeros(0, np.int64)
     trained[starts] = False  # no target across a sub-sample boundary
-    labels[:n][trained] = ids[:n][trained]
-    seq_idx = np.full(seq_len, len(pack.seq_lens), np.int32)
-    seq_idx[:n] = np.repeat(np.arange(len(pack.seq_lens), dtype=np.int32), pack.seq_lens)
-    positions = np.zeros(seq_len, np.int64)
-    positions[:n] = np.arange(n) - np.repeat(starts, pack.seq_lens)
+    labels = np.full(seq_len, IGNORE_INDEX, np.int64)
+    labels[:n] = np.where(trained, ids[:n], IGNORE_INDEX)
+    positions = np.empty(seq_len, np.int64)
+    positions[:n] = np.arange(n) - np.repeat(starts, lens)
     positions[n:] = np.arange(seq_len - n)
+    seq_idx = np.full(seq_len, len(lens), np.int32)
+    seq_idx[:n] = np.repeat(np.arange(len(lens), dtype=np.int32), lens)
     owner = np.full(max_images, -1, np.int64)
-    owner[: pack.num_images] = pack.image_sample
+    owner[:k] = pack.image_sample
     counts = np.zeros(max_images, np.int64)
-    counts[: pack.num_images] = pack.image_tokens
-    mask = np.zeros(max_images, bool)
-    mask[: pack.num_images] = True
+    counts[:k] = pack.image_tokens
     out = {
         "input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels),
         "position_ids": torch.from_numpy(positions), "seq_idx": torch.from_numpy(seq_idx),
-        "num_tokens": torch.tensor(n), "num_samples": torch.tensor(len(pack.seq_lens)),
-        "image_mask": torch.from_numpy(mask), "image_sample_idx": torch.from_numpy(owner),
+        "num_tokens": torch.tensor(n, dtype=torch.int64), "num_samples": torch.tensor(len(lens), dtype=torch.int64),
+        "image_mask": torch.arange(max_images) < k, "image_sample_idx": torch.from_numpy(owner),
         "image_token_counts": torch.from_numpy(counts),
     }
     if image_transform is not None:
-        out.update(image_transform(pack.images, max_images=max_images, seq_len=seq_len))
+        out.update(_images_to_slots(pack, image_transform, seq_len=seq_len, max_images=max_images))
     return out
 
 
 def collate_packs(examples: Sequence[dict[str, torch.Tensor]], *, attention_mask: str | None = None,
-                  padding_free: bool = False) -> dict[str, torch.Tensor]:
-    """Stack examples into a batch of fixed shapes.
+                  padding_free: bool = False, pad_to: int | str | None = "batch",
+                  mask_dtype: torch.dtype = torch.bool, max_segments: int | None = None,
+                  ) -> dict[str, torch.Tensor | int]:
+    """Stack :func:`pack_to_example` outputs into one batch of fixed shapes.
 
     Args:
-        examples: outputs of :func:`pack_to_example`, all with the same ``seq_len`` and slots.
-        attention_mask: ``None``; ``"2d"`` for a ``[B, L]`` padding mask (1 = real token); or
-            ``"4d"`` for a ``[B, 1, L, L]`` bool block-diagonal causal mask (True = attend;
-            padding attends to itself, so no row is empty).
-        padding_free: lay the batch out as ``[1, B·L]`` (``input_ids``, ``labels``,
-            ``position_ids``, ``seq_idx``) for transformers' FlashAttention-2 path, which finds
-            sub-sample boundaries where ``position_ids`` restart. Padding stays (static shape),
-            as its own segment with positions restarting at 0 and labels -100.
+        examples: ``B`` examples with the same ``seq_len`` and image slots.
+        attention_mask: ``None`` (use ``position_ids`` / ``seq_idx`` / ``cu_seqlens``); ``"2d"``
+            for a ``[B, L]`` padding mask (1 = real token); ``"4d"`` for a ``[B, 1, L, L]``
+            block-diagonal causal mask (padding attends to itself, so no row is empty).
+        padding_free: one ``[1, N]`` row of real tokens (see the module docstring); a ``"2d"``
+            mask is refused there (transformers would take the whole row as one sequence).
+        pad_to: padding-free only: ``"batch"`` pads to ``B·L`` (static), an int pads to that
+            length (static, must hold the real tokens), ``None`` keeps only real tokens.
+        mask_dtype: ``"4d"`` only: ``torch.bool`` (SDPA, flex) or a float dtype for an additive
+            mask (0 = attend, the dtype's minimum = masked; eager attention) matching the model's.
+        max_segments: pad ``cu_seqlens`` to ``max_segments + 1`` entries by repeating its last
+            offset (empty segments), so its shape is static too.
 
     Returns:
-        The batch dict, with ``cu_seqlens`` ``[S+1]`` int32 and ``max_seqlen`` (int) over the
-        flattened tokens; image tensors concatenated to ``[B·M, ...]`` with ``image_pack_idx``.
+        Text tensors as above; ``cu_seqlens`` ``[S+1]`` int32 and ``max_seqlen`` (a Python int)
+        over the flattened tokens; ``num_tokens``, ``num_samples`` ``[B]``; the image slot
+        tensors concatenated pack-major (``[B·M, ...]``) with ``image_pack_idx`` ``[B·M]``.
 
     Example:
         >>> p = Pack(np.array([1, 5, 2]), np.array([0, 1, 1]), (3,), ("a",))
         >>> b = collate_packs([pack_to_example(p, seq_len=4, max_images=0, pad_token_id=0)] * 2)
-        >>> b["cu_seqlens"].tolist(), b["input_ids"].shape
-        ([0, 3, 4, 7, 8], torch.Size([2, 4]))
+        >>> b["cu_seqlens"].tolist(), b["max_seqlen"], tuple(b["input_ids"].shape)
+        ([0, 3, 4, 7, 8], 3, (2, 4))
     """
-    B = len(examples)
-    L = examples[0]["input_ids"].shape[0]
-    batch: dict[str, torch.Tensor] = {}
-    for key in ("input_ids", "labels", "position_ids", "seq_idx"):
-        batch[key] = torch.stack([e[key] for e in examples])
-    lengths: list[int] = []
-    for e in examples:
-        n = int(e["num_tokens"])
-        seg = torch.bincount(e["seq_idx"][:n].long(), minlength=int(e["num_samples"]))
-        lengths.extend(int(x) for x in seg if x > 0)
-        if n < L:
-            lengths.append(L - n)
-    cu = np.zeros(len(lengths) + 1, np.int32)
-    cu[1:] = np.cumsum(lengths)
-    batch["cu_seqlens"] = torch.from_numpy(cu)
-    batch["max_seqlen"] = max(lengths) if lengths else 0
-    batch["num_tokens"] = torch.stack([e["num_tokens"] for e in examples])
-    for key in ("image_mask", "image_sample_idx", "image_token_counts"):
-        batch[key] = torch.cat([e[key] for e in examples])
-    M = examples[0]["image_mask"].shape[0]
+    if not examples:
+        raise ConfigError("collate_packs needs at least one example")
+    if attention_mask not in (None, "2d", "4d"):
+        raise ConfigError(f"attention_mask must be None, '2d' or '4d', got {attention_mask!r}")
+    if padding_free and attention_mask == "2d":
+        raise ConfigError("a '2d' attention_mask with padding_free=True would make the model treat the whole row "
+                          "as one sequence; pass attention_mask=None (boundaries are in position_ids and cu_seqlens) "
+                          "or '4d'")
+    shapes = {tuple(e["input_ids"].shape) + tuple(e["image_mask"].shape) for e in examples}
+    if len(shapes) != 1:
+        raise ConfigError(f"examples have different (seq_len, max_images): {sorted(shapes)}; build them all with "
+                          "the same budgets")
+    B, L, M = len(examples), examples[0]["input_ids"].shape[0], examples[0]["image_mask"].shape[0]
+    batch: dict[str, Any] = {key: _join([e[key] for e in examples], stack=True) for key in _TEXT_KEYS + _COUNT_KEYS}
+    for key in examples[0]:
+        if key not in _TEXT_KEYS + _COUNT_KEYS:  # image slots and image tensors: pack-major
+            batch[key] = _join([e[key] for e in examples], stack=False)
     batch["image_pack_idx"] = torch.arange(B).repeat_interleave(M)
-    for key in ("pixel_values", "image_grid_thw", "patch_mask"):
-        if key in examples[0]:
-            batch[key] = torch.cat([e[key] for e in examples])
+    real = batch["num_tokens"].tolist()
+    sample_lens = [np.bincount(e["seq_idx"][:n].numpy(), minlength=int(e["num_samples"]))
+                   for e, n in zip(examples, real)]
+    if padding_free:
+        lengths = _padding_free(batch, sample_lens, B=B, L=L, pad_to=pad_to)
+    else:
+        lengths = [x for lens, n in zip(sample_lens, real) for x in (*lens.tolist(), L - n) if x > 0]
+    batch["cu_seqlens"] = _cu_seqlens(lengths, max_segments)
+    batch["max_seqlen"] = max(lengths, default=0)
     if attention_mask == "2d":
         batch["attention_mask"] = (torch.arange(L)[None, :] < batch["num_tokens"][:, None]).long()
     elif attention_mask == "4d":
-        same = batch["seq_idx"][:, :, None] == batch["seq_idx"][:, None, :]
-        causal = torch.ones(L, L, dtype=torch.bool).tril()
-        batch["attention_mask"] = (same & causal)[:, None]
-    elif attention_mask is not None:
-        raise ValueError(f"attention_mask must be None, '2d' or '4d', got {attention_mask!r}")
-    if padding_free:
-        for key in ("input_ids", "labels", "position_ids"):
-            batch[key] = batch[key].reshape(1, B * L)
-        # Segment ids unique over the flattened batch (padding tails included).
-        batch["seq_idx"] = torch.repeat_interleave(torch.arange(len(lengths), dtype=torch.int32),
-                                                   torch.tensor(lengths)).reshape(1, B * L)
-        if attention_mask == "2d":
-            batch["attention_mask"] = batch["attention_mask"].reshape(1, B * L)
+        batch["attention_mask"] = _block_causal(batch["seq_idx"], mask_dtype)
     return batch
+
+
+def _join(tensors: list[torch.Tensor], *, stack: bool) -> torch.Tensor:
+    """``torch.stack`` / ``torch.cat``; in a DataLoader worker, straight into shared memory.
+
+    The worker would otherwise copy every batch tensor into shared memory to send it (as
+    ``default_collate`` avoids too): for image batches that copy is tens of megabytes.
+    """
+    out = None
+    if torch.utils.data.get_worker_info() is not None:
+        first = tensors[0]
+        shape = (len(tensors), *first.shape) if stack else (sum(t.shape[0] for t in tensors), *first.shape[1:])
+        try:  # the private call default_collate makes; without it the copy just happens later
+            out = first.new(first._typed_storage()._new_shared(math.prod(shape), device=first.device)).view(shape)
+        except (AttributeError, RuntimeError):
+            out = None
+    return torch.stack(tensors, out=out) if stack else torch.cat(tensors, out=out)
+
+
+def _names(pack: Pack) -> str:
+    ids = list(pack.sample_ids[:3])
+    return f"{ids}"[:-1] + ", ...]" if pack.num_samples > 3 else f"{ids}"
+
+
+def _padding_free(batch: dict[str, Any], sample_lens: list[np.ndarray], *, B: int, L: int,
+                  pad_to: int | str | None) -> list[int]:
+    """Rewrite the text tensors of ``batch`` as one ``[1, N]`` row; return the segment lengths."""
+    total = int(batch["num_tokens"].sum())
+    width = B * L if pad_to == "batch" else total if pad_to is None else pad_to
+    if not isinstance(width, int) or isinstance(width, bool) or not total <= width <= B * L:
+        raise ConfigError(f"pad_to={pad_to!r}: give 'batch', None, or an int from the batch's {total} real tokens "
+                          f"up to B·L = {B * L}")
+    keep = (torch.arange(L)[None, :] < batch["num_tokens"][:, None]).reshape(-1)
+    lens = [int(x) for s in sample_lens for x in s]
+    tail = width - total
+    pad_id = batch["input_ids"].reshape(-1)[~keep][:1]  # some pack has padding whenever tail > 0
+    fill = {"input_ids": pad_id.expand(tail), "labels": torch.full((tail,), IGNORE_INDEX),
+            "position_ids": torch.arange(tail), "seq_idx": torch.full((tail,), len(lens), dtype=torch.int32)}
+    for key in ("input_ids", "labels", "position_ids"):
+        batch[key] = torch.cat([batch[key].reshape(-1)[keep], fill[key]])[None]
+    seq_idx = torch.repeat_interleave(torch.arange(len(lens), dtype=torch.int32), torch.tensor(lens, dtype=torch.int64))
+    batch["seq_idx"] = torch.cat([seq_idx, fill["seq_idx"]])[None]
+    return lens + ([tail] if tail else [])
+
+
+def _cu_seqlens(lengths: list[int], max_segments: int | None) -> torch.Tensor:
+    size = len(lengths) if max_segments is None else max_segments
+    if size < len(lengths):
+        raise ConfigError(f"the batch has {len(lengths)} segments > max_segments {max_segments}; raise it "
+                          "(at most B × (sub-samples per pack + 1))")
+    cu = np.zeros(size + 1, np.int32)
+    cu[1:len(lengths) + 1] = np.cumsum(lengths)
+    cu[len(lengths) + 1:] = cu[len(lengths)]
+    return torch.from_numpy(cu)
+
+
+def _block_causal(seq_idx: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[R, 1, T, T]``: query ``i`` may see key ``j`` when both are in one segment and ``j <= i``."""
+    T = seq_idx.shape[1]
+    allowed = (seq_idx[:, :, None] == seq_idx[:, None, :]) & torch.ones(T, T, dtype=torch.bool).tril()
+    if dtype == torch.bool:
+        return allowed[:, None]
+    if not dtype.is_floating_point:
+        raise ConfigError(f"mask_dtype must be torch.bool or a float dtype, got {dtype}")
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+
+
+def _images_to_slots(pack: Pack, transform: Callable[[Sequence[bytes]], dict[str, torch.Tensor]], *,
+                     seq_len: int, max_images: int) -> dict[str, torch.Tensor]:
+    """Run the transform and pad its per-image outputs to ``max_images`` slots (fixed shapes)."""
+    from .images import ImageDecodeError
+
+    try:
+        got = dict(transform(pack.images))
+    except ImageDecodeError as e:
+        k = e.index
+        who = f"sample {pack.sample_ids[pack.image_sample[k]]!r}: " if k is not None and k < pack.num_images else ""
+        raise type(e)(f"{who}{e}", index=k) from None
+    k = pack.num_images
+    if "image_grid_thw" in got:
+        return _pad_patches(pack, got, transform, seq_len=seq_len, max_images=max_images)
+    out = {}
+    for key, value in got.items():
+        if value.ndim == 0 or value.shape[0] != k:
+            raise ConfigError(f"image transform returned {key} of shape {tuple(value.shape)} for {k} images; "
+                              "it must return one entry per image")
+        slots = value.new_zeros((max_images, *value.shape[1:]))
+        slots[:k] = value
+        out[key] = slots
+    return out
+
+
+def _pad_patches(pack: Pack, got: dict[str, torch.Tensor], transform: PatchLayout | Any, *, seq_len: int,
+                 max_images: int) -> dict[str, torch.Tensor]:
+    """Flattened-patch layout: ``pixel_values`` [P, D] → [R, D] + ``patch_mask``; grids → [M, 3].
+
+    Reads :class:`~wdspack.images.PatchLayout` from the transform; without it, merge size 1 and
+    ``seq_len`` rows.
+    """
+    pv, grid = got["pixel_values"], got["image_grid_thw"]
+    merge = int(getattr(transform, "merge_size", 1))
+    tokens = (grid.prod(dim=1) // (merge * merge)).tolist()
+    if tokens != list(pack.image_tokens):
+        raise ConfigError(f"the image processor gives {tokens} tokens for the images of samples "
+                          f"{sorted(set(pack.sample_ids[i] for i in pack.image_sample))} but the pack reserved "
+                          f"{list(pack.image_tokens)}; use the processor (and settings) the dataset was packed with")
+    rows_of = getattr(transform, "patch_rows", None)
+    rows = rows_of(seq_len, max_images) if rows_of is not None else seq_len * merge * merge
+    if pv.shape[0] > rows:
+        raise ConfigError(f"{pv.shape[0]} image patches > the {rows} patch rows per pack; raise max_patches")
+    padded = pv.new_zeros((rows, pv.shape[1]))
+    padded[: pv.shape[0]] = pv
+    grids = torch.zeros(max_images, 3, dtype=torch.int64)
+    grids[: grid.shape[0]] = grid
+    return {"pixel_values": padded, "image_grid_thw": grids, "patch_mask": torch.arange(rows) < pv.shape[0]}

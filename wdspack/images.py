@@ -1,121 +1,334 @@
-"""Image decoding for the loader, in its workers: guarded, fast, fixed shapes.
+"""Image decoding for the loader, in its workers: guarded, fast, processor-agnostic.
 
-The built-in path decodes with Pillow (JPEG draft mode decodes at a reduced scale when the
-target is much smaller), converts to RGB, resizes to a fixed square and normalises. Any
-``transformers`` image processor can be used instead; its output keeps the processor's layout,
-padded to fixed shapes. Every decode checks the header's pixel count against a limit *before*
-decoding, so a decompression bomb costs nothing.
+An :class:`ImageTransform` turns a pack's encoded images (``Pack.images``) into tensors. It
+returns *one entry per image*, unpadded; :func:`wdspack.collate.pack_to_example` pads them to the
+``max_images`` slots of the batch contract. Two layouts:
+
+===================  =======================================  ==============================
+path                 ``__call__(images)`` returns              padded by ``pack_to_example``
+===================  =======================================  ==============================
+built-in (Pillow)    ``pixel_values`` [N, 3, S, S] float32     [M, 3, S, S], zero slots
+fixed-size           the processor's outputs, [N, ...] each    [M, ...], zero slots
+processor (SigLIP,
+CLIP)
+flattened patches    ``pixel_values`` [P, D] (P = Σ t·h·w),    [R, D] + ``patch_mask`` [R];
+(Qwen2-VL)           ``image_grid_thw`` [N, 3] int64           grid [M, 3], zero rows
+===================  =======================================  ==============================
+
+``R`` is :meth:`ImageTransform.patch_rows`: what the budgets imply (every image token stands for
+``merge_size²`` patches and a pack holds at most ``seq_len`` tokens), or ``max_patches``.
+
+Every decode reads the header first and refuses more than ``max_pixels`` pixels *before* any
+pixel is decoded, so a decompression bomb costs a few hundred bytes of parsing. Only common
+raster formats are opened (no EPS, which would run Ghostscript). Bad bytes raise
+:class:`ImageDecodeError` (a :class:`~wdspack.errors.FormatError`), which the loader counts and
+skips. The built-in path uses JPEG draft mode: the JPEG decoder scales by 1/2, 1/4 or 1/8 while
+decoding, to the smallest scale still at least ``size`` on both sides, then resizes (bicubic).
+
+EXIF orientation is *not* applied: the packer counted image tokens from the stored width and
+height, and a rotated image would change a dynamic-resolution grid.
 """
 
 from __future__ import annotations
 
 import io
+import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from PIL import Image
 
-from .errors import FormatError
+from .errors import ConfigError, FormatError
 
-__all__ = ["ImageDecodeError", "ImageTransform", "decode_image", "make_image_transform"]
+__all__ = [
+    "CLIP_MEAN",
+    "CLIP_STD",
+    "DEFAULT_FORMATS",
+    "DEFAULT_MAX_PIXELS",
+    "ImageDecodeError",
+    "ImageTooLargeError",
+    "ImageTransform",
+    "PatchLayout",
+    "SIGLIP_MEAN",
+    "SIGLIP_STD",
+    "decode_image",
+    "make_image_transform",
+    "open_image",
+]
 
-_DEFAULT_MAX_PIXELS = 64_000_000
+#: Refuse images with more pixels than this (about 8000 × 8000) unless told otherwise.
+DEFAULT_MAX_PIXELS = 64_000_000
+#: The Pillow formats opened by default: common raster formats, nothing that shells out.
+DEFAULT_FORMATS: tuple[str, ...] = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF", "AVIF")
+SIGLIP_MEAN = SIGLIP_STD = (0.5, 0.5, 0.5)
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+class PatchLayout(Protocol):
+    """What :func:`~wdspack.collate.pack_to_example` reads from a transform that returns
+    ``image_grid_thw`` (flattened patches): one image token = ``merge_size²`` patches, and the
+    fixed number of patch rows per pack."""
+
+    @property
+    def merge_size(self) -> int: ...
+
+    def patch_rows(self, seq_len: int, max_images: int) -> int | None: ...
 
 
 class ImageDecodeError(FormatError):
-    """Image bytes in a pack that cannot (or must not) be decoded."""
+    """Image bytes that cannot (or must not) be decoded; ``index`` is the image's place in its list."""
+
+    def __init__(self, message: str, *, index: int | None = None) -> None:
+        super().__init__(message)
+        self.index = index
+
+    def __reduce__(self):  # one positional argument, as DataLoader's re-raise expects
+        return (type(self), (str(self),))
 
 
-def decode_image(data: bytes, *, max_pixels: int = _DEFAULT_MAX_PIXELS, draft: int | None = None) -> Image.Image:
-    """Decode encoded bytes to an RGB image, refusing more than ``max_pixels`` before decoding.
+class ImageTooLargeError(ImageDecodeError):
+    """The header declares more pixels than the decompression-bomb limit; nothing was decoded."""
+
+
+def open_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
+               formats: Sequence[str] | None = DEFAULT_FORMATS) -> Image.Image:
+    """Parse the header only, refusing bombs and unknown formats; pixels stay undecoded.
+
+    Raises:
+        ImageTooLargeError: width × height > ``max_pixels`` (or over Pillow's own hard limit).
+        ImageDecodeError: not an image, or a format outside ``formats``.
 
     Example:
-        >>> buf = io.BytesIO(); Image.new("RGB", (8, 4)).save(buf, format="PNG")
-        >>> decode_image(buf.getvalue()).size
-        (8, 4)
+        >>> buf = io.BytesIO(); Image.new("RGB", (300, 200)).save(buf, format="PNG")
+        >>> open_image(buf.getvalue(), max_pixels=10_000)
+        Traceback (most recent call last):
+        wdspack.images.ImageTooLargeError: image of 300x200 = 60000 pixels exceeds the limit of 10000 ...
     """
+    allowed = None if formats is None else _available(formats)
     try:
-        img = Image.open(io.BytesIO(data))
-        w, h = img.size
-        if w * h > max_pixels:
-            raise ImageDecodeError(f"image of {w}x{h} = {w * h} pixels exceeds the limit {max_pixels}; "
-                                   "raise max_pixels if it is genuine")
+        with warnings.catch_warnings():
+            # Pillow warns above its own limit; ours (checked next) is the one that decides.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(data), formats=allowed)
+    except Image.DecompressionBombError as e:
+        raise ImageTooLargeError(f"image refused before decoding: {e}") from None
+    except Exception as e:  # Pillow raises many unrelated types on bad bytes
+        raise ImageDecodeError(f"cannot read the image header ({_describe(e)}); the bytes are not "
+                               f"an image in one of the formats {list(allowed or ())}") from None
+    w, h = img.size
+    if w * h > max_pixels:
+        raise ImageTooLargeError(f"image of {w}x{h} = {w * h} pixels exceeds the limit of {max_pixels} "
+                                 "(a decompression-bomb guard); raise max_pixels if the image is genuine")
+    return img
+
+
+def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, draft: int | None = None,
+                 formats: Sequence[str] | None = DEFAULT_FORMATS) -> Image.Image:
+    """Decode encoded bytes to an RGB image (guarded by :func:`open_image`).
+
+    Args:
+        data: JPEG/PNG/WebP/... bytes.
+        max_pixels: refuse larger images before decoding.
+        draft: for JPEGs, let the decoder downscale while decoding to no less than
+            ``draft × draft`` (the image stays at least that large on both sides).
+        formats: Pillow format names to accept; ``None`` accepts every installed plugin.
+
+    Images with transparency are composited over white (as transformers' ``convert_rgb`` does).
+
+    Example:
+        >>> buf = io.BytesIO(); Image.new("RGBA", (8, 4)).save(buf, format="PNG")
+        >>> img = decode_image(buf.getvalue()); img.mode, img.size, img.getpixel((0, 0))
+        ('RGB', (8, 4), (255, 255, 255))
+    """
+    img = open_image(data, max_pixels=max_pixels, formats=formats)
+    try:
         if draft and img.format == "JPEG":
             img.draft("RGB", (draft, draft))
-        return img.convert("RGB")
-    except ImageDecodeError:
-        raise
-    except Exception as e:  # PIL raises many unrelated types on bad bytes
-        raise ImageDecodeError(f"cannot decode image: {type(e).__name__}") from None
+        img.load()
+        return _to_rgb(img)
+    except Exception as e:  # truncated or corrupt pixel data
+        raise ImageDecodeError(f"cannot decode {img.format} image of {img.size[0]}x{img.size[1]} "
+                               f"({_describe(e)}); the bytes are corrupt or truncated") from None
 
 
 class ImageTransform:
-    """Picklable ``bytes list → tensors`` for :func:`wdspack.collate.pack_to_example`.
+    """Picklable ``images → tensors`` for :func:`wdspack.collate.pack_to_example` (state: its settings).
 
-    Built-in path: ``pixel_values`` ``[M, 3, size, size]`` float32, empty slots zero. Processor
-    path: the processor's outputs; fixed-size ones padded to ``M`` slots, flattened-patch ones
-    (Qwen2-VL: ``pixel_values`` ``[patches, D]`` + ``image_grid_thw``) padded to ``max_patches``
-    rows (default: what the token budget implies, ``seq_len × merge_size²``) with a
-    ``patch_mask`` and zero grids for empty slots.
+    Build it with :func:`make_image_transform`. Called on a pack's encoded images it returns one
+    entry per image (see the module docstring for the layouts); errors name the image's index.
     """
 
-    def __init__(self, *, size: int = 224, mean: Sequence[float] = (0.5, 0.5, 0.5),
-                 std: Sequence[float] = (0.5, 0.5, 0.5), processor: Any = None,
-                 max_pixels: int = _DEFAULT_MAX_PIXELS, max_patches: int | None = None) -> None:
+    def __init__(self, *, size: int, mean: Sequence[float], std: Sequence[float], processor: Any,
+                 max_pixels: int, max_patches: int | None, draft: bool, formats: Sequence[str] | None) -> None:
         self.size, self.processor, self.max_pixels, self.max_patches = size, processor, max_pixels, max_patches
-        self.mean = np.asarray(mean, np.float32).reshape(3, 1, 1)
-        self.std = np.asarray(std, np.float32).reshape(3, 1, 1)
+        self.draft, self.formats = draft, None if formats is None else tuple(formats)
+        # Folded into one multiply-add per pixel: (x / 255 - mean) / std.
+        self._scale = (1.0 / (255.0 * np.asarray(std, np.float32))).astype(np.float32)
+        self._shift = (-np.asarray(mean, np.float32) / np.asarray(std, np.float32)).astype(np.float32)
+        self._slot_shape: tuple[int, ...] | None = None
 
-    def __call__(self, images: Sequence[bytes], *, max_images: int, seq_len: int) -> dict[str, torch.Tensor]:
-        if self.processor is not None:
-            return self._with_processor(images, max_images, seq_len)
-        out = np.zeros((max_images, 3, self.size, self.size), np.float32)
-        for k, data in enumerate(images):
-            img = decode_image(data, max_pixels=self.max_pixels, draft=self.size)
-            img = img.resize((self.size, self.size), Image.Resampling.BICUBIC)
-            arr = np.asarray(img, np.float32).transpose(2, 0, 1) / 255.0
-            out[k] = (arr - self.mean) / self.std
-        return {"pixel_values": torch.from_numpy(out)}
+    def __repr__(self) -> str:
+        what = f"processor={type(self.processor).__name__}" if self.processor is not None else f"size={self.size}"
+        return f"ImageTransform({what}, max_pixels={self.max_pixels})"
 
-    def _with_processor(self, images, max_images: int, seq_len: int) -> dict[str, torch.Tensor]:
-        pil = [decode_image(d, max_pixels=self.max_pixels) for d in images]
-        if "image_grid_thw" in getattr(self.processor, "model_input_names", ()):
-            merge = getattr(self.processor, "merge_size", 1) or 1
-            rows = self.max_patches or seq_len * merge * merge
-            grid = torch.zeros(max_images, 3, dtype=torch.long)
-            if pil:
-                got = self.processor(images=pil, return_tensors="pt")
-                pv, thw = got["pixel_values"], got["image_grid_thw"]
-                if pv.shape[0] > rows:
-                    raise ImageDecodeError(f"{pv.shape[0]} patches > max_patches {rows}")
-                grid[: len(pil)] = thw
-            else:
-                dim = 3 * getattr(self.processor, "temporal_patch_size", 2) * self.processor.patch_size ** 2
-                pv = torch.zeros(0, dim)
-            padded = torch.zeros(rows, pv.shape[1], dtype=torch.float32)
-            padded[: pv.shape[0]] = pv
-            mask = torch.zeros(rows, dtype=torch.bool)
-            mask[: pv.shape[0]] = True
-            return {"pixel_values": padded, "image_grid_thw": grid, "patch_mask": mask}
-        got = self.processor(images=pil or [Image.new("RGB", (self.size, self.size))], return_tensors="pt")
-        pv = got["pixel_values"]
-        out = torch.zeros((max_images, *pv.shape[1:]), dtype=torch.float32)
-        if pil:
-            out[: len(pil)] = pv
-        return {"pixel_values": out}
+    @property
+    def flattened(self) -> bool:
+        """True when the processor emits flattened patches plus ``image_grid_thw`` (Qwen2-VL style)."""
+        return "image_grid_thw" in getattr(self.processor, "model_input_names", ())
+
+    @property
+    def merge_size(self) -> int:
+        """Patches per image token along each side (Qwen2-VL: 2, so one token = 4 patches); else 1."""
+        return int(getattr(self.processor, "merge_size", 1) or 1) if self.flattened else 1
+
+    def patch_rows(self, seq_len: int, max_images: int) -> int | None:
+        """Fixed patch-row count of a pack's ``pixel_values`` (flattened layout), else ``None``.
+
+        ``max_patches`` if given; otherwise what the budgets imply: ``seq_len × merge_size²``,
+        capped by ``max_images ×`` the processor's largest image in patches.
+
+        Example:
+            >>> from transformers import Qwen2VLImageProcessor
+            >>> make_image_transform(processor=Qwen2VLImageProcessor()).patch_rows(1024, 2)
+            4096
+        """
+        if not self.flattened:
+            return None
+        if self.max_patches is not None:
+            return int(self.max_patches)
+        rows = seq_len * self.merge_size ** 2
+        per_image = _max_patches_per_image(self.processor)
+        return min(rows, max_images * per_image) if per_image else rows
+
+    def __call__(self, images: Sequence[bytes]) -> dict[str, torch.Tensor]:
+        pil = [self._decode(k, data) for k, data in enumerate(images)]
+        if self.processor is None:
+            return {"pixel_values": self._builtin(pil)}
+        if self.flattened:
+            return self._flattened(pil)
+        return self._fixed(pil)
+
+    def _decode(self, k: int, data: bytes) -> Image.Image:
+        try:
+            return decode_image(data, max_pixels=self.max_pixels, draft=self._draft_size(), formats=self.formats)
+        except ImageDecodeError as e:
+            raise type(e)(f"image {k}: {e}", index=k) from None
+
+    def _draft_size(self) -> int | None:
+        if not self.draft or self.flattened:  # a dynamic grid depends on the exact size
+            return None
+        if self.processor is None:
+            return self.size
+        size = getattr(self.processor, "size", None)
+        sides = [_field(size, f) for f in ("height", "width", "shortest_edge")]
+        return max((s for s in sides if s), default=None)
+
+    def _builtin(self, pil: list[Image.Image]) -> torch.Tensor:
+        s = self.size
+        out = np.empty((len(pil), 3, s, s), np.float32)
+        scale, shift = self._scale[:, None, None], self._shift[:, None, None]
+        for k, img in enumerate(pil):
+            if img.size != (s, s):
+                img = img.resize((s, s), Image.Resampling.BICUBIC)
+            # HWC bytes → CHW floats in one pass, straight into the output.
+            np.multiply(np.asarray(img).transpose(2, 0, 1), scale, out=out[k], casting="unsafe")
+            out[k] += shift
+        return torch.from_numpy(out)
+
+    def _fixed(self, pil: list[Image.Image]) -> dict[str, torch.Tensor]:
+        if not pil:
+            return {"pixel_values": torch.zeros((0, *self._fixed_slot_shape()))}
+        got = self.processor(images=pil, return_tensors="pt")
+        out = {k: v for k, v in got.items() if isinstance(v, torch.Tensor)}
+        bad = {k: tuple(v.shape) for k, v in out.items() if v.ndim == 0 or v.shape[0] != len(pil)}
+        if bad:
+            raise ConfigError(f"{type(self.processor).__name__} returned {bad} for {len(pil)} images; only "
+                              "one-entry-per-image (CLIP/SigLIP) and flattened-patch (Qwen2-VL) layouts have "
+                              "fixed batch shapes")
+        out["pixel_values"] = out["pixel_values"].float()
+        self._slot_shape = tuple(out["pixel_values"].shape[1:])
+        return out
+
+    def _fixed_slot_shape(self) -> tuple[int, ...]:
+        if self._slot_shape is None:  # learn the processor's per-image shape once
+            self._fixed([Image.new("RGB", (self.size, self.size))])
+        assert self._slot_shape is not None
+        return self._slot_shape
+
+    def _flattened(self, pil: list[Image.Image]) -> dict[str, torch.Tensor]:
+        if not pil:
+            p = self.processor
+            dim = 3 * int(getattr(p, "temporal_patch_size", 1) or 1) * int(p.patch_size) ** 2
+            return {"pixel_values": torch.zeros(0, dim), "image_grid_thw": torch.zeros(0, 3, dtype=torch.int64)}
+        got = self.processor(images=pil, return_tensors="pt")
+        return {"pixel_values": got["pixel_values"].float(), "image_grid_thw": got["image_grid_thw"].long()}
 
 
-def make_image_transform(*, size: int = 224, mean: Sequence[float] = (0.5, 0.5, 0.5),
-                         std: Sequence[float] = (0.5, 0.5, 0.5), processor: Any = None,
-                         max_pixels: int = _DEFAULT_MAX_PIXELS, max_patches: int | None = None) -> ImageTransform:
-    """An :class:`ImageTransform` (built-in Pillow path, or wrapping a transformers processor).
+def make_image_transform(*, size: int = 224, mean: Sequence[float] = SIGLIP_MEAN, std: Sequence[float] = SIGLIP_STD,
+                         processor: Any = None, max_pixels: int = DEFAULT_MAX_PIXELS, max_patches: int | None = None,
+                         draft: bool = True, formats: Sequence[str] | None = DEFAULT_FORMATS) -> ImageTransform:
+    """The image transform the loader ships to its workers.
+
+    Args:
+        size: built-in path: output side ``S`` of ``[N, 3, S, S]`` (bicubic resize, no crop).
+        mean, std: built-in path: per-channel normalisation after scaling to [0, 1]. Default
+            SigLIP's (0.5); pass :data:`CLIP_MEAN` / :data:`CLIP_STD` for CLIP-style encoders.
+        processor: a ``transformers`` image processor (e.g. ``SiglipImageProcessor()``,
+            ``Qwen2VLImageProcessor()``); replaces ``size``/``mean``/``std``. Must be the one
+            (with the same settings) that counted the image tokens when packing.
+        max_pixels: decompression-bomb guard, checked on the header before decoding.
+        max_patches: flattened-patch processors: the fixed patch rows per pack (default: what
+            ``seq_len`` implies; lower it to save memory when images use few of the tokens).
+        draft: let JPEGs decode at a reduced scale when the target is smaller.
+        formats: Pillow formats to open (``None``: every installed plugin).
 
     Example:
         >>> t = make_image_transform(size=32)
-        >>> t([], max_images=2, seq_len=16)["pixel_values"].shape
-        torch.Size([2, 3, 32, 32])
+        >>> buf = io.BytesIO(); Image.new("RGB", (64, 48), (255, 0, 0)).save(buf, format="JPEG")
+        >>> t([buf.getvalue()])["pixel_values"].shape
+        torch.Size([1, 3, 32, 32])
     """
+    if size <= 0 or max_pixels <= 0:
+        raise ConfigError(f"size {size} and max_pixels {max_pixels} must be positive")
+    if len(mean) != 3 or len(std) != 3 or any(s == 0 for s in std):
+        raise ConfigError(f"mean {tuple(mean)} and std {tuple(std)} need 3 values each, std non-zero")
     return ImageTransform(size=size, mean=mean, std=std, processor=processor, max_pixels=max_pixels,
-                          max_patches=max_patches)
+                          max_patches=max_patches, draft=draft, formats=formats)
+
+
+def _to_rgb(img: Image.Image) -> Image.Image:
+    if img.mode == "RGB":
+        return img
+    if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
+        rgba = img.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return img.convert("RGB")
+
+
+def _available(formats: Sequence[str]) -> list[str]:
+    Image.init()  # registers every plugin once; a no-op afterwards
+    return [f.upper() for f in formats if f.upper() in Image.OPEN]
+
+
+def _max_patches_per_image(processor: Any) -> int | None:
+    """The processor's largest image in patches (Qwen2-VL: ``max_pixels / patch_size²``)."""
+    patch = getattr(processor, "patch_size", None)
+    most = getattr(processor, "max_pixels", None) or _field(getattr(processor, "size", None), "longest_edge")
+    return int(most) // int(patch) ** 2 if patch and most else None
+
+
+def _field(obj: Any, name: str) -> Any:
+    if obj is None:
+        return None
+    if isinstance(obj, dict):
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
+def _describe(e: BaseException) -> str:
+    text = str(e).split(" <")[0]  # no object addresses
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__

@@ -197,7 +197,8 @@ def run_job(out: Path, fingerprint: str, measure: Callable[..., Any], tasks: lis
     dropped = list(carried) + measured.dropped + table["dropped"]
     _write_dropped(out / DROPPED_NAME, dropped)
     read = measured.records if samples_read is None else samples_read
-    manifest = _build_manifest(sources, config, info, infos, read, dropped, provenance)
+    manifest = _build_manifest(sources, config, info, infos, read, dropped, provenance,
+                               max_samples_per_pack=max((len(p) for p in plan), default=0))
     write_json_atomic(out / MANIFEST_NAME, manifest.to_json())
     shutil.rmtree(work, ignore_errors=True)
     totals = manifest.totals
@@ -519,7 +520,7 @@ def _write_dropped(path: Path, dropped: Iterable[Dropped]) -> None:
 
 
 def _build_manifest(sources, config: PackConfig, describe, infos, records: int, dropped: list[Dropped],
-                    extra: dict[str, Any]) -> Manifest:
+                    extra: dict[str, Any], *, max_samples_per_pack: int) -> Manifest:
     packs = sum(i.packs for i in infos)
     tokens = sum(i.tokens for i in infos)
     by_reason = dict(sorted(Counter(d.reason for d in dropped).items()))
@@ -529,6 +530,8 @@ def _build_manifest(sources, config: PackConfig, describe, infos, records: int, 
         "tokens": tokens, "images": sum(i.images for i in infos),
         "fill_ratio": round(tokens / (packs * config.seq_len), 6) if packs else 0.0,
         "bytes": sum(i.bytes for i in infos),
+        # the loader sizes cu_seqlens from it (static shapes): B × (this + 1) segments at most
+        "max_samples_per_pack": max_samples_per_pack,
     }
     provenance = {"shard_max_bytes": config.shard_max_bytes, "shard_max_packs": config.shard_max_packs,
                   "on_error": config.on_error, **extra}

@@ -1,0 +1,412 @@
+"""The loader on local folders: shapes, coverage, shuffling, splits, damage, checks, resume."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import subprocess
+import sys
+import tarfile
+from collections import Counter
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from synthetic import TOKENIZER, pack_numbers, write_dataset
+from wdspack import loader as loader_mod
+from wdspack.errors import ConfigError, FormatError, ManifestError
+from wdspack.loader import PackedDataset, make_loader, plan_epoch, shuffle_order
+from wdspack.manifest import MANIFEST_NAME, read_manifest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def even(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("even")
+    write_dataset(root, shards=4, packs_per_shard=6, seed=1)
+    return root
+
+
+@pytest.fixture(scope="module")
+def uneven(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("uneven")
+    write_dataset(root, shards=5, packs_per_shard=[9, 3, 7, 2, 5], seed=2)
+    return root
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    dst.mkdir()
+    for p in src.iterdir():
+        (dst / p.name).write_bytes(p.read_bytes())
+    return dst
+
+
+def _examples(ds) -> list[int]:
+    return [pack_numbers(ex["input_ids"])[0] for ex in ds]
+
+
+def _batches(loader, limit: int | None = None) -> list[list[int]]:
+    out = []
+    for batch in loader:
+        out.append(pack_numbers(batch["input_ids"]))
+        if limit is not None and len(out) == limit:
+            break
+    return out
+
+
+def _members(path: Path) -> list[tuple[tarfile.TarInfo, bytes]]:
+    with tarfile.open(path) as tar:
+        return [(m, tar.extractfile(m).read() if m.isfile() else b"") for m in tar.getmembers()]
+
+
+def _rewrite(path: Path, members, fmt=tarfile.USTAR_FORMAT) -> None:
+    with tarfile.open(path, "w", format=fmt) as tar:
+        for info, data in members:
+            info.size = len(data) if info.isfile() else 0
+            tar.addfile(info, io.BytesIO(data) if info.isfile() else None)
+
+
+# -- shapes, coverage, order -----------------------------------------------------------------------
+
+
+def test_batches_have_constant_shapes_and_dtypes(even):
+    loader = make_loader(even, batch_size=3, num_workers=2, seed=0)
+    assert len(loader) == 8
+    signatures = {tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(b.items()) if isinstance(v, torch.Tensor))
+                  for b in loader}
+    assert len(signatures) == 1, signatures
+    shapes = dict((k, s) for k, s, _ in next(iter(signatures)))
+    assert shapes["input_ids"] == (3, 64) and shapes["labels"] == (3, 64)
+    assert dict((k, d) for k, _, d in next(iter(signatures)))["input_ids"] == torch.int64
+    assert not any(k.startswith("__wdspack") for k, _, _ in next(iter(signatures)))
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_every_pack_exactly_once_per_epoch(even, shuffle):
+    ds = PackedDataset(even, shuffle=shuffle, shuffle_buffer=5, seed=4)
+    first = _examples(ds)
+    assert sorted(first) == list(range(24))
+    if not shuffle:
+        assert first == list(range(24))
+    else:
+        assert first != list(range(24))
+    assert ds.stats["corrupt_packs"] == ds.stats["truncated_shards"] == 0
+
+
+def test_same_seed_same_order_other_seed_other_order(even):
+    a = _examples(PackedDataset(even, seed=7, shuffle_buffer=8))
+    b = _examples(PackedDataset(even, seed=7, shuffle_buffer=8))
+    c = _examples(PackedDataset(even, seed=8, shuffle_buffer=8))
+    assert a == b and a != c and sorted(c) == sorted(a)
+
+
+def test_set_epoch_changes_the_order_and_is_reproducible(even):
+    ds = PackedDataset(even, seed=3, shuffle_buffer=8)
+    e0 = _examples(ds)
+    ds.set_epoch(1)
+    e1 = _examples(ds)
+    ds.set_epoch(0)
+    assert sorted(e1) == sorted(e0) and e1 != e0 and _examples(ds) == e0
+
+
+def test_loader_moves_to_the_next_epoch_after_a_full_pass(even):
+    loader = make_loader(even, batch_size=4, num_workers=0, seed=3)
+    e0, e1 = _batches(loader), _batches(loader)
+    assert loader.epoch == 2
+    assert sorted(sum(e0, [])) == sorted(sum(e1, [])) == list(range(24)) and e0 != e1
+
+
+@pytest.mark.parametrize("world,workers", [(1, 2), (2, 1), (2, 2), (3, 2)])
+def test_rank_worker_splits_are_disjoint_and_complete(even, world, workers):
+    per_rank = [sum(_batches(make_loader(even, batch_size=2, num_workers=workers, rank=r, world_size=world,
+                                         remainder="wrap", seed=5, shuffle_buffer=4)), [])
+                for r in range(world)]
+    seen = Counter(n for got in per_rank for n in got)
+    slots = world * max(workers, 1)
+    expected_per_rank = max(workers, 1) * -(-24 // (slots * 2)) * 2
+    assert all(len(got) == expected_per_rank for got in per_rank)
+    assert set(seen) == set(range(24))
+    if 24 % (slots * 2) == 0:
+        assert max(seen.values()) == 1  # nothing wrapped: disjoint
+
+
+@pytest.mark.parametrize("remainder", ["drop", "wrap"])
+def test_uneven_shards_give_every_rank_the_same_number_of_batches(uneven, remainder):
+    world, batch = 3, 2
+    loaders = [make_loader(uneven, batch_size=batch, num_workers=2, rank=r, world_size=world, remainder=remainder,
+                           seed=9, shuffle_buffer=3) for r in range(world)]
+    got = [_batches(loader) for loader in loaders]
+    steps = {len(g) for g in got}
+    assert len(steps) == 1 and steps == {len(loaders[0])}
+    assert all(len(b) == batch for g in got for b in g)
+    seen = Counter(n for g in got for b in g for n in b)
+    if remainder == "drop":
+        assert max(seen.values()) == 1 and len(seen) == world * 2 * (26 // (world * 2) // batch * batch)
+    else:
+        assert set(seen) == set(range(26)) and sum(seen.values()) >= 26
+
+
+def test_plan_epoch_literal_split():
+    # largest shards first into the emptiest slot; the last shard does not fit whole and is split
+    plan = plan_epoch([9, 3, 7, 2, 5], slots=2, epoch=0, seed=0, shuffle=False, remainder="drop")
+    assert plan.per_slot == 13
+    assert [[(r.shard, r.start, r.stop) for r in s] for s in plan.slots] == [
+        [(0, 0, 9), (1, 0, 3), (3, 0, 1)], [(2, 0, 7), (3, 1, 2), (4, 0, 5)]]
+
+
+@settings(max_examples=60, deadline=None)
+@given(counts=st.lists(st.integers(0, 40), min_size=1, max_size=12), slots=st.integers(1, 8),
+       batch=st.integers(1, 4), epoch=st.integers(0, 3), remainder=st.sampled_from(["drop", "wrap"]),
+       shuffle=st.booleans())
+def test_plan_epoch_properties(counts, slots, batch, epoch, remainder, shuffle):
+    total = sum(counts)
+    try:
+        plan = plan_epoch(counts, slots=slots, epoch=epoch, seed=1, shuffle=shuffle, remainder=remainder,
+                          batch_size=batch)
+    except ConfigError:
+        assert total // slots // batch == 0 or total < slots
+        return
+    assert plan.per_slot % batch == 0 and plan.per_slot > 0
+    covered = Counter()
+    for s in range(slots):
+        for r in plan.slots[s]:
+            assert 0 <= r.start < r.stop <= counts[r.shard]
+            covered.update((r.shard, i) for i in range(r.start, r.stop))
+    assert max(covered.values(), default=1) == 1  # no pack in two slots
+    if remainder == "drop":
+        assert all(plan.assigned(s) == plan.per_slot for s in range(slots))
+    else:
+        assert len(covered) == total and all(0 < plan.assigned(s) <= plan.per_slot for s in range(slots))
+    # whole shards are not split needlessly: at most slots - 1 shards are read by more than one slot
+    owners = {}
+    for s in range(slots):
+        for r in plan.slots[s]:
+            owners.setdefault(r.shard, set()).add(s)
+    assert sum(len(o) - 1 for o in owners.values()) <= slots - 1
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(0, 300), size=st.integers(1, 40), seed=st.integers(0, 10))
+def test_shuffle_order_is_a_bounded_buffer(n, size, seed):
+    order = shuffle_order(n, buffer_size=size, rng=np.random.default_rng(seed))
+    assert sorted(order.tolist()) == list(range(n))
+    assert all(order[k] <= k + size - 1 for k in range(n))
+
+
+# -- damaged shards --------------------------------------------------------------------------------
+
+
+def test_corrupt_pack_is_skipped_counted_and_logged(even, tmp_path, caplog):
+    root = _copy(even, tmp_path / "ds")
+    shard = root / "train-000001.tar"
+    members = _members(shard)
+    members[2] = (members[2][0], b"not msgpack at all")
+    _rewrite(shard, members)
+    lost = 6 + 2
+    with caplog.at_level(logging.WARNING, logger="wdspack.loader"):
+        ds = PackedDataset(root, shuffle=False, remainder="drop")
+        got = _examples(ds)
+    assert len(got) == 24  # the slot makes up for the skipped pack (a second lap) so counts stay equal
+    assert set(got) == set(range(24)) - {lost}
+    assert ds.stats["corrupt_packs"] == 1
+    assert any("train-000001.tar pack 2" in r.getMessage() for r in caplog.records)
+    with pytest.raises(FormatError, match="train-000001.tar pack 2"):
+        _examples(PackedDataset(root, shuffle=False, on_corrupt="raise"))
+
+
+def test_truncated_shard_is_skipped_counted_and_raised_on_request(even, tmp_path, caplog):
+    root = _copy(even, tmp_path / "ds")
+    shard = root / "train-000002.tar"
+    with tarfile.open(shard) as tar:
+        offsets = [m.offset_data + m.size for m in tar.getmembers()]
+    cut = offsets[3] + 100  # inside the fifth pack's header/data
+    shard.write_bytes(shard.read_bytes()[:cut])
+    with caplog.at_level(logging.WARNING, logger="wdspack.loader"):
+        ds = PackedDataset(root, seed=2, shuffle_buffer=4)
+        got = _examples(ds)
+    lost = {12 + 4, 12 + 5}
+    assert len(got) == 24 and set(got) == set(range(24)) - lost
+    assert ds.stats["truncated_shards"] == 1
+    assert any("truncated" in r.getMessage() and "train-000002.tar" in r.getMessage() for r in caplog.records)
+    with pytest.raises(FormatError, match="train-000002.tar"):
+        _examples(PackedDataset(root, on_corrupt="raise"))
+
+
+def test_non_pack_members_are_ignored_and_counted(even, tmp_path):
+    root = _copy(even, tmp_path / "ds")
+    shard = root / "train-000000.tar"
+    members = _members(shard)
+    extra_file = tarfile.TarInfo("000000000000.json")
+    long_name = tarfile.TarInfo("notes/" + "x" * 150 + ".txt")  # needs a pax header
+    folder = tarfile.TarInfo("subdir")
+    folder.type = tarfile.DIRTYPE
+    link = tarfile.TarInfo("fake.mp")
+    link.type, link.linkname = tarfile.SYMTYPE, "000000000000.mp"
+    # (the reader stops right after a range's last pack, so nothing goes after the last one)
+    members = [(extra_file, b'{"a": 1}'), members[0], (folder, b""), (long_name, b"hello"), *members[1:-1],
+               (link, b""), members[-1]]
+    _rewrite(shard, members, fmt=tarfile.PAX_FORMAT)
+    ds = PackedDataset(root, shuffle=False)
+    assert _examples(ds) == list(range(24))
+    assert ds.stats["ignored_members"] == 4
+
+
+def test_unknown_pack_format_is_refused_naming_both_versions(even, tmp_path):
+    root = _copy(even, tmp_path / "ds")
+    shard = root / "train-000000.tar"
+    members = _members(shard)
+    record = msgpack.unpackb(members[1][1], raw=False)
+    record["format"] = "wdspack/2"
+    members[1] = (members[1][0], msgpack.packb(record, use_bin_type=True))
+    _rewrite(shard, members)
+    with pytest.raises(FormatError, match=r"'wdspack/2'.*'wdspack/1'"):
+        _examples(PackedDataset(root, shuffle=False, on_corrupt="skip"))
+
+
+def test_unknown_manifest_format_is_refused_naming_both_versions(even, tmp_path):
+    root = _copy(even, tmp_path / "ds")
+    m = json.loads((root / MANIFEST_NAME).read_text())
+    m["format"] = "wdspack/9"
+    (root / MANIFEST_NAME).write_text(json.dumps(m))
+    with pytest.raises(ManifestError, match=r"'wdspack/9'.*'wdspack/1'"):
+        PackedDataset(root)
+
+
+# -- checks against the manifest -------------------------------------------------------------------
+
+
+def test_expect_tokenizer(even):
+    PackedDataset(even, expect_tokenizer=dict(TOKENIZER))
+    PackedDataset(even, expect_tokenizer="synthetic/tok")
+    other = {**TOKENIZER, "chat_template_sha256": "0" * 64}
+    with pytest.raises(ConfigError) as e:
+        PackedDataset(even, expect_tokenizer=other)
+    assert TOKENIZER["chat_template_sha256"] in str(e.value) and "0" * 64 in str(e.value)
+    with pytest.raises(ConfigError, match=r"'synthetic/tok'.*'org/other-tok'"):
+        PackedDataset(even, expect_tokenizer="org/other-tok")
+
+
+def test_budgets_must_match_the_manifest(even):
+    assert PackedDataset(even, seq_len=64, max_images=2).seq_len == 64
+    with pytest.raises(ConfigError, match=r"seq_len=128.*64"):
+        PackedDataset(even, seq_len=128)
+    with pytest.raises(ConfigError, match=r"max_images=5.*2"):
+        PackedDataset(even, max_images=5)
+
+
+def test_bad_options_are_refused(even):
+    with pytest.raises(ConfigError, match="remainder"):
+        PackedDataset(even, remainder="pad")
+    with pytest.raises(ConfigError, match="on_corrupt"):
+        PackedDataset(even, on_corrupt="ignore")
+    with pytest.raises(ConfigError, match="rank 2"):
+        PackedDataset(even, rank=2, world_size=2)
+    with pytest.raises(ConfigError, match="too few"):
+        make_loader(even, batch_size=8, num_workers=0, world_size=4, rank=0)
+    with pytest.raises(ManifestError, match="does not exist"):
+        PackedDataset(even / "nope")
+
+
+# -- other ways to name the shards -----------------------------------------------------------------
+
+
+def test_shard_lists_globs_and_brace_patterns_use_the_manifest(even):
+    names = [str(even / f"train-{i:06d}.tar") for i in range(4)]
+    for source in (names, str(even / "train-*.tar"), str(even / "train-{000000..000003}.tar"),
+                   str(even / MANIFEST_NAME)):
+        ds = PackedDataset(source, shuffle=False)
+        assert ds.manifest is not None and ds.num_packs == 24
+        assert _examples(ds) == list(range(24))
+    ds = PackedDataset(names[1:3], shuffle=False)
+    assert _examples(ds) == list(range(6, 18))
+
+
+def test_shards_without_a_manifest_are_counted_from_tar_headers(even, tmp_path):
+    root = _copy(even, tmp_path / "ds")
+    (root / MANIFEST_NAME).unlink()
+    with pytest.raises(ConfigError, match="seq_len, max_images, pad_token_id"):
+        PackedDataset(str(root / "train-*.tar"))
+    ds = PackedDataset(str(root / "train-*.tar"), seq_len=64, max_images=2, pad_token_id=0, shuffle=False)
+    assert ds.num_packs == 24 and _examples(ds) == list(range(24))
+    with pytest.raises(ConfigError, match="expect_tokenizer needs a manifest"):
+        PackedDataset(str(root / "train-*.tar"), seq_len=64, max_images=2, pad_token_id=0, expect_tokenizer="x")
+
+
+# -- checkpoints -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_restore_continues_exactly_mid_shard_and_mid_buffer(uneven, workers):
+    kw = dict(batch_size=3, num_workers=workers, seed=11, shuffle_buffer=6, remainder="wrap")
+    reference = make_loader(uneven, **kw)
+    steps = len(reference)
+    full = _batches(reference) + _batches(reference)  # two epochs
+    assert len(full) == 2 * steps
+    for k in (1, 2, steps - 1, steps, steps + 3):
+        first = make_loader(uneven, **kw)
+        head = _batches(first, limit=k) if k <= steps else _batches(first) + _batches(first, limit=k - steps)
+        state = json.loads(json.dumps(first.state_dict()))  # survives JSON
+        if 0 < k % steps:
+            assert any(0 < w[1] for w in state["workers"])  # saved mid-lap: the buffer was holding packs
+        second = make_loader(uneven, **kw)
+        second.load_state_dict(state)
+        rest = _batches(second)
+        if k < steps:
+            rest += _batches(second)
+        assert head + rest == full, k
+
+
+def test_break_and_iterate_again_continues_the_stream(even):
+    loader = make_loader(even, batch_size=2, num_workers=2, seed=1, shuffle_buffer=4)
+    full = _batches(make_loader(even, batch_size=2, num_workers=2, seed=1, shuffle_buffer=4))
+    assert _batches(loader, limit=5) + _batches(loader) == full
+
+
+def test_restore_in_a_fresh_process(uneven, tmp_path):
+    kw = dict(batch_size=2, num_workers=2, seed=5, shuffle_buffer=5)
+    loader = make_loader(uneven, **kw)
+    full = _batches(loader)
+    first = make_loader(uneven, **kw)
+    head = _batches(first, limit=4)
+    (tmp_path / "state.json").write_text(json.dumps(first.state_dict()))
+    script = (
+        "import json, sys\n"
+        "from synthetic import pack_numbers\n"
+        "from wdspack.loader import make_loader\n"
+        f"loader = make_loader({str(uneven)!r}, **{kw!r})\n"
+        f"loader.load_state_dict(json.loads(open({str(tmp_path / 'state.json')!r}).read()))\n"
+        "print(json.dumps([pack_numbers(b['input_ids']) for b in loader]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"),
+                                                         os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert head + json.loads(out.stdout.strip().splitlines()[-1]) == full
+
+
+def test_restore_refuses_another_setup(even):
+    first = make_loader(even, batch_size=2, num_workers=2, seed=1)
+    _batches(first, limit=3)
+    state = first.state_dict()
+    with pytest.raises(ConfigError, match=r"num_workers: saved 2, now 1"):
+        make_loader(even, batch_size=2, num_workers=1, seed=1).load_state_dict(state)
+    with pytest.raises(ConfigError, match=r"seed: saved 1, now 2"):
+        make_loader(even, batch_size=2, num_workers=2, seed=2).load_state_dict(state)
+    # the location may change: the same shards through a brace pattern resume fine
+    moved = make_loader(str(even / "train-{000000..000003}.tar"), batch_size=2, num_workers=2, seed=1)
+    moved.load_state_dict(state)
+
+
+def test_public_names():
+    assert {"PackedDataset", "make_loader", "PackedLoader"} <= set(loader_mod.__all__)
+    for name in loader_mod.__all__:
+        assert getattr(loader_mod, name) is not None
+    assert read_manifest  # the manifest module is what the loader reads

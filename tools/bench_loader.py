@@ -1,0 +1,257 @@
+"""Loader benchmark: wdspack's pre-packed stream vs on-the-fly packing and naive padding.
+
+    python tools/bench_loader.py                      # 4000 samples per dataset, seq_len 4096, B = 4
+    python tools/bench_loader.py --samples 1500 --workers 2 --json bench.json
+
+The same seeded samples, written twice: as wdspack shards (one tar member per pack, planned
+offline) and as a stock per-sample WebDataset (``.ids.npy`` + ``.0.jpg`` ... per record). Each
+loader makes one full pass in one DataLoader worker (``--workers``); rates are per worker over the
+whole pass, worker start-up included (a buffered packer front-loads its work, so timing from the
+first batch would flatter it). All decode images with the same transform (Pillow, JPEG draft, 224 px).
+
+- **wdspack**: ``make_loader`` over the packed shards (fixed ``[B, L]`` + ``[B·M, 3, 224, 224]``).
+- **on-the-fly knapsack**: stock ``webdataset`` streams samples; the worker decodes them, fills a
+  buffer of ``--buffer-rows × L`` tokens and packs it with nanoVLM's balanced greedy knapsack
+  (longest first, into the lightest bin that fits tokens and images; ``delta`` spare bins).
+- **naive padding**: the same stream, ``B`` samples per batch padded to the longest.
+
+Reported per dataset (text-only; image-bearing: 0–2 JPEGs of 320×240 per sample, 64 tokens
+each): rows/s (packs, or padded samples for naive), real tokens/s, images/s, and the share of
+batch tokens that is padding. ``raw decode`` is one process decoding the images alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from wdspack import plan_packs
+from wdspack.codec import Pack, encode_pack
+from wdspack.images import make_image_transform
+from wdspack.manifest import Manifest, write_json_atomic
+from wdspack.writer import ShardWriter, shard_name
+
+IMAGE_TOKENS, SIZE, MAX_IMAGES, PAD_ID = 64, 224, 16, 0
+
+
+def make_samples(n: int, *, images: bool, seed: int = 0) -> tuple[list[np.ndarray], list[list[bytes]]]:
+    """Token ids (long-tailed lengths, median ~300) and, optionally, 0–2 JPEGs per sample."""
+    rng = np.random.default_rng(seed)
+    text = np.clip(rng.lognormal(np.log(300), 0.9, n), 16, 3000).astype(np.int64)
+    counts = rng.choice(3, size=n, p=(0.2, 0.6, 0.2)) if images else np.zeros(n, np.int64)
+    palette = [_photo_like(rng) for _ in range(32)] if images else []
+    pics = [[palette[int(rng.integers(len(palette)))] for _ in range(int(c))] for c in counts]
+    ids = [rng.integers(100, 30_000, int(t + IMAGE_TOKENS * c)).astype(np.uint16) for t, c in zip(text, counts)]
+    return ids, pics
+
+
+def _photo_like(rng: np.random.Generator) -> bytes:
+    """A 320×240 JPEG with smooth structure and some noise (realistic size and decode cost)."""
+    y, x = np.mgrid[0:240, 0:320] / 80.0
+    base = np.stack([np.sin(x * rng.uniform(0.5, 3) + rng.uniform(0, 6)) for _ in range(3)], -1)
+    img = (127 + 90 * base + rng.normal(0, 12, base.shape)).clip(0, 255).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(img).save(buf, format="JPEG", quality=85)
+    return buf.getvalue()
+
+
+def write_packed(root: Path, ids: list[np.ndarray], pics: list[list[bytes]], *, seq_len: int,
+                 packs_per_shard: int = 64) -> int:
+    """Plan offline (``plan_packs``, bfd) and write wdspack shards plus a manifest; return the pack count."""
+    tok = np.array([len(x) for x in ids])
+    img = np.array([len(p) for p in pics])
+    plan = plan_packs(tok, img, seq_len=seq_len, max_images=MAX_IMAGES)
+    infos = []
+    for s in range(0, len(plan), packs_per_shard):
+        with ShardWriter(root / shard_name("train", s // packs_per_shard)) as w:
+            for k, group in enumerate(plan[s:s + packs_per_shard]):
+                owners = [j for j, i in enumerate(group) for _ in pics[i]]
+                pack = Pack(np.concatenate([ids[i] for i in group]), np.ones(int(tok[group].sum()), np.uint8),
+                            tuple(int(tok[i]) for i in group), tuple(str(i) for i in group),
+                            tuple(p for i in group for p in pics[i]), tuple(owners),
+                            tuple(IMAGE_TOKENS for _ in owners))
+                w.add(f"{s // packs_per_shard:06d}{k:06d}", encode_pack(pack, token_dtype="<u2"),
+                      samples=len(group), tokens=pack.num_tokens, images=pack.num_images)
+            infos.append(w.close())
+    manifest = Manifest(
+        seq_len=seq_len, max_images=MAX_IMAGES, algorithm="bfd", seed=0,
+        tokenizer={"name": "synthetic", "vocab_size": 32_000, "pad_token_id": PAD_ID, "token_dtype": "<u2"},
+        image_policy={"kind": "fixed", "tokens_per_image": IMAGE_TOKENS}, shards=tuple(infos),
+        totals={"samples_read": len(ids), "samples_packed": len(ids), "samples_dropped": 0, "dropped_by_reason": {},
+                "packs": len(plan), "tokens": int(tok.sum()), "images": int(img.sum()),
+                "fill_ratio": int(tok.sum()) / (len(plan) * seq_len)})
+    (root / "dropped.jsonl").write_text("")
+    write_json_atomic(root / "manifest.json", manifest.to_json())
+    return len(plan)
+
+
+def write_per_sample(root: Path, ids: list[np.ndarray], pics: list[list[bytes]], *, per_shard: int = 500) -> list[str]:
+    """One record per sample with stock webdataset's TarWriter: ``ids.npy`` and ``0.jpg``, ``1.jpg``, ..."""
+    import webdataset as wds
+
+    urls = []
+    for s in range(0, len(ids), per_shard):
+        url = str(root / f"samples-{s // per_shard:06d}.tar")
+        with wds.TarWriter(url) as w:
+            for i in range(s, min(s + per_shard, len(ids))):
+                w.write({"__key__": f"{i:08d}", "ids.npy": ids[i], **{f"{j}.jpg": p for j, p in enumerate(pics[i])}})
+        urls.append(url)
+    return urls
+
+
+def balanced_greedy_knapsack(lengths: list[int], images: list[int], *, seq_len: int, max_images: int,
+                             delta: int = 5) -> list[list[int]]:
+    """nanoVLM's packer: longest first, each into the lightest bin that fits both budgets."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__, reverse=True)
+    bins = (sum(lengths) + seq_len - 1) // seq_len + delta
+    load, imgs, groups = [0] * bins, [0] * bins, [[] for _ in range(bins)]
+    for i in order:
+        for b in sorted(range(len(load)), key=load.__getitem__):
+            if load[b] + lengths[i] <= seq_len and imgs[b] + images[i] <= max_images:
+                break
+        else:
+            b = len(load)
+            load.append(0), imgs.append(0), groups.append([])
+        groups[b].append(i)
+        load[b] += lengths[i]
+        imgs[b] += images[i]
+    return [g for g in groups if g]
+
+
+class PerSampleStream(torch.utils.data.IterableDataset):
+    """Stock webdataset per-sample stream, packed on the fly (knapsack) or padded to the longest."""
+
+    def __init__(self, urls: list[str], *, seq_len: int, batch_size: int, packed: bool, buffer_rows: int) -> None:
+        self.urls, self.L, self.B, self.packed, self.buffer_rows = urls, seq_len, batch_size, packed, buffer_rows
+        self.transform = make_image_transform(size=SIZE)
+
+    def _samples(self) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
+        import webdataset as wds
+
+        for rec in wds.WebDataset(self.urls, shardshuffle=False, empty_check=False).decode():
+            pics = [rec[k] for k in sorted(k for k in rec if k.endswith(".jpg"))]
+            yield rec["ids.npy"], self.transform(pics)["pixel_values"]  # decoded in the worker, as nanoVLM does
+
+    def _rows(self) -> Iterator[list[tuple[np.ndarray, torch.Tensor]]]:
+        if not self.packed:
+            for sample in self._samples():
+                yield [sample]
+            return
+        buffer, tokens = [], 0
+        for sample in self._samples():
+            buffer.append(sample)
+            tokens += len(sample[0])
+            if tokens >= self.buffer_rows * self.L:
+                yield from self._pack(buffer)
+                buffer, tokens = [], 0
+        yield from self._pack(buffer)
+
+    def _pack(self, buffer):
+        groups = balanced_greedy_knapsack([len(x) for x, _ in buffer], [len(p) for _, p in buffer], seq_len=self.L,
+                                          max_images=MAX_IMAGES)
+        for g in groups:
+            yield [buffer[i] for i in g]
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        batch = []
+        for row in self._rows():
+            batch.append(row)
+            if len(batch) == self.B:
+                yield self._collate(batch)
+                batch = []
+
+    def _collate(self, batch) -> dict[str, torch.Tensor]:
+        width = self.L if self.packed else max(sum(len(x) for x, _ in row) for row in batch)
+        ids = torch.full((len(batch), width), PAD_ID, dtype=torch.int64)
+        for b, row in enumerate(batch):
+            flat = np.concatenate([x for x, _ in row])
+            ids[b, :flat.size] = torch.from_numpy(flat.astype(np.int64))
+        pixels = [p for row in batch for _, p in row]
+        return {"input_ids": ids, "num_tokens": torch.tensor([sum(len(x) for x, _ in row) for row in batch]),
+                "pixel_values": torch.cat(pixels), "num_images": torch.tensor(sum(len(p) for p in pixels))}
+
+
+def measure(loader, *, workers: int) -> dict[str, float]:
+    """One full pass: rates over the whole pass (worker start-up included, so buffered packers
+    are not flattered), per worker; ``first_batch_s`` is the start-up latency."""
+    rows = real = total = images = 0
+    t0 = time.perf_counter()
+    first = None
+    for b in loader:
+        first = first or time.perf_counter() - t0
+        rows += b["input_ids"].shape[0]
+        total += b["input_ids"].numel()
+        real += int(b["num_tokens"].sum())
+        images += int(b["image_mask"].sum()) if "image_mask" in b else int(b["num_images"])
+    s = (time.perf_counter() - t0) * workers
+    return {"rows_per_s": rows / s, "tokens_per_s": real / s, "images_per_s": images / s,
+            "padding": 1 - real / max(total, 1), "rows": rows, "first_batch_s": first or 0.0, "seconds": s / workers}
+
+
+def raw_decode_rate(pics: list[list[bytes]], n: int = 300) -> float:
+    t = make_image_transform(size=SIZE)
+    flat = [p for ps in pics for p in ps][:n]
+    t0 = time.perf_counter()
+    for p in flat:
+        t([p])
+    return len(flat) / (time.perf_counter() - t0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--samples", type=int, default=4000)
+    ap.add_argument("--seq-len", type=int, default=4096)
+    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--buffer-rows", type=int, default=32, help="on-the-fly knapsack buffer, in rows of seq_len")
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args(argv)
+    from wdspack import make_loader
+
+    results = []
+    print("| dataset | loader | rows/s | real tokens/s | images/s | padding | rows | first batch |\n"
+          "|---|---|---:|---:|---:|---:|---:|---:|")
+    for images in (False, True):
+        name = "image-bearing" if images else "text-only"
+        ids, pics = make_samples(args.samples, images=images)
+        with tempfile.TemporaryDirectory() as d:
+            root = Path(d)
+            (root / "packed").mkdir()
+            write_packed(root / "packed", ids, pics, seq_len=args.seq_len)
+            urls = write_per_sample(root, ids, pics)
+            loaders = {"wdspack": make_loader(str(root / "packed"), batch_size=args.batch_size,
+                                              num_workers=args.workers, shuffle=False, pin_memory=False,
+                                              image_transform=make_image_transform(size=SIZE) if images else None)}
+            for label, packed in (("on-the-fly knapsack (webdataset)", True), ("naive pad-to-longest", False)):
+                ds = PerSampleStream(urls[: max(1, len(urls) // args.workers) * args.workers], seq_len=args.seq_len,
+                                     batch_size=args.batch_size, packed=packed, buffer_rows=args.buffer_rows)
+                loaders[label] = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=args.workers)
+            base = None
+            for label, loader in loaders.items():
+                r = measure(loader, workers=args.workers)
+                base = base or r["tokens_per_s"]
+                results.append({"dataset": name, "loader": label, **r})
+                print(f"| {name} | {label} | {r['rows_per_s']:.1f} | {r['tokens_per_s']:,.0f} "
+                      f"({r['tokens_per_s'] / base:.2f}×) | {r['images_per_s']:.1f} | {r['padding']:.1%} | "
+                      f"{r['rows']} | {r['first_batch_s']:.2f} s |", flush=True)
+            if images:
+                rate = raw_decode_rate(pics)
+                results.append({"dataset": name, "loader": "raw decode", "images_per_s": rate})
+                print(f"| {name} | raw decode + resize, one process | | | {rate:.1f} | | | |", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""Stream packed shards back as fixed-shape training batches.
+
+:class:`PackedDataset` yields one fixed-shape example per pack; :func:`make_loader` wraps it
+in a resumable DataLoader (:class:`PackedLoader`). The modules, in data-flow order:
+
+* :mod:`.urls` — the source → shard URLs and pack counts (main process, once; never lists remote folders)
+* :mod:`.plan` — the split of packs over ``(rank, worker)`` slots and the shuffle order (pure functions)
+* :mod:`.streams` — sequential, retrying byte streams (local, HTTP(S), Hub)
+* :mod:`.stages` — the generator stages: tar members → packs → shuffle buffer → decoded packs
+* :mod:`.dataset` — :class:`PackedDataset`;  :mod:`.dataloader` — :func:`make_loader`
+"""
+
+from .dataloader import PackedLoader, make_loader
+from .dataset import STAT_KEYS, PackedDataset
+from .plan import EpochPlan, PackRange, plan_epoch, shuffle_order
+from .urls import ResolvedSource, ShardRef, expand_braces, resolve_source
+
+__all__ = [
+    "EpochPlan",
+    "PackRange",
+    "PackedDataset",
+    "PackedLoader",
+    "ResolvedSource",
+    "STAT_KEYS",
+    "ShardRef",
+    "expand_braces",
+    "make_loader",
+    "plan_epoch",
+    "resolve_source",
+    "shuffle_order",
+]

@@ -1,0 +1,233 @@
+"""``make_loader``: a ready, resumable DataLoader of fixed-shape batches.
+
+Why not ``torchdata.StatefulDataLoader``: it is the ecosystem's resumable DataLoader, but it is
+another dependency whose state is a snapshot of each worker's dataset state plus prefetch
+bookkeeping. Here each worker's stream is a pure function of ``(manifest, seed, epoch, slot)``,
+so a checkpoint is three integers per worker — ``(lap, emitted, yielded)`` — carried to the main
+process inside every batch (a private key the loader strips before you see the batch). The main
+process therefore knows exactly what was *consumed* (not what was prefetched), and a restore
+hands those positions to the workers through a small shared-memory tensor that persistent
+workers read at the start of each iteration. A stock ``torch.utils.data.DataLoader`` does the rest.
+
+Batches come from the workers in turn (DataLoader's in-order round robin); every worker yields the
+same number of full batches, so the round robin never stalls and every rank has ``len(loader)``
+batches per epoch.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from ..errors import ConfigError
+from .dataset import META_KEY, STAT_KEYS, PackedDataset
+
+__all__ = ["PackedLoader", "make_loader"]
+
+logger = logging.getLogger("wdspack.loader")
+STATE_VERSION = 1
+
+
+def make_loader(source: str | os.PathLike[str] | Sequence[str] | PackedDataset, *, batch_size: int,
+                num_workers: int = 2, attention_mask: str | None = None, padding_free: bool = False,
+                max_segments: int | str | None = "auto", pin_memory: bool | None = None, persistent_workers: bool | None = None,
+                prefetch_factor: int | None = None, multiprocessing_context: Any = None, timeout: float = 0,
+                **dataset_kwargs: Any) -> PackedLoader:
+    """A DataLoader of fixed-shape batches over a packed dataset, with ``state_dict`` / ``load_state_dict``.
+
+    Args:
+        source: anything :class:`PackedDataset` takes (or a dataset built already).
+        batch_size: packs per batch (``B``); every batch is full.
+        num_workers: DataLoader worker processes (0: read in this process).
+        attention_mask, padding_free: passed to ``collate.collate_packs``.
+        max_segments: ``cu_seqlens`` gets ``max_segments + 1`` entries in every batch (static shapes),
+            padded with empty segments. ``"auto"``: ``batch_size × (max_samples_per_pack + 1)`` from
+            the manifest (each pack's sub-samples plus its padding tail); ``None``: only the real segments.
+        pin_memory: default True when CUDA is available.
+        persistent_workers: default True when ``num_workers > 0``.
+        prefetch_factor, multiprocessing_context, timeout: passed to the DataLoader.
+        **dataset_kwargs: :class:`PackedDataset` options (``seed``, ``shuffle``, ``remainder``, ...).
+
+    Example:
+        >>> loader = make_loader("hf://datasets/my-org/llava-packed@main", batch_size=8)  # doctest: +SKIP
+        >>> for step, batch in enumerate(loader):  # doctest: +SKIP
+        ...     loss = model(**batch).loss
+        ...     if step % 1000 == 0:
+        ...         torch.save({"model": model.state_dict(), "data": loader.state_dict()}, "ckpt.pt")
+    """
+    if isinstance(source, PackedDataset):
+        if dataset_kwargs:
+            raise ConfigError(f"dataset options {sorted(dataset_kwargs)} were given with a dataset built already; "
+                              "pass them to PackedDataset instead")
+        if source.batch_size != batch_size:
+            raise ConfigError(f"the dataset was built with batch_size={source.batch_size}, the loader has "
+                              f"{batch_size}; they must agree so every rank gets the same number of full batches")
+        dataset = source
+    else:
+        dataset = PackedDataset(source, batch_size=batch_size, **dataset_kwargs)
+    return PackedLoader(dataset, batch_size=batch_size, num_workers=num_workers, attention_mask=attention_mask,
+                        padding_free=padding_free, max_segments=max_segments, pin_memory=pin_memory, persistent_workers=persistent_workers,
+                        prefetch_factor=prefetch_factor, multiprocessing_context=multiprocessing_context,
+                        timeout=timeout)
+
+
+class PackedLoader:
+    """Iterate batches; ``state_dict()`` after any batch, ``load_state_dict()`` in a fresh loader to continue.
+
+    Each ``for batch in loader`` continues the stream where the last one stopped (after a
+    ``break`` too) and moves to the next epoch once an epoch is consumed; ``set_epoch`` jumps.
+
+    What may change between save and restore: the data's location (a local copy instead of the
+    Hub, a mirror), ``block_size``, ``retries``, ``pin_memory``, ``prefetch_factor``, the image
+    transform and the process. What may not (restore refuses, naming the field): the dataset's
+    shards, ``seed``, ``shuffle``, ``shuffle_buffer``, ``remainder``, ``batch_size``, rank,
+    world size and ``num_workers`` — the split of packs over ``(rank, worker)`` slots depends on them.
+    """
+
+    def __init__(self, dataset: PackedDataset, *, batch_size: int, num_workers: int = 2,
+                 attention_mask: str | None = None, padding_free: bool = False,
+                 max_segments: int | str | None = "auto", pin_memory: bool | None = None,
+                 persistent_workers: bool | None = None, prefetch_factor: int | None = None,
+                 multiprocessing_context: Any = None, timeout: float = 0) -> None:
+        if num_workers < 0:
+            raise ConfigError(f"num_workers={num_workers} must be >= 0")
+        self.dataset = dataset
+        self.batch_size = int(batch_size)
+        self.num_workers = int(num_workers)
+        self._workers = max(1, self.num_workers)
+        dataset.with_position = True
+        self.max_segments = _max_segments(max_segments, dataset, self.batch_size)
+        extra = {} if self.num_workers == 0 else {
+            "persistent_workers": True if persistent_workers is None else persistent_workers,
+            "prefetch_factor": prefetch_factor, "multiprocessing_context": multiprocessing_context}
+        self.dataloader = DataLoader(
+            dataset, batch_size=self.batch_size, num_workers=self.num_workers, drop_last=True, timeout=timeout,
+            collate_fn=functools.partial(_collate, attention_mask=attention_mask, padding_free=padding_free,
+                                         max_segments=self.max_segments),
+            pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory, **extra)
+        self._epoch = dataset.epoch
+        self._positions: list[tuple[int, int, int]] = [(0, 0, 0)] * self._workers
+        self._batches = 0
+        self._resume = False
+        self._stats_base: Counter = Counter()
+        self._stats_live: dict[int, Counter] = {}
+        len(self)  # fail now when there are too few packs for ranks × workers × batch_size
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank (the same on every rank)."""
+        return self._workers * self.dataset.packs_per_slot(self._workers, self._epoch) // self.batch_size
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters summed over workers and epochs: corrupt_packs, truncated_shards, ignored_members, retries, ..."""
+        total = Counter(self._stats_base)
+        for c in self._stats_live.values():
+            total.update(c)
+        return {k: int(total[k]) for k in STAT_KEYS}
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its beginning at the next iteration."""
+        self._epoch, self._batches, self._resume = int(epoch), 0, False
+        self._positions = [(0, 0, 0)] * self._workers
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        self._fold_stats()
+        self.dataset._publish(self._epoch, self._positions if self._batches or self._resume else None,
+                              shift=self._batches % self._workers)
+        epoch_len = len(self)
+        for batch in self.dataloader:
+            meta = batch.pop(META_KEY)
+            self._note(meta)
+            if self._batches >= epoch_len:
+                self._next_epoch()
+            yield batch
+
+    def _note(self, meta: torch.Tensor) -> None:
+        last = [int(v) for v in meta[-1]]
+        worker, epoch = last[0], last[1]
+        if epoch != self._epoch:
+            raise RuntimeError(f"a batch of epoch {epoch} arrived in epoch {self._epoch}; this is a wdspack bug")
+        self._positions[worker] = (last[2], last[3], last[4])
+        self._stats_live[worker] = Counter(dict(zip(STAT_KEYS, last[5:])))
+        self._batches += 1
+
+    def _next_epoch(self) -> None:
+        self._epoch += 1
+        self._batches, self._resume = 0, False
+        self._positions = [(0, 0, 0)] * self._workers
+
+    def _fold_stats(self) -> None:
+        for c in self._stats_live.values():
+            self._stats_base.update(c)
+        self._stats_live = {}
+
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """A small JSON-able dict: epoch, batches consumed in it, each worker's position, counters, config."""
+        return {"version": STATE_VERSION, "epoch": self._epoch, "batches": self._batches,
+                "workers": [list(p) for p in self._positions], "stats": self.stats, "config": self._config()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` at the next iteration; refuses a state from another setup."""
+        if state.get("version") != STATE_VERSION:
+            raise ConfigError(f"loader state version {state.get('version')!r} is not {STATE_VERSION}; it was saved by "
+                              "another wdspack version")
+        saved, now = state["config"], self._config()
+        diff = [f"{k}: saved {saved.get(k)!r}, now {now[k]!r}" for k in now if saved.get(k) != now[k]]
+        if diff:
+            raise ConfigError("cannot resume: the loader differs from the one that saved the state ("
+                              + "; ".join(diff) + "); restore with the same settings (see PackedLoader's docstring)")
+        workers = [tuple(int(v) for v in p) for p in state["workers"]]
+        if len(workers) != self._workers:
+            raise ConfigError(f"the state has {len(workers)} worker positions for {self._workers} workers")
+        self._epoch, self._batches, self._positions = int(state["epoch"]), int(state["batches"]), workers
+        self._resume = True
+        self._stats_base, self._stats_live = Counter(state.get("stats", {})), {}
+
+    def _config(self) -> dict[str, Any]:
+        ds = self.dataset
+        shards = [(os.path.basename(u), n) for u, n in zip(ds.shards, (s.packs for s in ds._source.shards))]
+        m = ds.manifest
+        digest = hashlib.sha256(json.dumps([shards, [s.sha256 for s in m.shards] if m else None]).encode()).hexdigest()
+        return {"dataset": digest[:16], "seed": ds.seed, "shuffle": ds.shuffle, "shuffle_buffer": ds.shuffle_buffer,
+                "remainder": ds.remainder, "batch_size": self.batch_size, "rank": ds.rank,
+                "world_size": ds.world_size, "num_workers": self.num_workers}
+
+
+def _max_segments(value: int | str | None, dataset: PackedDataset, batch_size: int) -> int | None:
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    if value != "auto":
+        raise ConfigError(f"max_segments={value!r}: give 'auto', None or a positive int")
+    m = dataset.manifest
+    most = m.totals.get("max_samples_per_pack") if m is not None else None
+    if most is None:
+        logger.info("the manifest does not give max_samples_per_pack, so cu_seqlens keeps its natural length; "
+                    "pass max_segments= for a static shape")
+        return None
+    return batch_size * (int(most) + 1)
+
+
+def _collate(examples: list[dict[str, torch.Tensor]], *, attention_mask: str | None, padding_free: bool,
+             max_segments: int | None) -> dict[str, torch.Tensor]:
+    from ..collate import collate_packs
+
+    meta = torch.stack([ex.pop(META_KEY) for ex in examples])
+    batch = dict(collate_packs(examples, attention_mask=attention_mask, padding_free=padding_free,
+                               max_segments=max_segments))
+    batch[META_KEY] = meta
+    return batch

@@ -1,0 +1,328 @@
+"""``PackedDataset``: one fixed-shape example per pack, streamed from tar shards.
+
+Per ``(rank, worker)`` slot and epoch (see :mod:`.plan` for the split)::
+
+    plan_epoch ─► lap 0: shuffle_order ─► lap_source ─► reorder ─► decode_packs ─► pack_to_example
+                  lap 1 (only to make up for drop/wrap/skips) ...
+
+The whole stream of a slot is a pure function of ``(manifest, seed, epoch, slot)``, so the
+position ``(lap, emitted, yielded)`` of each slot is a complete checkpoint: restoring it
+rebuilds the shuffle buffer from the bytes again (reading from the oldest pack still in the
+buffer) and continues exactly.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from ..errors import ConfigError, FormatError, WdspackError
+from .plan import REMAINDER_POLICIES, EpochPlan, plan_epoch, shuffle_order
+from .stages import Handler, decode_packs, lap_source, reorder
+from .streams import open_stream
+from .urls import ResolvedSource, resolve_source
+
+__all__ = ["META_KEY", "PackedDataset", "STAT_KEYS"]
+
+logger = logging.getLogger("wdspack.loader")
+
+#: Counters every slot keeps; ``dataset.stats`` / ``loader.stats`` sum them.
+STAT_KEYS = ("corrupt_packs", "truncated_shards", "ignored_members", "retries", "requests", "bytes_read")
+#: Private per-example key that carries a slot's position to :class:`~wdspack.loader.PackedLoader`.
+META_KEY = "__wdspack_position__"
+_META_HEAD = ("worker", "epoch", "lap", "emitted", "yielded")
+MAX_WORKERS = 256
+_HEAD = 3  # epoch, has_resume, shift; then (lap, emitted, yielded) per worker
+_CONTROL = _HEAD + 3 * MAX_WORKERS
+ON_CORRUPT = ("skip", "raise")
+
+
+class PackedDataset(IterableDataset):
+    """Stream a packed dataset as fixed-shape examples (``collate.pack_to_example``), one per pack.
+
+    Args:
+        source: a dataset folder, a ``manifest.json`` path or URL, an ``https://`` dataset root,
+            ``hf://datasets/ORG/NAME@REV[/path]``, or shards (a list, a local glob, a brace pattern);
+            see :mod:`wdspack.loader.urls`.
+        seq_len: tokens per example; default the manifest's. A different value raises :class:`ConfigError`.
+        max_images: image slots per example; default the manifest's; must match it as well.
+        pad_token_id: default the manifest tokenizer's; needed only for shards without a manifest.
+        shuffle: shuffle shard order per epoch and packs through a buffer (both seeded).
+        seed: the shuffling seed (the same on every rank).
+        shuffle_buffer: packs held by the shuffle buffer per worker (memory: that many packs).
+        rank, world_size: default from ``torch.distributed`` when initialised, else 0 and 1.
+        remainder: ``"drop"`` or ``"wrap"``: how ranks are evened out (see :mod:`wdspack.loader.plan`).
+        on_corrupt: ``"skip"`` (count, warn, go on) or ``"raise"`` for corrupt packs and truncated shards.
+        image_transform: bytes → tensors (``wdspack.images.make_image_transform``); picklable.
+        expect_tokenizer: the tokenizer the training uses: a name, or a dict like the manifest's
+            ``tokenizer`` entry (only its keys are compared); a mismatch raises :class:`ConfigError`.
+        block_size: bytes per read from a shard.
+        retries, backoff: transient network errors are retried ``retries`` times, waiting
+            ``backoff * 2**i`` seconds (or the server's ``Retry-After``).
+        batch_size: each slot yields a multiple of it, so a DataLoader with this batch size gives
+            every rank the same number of full batches (:func:`make_loader` sets it).
+        storage_options: ``hf://``: HfFileSystem options (``token``, ``endpoint``); ``https://``:
+            ``{"headers": {...}}``. Never printed.
+
+    Example:
+        >>> ds = PackedDataset("hf://datasets/my-org/llava-packed@main", seed=1)  # doctest: +SKIP
+        >>> next(iter(ds))["input_ids"].shape  # doctest: +SKIP
+        torch.Size([4096])
+    """
+
+    def __init__(self, source: str | os.PathLike[str] | Sequence[str], *, seq_len: int | None = None,
+                 max_images: int | None = None, pad_token_id: int | None = None, shuffle: bool = True,
+                 seed: int = 0, shuffle_buffer: int = 256, rank: int | None = None, world_size: int | None = None,
+                 remainder: str = "drop", on_corrupt: str = "skip",
+                 image_transform: Callable[[Sequence[bytes]], dict[str, torch.Tensor]] | None = None,
+                 expect_tokenizer: str | Mapping[str, Any] | None = None, block_size: int = 1 << 20,
+                 retries: int = 5, backoff: float = 0.5, batch_size: int = 1,
+                 storage_options: Mapping[str, Any] | None = None) -> None:
+        super().__init__()
+        if remainder not in REMAINDER_POLICIES:
+            raise ConfigError(f"remainder={remainder!r} is not one of {REMAINDER_POLICIES}")
+        if on_corrupt not in ON_CORRUPT:
+            raise ConfigError(f"on_corrupt={on_corrupt!r} is not one of {ON_CORRUPT}")
+        if shuffle_buffer < 1 or batch_size < 1 or block_size < 512 or retries < 0:
+            raise ConfigError(f"shuffle_buffer ({shuffle_buffer}) and batch_size ({batch_size}) must be >= 1, "
+                              f"block_size ({block_size}) >= 512, retries ({retries}) >= 0")
+        self._read = {"block_size": int(block_size), "retries": int(retries), "backoff": float(backoff)}
+        self._source: ResolvedSource = resolve_source(source, storage_options=storage_options, **self._read)
+        self.seq_len, self.max_images, self.pad_token_id = _budgets(self._source, seq_len, max_images, pad_token_id)
+        if expect_tokenizer is not None:
+            check_tokenizer(self._source, expect_tokenizer)
+        self.rank, self.world_size = _rank_and_world(rank, world_size)
+        self.shuffle, self.seed, self.shuffle_buffer = bool(shuffle), int(seed), int(shuffle_buffer)
+        self.remainder, self.on_corrupt, self.batch_size = remainder, on_corrupt, int(batch_size)
+        self.image_transform = image_transform
+        self.with_position = False  # PackedLoader turns it on: each example carries META_KEY
+        self._control = torch.zeros(_CONTROL, dtype=torch.int64).share_memory_()
+        self._stats_done: Counter = Counter()
+        self._stats_live: Counter = Counter()
+        self._progress: dict[int, tuple[int, int, int]] = {}
+        self._plan(1, 0)  # fail now, not in a worker, when there are too few packs for the ranks
+
+    # -- what it holds --------------------------------------------------------------------------
+
+    @property
+    def manifest(self):
+        """The dataset's :class:`~wdspack.manifest.Manifest` (None for shards without one)."""
+        return self._source.manifest
+
+    @property
+    def shards(self) -> tuple[str, ...]:
+        return tuple(s.url for s in self._source.shards)
+
+    @property
+    def num_packs(self) -> int:
+        return sum(s.packs for s in self._source.shards)
+
+    @property
+    def epoch(self) -> int:
+        return int(self._control[0])
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters of this process's iterations: skipped packs / shards, ignored members, retries, bytes.
+
+        With DataLoader workers the counting happens in the workers: read ``loader.stats``.
+        """
+        total = self._stats_done + self._stats_live
+        return {k: int(total[k]) for k in STAT_KEYS}
+
+    def packs_per_slot(self, workers: int = 1, epoch: int | None = None) -> int:
+        """Packs each ``(rank, worker)`` slot yields per epoch (the same for every slot)."""
+        return self._plan(workers, self.epoch if epoch is None else epoch).per_slot
+
+    def __repr__(self) -> str:
+        return (f"PackedDataset({self._source.display!r}, shards={len(self._source.shards)}, packs={self.num_packs}, "
+                f"seq_len={self.seq_len}, max_images={self.max_images}, shuffle={self.shuffle}, seed={self.seed}, "
+                f"rank={self.rank}/{self.world_size}, remainder={self.remainder!r}, on_corrupt={self.on_corrupt!r})")
+
+    # -- epochs and checkpoints -----------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` at its beginning on the next iteration (changes the shuffle)."""
+        self._publish(epoch, None)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position of iteration in this process (no DataLoader workers); use ``loader.state_dict()`` with workers."""
+        return {"epoch": self.epoch, "workers": [list(self._progress.get(0, (0, 0, 0)))]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume in-process iteration at ``state`` (from :meth:`state_dict`)."""
+        self._publish(int(state["epoch"]), [tuple(w) for w in state["workers"]])
+
+    def _publish(self, epoch: int, positions: Sequence[tuple[int, int, int]] | None, shift: int = 0) -> None:
+        """Write what the next iteration starts from; workers (even persistent ones) read it then.
+
+        ``shift`` rotates worker roles: DataLoader worker ``i`` plays worker ``(i + shift) % n``, so
+        a fresh DataLoader, whose round robin always starts at worker 0, continues with the worker
+        whose turn it was when the state was saved.
+        """
+        if positions is not None and len(positions) > MAX_WORKERS:
+            raise ConfigError(f"{len(positions)} workers > {MAX_WORKERS}")
+        self._control.zero_()
+        self._control[0] = int(epoch)
+        self._control[2] = int(shift)
+        if positions is not None:
+            self._control[1] = 1
+            flat = torch.tensor([v for p in positions for v in p], dtype=torch.int64)
+            self._control[_HEAD:_HEAD + flat.numel()] = flat
+        self._progress = {}
+
+    def _resume_point(self, worker: int) -> tuple[int, int, int]:
+        if int(self._control[1]) == 0:
+            return (0, 0, 0)
+        lap, emitted, yielded = (int(v) for v in self._control[_HEAD + 3 * worker:_HEAD + 3 * worker + 3])
+        return lap, emitted, yielded
+
+    # -- iteration ------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        worker = (worker + int(self._control[2])) % workers
+        epoch = self.epoch
+        plan = self._plan(workers, epoch)
+        slot = self.rank * workers + worker
+        stats: Counter = Counter()
+        if info is None:
+            self._stats_done += self._stats_live
+            self._stats_live = stats
+        position = self._resume_point(worker)
+        for example, position in self._iter_slot(plan, slot, epoch, position, stats):
+            if info is None:
+                self._progress[0] = position
+            if self.with_position:
+                values = [worker, epoch, *position] + [stats[k] for k in STAT_KEYS]
+                example[META_KEY] = torch.tensor(values, dtype=torch.int64)
+            yield example
+
+    def _plan(self, workers: int, epoch: int) -> EpochPlan:
+        return plan_epoch([s.packs for s in self._source.shards], slots=self.world_size * workers, epoch=epoch,
+                          seed=self.seed, shuffle=self.shuffle, remainder=self.remainder, batch_size=self.batch_size)
+
+    def _iter_slot(self, plan: EpochPlan, slot: int, epoch: int, position: tuple[int, int, int], stats: Counter
+                   ) -> Iterator[tuple[dict[str, torch.Tensor], tuple[int, int, int]]]:
+        """Yield ``(example, (lap, emitted, yielded))`` until the slot has yielded ``plan.per_slot`` packs."""
+        from ..collate import pack_to_example
+
+        ranges = plan.slots[slot]
+        starts = np.cumsum([0] + [len(r) for r in ranges]).tolist()
+        size = starts[-1]
+        lap, emitted, yielded = position
+        handler = make_handler(self.on_corrupt, stats)
+        shards = self._source.shards
+
+        def where(pos: int) -> str:
+            i = bisect.bisect_right(starts, pos) - 1
+            return f"{shards[ranges[i].shard].url} pack {ranges[i].start + pos - starts[i]}"
+
+        def open_shard(index: int):
+            return open_stream(shards[index].url, headers=self._source.headers, stats=stats, **self._read)
+
+        while yielded < plan.per_slot:
+            rng = np.random.default_rng([self.seed, epoch, slot, lap, 0xB0F])
+            order = shuffle_order(size, buffer_size=self.shuffle_buffer if self.shuffle else 1, rng=rng)
+            fresh = emitted == 0
+            first = int(order[emitted:].min()) if emitted < size else size
+            done = set(order[:emitted].tolist())
+            src = lap_source(ranges, first=first, emitted=done, open_shard=open_shard,
+                             shard_name=lambda s: shards[s].url, stats=stats, handler=handler)
+            items = reorder(src, order, start=emitted)
+            got = 0
+            try:
+                for k, pack in decode_packs(items, seq_len=self.seq_len, max_images=self.max_images, handler=handler,
+                                            where=lambda k: where(int(order[k]))):
+                    emitted = k + 1
+                    if pack is None:
+                        continue
+                    try:
+                        example = pack_to_example(pack, seq_len=self.seq_len, max_images=self.max_images,
+                                                  pad_token_id=self.pad_token_id, image_transform=self.image_transform)
+                    except (WdspackError, OSError, ValueError) as e:
+                        handler("corrupt_packs", FormatError(f"{where(int(order[k]))}: {type(e).__name__}: {e}"))
+                        continue
+                    got += 1
+                    yielded += 1
+                    yield example, (lap, emitted, yielded)
+                    if yielded >= plan.per_slot:
+                        return
+            finally:
+                items.close()
+                src.close()
+            if fresh and got == 0:
+                raise WdspackError(f"slot {slot} (rank {self.rank}) read a whole pass over its {size} packs and none "
+                                   "was readable (see the warnings above); the dataset is damaged")
+            lap, emitted = lap + 1, 0
+
+
+def make_handler(on_corrupt: str, stats: Counter) -> Handler:
+    """The stages' error handler: count ``kind``, then warn (``"skip"``) or raise (``"raise"``)."""
+
+    def handler(kind: str, error: Exception) -> None:
+        stats[kind] += 1
+        if on_corrupt == "raise":
+            raise error
+        logger.warning("%s; skipped (%s: %d so far; on_corrupt='raise' stops instead)", error, kind, stats[kind])
+
+    return handler
+
+
+def check_tokenizer(source: ResolvedSource, expected: str | Mapping[str, Any]) -> None:
+    """Raise :class:`ConfigError` when the dataset was packed with another tokenizer or chat template."""
+    if source.manifest is None:
+        raise ConfigError("expect_tokenizer needs a manifest to compare with; these shards have none")
+    have = source.manifest.tokenizer
+    want = {"name": expected} if isinstance(expected, str) else dict(expected)
+    diff = {k: (have[k], v) for k, v in want.items() if k in have and have[k] != v}
+    if diff:
+        detail = "; ".join(f"{k}: dataset {a!r}, expected {b!r}" for k, (a, b) in diff.items())
+        raise ConfigError(f"{source.display} was packed with tokenizer {have.get('name')!r}, the training expects "
+                          f"{want.get('name', have.get('name'))!r} ({detail}); re-pack with the training tokenizer "
+                          "(`wdspack pack --tokenizer ...`) or fix expect_tokenizer")
+
+
+def _budgets(source: ResolvedSource, seq_len, max_images, pad_token_id) -> tuple[int, int, int]:
+    m = source.manifest
+    if m is None:
+        missing = [n for n, v in (("seq_len", seq_len), ("max_images", max_images), ("pad_token_id", pad_token_id))
+                   if v is None]
+        if missing:
+            raise ConfigError(f"{source.display} has no manifest, so pass {', '.join(missing)} explicitly")
+        return int(seq_len), int(max_images), int(pad_token_id)
+    have = {"seq_len": m.seq_len, "max_images": m.max_images if m.max_images is not None else 0,
+            "pad_token_id": m.tokenizer.get("pad_token_id")}
+    given = {"seq_len": seq_len, "max_images": max_images, "pad_token_id": pad_token_id}
+    for name, value in given.items():
+        if value is not None and have[name] is not None and int(value) != int(have[name]):
+            raise ConfigError(f"{name}={value} does not match the dataset's {name} {have[name]} "
+                              f"({source.display} was packed for {have[name]}); drop the argument or re-pack with "
+                              f"`wdspack reshard --{name.replace('_', '-')} {value}`")
+    if have["pad_token_id"] is None and pad_token_id is None:
+        raise ConfigError(f"the manifest of {source.display} names no pad_token_id; pass pad_token_id=")
+    return int(have["seq_len"]), int(have["max_images"]), int(have["pad_token_id"] if pad_token_id is None
+                                                               else pad_token_id)
+
+
+def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        r, w = dist.get_rank(), dist.get_world_size()
+        if (rank is not None and rank != r) or (world_size is not None and world_size != w):
+            raise ConfigError(f"rank={rank}, world_size={world_size} disagree with torch.distributed "
+                              f"(rank {r} of {w}); drop the arguments")
+        return r, w
+    r, w = (0 if rank is None else int(rank)), (1 if world_size is None else int(world_size))
+    if not 0 <= r < w:
+        raise ConfigError(f"rank {r} is not in 0..{w - 1} (world_size {w})")
+    return r, w
