@@ -238,16 +238,32 @@ def test_properties_over_random_packs(batch_packs, padding_free):
 
 
 class _Packs(torch.utils.data.IterableDataset):
+    def __init__(self, pad_images: bool = True) -> None:
+        self.pad_images = pad_images
+
     def __iter__(self):
         t = make_image_transform(size=4)
         for p in (PACK, SHORT, SHORT, PACK):
-            yield pack_to_example(p, seq_len=10, max_images=2, pad_token_id=0, image_transform=t)
+            yield pack_to_example(p, seq_len=10, max_images=2, pad_token_id=0, image_transform=t,
+                                  pad_images=self.pad_images)
 
 
-def test_collate_in_a_dataloader_worker_matches_in_process():
+def test_unpadded_images_are_padded_by_collate_to_the_same_batch():
+    padded, compact = list(_Packs(True)), list(_Packs(False))
+    assert [e["pixel_values"].shape[0] for e in compact] == [1, 0, 0, 1]
+    assert all(e["pixel_values"].shape[0] == 2 for e in padded)
+    for i in (0, 2):
+        a, b = collate_packs(padded[i:i + 2]), collate_packs(compact[i:i + 2])
+        assert a.keys() == b.keys()
+        for k in a:
+            assert torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k], k
+
+
+@pytest.mark.parametrize("pad_images", [True, False])
+def test_collate_in_a_dataloader_worker_matches_in_process(pad_images):
     """In a worker, batches are built straight in shared memory; the values must not change."""
     here = [collate_packs(list(_Packs())[i:i + 2]) for i in (0, 2)]
-    loader = torch.utils.data.DataLoader(_Packs(), batch_size=2, num_workers=1, collate_fn=collate_packs,
+    loader = torch.utils.data.DataLoader(_Packs(pad_images), batch_size=2, num_workers=1, collate_fn=collate_packs,
                                          multiprocessing_context="fork")
     there = list(loader)
     assert len(there) == 2 and there[0]["pixel_values"].is_shared()

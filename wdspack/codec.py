@@ -94,8 +94,8 @@ def encode_pack(pack: Pack, *, token_dtype: str) -> bytes:
     return msgpack.packb(record, use_bin_type=True)
 
 
-def decode_pack(data: bytes) -> Pack:
-    """Decode and validate one pack. Raises :class:`FormatError` on anything malformed.
+def decode_pack(data: bytes, *, seq_len: int | None = None, max_images: int | None = None) -> Pack:
+    """Decode and validate one pack (and, if given, its budgets). Raises :class:`FormatError` on anything malformed.
 
     Never executes code from the bytes: msgpack maps, lists, strings and bins only.
     """
@@ -133,7 +133,7 @@ def decode_pack(data: bytes) -> Pack:
         )
     except (TypeError, ValueError) as e:
         raise FormatError(f"pack has a field of the wrong type: {e}") from None
-    validate_pack(pack)
+    validate_pack(pack, seq_len=seq_len, max_images=max_images)
     return pack
 
 

@@ -90,7 +90,7 @@ _COUNT_KEYS = ("num_tokens", "num_samples")
 
 def pack_to_example(pack: Pack, *, seq_len: int, max_images: int, pad_token_id: int,
                     image_transform: Callable[[Sequence[bytes]], dict[str, torch.Tensor]] | None = None,
-                    ) -> dict[str, torch.Tensor]:
+                    pad_images: bool = True) -> dict[str, torch.Tensor]:
     """One pack as fixed-shape tensors (layout and conventions in the module docstring).
 
     Args:
@@ -101,6 +101,9 @@ def pack_to_example(pack: Pack, *, seq_len: int, max_images: int, pad_token_id: 
         image_transform: encoded images → one tensor entry per image (see
             :func:`wdspack.images.make_image_transform`); padded here to ``M`` slots (or, for the
             flattened-patch layout, to the transform's ``patch_rows(L, M)`` rows).
+        pad_images: False leaves one-entry-per-image tensors at the real images' count ``[k, ...]``;
+            :func:`collate_packs` then pads them straight into the ``[B·M, ...]`` batch tensor,
+            which saves writing and copying the empty slots twice (the loader does this).
 
     Returns:
         ``input_ids``, ``labels``, ``position_ids`` ``[L]`` int64; ``seq_idx`` ``[L]`` int32;
@@ -151,7 +154,8 @@ def pack_to_example(pack: Pack, *, seq_len: int, max_images: int, pad_token_id: 
         "image_token_counts": torch.from_numpy(counts),
     }
     if image_transform is not None:
-        out.update(_images_to_slots(pack, image_transform, seq_len=seq_len, max_images=max_images))
+        out.update(_images_to_slots(pack, image_transform, seq_len=seq_len, max_images=max_images,
+                                    pad=pad_images))
     return out
 
 
@@ -202,7 +206,11 @@ def collate_packs(examples: Sequence[dict[str, torch.Tensor]], *, attention_mask
     batch: dict[str, Any] = {key: _join([e[key] for e in examples], stack=True) for key in _TEXT_KEYS + _COUNT_KEYS}
     for key in examples[0]:
         if key not in _TEXT_KEYS + _COUNT_KEYS:  # image slots and image tensors: pack-major
-            batch[key] = _join([e[key] for e in examples], stack=False)
+            tensors = [e[key] for e in examples]
+            if any(t.shape[0] != M for t in tensors) and "image_grid_thw" not in examples[0]:
+                batch[key] = _pad_join(tensors, M, key=key)  # pad_images=False: only the real images
+            else:
+                batch[key] = _join(tensors, stack=False)
     batch["image_pack_idx"] = torch.arange(B).repeat_interleave(M)
     real = batch["num_tokens"].tolist()
     sample_lens = [np.bincount(e["seq_idx"][:n].numpy(), minlength=int(e["num_samples"]))
@@ -226,15 +234,34 @@ def _join(tensors: list[torch.Tensor], *, stack: bool) -> torch.Tensor:
     The worker would otherwise copy every batch tensor into shared memory to send it (as
     ``default_collate`` avoids too): for image batches that copy is tens of megabytes.
     """
-    out = None
-    if torch.utils.data.get_worker_info() is not None:
-        first = tensors[0]
-        shape = (len(tensors), *first.shape) if stack else (sum(t.shape[0] for t in tensors), *first.shape[1:])
-        try:  # the private call default_collate makes; without it the copy just happens later
-            out = first.new(first._typed_storage()._new_shared(math.prod(shape), device=first.device)).view(shape)
-        except (AttributeError, RuntimeError):
-            out = None
+    first = tensors[0]
+    shape = (len(tensors), *first.shape) if stack else (sum(t.shape[0] for t in tensors), *first.shape[1:])
+    out = _shared(first, shape)
     return torch.stack(tensors, out=out) if stack else torch.cat(tensors, out=out)
+
+
+def _pad_join(tensors: list[torch.Tensor], slots: int, *, key: str) -> torch.Tensor:
+    """Concatenate per-pack ``[k_b, ...]`` tensors into ``[B·slots, ...]``, zeros past each pack's ``k_b``."""
+    first = tensors[0]
+    if any(t.shape[0] > slots for t in tensors):
+        raise ConfigError(f"{key}: a pack has {max(t.shape[0] for t in tensors)} entries > {slots} image slots")
+    shape = (len(tensors) * slots, *first.shape[1:])
+    out = _shared(first, shape)
+    out = first.new_empty(shape) if out is None else out
+    for b, t in enumerate(tensors):  # every byte written once: the real rows, then zeros
+        out[b * slots: b * slots + t.shape[0]] = t
+        out[b * slots + t.shape[0]: (b + 1) * slots] = 0
+    return out
+
+
+def _shared(like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor | None:
+    """An uninitialised tensor in shared memory when in a DataLoader worker, else None."""
+    if torch.utils.data.get_worker_info() is None:
+        return None
+    try:  # the private call default_collate makes; without it the copy just happens later
+        return like.new(like._typed_storage()._new_shared(math.prod(shape), device=like.device)).view(shape)
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def _names(pack: Pack) -> str:
@@ -286,7 +313,7 @@ def _block_causal(seq_idx: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _images_to_slots(pack: Pack, transform: Callable[[Sequence[bytes]], dict[str, torch.Tensor]], *,
-                     seq_len: int, max_images: int) -> dict[str, torch.Tensor]:
+                     seq_len: int, max_images: int, pad: bool = True) -> dict[str, torch.Tensor]:
     """Run the transform and pad its per-image outputs to ``max_images`` slots (fixed shapes)."""
     from .images import ImageDecodeError
 
@@ -304,9 +331,12 @@ def _images_to_slots(pack: Pack, transform: Callable[[Sequence[bytes]], dict[str
         if value.ndim == 0 or value.shape[0] != k:
             raise ConfigError(f"image transform returned {key} of shape {tuple(value.shape)} for {k} images; "
                               "it must return one entry per image")
-        slots = value.new_zeros((max_images, *value.shape[1:]))
-        slots[:k] = value
-        out[key] = slots
+        if pad and k < max_images:
+            slots = value.new_empty((max_images, *value.shape[1:]))
+            slots[:k] = value
+            slots[k:] = 0
+            value = slots
+        out[key] = value
     return out
 
 

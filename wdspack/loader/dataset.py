@@ -67,6 +67,9 @@ class PackedDataset(IterableDataset):
         block_size: bytes per read from a shard.
         retries, backoff: transient network errors are retried ``retries`` times, waiting
             ``backoff * 2**i`` seconds (or the server's ``Retry-After``).
+        timeout: seconds an HTTP(S) connect or read may wait for the server before it counts as a
+            transient error (and is retried). With :func:`make_loader`, whose own ``timeout`` is the
+            DataLoader's, build the dataset first and pass it in.
         batch_size: each slot yields a multiple of it, so a DataLoader with this batch size gives
             every rank the same number of full batches (:func:`make_loader` sets it).
         storage_options: ``hf://``: HfFileSystem options (``token``, ``endpoint``); ``https://``:
@@ -84,7 +87,7 @@ class PackedDataset(IterableDataset):
                  remainder: str = "drop", on_corrupt: str = "skip",
                  image_transform: Callable[[Sequence[bytes]], dict[str, torch.Tensor]] | None = None,
                  expect_tokenizer: str | Mapping[str, Any] | None = None, block_size: int = 1 << 20,
-                 retries: int = 5, backoff: float = 0.5, batch_size: int = 1,
+                 retries: int = 5, backoff: float = 0.5, timeout: float = 60.0, batch_size: int = 1,
                  storage_options: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         if remainder not in REMAINDER_POLICIES:
@@ -94,7 +97,10 @@ class PackedDataset(IterableDataset):
         if shuffle_buffer < 1 or batch_size < 1 or block_size < 512 or retries < 0:
             raise ConfigError(f"shuffle_buffer ({shuffle_buffer}) and batch_size ({batch_size}) must be >= 1, "
                               f"block_size ({block_size}) >= 512, retries ({retries}) >= 0")
-        self._read = {"block_size": int(block_size), "retries": int(retries), "backoff": float(backoff)}
+        if not timeout > 0:
+            raise ConfigError(f"timeout={timeout} must be > 0 seconds (how long a network read may wait)")
+        self._read = {"block_size": int(block_size), "retries": int(retries), "backoff": float(backoff),
+                      "timeout": float(timeout)}
         self._source: ResolvedSource = resolve_source(source, storage_options=storage_options, **self._read)
         self.seq_len, self.max_images, self.pad_token_id = _budgets(self._source, seq_len, max_images, pad_token_id)
         if expect_tokenizer is not None:
@@ -248,7 +254,8 @@ class PackedDataset(IterableDataset):
                         continue
                     try:
                         example = pack_to_example(pack, seq_len=self.seq_len, max_images=self.max_images,
-                                                  pad_token_id=self.pad_token_id, image_transform=self.image_transform)
+                                                  pad_token_id=self.pad_token_id, image_transform=self.image_transform,
+                                                  pad_images=not self.with_position)  # the loader's collate pads
                     except (WdspackError, OSError, ValueError) as e:
                         handler("corrupt_packs", FormatError(f"{where(int(order[k]))}: {type(e).__name__}: {e}"))
                         continue

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import msgpack
 import numpy as np
 
-from ..codec import FORMAT, Pack, decode_pack, validate_pack
+from ..codec import FORMAT, Pack, decode_pack
 from ..errors import FormatError
 
 __all__ = ["TarEntry", "decode_packs", "lap_source", "reorder", "shard_packs", "tar_entries"]
@@ -171,8 +171,7 @@ def decode_packs(src: Iterator[tuple[int, bytes | None]], *, seq_len: int, max_i
             yield k, None
             continue
         try:
-            pack = decode_pack(data)
-            validate_pack(pack, seq_len=seq_len, max_images=max_images)
+            pack = decode_pack(data, seq_len=seq_len, max_images=max_images)
         except FormatError as e:
             _raise_if_other_version(data)
             handler("corrupt_packs", FormatError(f"{where(k)}: {e}"))
