@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .errors import OutputError, WdspackError
+from .errors import ManifestError, OutputError, WdspackError
 from .manifest import MANIFEST_NAME, read_manifest
 from .stats import dataset_stats, plot_stats
 
@@ -49,6 +49,7 @@ def upload_dataset(root: str | Path, repo_id: str, *, private: bool = False, rev
 
     root = Path(root)
     manifest = read_manifest(root)
+    _check_complete(root, manifest)
     api = api or HfApi(token=token)
     card, plot = _write_card(root, repo_id, revision)
     try:
@@ -78,6 +79,20 @@ def upload_dataset(root: str | Path, repo_id: str, *, private: bool = False, rev
                           "re-run the same command to upload what is missing") from None
     log(f"datasets/{repo_id}: {len(todo)} files uploaded, {skipped} already there")
     return {"uploaded": len(todo), "skipped": skipped}
+
+
+def _check_complete(root: Path, manifest) -> None:
+    """Refuse, before anything is sent, a folder that lacks a file its manifest names.
+
+    Found mid-upload instead, the missing file stopped the upload after the shards were committed,
+    with huggingface_hub's "not a file" error and advice to re-run, which can never succeed.
+    """
+    names = [s.name for s in manifest.shards] + [n for n in (manifest.dropped_file,) if n]
+    missing = [n for n in names if not (root / n).is_file()]
+    if missing:
+        raise ManifestError(f"{root / missing[0]} is named by {root / MANIFEST_NAME} but does not exist "
+                            f"({len(missing)} such files); the dataset folder is incomplete, nothing was uploaded: "
+                            "restore the files or pack the dataset again, and check it with `wdspack verify`")
 
 
 def _remote_files(api: Any, repo_id: str, revision: str | None) -> dict[str, tuple[int, str, str]]:

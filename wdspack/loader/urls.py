@@ -1,11 +1,13 @@
 """Turn a ``source`` into shard URLs and pack counts, once, in the main process.
 
-Accepted sources (``ORG/NAME`` repos always by revision: ``@main``, a tag or a commit)::
+Accepted sources::
 
     packed/                                    a dataset folder (reads packed/manifest.json)
     packed/manifest.json                       the manifest itself
     https://host/data/packed/                  a dataset root over HTTP(S)
-    hf://datasets/ORG/NAME@main[/sub/folder]   a Hub dataset (resolved with HfFileSystem)
+    hf://datasets/ORG/NAME@main[/sub/folder]   a Hub dataset (resolved with HfFileSystem); the
+                                               revision is a branch, a tag or a commit, ``@main``
+                                               when left out (always asked for by name)
     packed/train-{000000..000009}.tar          a brace pattern (local or remote)
     packed/train-*.tar                         a glob (local only: remote folders are never listed)
     ["a/train-000000.tar", "a/train-000001.tar"]  an explicit list
@@ -40,6 +42,7 @@ from .streams import LocalStream, NotFoundError, is_remote, read_all
 __all__ = ["ResolvedSource", "ShardRef", "expand_braces", "resolve_source"]
 
 logger = logging.getLogger("wdspack.loader")
+DEFAULT_HUB_REVISION = "main"
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,36 +205,54 @@ def _hf_to_http(urls: list[str], options: dict, headers: dict) -> tuple[list[str
 
     HfFileSystem parses the paths, checks repo and revision and supplies endpoint and token (one
     request per repo); ``repo_info`` pins the revision to its commit (one more). No listing.
+    The file system is a fresh instance, not fsspec's per-process cached one: that one remembers
+    "repository not found" for the life of the process, so a repo created after a failed attempt
+    (an upload still running) would never be found again, and it would make no request to say so.
     """
-    from huggingface_hub import HfApi, HfFileSystem, hf_hub_url
+    from huggingface_hub import HfFileSystem
     from huggingface_hub.utils import build_hf_headers
 
-    fs = HfFileSystem(**options)
+    fs = HfFileSystem(**{**options, "skip_instance_cache": True})
     commits: dict[tuple[str, str, str], str] = {}
-    out = []
-    for url in urls:
-        if glob.has_magic(url):
-            raise ConfigError(f"{url}: globs are not expanded on the Hub (folders are never listed); use a brace "
-                              "pattern like train-{000000..000009}.tar or the dataset root")
-        try:
-            resolved = fs.resolve_path(url)
-            key = (resolved.repo_type, resolved.repo_id, resolved.revision)
-            if key not in commits:
-                info = HfApi(endpoint=fs.endpoint, token=fs.token).repo_info(
-                    resolved.repo_id, repo_type=resolved.repo_type, revision=resolved.revision)
-                commits[key] = info.sha or resolved.revision
-        except FileNotFoundError as e:
-            raise SourceError(f"{url}: {e.args[0] if e.args else 'not found'}; check the repo name and the revision "
-                              "(and that you are logged in for a private repo)") from None
-        except (ConfigError, SourceError):
-            raise
-        except Exception as e:  # offline mode, network down, ...; the text never holds the token
-            raise SourceError(f"{url}: cannot resolve the Hub repository: {type(e).__name__}: {e}") from None
-        path = resolved.path_in_repo.strip("/")
-        http = hf_hub_url(resolved.repo_id, path or MANIFEST_NAME, repo_type=resolved.repo_type,
-                          revision=commits[key], endpoint=fs.endpoint)
-        out.append(http if path else http[: -len(MANIFEST_NAME)])
+    out = [_hf_resolve_url(fs, url, commits) for url in urls]
     return out, {**headers, **build_hf_headers(token=fs.token)}
+
+
+def _hf_resolve_url(fs, url: str, commits: dict[tuple[str, str, str], str]) -> str:
+    """One ``hf://`` URL → its ``resolve`` URL at the commit its revision points to (``commits`` caches the pins)."""
+    from huggingface_hub import HfApi, hf_hub_url
+
+    if glob.has_magic(url):
+        raise ConfigError(f"{url}: globs are not expanded on the Hub (folders are never listed); use a brace "
+                          "pattern like train-{000000..000009}.tar or the dataset root")
+    try:
+        # A revision-less source reads @main, asked for by name: mirrors (olah) can only answer an
+        # unnamed revision by asking huggingface.co, and the Hub's default branch is main anyway.
+        resolved = fs.resolve_path(url, revision=None if _names_revision(url) else DEFAULT_HUB_REVISION)
+        key = (resolved.repo_type, resolved.repo_id, resolved.revision)
+        if key not in commits:
+            info = HfApi(endpoint=fs.endpoint, token=fs.token).repo_info(
+                resolved.repo_id, repo_type=resolved.repo_type, revision=resolved.revision)
+            commits[key] = info.sha or resolved.revision
+    except FileNotFoundError as e:
+        raise SourceError(f"{url}: {e.args[0] if e.args else 'not found'}; check the repo name and the revision "
+                          "(and that you are logged in for a private repo)") from None
+    except (ConfigError, SourceError):
+        raise
+    except Exception as e:  # offline mode, network down, ...; the text never holds the token
+        raise SourceError(f"{url}: cannot resolve the Hub repository: {type(e).__name__}: {e}") from None
+    path = resolved.path_in_repo.strip("/")
+    http = hf_hub_url(resolved.repo_id, path or MANIFEST_NAME, repo_type=resolved.repo_type,
+                      revision=commits[key], endpoint=fs.endpoint)
+    return http if path else http[: -len(MANIFEST_NAME)]
+
+
+def _names_revision(url: str) -> bool:
+    """Whether ``hf://[TYPE/]ORG/NAME[@REV][/path]`` names a revision (an ``@`` in the repo's name)."""
+    parts = url[len("hf://"):].split("/")
+    if parts[0] in ("datasets", "spaces", "models"):
+        parts = parts[1:]
+    return len(parts) >= 2 and "@" in parts[1]
 
 
 def _join(folder: str, name: str) -> str:

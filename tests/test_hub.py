@@ -1,0 +1,289 @@
+"""``hf://`` streaming and upload against a real Hub-compatible server (olah) on loopback.
+
+The server (:mod:`hubserver`) serves git repositories as Hub datasets and logs every request it
+answers, so these tests check what the loader asks for, not only what it yields::
+
+    main process   GET /api/datasets/org/packed/revision/main        HfFileSystem: repo and revision exist
+                   GET /api/datasets/org/packed/revision/main        repo_info: pin main to its commit
+                   GET /datasets/org/packed/resolve/<sha>/manifest.json
+    each epoch     GET /datasets/org/packed/resolve/<sha>/train-00000N.tar   once per shard, from a worker
+
+Nothing here leaves the machine: the server runs offline with a loopback upstream, and this
+process refuses any non-loopback lookup or connection while these tests run.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+
+from hubserver import auth_digest, commit_files, loopback_only, publish, start_hub
+from synthetic import pack_numbers, write_dataset
+from wdspack.errors import ConfigError, ManifestError, SourceError
+from wdspack.hub import upload_dataset
+from wdspack.loader import PackedDataset, make_loader
+from wdspack.loader.streams import HttpStream
+
+TOKEN = "hf_SECRETTOKEN123"
+SHARDS, PACKS_PER_SHARD = 4, 6
+PACKS = SHARDS * PACKS_PER_SHARD
+
+
+@dataclass(frozen=True)
+class HubSite:
+    """The running server, where its repos live, and its request log."""
+
+    endpoint: str
+    requests: Callable[[], list[dict]]
+    mirrors: Path
+    workdir: Path
+
+    def options(self, **extra) -> dict:
+        return {"endpoint": self.endpoint, **extra}
+
+
+@pytest.fixture(scope="session")
+def hub(tmp_path_factory) -> HubSite:
+    mirrors, workdir = tmp_path_factory.mktemp("mirrors"), tmp_path_factory.mktemp("olah")
+    endpoint, requests, stop = start_hub(mirrors, workdir=workdir)
+    try:
+        yield HubSite(endpoint, requests, mirrors, workdir)
+    finally:
+        stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_internet():
+    with loopback_only():
+        yield
+
+
+@pytest.fixture(scope="module")
+def packed(hub, tmp_path_factory) -> tuple[Path, str]:
+    """A 4 × 6-pack dataset, as a local folder and as the repo ``org/packed`` (its commit sha)."""
+    folder = tmp_path_factory.mktemp("packed")
+    write_dataset(folder, shards=SHARDS, packs_per_shard=PACKS_PER_SHARD, seed=1)
+    return folder, publish(hub.mirrors, "org/packed", folder)
+
+
+def _numbers(examples) -> list[int]:
+    return [n for ex in examples for n in pack_numbers(ex["input_ids"])]
+
+
+def _same_tensors(a: list[dict], b: list[dict]) -> bool:
+    def same(x, y):
+        return torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y
+
+    return len(a) == len(b) and all(x.keys() == y.keys() and all(same(x[k], y[k]) for k in x) for x, y in zip(a, b))
+
+
+def _new(hub: HubSite) -> Callable[[], list[dict]]:
+    """The requests answered from now on."""
+    mark = len(hub.requests())
+    return lambda: hub.requests()[mark:]
+
+
+def _resolve(sha: str, name: str, repo: str = "org/packed") -> str:
+    return f"/datasets/{repo}/resolve/{sha}/{name}"
+
+
+# -- streaming --------------------------------------------------------------------------------------
+
+
+def test_hub_dataset_equals_the_local_folder(hub, packed):
+    folder, sha = packed
+    ds = PackedDataset("hf://datasets/org/packed@main", storage_options=hub.options(), seed=7)
+    assert ds.shards == tuple(f"{hub.endpoint}{_resolve(sha, f'train-{i:06d}.tar')}" for i in range(SHARDS))
+    remote, local = list(ds), list(PackedDataset(folder, seed=7))
+    assert sorted(_numbers(remote)) == list(range(PACKS))
+    assert _numbers(remote) == _numbers(local) and _same_tensors(remote, local)
+
+    def batches(source, **options):
+        return list(make_loader(source, batch_size=4, num_workers=2, seed=7, **options))
+
+    remote, local = batches("hf://datasets/org/packed@main", storage_options=hub.options()), batches(folder)
+    assert sorted(_numbers(remote)) == list(range(PACKS))
+    assert _same_tensors(remote, local)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_requests_per_epoch_do_not_grow_with_workers(hub, packed, workers):
+    _, sha = packed
+    new = _new(hub)
+    loader = make_loader("hf://datasets/org/packed@main", storage_options=hub.options(), batch_size=4,
+                         num_workers=workers, seed=7)
+    # Resolving happens once, in this process: HfFileSystem checks that repo and revision exist,
+    # repo_info pins main to its commit (the same route, asked twice: 2 requests), and the
+    # manifest is read from that commit (1). Workers get the shard list and never ask again.
+    assert [(r["method"], r["path"], r["status"]) for r in new()] == [
+        ("GET", "/api/datasets/org/packed/revision/main", 200),
+        ("GET", "/api/datasets/org/packed/revision/main", 200),
+        ("GET", _resolve(sha, "manifest.json"), 200)]
+    for epoch in range(2):
+        new = _new(hub)
+        assert sorted(_numbers(loader)) == list(range(PACKS))
+        # Exactly one GET per shard per epoch, whatever the worker count: the plan hands whole
+        # shards to slots (4 equal shards: 2 per worker, or 4 for one), and each is read front
+        # to back in one response, so no Range request is needed (olah ignores Range anyway).
+        got = new()
+        assert sorted(r["path"] for r in got) == [_resolve(sha, f"train-{i:06d}.tar") for i in range(SHARDS)]
+        assert all(r["method"] == "GET" and r["status"] == 200 and r["range"] is None for r in got), got
+        assert loader.epoch == epoch + 1
+
+
+def test_sub_folder_and_brace_patterns(hub, packed, tmp_path):
+    folder, sha = packed
+    shutil.copytree(folder, tmp_path / "nested" / "v1" / "train")
+    nested = publish(hub.mirrors, "org/nested", tmp_path / "nested")
+    ds = PackedDataset("hf://datasets/org/nested@main/v1/train", storage_options=hub.options())
+    assert ds.shards[0] == f"{hub.endpoint}{_resolve(nested, 'v1/train/train-000000.tar', 'org/nested')}"
+    assert sorted(_numbers(ds)) == list(range(PACKS))
+
+    new = _new(hub)
+    ds = PackedDataset("hf://datasets/org/packed@main/train-{000000..000003}.tar", storage_options=hub.options())
+    assert sorted(_numbers(ds)) == list(range(PACKS))
+    # Four shard names still cost one existence check and one pin (per repo and revision), then the manifest.
+    assert [r["path"] for r in new()][:3] == ["/api/datasets/org/packed/revision/main"] * 2 + [
+        _resolve(sha, "manifest.json")]
+
+    ds = PackedDataset("hf://datasets/org/packed@main/train-{000001..000002}.tar", storage_options=hub.options())
+    assert sorted(_numbers(ds)) == list(range(6, 18))
+    ds = PackedDataset("hf://datasets/org/nested@main/v1/train/train-{000000,000003}.tar",
+                       storage_options=hub.options())
+    assert sorted(_numbers(ds)) == [*range(6), *range(18, 24)]
+
+
+def test_globs_missing_repos_and_revisions_are_refused_clearly(hub, packed):
+    new = _new(hub)
+    with pytest.raises(ConfigError, match=r"train-\*\.tar: globs are not expanded.*brace pattern"):
+        PackedDataset("hf://datasets/org/packed@main/train-*.tar", storage_options=hub.options())
+    assert new() == [], "a glob is refused before any request"
+    with pytest.raises(SourceError, match=r"hf://datasets/org/missing@main: .*check the repo name"):
+        PackedDataset("hf://datasets/org/missing@main", storage_options=hub.options())
+    # olah answers an unknown revision as an unknown repo (401 RepoNotFound); the error names both.
+    with pytest.raises(SourceError, match=r"hf://datasets/org/packed@nobranch: .*check the repo name and the revision"):
+        PackedDataset("hf://datasets/org/packed@nobranch", storage_options=hub.options())
+
+
+def test_a_repo_published_after_a_failed_lookup_is_found(hub, packed):
+    # Regression: fsspec's per-process HfFileSystem instance remembered "repository not found",
+    # so the repo stayed missing (without a request) after it was uploaded.
+    folder, _ = packed
+    with pytest.raises(SourceError, match="org/late@main"):
+        PackedDataset("hf://datasets/org/late@main", storage_options=hub.options())
+    sha = publish(hub.mirrors, "org/late", folder)
+    ds = PackedDataset("hf://datasets/org/late@main", storage_options=hub.options())
+    assert ds.shards[0].endswith(f"/resolve/{sha}/train-000000.tar")
+
+
+def test_a_source_without_revision_asks_for_main_by_name(hub, packed):
+    _, sha = packed
+    new = _new(hub)
+    ds = PackedDataset("hf://datasets/org/packed", storage_options=hub.options())
+    assert ds.shards[0].endswith(f"/resolve/{sha}/train-000000.tar")
+    api = [r["path"] for r in new() if r["path"].startswith("/api/")]
+    assert api == ["/api/datasets/org/packed/revision/main"] * 2, "never a revision-less lookup"
+
+
+# -- upload, then stream ----------------------------------------------------------------------------
+
+
+class GitMirrorHub:
+    """The ``api`` that ``upload_dataset`` is given: it reads the repo tree from the server with the
+    real ``HfApi`` and writes each commit as a git commit in the served repo (olah is read-only)."""
+
+    def __init__(self, endpoint: str, mirrors: Path) -> None:
+        from huggingface_hub import HfApi
+
+        self.api, self.mirrors = HfApi(endpoint=endpoint), mirrors
+        self.commits: list[list[str]] = []
+
+    def create_repo(self, repo_id, repo_type, private, exist_ok):
+        assert repo_type == "dataset" and exist_ok
+        commit_files(self.mirrors, repo_id, {}, message="create the repo")
+
+    def create_branch(self, *args, **kwargs):
+        raise AssertionError("upload_dataset was given no revision; it must not create a branch")
+
+    def list_repo_tree(self, repo_id, repo_type, revision):
+        return self.api.list_repo_tree(repo_id, repo_type=repo_type, revision=revision or "main")
+
+    def create_commit(self, repo_id, operations, repo_type, revision, commit_message):
+        commit_files(self.mirrors, repo_id, {op.path_in_repo: op.path_or_fileobj for op in operations},
+                     branch=revision or "main", message=commit_message)
+        self.commits.append([op.path_in_repo for op in operations])
+
+
+def test_upload_then_stream(hub, tmp_path):
+    from huggingface_hub import HfFileSystem
+
+    folder = tmp_path / "ds"
+    write_dataset(folder, shards=3, packs_per_shard=[5, 4, 3], seed=5)
+    client = GitMirrorHub(hub.endpoint, hub.mirrors)
+    # The manifest names dropped.jsonl (`wdspack pack` always writes it; the synthetic writer does not):
+    # refused before anything is sent, naming the file.
+    with pytest.raises(ManifestError, match=r"dropped\.jsonl is named by .*manifest\.json.*nothing was uploaded"):
+        upload_dataset(folder, "org/uploaded", api=client, log=lambda line: None)
+    assert client.commits == [] and not (hub.mirrors / "datasets" / "org" / "uploaded").exists()
+    (folder / "dropped.jsonl").write_text("")
+    counts = upload_dataset(folder, "org/uploaded", api=client, files_per_commit=2, log=lambda line: None)
+    shards = [f"train-{i:06d}.tar" for i in range(3)]
+    assert client.commits[:2] == [shards[:2], shards[2:]] and client.commits[-1][-1] == "manifest.json"
+    tree = {f.path: f for f in client.api.list_repo_tree("org/uploaded", repo_type="dataset", revision="main")}
+    assert sorted(tree) == sorted(n for c in client.commits for n in c) and counts["uploaded"] == len(tree)
+    # The resume check runs against the server's real tree (git blob ids): nothing is sent again.
+    again = upload_dataset(folder, "org/uploaded", api=client, log=lambda line: None)
+    assert again == {"uploaded": 0, "skipped": len(tree)}
+
+    fs = HfFileSystem(endpoint=hub.endpoint, skip_instance_cache=True)
+    card = fs.read_text("datasets/org/uploaded@main/README.md")
+    assert card == (folder / "README.md").read_text()
+    snippet = re.search(r'wdspack\.make_loader\("([^"]+)", batch_size=8', card)
+    assert snippet and snippet.group(1) == "hf://datasets/org/uploaded"
+    for source in ("hf://datasets/org/uploaded@main", snippet.group(1)):
+        loader = make_loader(source, storage_options=hub.options(), batch_size=2, num_workers=2, seed=3)
+        assert sorted(_numbers(loader)) == list(range(12)), source
+
+
+# -- the token --------------------------------------------------------------------------------------
+
+
+def test_the_token_reaches_the_server_and_nowhere_else(hub, packed, caplog):
+    caplog.set_level(logging.DEBUG)
+    new = _new(hub)
+    ds = PackedDataset("hf://datasets/org/packed@main", storage_options=hub.options(token=TOKEN), batch_size=4,
+                       seed=7)
+    assert sorted(_numbers(ds)) == list(range(PACKS))  # in this process: its stream logs reach caplog
+    loader = make_loader(ds, batch_size=4, num_workers=2)
+    assert sorted(_numbers(loader)) == list(range(PACKS))
+    sent = new()
+    assert len(sent) == 3 + 2 * SHARDS  # resolve, then one GET per shard in each of the two passes
+    assert {r["auth"] for r in sent} == {auth_digest(f"Bearer {TOKEN}")}, "every request carries the token"
+
+    errors = []
+    for source, error in [("hf://datasets/org/missing@main", SourceError),
+                          ("hf://datasets/org/packed@main/*.tar", ConfigError)]:
+        with pytest.raises(error) as e:
+            PackedDataset(source, storage_options=hub.options(token=TOKEN))
+        errors.append(e.value)
+    stream = HttpStream(f"{hub.endpoint}/datasets/org/missing/resolve/main/x.tar", headers=ds._source.headers,
+                        retries=0)
+    with pytest.raises(SourceError, match="HTTP 401, not authorised") as e:
+        stream.read(1)
+    errors.append(e.value)
+
+    texts = [record.getMessage() for record in caplog.records]
+    texts += ["".join(traceback.format_exception(error)) for error in errors]
+    texts += [repr(ds), repr(ds._source), repr(stream), repr(loader.state_dict()), str(ds.stats)]
+    texts += [(hub.workdir / "requests.jsonl").read_text(), (hub.workdir / "logs" / "olah.log").read_text()]
+    assert caplog.records and len(texts) > len(caplog.records)
+    leaks = [text for text in texts if TOKEN in text]
+    assert not leaks, leaks[0][:500]
