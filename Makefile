@@ -25,6 +25,7 @@ test: env
 
 bench: env
 	$(BIN)/python tools/bench_packing.py
+	$(BIN)/python tools/bench_loader.py --json docs/bench_loader.json
 
 clean:
 	rm -rf $(VENV) build .pytest_cache

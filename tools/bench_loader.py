@@ -1,6 +1,6 @@
 """Loader benchmark: wdspack's pre-packed stream vs on-the-fly packing and naive padding.
 
-    python tools/bench_loader.py                      # 4000 samples per dataset, seq_len 4096, B = 4
+    python tools/bench_loader.py          # 16000 text-only and 4000 image-bearing samples, seq_len 4096, B = 4
     python tools/bench_loader.py --samples 1500 --workers 2 --json bench.json
 
 The same seeded samples, written twice: as wdspack shards (one tar member per pack, planned
@@ -10,10 +10,16 @@ whole pass, worker start-up included (a buffered packer front-loads its work, so
 first batch would flatter it). All decode images with the same transform (Pillow, JPEG draft, 224 px).
 
 - **wdspack**: ``make_loader`` over the packed shards (fixed ``[B, L]`` + ``[B·M, 3, 224, 224]``).
-- **on-the-fly knapsack**: stock ``webdataset`` streams samples; the worker decodes them, fills a
-  buffer of ``--buffer-rows × L`` tokens and packs it with nanoVLM's balanced greedy knapsack
-  (longest first, into the lightest bin that fits tokens and images; ``delta`` spare bins).
-- **naive padding**: the same stream, ``B`` samples per batch padded to the longest.
+- **on-the-fly knapsack, tokenizing in the worker** (how nanoVLM does it): stock ``webdataset``
+  streams samples with their raw text; the worker tokenizes it with the real Pixtral tokenizer
+  (``transformers``, offline), decodes the images, fills a buffer of ``--buffer-rows × L``
+  tokens and packs it with nanoVLM's balanced greedy knapsack (longest first, into the lightest
+  bin that fits tokens and images; ``delta`` spare bins).
+- **on-the-fly knapsack, pre-tokenized ids**: the same, reading token ids stored per sample
+  (``.ids.npy``) instead of tokenizing: the most favourable case for on-the-fly packing.
+- **naive padding**: the pre-tokenized stream, ``B`` samples per batch padded to the longest.
+
+Token ids are the same everywhere (the text tokenized once by the same tokenizer).
 
 Reported per dataset (text-only; image-bearing: 0–2 JPEGs of 320×240 per sample, 64 tokens
 each): rows/s (packs, or padded samples for naive), real tokens/s, images/s, and the share of
@@ -41,18 +47,36 @@ from wdspack.images import make_image_transform
 from wdspack.manifest import Manifest, write_json_atomic
 from wdspack.writer import ShardWriter, shard_name
 
-IMAGE_TOKENS, SIZE, MAX_IMAGES, PAD_ID = 64, 224, 16, 0
+IMAGE_TOKENS, SIZE, MAX_IMAGES, PAD_ID, IMAGE_TOKEN_ID = 64, 224, 16, 11, 10
 
 
-def make_samples(n: int, *, images: bool, seed: int = 0) -> tuple[list[np.ndarray], list[list[bytes]]]:
-    """Token ids (long-tailed lengths, median ~300) and, optionally, 0–2 JPEGs per sample."""
+def load_tokenizer(folder: Path):
+    """The Pixtral tokenizer shipped in mistral_common, loaded offline with transformers."""
+    import shutil
+
+    import mistral_common
+    from transformers import AutoTokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(Path(mistral_common.__file__).parent / "data" / "tekken_240911.json", folder / "tekken.json")
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+def make_samples(n: int, *, images: bool, tokenizer, seed: int = 0
+                 ) -> tuple[list[np.ndarray], list[list[bytes]], list[str]]:
+    """Chat texts (long-tailed lengths, median ~300 tokens), their token ids with 64 image tokens per
+    image, and, optionally, 0–2 JPEGs per sample."""
     rng = np.random.default_rng(seed)
-    text = np.clip(rng.lognormal(np.log(300), 0.9, n), 16, 3000).astype(np.int64)
+    syllables = ["ka", "lo", "mi", "ne", "ta", "ri", "so", "vu", "de", "pa", "gi", "ho", "ze", "bu", "an", "el"]
+    vocab = ["".join(rng.choice(syllables, int(rng.integers(1, 4)))) for _ in range(3000)]
+    words = np.clip(rng.lognormal(np.log(200), 0.9, n), 10, 2000).astype(np.int64)
+    texts = [" ".join(rng.choice(vocab, int(w))) + "." for w in words]
     counts = rng.choice(3, size=n, p=(0.2, 0.6, 0.2)) if images else np.zeros(n, np.int64)
     palette = [_photo_like(rng) for _ in range(32)] if images else []
     pics = [[palette[int(rng.integers(len(palette)))] for _ in range(int(c))] for c in counts]
-    ids = [rng.integers(100, 30_000, int(t + IMAGE_TOKENS * c)).astype(np.uint16) for t, c in zip(text, counts)]
-    return ids, pics
+    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    ids = [np.array(e + [IMAGE_TOKEN_ID] * (IMAGE_TOKENS * int(c)), np.uint32) for e, c in zip(encoded, counts)]
+    return ids, pics, texts
 
 
 def _photo_like(rng: np.random.Generator) -> bytes:
@@ -80,12 +104,12 @@ def write_packed(root: Path, ids: list[np.ndarray], pics: list[list[bytes]], *, 
                             tuple(int(tok[i]) for i in group), tuple(str(i) for i in group),
                             tuple(p for i in group for p in pics[i]), tuple(owners),
                             tuple(IMAGE_TOKENS for _ in owners))
-                w.add(f"{s // packs_per_shard:06d}{k:06d}", encode_pack(pack, token_dtype="<u2"),
+                w.add(f"{s // packs_per_shard:06d}{k:06d}", encode_pack(pack, token_dtype="<u4"),
                       samples=len(group), tokens=pack.num_tokens, images=pack.num_images)
             infos.append(w.close())
     manifest = Manifest(
         seq_len=seq_len, max_images=MAX_IMAGES, algorithm="bfd", seed=0,
-        tokenizer={"name": "synthetic", "vocab_size": 32_000, "pad_token_id": PAD_ID, "token_dtype": "<u2"},
+        tokenizer={"name": "tekken_240911", "vocab_size": 131_072, "pad_token_id": PAD_ID, "token_dtype": "<u4"},
         image_policy={"kind": "fixed", "tokens_per_image": IMAGE_TOKENS}, shards=tuple(infos),
         totals={"samples_read": len(ids), "samples_packed": len(ids), "samples_dropped": 0, "dropped_by_reason": {},
                 "packs": len(plan), "tokens": int(tok.sum()), "images": int(img.sum()),
@@ -95,8 +119,9 @@ def write_packed(root: Path, ids: list[np.ndarray], pics: list[list[bytes]], *, 
     return len(plan)
 
 
-def write_per_sample(root: Path, ids: list[np.ndarray], pics: list[list[bytes]], *, per_shard: int = 500) -> list[str]:
-    """One record per sample with stock webdataset's TarWriter: ``ids.npy`` and ``0.jpg``, ``1.jpg``, ..."""
+def write_per_sample(root: Path, ids: list[np.ndarray], pics: list[list[bytes]], texts: list[str], *,
+                     per_shard: int = 500) -> list[str]:
+    """One record per sample with stock webdataset's TarWriter: ``ids.npy``, ``txt``, ``0.jpg``, ..."""
     import webdataset as wds
 
     urls = []
@@ -104,7 +129,8 @@ def write_per_sample(root: Path, ids: list[np.ndarray], pics: list[list[bytes]],
         url = str(root / f"samples-{s // per_shard:06d}.tar")
         with wds.TarWriter(url) as w:
             for i in range(s, min(s + per_shard, len(ids))):
-                w.write({"__key__": f"{i:08d}", "ids.npy": ids[i], **{f"{j}.jpg": p for j, p in enumerate(pics[i])}})
+                w.write({"__key__": f"{i:08d}", "ids.npy": ids[i], "txt": texts[i],
+                         **{f"{j}.jpg": p for j, p in enumerate(pics[i])}})
         urls.append(url)
     return urls
 
@@ -131,16 +157,28 @@ def balanced_greedy_knapsack(lengths: list[int], images: list[int], *, seq_len: 
 class PerSampleStream(torch.utils.data.IterableDataset):
     """Stock webdataset per-sample stream, packed on the fly (knapsack) or padded to the longest."""
 
-    def __init__(self, urls: list[str], *, seq_len: int, batch_size: int, packed: bool, buffer_rows: int) -> None:
+    def __init__(self, urls: list[str], *, seq_len: int, batch_size: int, packed: bool, buffer_rows: int,
+                 tokenizer: str | None = None) -> None:
         self.urls, self.L, self.B, self.packed, self.buffer_rows = urls, seq_len, batch_size, packed, buffer_rows
         self.transform = make_image_transform(size=SIZE)
+        self.tokenizer = tokenizer  # a folder: tokenize ``txt`` in the worker (nanoVLM) instead of reading ids
 
     def _samples(self) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
         import webdataset as wds
 
+        tok = None
+        if self.tokenizer is not None:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(self.tokenizer)
         for rec in wds.WebDataset(self.urls, shardshuffle=False, empty_check=False).decode():
             pics = [rec[k] for k in sorted(k for k in rec if k.endswith(".jpg"))]
-            yield rec["ids.npy"], self.transform(pics)["pixel_values"]  # decoded in the worker, as nanoVLM does
+            if tok is None:
+                ids = rec["ids.npy"]
+            else:
+                ids = np.array(tok(rec["txt"], add_special_tokens=False)["input_ids"]
+                               + [IMAGE_TOKEN_ID] * (IMAGE_TOKENS * len(pics)), np.int64)
+            yield ids, self.transform(pics)["pixel_values"]  # decoded in the worker, as nanoVLM does
 
     def _rows(self) -> Iterator[list[tuple[np.ndarray, torch.Tensor]]]:
         if not self.packed:
@@ -209,7 +247,8 @@ def raw_decode_rate(pics: list[list[bytes]], n: int = 300) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--samples", type=int, default=4000)
+    ap.add_argument("--samples", type=int, default=4000, help="image-bearing samples")
+    ap.add_argument("--text-samples", type=int, default=16000, help="text-only samples")
     ap.add_argument("--seq-len", type=int, default=4096)
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--workers", type=int, default=1)
@@ -221,20 +260,26 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     print("| dataset | loader | rows/s | real tokens/s | images/s | padding | rows | first batch |\n"
           "|---|---|---:|---:|---:|---:|---:|---:|")
+    work = Path(tempfile.mkdtemp(prefix="bench-loader-"))
+    tokenizer = load_tokenizer(work / "tokenizer")
     for images in (False, True):
         name = "image-bearing" if images else "text-only"
-        ids, pics = make_samples(args.samples, images=images)
+        ids, pics, texts = make_samples(args.samples if images else args.text_samples, images=images,
+                                        tokenizer=tokenizer)
         with tempfile.TemporaryDirectory() as d:
             root = Path(d)
             (root / "packed").mkdir()
             write_packed(root / "packed", ids, pics, seq_len=args.seq_len)
-            urls = write_per_sample(root, ids, pics)
+            urls = write_per_sample(root, ids, pics, texts)
             loaders = {"wdspack": make_loader(str(root / "packed"), batch_size=args.batch_size,
                                               num_workers=args.workers, shuffle=False, pin_memory=False,
                                               image_transform=make_image_transform(size=SIZE) if images else None)}
-            for label, packed in (("on-the-fly knapsack (webdataset)", True), ("naive pad-to-longest", False)):
+            for label, packed, tok in (("on-the-fly knapsack, tokenizing in the worker", True, work / "tokenizer"),
+                                       ("on-the-fly knapsack, pre-tokenized ids", True, None),
+                                       ("naive pad-to-longest, pre-tokenized ids", False, None)):
                 ds = PerSampleStream(urls[: max(1, len(urls) // args.workers) * args.workers], seq_len=args.seq_len,
-                                     batch_size=args.batch_size, packed=packed, buffer_rows=args.buffer_rows)
+                                     batch_size=args.batch_size, packed=packed, buffer_rows=args.buffer_rows,
+                                     tokenizer=None if tok is None else str(tok))
                 loaders[label] = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=args.workers)
             base = None
             for label, loader in loaders.items():
