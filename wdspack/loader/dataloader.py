@@ -55,7 +55,8 @@ def make_loader(source: str | os.PathLike[str] | Sequence[str] | PackedDataset, 
         pin_memory: default True when CUDA is available.
         persistent_workers: default True when ``num_workers > 0``.
         prefetch_factor, multiprocessing_context, timeout: passed to the DataLoader.
-        **dataset_kwargs: :class:`PackedDataset` options (``seed``, ``shuffle``, ``remainder``, ...).
+        **dataset_kwargs: :class:`PackedDataset` options (``seed``, ``shuffle``, ``remainder``, ...);
+            ``read_timeout`` is the dataset's ``timeout`` (network reads), which ``timeout`` here is not.
 
     Example:
         >>> loader = make_loader("hf://datasets/my-org/llava-packed@main", batch_size=8)  # doctest: +SKIP
@@ -73,6 +74,8 @@ def make_loader(source: str | os.PathLike[str] | Sequence[str] | PackedDataset, 
                               f"{batch_size}; they must agree so every rank gets the same number of full batches")
         dataset = source
     else:
+        if "read_timeout" in dataset_kwargs:
+            dataset_kwargs["timeout"] = dataset_kwargs.pop("read_timeout")
         dataset = PackedDataset(source, batch_size=batch_size, **dataset_kwargs)
     return PackedLoader(dataset, batch_size=batch_size, num_workers=num_workers, attention_mask=attention_mask,
                         padding_free=padding_free, max_segments=max_segments, pin_memory=pin_memory, persistent_workers=persistent_workers,

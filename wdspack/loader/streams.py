@@ -1,6 +1,6 @@
 """Sequential byte streams over local files and HTTP(S), resumable at any byte.
 
-A stream is read front to back in ``block_size`` reads; :meth:`skip` jumps forward (a seek
+A stream is read front to back in reads of at most ``block_size``; :meth:`skip` jumps forward (a seek
 locally; over HTTP a new ``Range`` request when the jump is long and the server honours ranges).
 Transient network failures — a refused or reset connection, a timeout, a body shorter than its
 ``Content-Length``, HTTP 408/425/429/5xx — are retried with exponential back-off (or the server's
@@ -195,7 +195,10 @@ class HttpStream:
                     self._connect()
                     if self._eof:
                         return
-                chunk = self._resp.read(self._block)
+                # read1: what has arrived, up to a block. read() would wait for the whole block and
+                # drop the part it holds when the connection then resets or times out, so a server
+                # that cuts every connection short of a block would never let the read progress.
+                chunk = self._resp.read1(self._block)
                 if not chunk:
                     if self._remaining:
                         raise _Transient(f"connection closed {self._remaining} bytes early")
