@@ -62,8 +62,17 @@ def hub(tmp_path_factory) -> HubSite:
 
 @pytest.fixture(scope="module", autouse=True)
 def _no_internet():
-    with loopback_only():
-        yield
+    """Loopback only, and huggingface_hub online towards it: ``make test`` exports
+    ``HF_HUB_OFFLINE=1`` (nothing may reach the real Hub), which would refuse the local server too."""
+    from huggingface_hub import constants
+
+    offline = constants.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = False
+    try:
+        with loopback_only():
+            yield
+    finally:
+        constants.HF_HUB_OFFLINE = offline
 
 
 @pytest.fixture(scope="module")
@@ -287,3 +296,32 @@ def test_the_token_reaches_the_server_and_nowhere_else(hub, packed, caplog):
     assert caplog.records and len(texts) > len(caplog.records)
     leaks = [text for text in texts if TOKEN in text]
     assert not leaks, leaks[0][:500]
+
+
+def test_inspect_verify_and_reshard_read_a_hub_dataset(hub, tmp_path, monkeypatch):
+    """The tools take ``hf://`` sources too (fsspec's ``hf`` protocol, at the server's endpoint)."""
+    from huggingface_hub import HfFileSystem, constants
+
+    from wdspack.pipeline import PackConfig
+    from wdspack.reshard import reshard_dataset
+    from wdspack.stats import dataset_stats
+    from wdspack.verify import verify_dataset
+
+    folder = tmp_path / "tools"
+    write_dataset(folder, shards=2, packs_per_shard=5, seed=4)
+    (folder / "dropped.jsonl").write_text("")
+    publish(hub.mirrors, "org/tools", folder)
+    monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)  # what HF_ENDPOINT sets at import time
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                        hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+    HfFileSystem.clear_instance_cache()
+    url = "hf://datasets/org/tools@main"
+    local, remote = dataset_stats(str(folder), deep=True), dataset_stats(url, deep=True)
+    assert remote["packs"] == 10 and {k: v for k, v in remote.items() if k != "source"} == \
+        {k: v for k, v in local.items() if k != "source"}
+    assert verify_dataset(url) == []
+    reshard_dataset(url, tmp_path / "re", config=PackConfig(seq_len=128, max_images=4))
+    before = sum(int(ex["num_samples"]) for ex in PackedDataset(folder, shuffle=False))
+    after = sum(int(ex["num_samples"]) for ex in PackedDataset(tmp_path / "re", shuffle=False))
+    assert after == before > 10  # every sample re-packed (at 128 tokens: none is too long)
+    assert sum(1 for r in hub.requests() if "/org/tools/resolve/" in r["path"] and r["path"].endswith(".tar")) >= 2
