@@ -38,6 +38,11 @@ examples:
       --tokens-per-image processor:Qwen/Qwen2-VL-2B-Instruct --seq-len 8192 --workers 4
 
   # The job was killed: run the same command again with --resume.
+
+  # On a running Ray cluster (`ray start --head` on one node, `ray start --address HEAD:6379` on
+  # the others; inputs and --output on storage every node mounts, wdspack installed everywhere):
+  wdspack pack /shared/llava.jsonl --output /shared/packed/ --tokenizer ./tok --seq-len 4096 \\
+      --executor ray --ray-address auto
 """
 
 
@@ -59,9 +64,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except WdspackError as e:
         print(f"wdspack {args.command}: error: {e}", file=sys.stderr)
         return 1
+    except OSError as e:  # a full disk, a file-size limit, a read-only folder: one line, not a traceback
+        print(f"wdspack {args.command}: error: {_os_error_text(e, getattr(args, 'output', None))}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"wdspack {args.command}: interrupted; re-run with --resume to continue", file=sys.stderr)
         return 130
+
+
+def _os_error_text(e: OSError, output: str | None) -> str:
+    """``cannot write OUT: File too large [Errno 27]; free space ..., then run the same command with --resume``."""
+    import errno
+
+    what = f"cannot write {e.filename or output}" if output else f"cannot read or write {e.filename or 'a file'}"
+    full = e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+    fix = ("free some space (or lift the file-size limit)" if full
+           else "check that the folder exists and is writable")
+    resume = ", then run the same command with --resume (finished work is kept)" if output else ""
+    return f"{what}: {e.strerror or e} [Errno {e.errno}]; {fix}{resume}"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -99,6 +119,12 @@ def _add_pack(sub) -> None:
     p.add_argument("--shard-size", default="512MB", help="roll over shards at this size (default 512MB)")
     p.add_argument("--shard-packs", type=int, help="roll over shards at this many packs")
     p.add_argument("--workers", type=int, default=1, help="processes for tokenizing and writing (default 1)")
+    p.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="run tokenizing and writing here (local, default: --workers processes) or as Ray "
+                        "tasks (ray: needs pip install wdspack[ray]; the cluster's CPUs replace --workers)")
+    p.add_argument("--ray-address", metavar="ADDR",
+                   help="with --executor ray, the cluster to join: auto, HOST:6379 or ray://HOST:10001 "
+                        "(default: $RAY_ADDRESS, else a new local cluster)")
     p.add_argument("--seed", type=int, default=0, help="seed for shuffles (default 0)")
     p.add_argument("--on-error", choices=("skip", "raise"), default="skip",
                    help="drop bad samples with a reason (skip, default) or stop at the first (raise)")
@@ -129,7 +155,8 @@ def _run_pack(args: argparse.Namespace) -> int:
     config = PackConfig(seq_len=args.seq_len, max_images=args.max_images, algorithm=args.algorithm,
                         seed=args.seed, shard_max_bytes=parse_size(args.shard_size),
                         shard_max_packs=args.shard_packs, workers=args.workers, on_error=args.on_error,
-                        max_drop_fraction=args.max_drop_fraction, split=args.split)
+                        max_drop_fraction=args.max_drop_fraction, split=args.split, executor=args.executor,
+                        ray_address=args.ray_address)
     summary = pack_dataset(args.sources, args.output, sample_config=sample_config, config=config,
                            image_root=args.image_root, resume=args.resume,
                            progress=not args.quiet and sys.stderr.isatty())

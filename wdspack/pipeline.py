@@ -1,4 +1,4 @@
-"""The pack job: measure → plan → write, resumable, in a process pool.
+"""The pack job: measure → plan → write, resumable, in a process pool or on a Ray cluster.
 
 ::
 
@@ -12,7 +12,14 @@
                                    train-000000.tar … + dropped.jsonl + manifest.json (last)
 
 Measuring tokenizes each sample once and spools it (tokens, mask, image bytes) under
-``OUTPUT/.wdspack-work/``; the driver keeps only integers and ids. Every finished unit of work
+``OUTPUT/.wdspack-work/``; the driver keeps only integers and ids. Tasks return only their index
+(measure) or a :class:`ShardInfo` (write); the driver reads each partition's ``.meta`` file (ids
+and integer columns, never payloads) and keeps, per measured sample, seven int64 columns (56 B),
+a keep flag and plan index (9 B) and its id (a ``str``: about 50 B + its length, plus ~40 B of
+list and de-duplication set entries) — about 160 B + the id's length per sample, some 4 GB for
+25 M samples. Tasks run through :mod:`wdspack.executors` (``executor="local"``: this process or
+a spawn pool of ``workers``; ``"ray"``: a Ray cluster, with the work folder on storage every node
+mounts), and the output does not depend on which. Every finished unit of work
 is visible under its final name only when complete (temp name + ``os.replace``), so a job
 killed at any point and re-run with ``resume=True`` redoes only what was unfinished, and the
 result is byte-identical to an uninterrupted run.
@@ -27,9 +34,7 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +44,7 @@ import numpy as np
 from . import __version__
 from .codec import Pack, encode_pack
 from .errors import ConfigError, Dropped, OutputError, SampleError
+from .executors import EXECUTORS, check_executor, run_tasks
 from .manifest import DROPPED_NAME, MANIFEST_NAME, Manifest, ShardInfo, write_json_atomic
 from .packing import ALGORITHMS, plan_packs
 from .samples import SampleConfig, get_builder
@@ -50,11 +56,16 @@ __all__ = ["PackConfig", "PackSummary", "SpoolWriter", "pack_dataset", "run_job"
 WORK_DIR = ".wdspack-work"
 _PACK_OVERHEAD = 64  # msgpack framing per pack, bytes (for shard size estimates)
 _SAMPLE_OVERHEAD = 48  # per sub-sample: its id, length and image lists
+_EXECUTION_FIELDS = ("workers", "executor", "ray_address")  # where tasks run: never changes the output
 
 
 @dataclass(frozen=True, slots=True)
 class PackConfig:
-    """How to plan and write (everything but the tokenizer, which is :class:`SampleConfig`)."""
+    """How to plan and write (everything but the tokenizer, which is :class:`SampleConfig`).
+
+    ``workers``, ``executor`` (``"local"`` or ``"ray"``) and ``ray_address`` say where the tasks
+    run; they change nothing in the output, so a job may be resumed under other values.
+    """
 
     seq_len: int
     max_images: int | None = None
@@ -67,6 +78,8 @@ class PackConfig:
     max_drop_fraction: float | None = None
     split: str = "train"
     records_per_partition: int = 1000
+    executor: str = "local"
+    ray_address: str | None = None
 
     def __post_init__(self) -> None:
         if self.seq_len <= 0:
@@ -81,6 +94,10 @@ class PackConfig:
             raise ConfigError("shard size limits must be positive")
         if self.workers < 1:
             raise ConfigError(f"--workers must be >= 1, got {self.workers}")
+        if self.executor not in EXECUTORS:
+            raise ConfigError(f"unknown --executor {self.executor!r}; choose one of {', '.join(EXECUTORS)}")
+        if self.ray_address is not None and self.executor != "ray":
+            raise ConfigError("--ray-address needs --executor ray")
         if self.max_drop_fraction is not None and not 0 <= self.max_drop_fraction <= 1:
             raise ConfigError(f"max_drop_fraction must be in [0, 1], got {self.max_drop_fraction}")
 
@@ -150,7 +167,8 @@ def pack_dataset(
         sources: files, folders or globs (JSON/JSONL/Parquet/``save_to_disk`` folders).
         output: the dataset folder to create.
         sample_config: tokenizer, chat template and image-token policy.
-        config: budgets, algorithm, seed, shard size, workers, error policy.
+        config: budgets, algorithm, seed, shard size, error policy, and where tasks run
+            (``workers``, ``executor``, ``ray_address``).
         image_root: folder image paths are relative to (default: each source file's folder).
         resume: continue an interrupted job in ``output`` (same arguments), keeping finished work.
         progress: show progress bars on stderr.
@@ -184,6 +202,7 @@ def run_job(out: Path, fingerprint: str, measure: Callable[..., Any], tasks: lis
     :func:`wdspack.reshard.reshard_dataset` (tasks split existing packs back into samples).
     ``carried`` are drops inherited from an earlier job; ``samples_read`` overrides the count.
     """
+    check_executor(config.executor)  # before touching the output: a missing Ray is a usage error
     work = _prepare_output(out, fingerprint, resume=resume)
     if work is None:  # already complete
         return _summary_from_manifest(out, time.perf_counter() - start)
@@ -215,12 +234,12 @@ def run_job(out: Path, fingerprint: str, measure: Callable[..., Any], tasks: lis
 
 
 def _fingerprint(partitions: Sequence[Partition], sample_config: SampleConfig, config: PackConfig) -> str:
-    """A hash of everything that decides the output (not workers: they change nothing)."""
+    """A hash of everything that decides the output (not where tasks run: that changes nothing)."""
     inputs = []
     for p in partitions:
         st = os.stat(p.path)
         inputs.append([p.path, p.kind, p.start, p.stop, p.first_row, p.image_root, st.st_size, st.st_mtime_ns])
-    cfg = {k: v for k, v in asdict(config).items() if k != "workers"}
+    cfg = {k: v for k, v in asdict(config).items() if k not in _EXECUTION_FIELDS}
     blob = json.dumps({"inputs": inputs, "samples": asdict(sample_config), "config": cfg,
                        "version": __version__}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
@@ -261,7 +280,7 @@ def _prepare_output(out: Path, fingerprint: str, *, resume: bool) -> Path | None
 def _measure(fn: Callable[..., Any], tasks: list[tuple], work: Path, config: PackConfig, *,
              progress: bool) -> _Measured:
     todo = [t + (str(work),) for t in tasks if not _meta_path(work, t[0]).exists()]
-    for _ in _run(fn, todo, config.workers, desc="measure", unit="part", progress=progress):
+    for _ in _run(fn, todo, config, total=len(todo), desc="measure", unit="part", progress=progress):
         pass
     m = _Measured()
     for i in range(len(tasks)):
@@ -444,17 +463,19 @@ def _write_shards(shard_plans, table, work: Path, out: Path, describe, config: P
                   progress: bool) -> tuple[list[ShardInfo], int]:
     token_dtype = describe["tokenizer"]["token_dtype"]
     infos: dict[int, ShardInfo] = {}
-    tasks = []
+    todo = []
     for j, packs in enumerate(shard_plans):
         path = out / shard_name(config.split, j)
         if path.exists():  # renamed into place only when complete, and the plan is the same
             infos[j] = _info_of_existing(path, packs, table)
-            continue
-        refs = [[(int(table["part"][s]), int(table["offset"][s]), int(table["length"][s])) for s in pack]
-                for pack in packs]
-        tasks.append((j, refs, str(work), str(path), token_dtype))
+        else:
+            todo.append((j, path))
     kept = len(infos)
-    for j, info in _run(_write_shard, tasks, config.workers, desc="write", unit="shard", progress=progress):
+    # Built lazily: the executor holds the sample refs of the shards in flight, not of all of them.
+    tasks = ((j, [[(int(table["part"][s]), int(table["offset"][s]), int(table["length"][s])) for s in pack]
+                  for pack in shard_plans[j]], str(work), str(path), token_dtype) for j, path in todo)
+    for j, info in _run(_write_shard, tasks, config, total=len(todo), desc="write", unit="shard",
+                        progress=progress):
         infos[j] = info
     return [infos[j] for j in range(len(shard_plans))], kept
 
@@ -556,23 +577,16 @@ def _summary_from_manifest(out: Path, seconds: float) -> PackSummary:
 # Execution
 
 
-def _run(fn: Callable[..., Any], tasks: list[tuple], workers: int, *, desc: str, unit: str,
-         progress: bool) -> Iterable[Any]:
-    """Run ``fn(*task)`` for each task, in this process or a spawn pool, yielding results in order."""
+def _run(fn: Callable[..., Any], tasks: Iterable[tuple], config: PackConfig, *, total: int, desc: str,
+         unit: str, progress: bool) -> Iterable[Any]:
+    """Run ``fn(*task)`` for each task where ``config`` says, yielding results in order; the
+    progress bar moves as tasks complete."""
     from tqdm import tqdm
 
-    bar = tqdm(total=len(tasks), desc=desc, unit=unit, disable=not progress, leave=False)
+    bar = tqdm(total=total, desc=desc, unit=unit, disable=not progress, leave=False)
     try:
-        if workers <= 1 or len(tasks) <= 1:
-            for t in tasks:
-                yield fn(*t)
-                bar.update()
-            return
-        with ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=get_context("spawn")) as pool:
-            futures = [pool.submit(fn, *t) for t in tasks]
-            for fut in futures:
-                yield fut.result()
-                bar.update()
+        yield from run_tasks(fn, tasks, executor=config.executor, workers=config.workers,
+                             ray_address=config.ray_address, on_done=bar.update)
     finally:
         bar.close()
 

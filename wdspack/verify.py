@@ -89,7 +89,8 @@ def verify_dataset(dataset: str, *, sources: Sequence[str] | None = None,
     if twice:
         problems.append(f"{len(twice)} sample ids are in more than one pack, e.g. {twice[:3]}")
     dropped = _read_dropped(root, manifest.dropped_file, problems)
-    both = set(dropped) & set(packed)
+    # a later copy of an id is dropped as a duplicate while the first copy is packed: not a conflict
+    both = {sid for sid, reason in dropped if reason != "duplicate_id"} & set(packed)
     if both:
         problems.append(f"{len(both)} sample ids are both packed and dropped, e.g. {sorted(both)[:3]}")
     t = manifest.totals
@@ -99,7 +100,7 @@ def verify_dataset(dataset: str, *, sources: Sequence[str] | None = None,
     if len(dropped) != t["samples_dropped"]:
         problems.append(f"{manifest.dropped_file}: {len(dropped)} entries, manifest says {t['samples_dropped']}")
     if sources:
-        problems.extend(_check_sources(sources, image_root, set(packed), set(dropped)))
+        problems.extend(_check_sources(sources, image_root, set(packed), {sid for sid, _ in dropped}))
     return problems
 
 
@@ -120,12 +121,12 @@ def _check_sources(sources, image_root, packed: set[str], dropped: set[str]) -> 
     return problems
 
 
-def _read_dropped(root: str, name: str, problems: list[str]) -> list[str]:
+def _read_dropped(root: str, name: str, problems: list[str]) -> list[tuple[str, str | None]]:
     import fsspec
 
     try:
         with fsspec.open(f"{root}/{name}", "rt", encoding="utf-8") as f:
-            return [json.loads(line)["id"] for line in f if line.strip()]
+            return [(d["id"], d.get("reason")) for d in (json.loads(line) for line in f if line.strip())]
     except FileNotFoundError:
         problems.append(f"{name}: missing")
     except (ValueError, KeyError) as e:

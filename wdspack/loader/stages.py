@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import msgpack
 import numpy as np
 
-from ..codec import FORMAT, Pack, decode_pack
+from ..codec import _MAX_PACK_BYTES, FORMAT, Pack, decode_pack
 from ..errors import FormatError
 
 __all__ = ["TarEntry", "decode_packs", "lap_source", "reorder", "shard_packs", "tar_entries"]
@@ -35,6 +35,8 @@ _ZERO_BLOCK = bytes(BLOCK)
 _REGULAR = (b"0", b"\0", b"7")
 _META = (b"L", b"x", b"g", b"K")  # GNU long name/link, pax header, pax global header
 _MAX_META = 1 << 20
+_MAX_MEMBER = 1 << 40  # a size past this is a garbled header, not a member (and would overflow a seek)
+_READ_PIECE = 16 << 20  # a read asks for at most this much: memory follows the bytes that exist, not a claim
 
 #: handler(kind, error): count a data error of ``kind`` and warn, or raise it.
 Handler = Callable[[str, Exception], None]
@@ -64,7 +66,7 @@ def tar_entries(stream, *, where: str) -> Iterator[TarEntry]:
             return  # end-of-archive marker
         _check_header(header, where=where, offset=stream.offset - BLOCK)
         kind = header[156:157]
-        size = _parse_size(header[124:136], where=where)
+        size = _parse_size(header[124:136], where=where, offset=stream.offset - BLOCK)
         if kind in _META:
             if size > _MAX_META:
                 raise ShardError(f"{where}: a {size}-byte tar meta header at byte {stream.offset - BLOCK}")
@@ -80,6 +82,9 @@ def tar_entries(stream, *, where: str) -> Iterator[TarEntry]:
             continue
         name = pending_name or _header_name(header)
         size = pending_size if pending_size is not None else size
+        if size > _MAX_MEMBER:
+            raise ShardError(f"{where}: the tar header at byte {stream.offset - BLOCK} claims a {size}-byte member; "
+                             "the header is garbled")
         pending_name = pending_size = None
         yield TarEntry(name=name, size=size, regular=kind in _REGULAR)
         stream.skip(_pad(size))
@@ -98,6 +103,9 @@ def shard_packs(stream, *, start: int, stop: int, skip: Container[int] = (), sta
             stats["ignored_members"] += 1
             stream.skip(entry.size)
             continue
+        if entry.size > _MAX_PACK_BYTES:
+            raise ShardError(f"{where}: pack {entry.name} claims {entry.size} bytes, over the {_MAX_PACK_BYTES}-byte "
+                             "limit of a pack; the tar header is garbled")
         if index >= start and index not in skip:
             yield index, _read_exact(stream, entry.size, where=where, what=f"pack {entry.name}")
         else:
@@ -195,7 +203,16 @@ def _raise_if_other_version(data: bytes) -> None:
 
 
 def _read_exact(stream, n: int, *, where: str, what: str) -> bytes:
-    data = stream.read(n)
+    """Exactly ``n`` bytes, read in pieces: a header claiming gigabytes in a short shard costs no more
+    memory than the bytes that are really there (``read(n)`` would allocate ``n`` up front)."""
+    data = stream.read(min(n, _READ_PIECE))
+    if len(data) == _READ_PIECE < n:
+        pieces = [data]
+        got = len(data)
+        while got < n and (piece := stream.read(min(n - got, _READ_PIECE))):
+            pieces.append(piece)
+            got += len(piece)
+        data = b"".join(pieces)
     if len(data) != n:
         raise ShardError(f"{where}: truncated at byte {stream.offset} while reading {what} "
                          f"({len(data)} of {n} bytes)")
@@ -217,14 +234,17 @@ def _check_header(header: bytes, *, where: str, offset: int) -> None:
         raise ShardError(f"{where}: damaged tar header at byte {offset} (checksum {expected} != {actual})")
 
 
-def _parse_size(field: bytes, *, where: str) -> int:
+def _parse_size(field: bytes, *, where: str, offset: int) -> int:
     if field[0] & 0x80:  # GNU base-256 for sizes past 8 GiB
         return int.from_bytes(field[1:], "big")
     text = field.split(b"\0", 1)[0].strip()
     try:
-        return int(text or b"0", 8)
+        size = int(text or b"0", 8)
     except ValueError:
-        raise ShardError(f"{where}: a tar header has a malformed size {field!r}") from None
+        size = -1
+    if size < 0:
+        raise ShardError(f"{where}: the tar header at byte {offset} has a malformed size {field!r}")
+    return size
 
 
 def _header_name(header: bytes) -> str:

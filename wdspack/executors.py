@@ -1,0 +1,170 @@
+"""Where the pack job's tasks run: in this process, a spawn process pool, or a Ray cluster.
+
+One function, :func:`run_tasks`, runs ``fn(*task)`` for every task and yields the results **in
+task order**, while ``on_done`` fires as each task *completes* (so a progress bar moves even when
+task 0 is the slow one). Two implementations sit behind it:
+
+=========  =====================================================================================
+executor   what runs the tasks
+=========  =====================================================================================
+``local``  this process (``workers=1``) or a spawn :class:`~concurrent.futures.ProcessPoolExecutor`
+``ray``    Ray tasks (one CPU each) on the cluster ``ray_address`` names, or on a local one
+=========  =====================================================================================
+
+Tasks are submitted lazily with a bound on how many are unfinished at once, so the driver never
+holds the arguments of every task of a big job, only of those in flight; finished results (small:
+an index, a :class:`~wdspack.manifest.ShardInfo`) wait in a dict until their turn.
+
+``fn`` must be a module-level function (it is pickled by reference). On Ray a task whose worker
+dies (killed, out of memory, node lost) is retried up to ``RAY_MAX_RETRIES`` times; an exception
+raised by ``fn`` itself is not retried (``retry_exceptions=False``: wdspack's errors are
+deterministic — the same bytes fail the same way) and reaches the caller as the original
+:class:`~wdspack.errors.WdspackError`, not wrapped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from multiprocessing import get_context
+from typing import Any
+
+from .errors import ConfigError, WdspackError
+
+__all__ = ["EXECUTORS", "RAY_MAX_RETRIES", "check_executor", "run_tasks"]
+
+EXECUTORS = ("local", "ray")
+RAY_MAX_RETRIES = 3  # retries of a task whose worker process or node was lost
+_IN_FLIGHT_PER_SLOT = 4  # unfinished tasks per parallel slot: keeps every slot busy, bounds memory
+
+_NO_RAY = "--executor ray needs Ray, which is not installed: pip install wdspack[ray]  (or pip install 'ray>=2.9')"
+
+
+def check_executor(executor: str) -> None:
+    """Raise :class:`ConfigError` if ``executor`` is unknown or its engine is not installed.
+
+    Example:
+        >>> check_executor("local")
+    """
+    if executor not in EXECUTORS:
+        raise ConfigError(f"unknown --executor {executor!r}; choose one of {', '.join(EXECUTORS)}")
+    if executor == "ray":
+        _import_ray()
+
+
+def run_tasks(fn: Callable[..., Any], tasks: Iterable[tuple], *, executor: str = "local", workers: int = 1,
+              ray_address: str | None = None, on_done: Callable[[], Any] | None = None) -> Iterator[Any]:
+    """Yield ``fn(*task)`` for each task, in task order.
+
+    Args:
+        fn: a module-level (picklable) function.
+        tasks: argument tuples; consumed lazily.
+        executor: ``"local"`` or ``"ray"``.
+        workers: processes of the local pool (1: run here); ignored by Ray, whose cluster's CPUs
+            decide the parallelism.
+        ray_address: the cluster to join (``"auto"``, ``"ray://host:10001"``, ``"host:6379"``);
+            ``None`` joins the one this process already joined, or starts a local one.
+        on_done: called once per task as it completes (progress).
+
+    Example:
+        >>> list(run_tasks(divmod, [(7, 2), (9, 4)]))
+        [(3, 1), (2, 1)]
+    """
+    check_executor(executor)
+    done = on_done or (lambda: None)
+    if executor == "ray":
+        return _run_ray(fn, tasks, address=ray_address, on_done=done)
+    return _run_local(fn, tasks, workers=workers, on_done=done)
+
+
+def _run_local(fn, tasks: Iterable[tuple], *, workers: int, on_done) -> Iterator[Any]:
+    tasks = list(tasks)
+    if workers <= 1 or len(tasks) <= 1:
+        for t in tasks:
+            result = fn(*t)
+            on_done()
+            yield result
+        return
+    slots = min(workers, len(tasks))
+    with ProcessPoolExecutor(max_workers=slots, mp_context=get_context("spawn")) as pool:
+        yield from _ordered(iter(tasks), lambda t: pool.submit(fn, *t), _wait_local, lambda fut: fut.result(),
+                            lambda futs: [f.cancel() for f in futs], limit=slots * _IN_FLIGHT_PER_SLOT,
+                            on_done=on_done)
+
+
+def _wait_local(pending: list) -> list:
+    return list(wait(pending, return_when=FIRST_COMPLETED)[0])
+
+
+def _run_ray(fn, tasks: Iterable[tuple], *, address: str | None, on_done) -> Iterator[Any]:
+    ray = _import_ray()
+    if not ray.is_initialized():
+        ray.init(address=address, logging_level=logging.WARNING)
+    remote = ray.remote(num_cpus=1, max_retries=RAY_MAX_RETRIES, retry_exceptions=False)(fn)
+    slots = max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+    def wait_ray(pending: list) -> list:
+        return ray.wait(pending, num_returns=1)[0]
+
+    def cancel(pending: list) -> None:
+        for ref in pending:
+            ray.cancel(ref)
+
+    def result(ref) -> Any:
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayTaskError as e:  # fn raised: hand back the original error
+            if isinstance(e.cause, WdspackError):
+                raise e.cause from None
+            raise
+        except ray.exceptions.RayError as e:  # worker or node lost more than RAY_MAX_RETRIES times
+            raise WdspackError(f"a Ray task of {fn.__name__} failed after {RAY_MAX_RETRIES} retries "
+                               f"({type(e).__name__}: {e}); finished work is kept, re-run with --resume") from e
+
+    yield from _ordered(iter(tasks), lambda t: remote.remote(*t), wait_ray, result, cancel,
+                        limit=slots * _IN_FLIGHT_PER_SLOT, on_done=on_done)
+
+
+def _ordered(tasks: Iterator[tuple], submit, wait_some, result, cancel, *, limit: int,
+             on_done) -> Iterator[Any]:
+    """Keep at most ``limit`` tasks unfinished; yield results in submission order.
+
+    ``submit(task) -> handle``; ``wait_some(handles) -> finished handles`` (at least one);
+    ``result(handle) -> value`` (raises the task's error); ``cancel(handles)`` on an early exit.
+    """
+    handles: dict[Any, int] = {}  # unfinished handle -> task number
+    ready: dict[int, Any] = {}  # finished task number -> handle
+    submitted = yielded = 0
+    try:
+        for task in tasks:
+            while len(handles) >= limit:
+                _collect(handles, ready, wait_some, on_done)
+            handles[submit(task)] = submitted
+            submitted += 1
+            while yielded in ready:
+                yield result(ready.pop(yielded))
+                yielded += 1
+        while yielded < submitted:
+            while yielded not in ready:
+                _collect(handles, ready, wait_some, on_done)
+            yield result(ready.pop(yielded))
+            yielded += 1
+    finally:
+        if handles:  # an error, or the caller stopped early: leave no work running
+            cancel(list(handles))
+
+
+def _collect(handles: dict[Any, int], ready: dict[int, Any], wait_some, on_done) -> None:
+    for h in wait_some(list(handles)):
+        ready[handles.pop(h)] = h
+        on_done()
+
+
+def _import_ray():
+    try:
+        import ray
+        import ray.exceptions
+    except ImportError:
+        raise ConfigError(_NO_RAY) from None
+    return ray
