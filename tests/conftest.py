@@ -2,6 +2,7 @@
 
 - ``tekken_dir``: a folder holding the Pixtral tokenizer (``tekken.json`` from mistral_common).
 - ``pixtral_template``: the text of ``examples/chat_templates/pixtral.jinja``.
+- ``sample_config``: both as a :class:`~wdspack.samples.SampleConfig`, 16 ``[IMG]`` tokens per image.
 """
 
 from __future__ import annotations
@@ -26,3 +27,11 @@ def tekken_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def pixtral_template() -> str:
     return (ROOT / "examples" / "chat_templates" / "pixtral.jinja").read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="session")
+def sample_config(tekken_dir, pixtral_template):
+    from wdspack.samples import SampleConfig
+
+    return SampleConfig(tokenizer=str(tekken_dir), chat_template=pixtral_template, tokens_per_image=16,
+                        image_token="[IMG]")

@@ -24,12 +24,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from demo_job import read_files
 from wdspack import cli
 from wdspack.codec import decode_pack
 from wdspack.errors import DROP_REASONS, SampleError
 from wdspack.manifest import read_manifest
 from wdspack.pipeline import WORK_DIR, PackConfig, pack_dataset
-from wdspack.samples import SampleConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SEQ_LEN, MAX_IMAGES, TOKENS_PER_IMAGE = 512, 2, 16
@@ -131,12 +131,6 @@ def build_bad_dataset(base: Path) -> tuple[Path, Path, list[tuple[str, str]], li
 
 
 @pytest.fixture(scope="module")
-def sample_config(tekken_dir, pixtral_template) -> SampleConfig:
-    return SampleConfig(tokenizer=str(tekken_dir), chat_template=pixtral_template,
-                        tokens_per_image=TOKENS_PER_IMAGE, image_token="[IMG]")
-
-
-@pytest.fixture(scope="module")
 def bad_dataset(tmp_path_factory):
     return build_bad_dataset(tmp_path_factory.mktemp("bad"))
 
@@ -144,10 +138,6 @@ def bad_dataset(tmp_path_factory):
 def _config(**kw) -> PackConfig:
     return PackConfig(**{"seq_len": SEQ_LEN, "max_images": MAX_IMAGES, "shard_max_packs": 2,
                          "records_per_partition": 7, **kw})
-
-
-def _files(root: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(root.iterdir()) if p.is_file()}
 
 
 def _packed_ids(out: Path) -> list[str]:
@@ -299,7 +289,7 @@ def test_full_disk_is_a_clear_error_and_leaves_nothing_half_written(bad_dataset,
     assert cli.main(pack_argv([str(path)], out, tekken_dir, images) + ["--resume"]) == 0
     reference = tmp_path / "reference"
     assert cli.main(pack_argv([str(path)], reference, tekken_dir, images)) == 0
-    assert _files(out) == _files(reference)
+    assert read_files(out) == read_files(reference)
 
 
 def test_unwritable_output_is_a_clear_error(bad_dataset, tekken_dir, tmp_path, capsys):

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
+from demo_job import generate_demo
 from wdspack.cli import main, parse_size
 from wdspack.errors import ConfigError
 
@@ -15,12 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def demo_data(tmp_path_factory):
-    spec = importlib.util.spec_from_file_location("make_demo_data", ROOT / "examples" / "make_demo_data.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    out = tmp_path_factory.mktemp("demo")
-    mod.main([str(out), "--records", "60", "--seed", "5"])
-    return out
+    return generate_demo(tmp_path_factory.mktemp("demo"), records=60, seed=5)
 
 
 def _argv(demo_data, tekken_dir, out, *extra):

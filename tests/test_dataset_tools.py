@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import io
 import json
 import tarfile
@@ -13,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from demo_job import demo_sources, generate_demo
 from wdspack.cli import main
 from wdspack.codec import decode_pack
 from wdspack.errors import OutputError
@@ -20,7 +20,6 @@ from wdspack.hub import upload_dataset
 from wdspack.manifest import read_manifest
 from wdspack.pipeline import PackConfig, pack_dataset
 from wdspack.reshard import reshard_dataset
-from wdspack.samples import SampleConfig
 from wdspack.stats import dataset_stats, naive_padding_waste
 from wdspack.verify import verify_dataset
 
@@ -29,22 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def demo_data(tmp_path_factory):
-    spec = importlib.util.spec_from_file_location("make_demo_data", ROOT / "examples" / "make_demo_data.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    out = tmp_path_factory.mktemp("demo")
-    mod.main([str(out), "--records", "150", "--seed", "11"])
-    return out
-
-
-@pytest.fixture(scope="module")
-def sample_config(tekken_dir, pixtral_template):
-    return SampleConfig(tokenizer=str(tekken_dir), chat_template=pixtral_template, tokens_per_image=16,
-                        image_token="[IMG]")
-
-
-def _sources(d):
-    return [str(d / "llava.jsonl"), str(d / "messages.jsonl")]
+    return generate_demo(tmp_path_factory.mktemp("demo"), records=150, seed=11)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +38,7 @@ def packed(tmp_path_factory, demo_data, sample_config):
     out = {}
     for seq_len in (1024, 2048, 4096):
         out[seq_len] = base / f"p{seq_len}"
-        pack_dataset(_sources(demo_data), out[seq_len], sample_config=sample_config,
+        pack_dataset(demo_sources(demo_data), out[seq_len], sample_config=sample_config,
                      config=PackConfig(seq_len=seq_len, max_images=8, shard_max_bytes=200_000))
     return out
 
@@ -100,11 +84,11 @@ def test_reshard_equals_a_direct_pack(packed, tmp_path, new_len):
 
 def test_verify_ok_and_with_sources(packed, demo_data):
     assert verify_dataset(str(packed[2048])) == []
-    assert verify_dataset(str(packed[2048]), sources=_sources(demo_data)) == []
+    assert verify_dataset(str(packed[2048]), sources=demo_sources(demo_data)) == []
     extra = demo_data.parent / "extra.jsonl"
     extra.write_text(json.dumps({"id": "never-packed", "conversations": [
         {"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}) + "\n")
-    problems = verify_dataset(str(packed[2048]), sources=_sources(demo_data) + [str(extra)])
+    problems = verify_dataset(str(packed[2048]), sources=demo_sources(demo_data) + [str(extra)])
     assert len(problems) == 1 and "in no pack and not dropped" in problems[0] and "never-packed" in problems[0]
 
 

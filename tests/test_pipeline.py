@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -15,40 +14,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from demo_job import demo_sources, generate_demo, read_files
 from wdspack import pipeline
 from wdspack.codec import decode_pack
 from wdspack.errors import ConfigError, Dropped, OutputError, SampleError
 from wdspack.manifest import read_manifest
 from wdspack.pipeline import PackConfig, pack_dataset
-from wdspack.samples import SampleConfig, get_builder
+from wdspack.samples import get_builder
 from wdspack.sources import iter_records, list_partitions
 
 ROOT = Path(__file__).resolve().parents[1]
 SEQ_LEN, MAX_IMAGES = 2048, 6
 
 
-def _generator():
-    spec = importlib.util.spec_from_file_location("make_demo_data", ROOT / "examples" / "make_demo_data.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def demo_data(tmp_path_factory):
-    out = tmp_path_factory.mktemp("demo")
-    _generator().main([str(out), "--records", "160", "--seed", "3"])
-    return out
-
-
-@pytest.fixture(scope="module")
-def sample_config(tekken_dir, pixtral_template):
-    return SampleConfig(tokenizer=str(tekken_dir), chat_template=pixtral_template,
-                        tokens_per_image=16, image_token="[IMG]")
-
-
-def _sources(demo_data):
-    return [str(demo_data / "llava.jsonl"), str(demo_data / "messages.jsonl")]
+    return generate_demo(tmp_path_factory.mktemp("demo"), records=160, seed=3)
 
 
 def _config(**kw):
@@ -60,12 +41,8 @@ def _config(**kw):
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory, demo_data, sample_config):
     out = tmp_path_factory.mktemp("packed") / "ds"
-    summary = pack_dataset(_sources(demo_data), out, sample_config=sample_config, config=_config())
+    summary = pack_dataset(demo_sources(demo_data), out, sample_config=sample_config, config=_config())
     return out, summary
-
-
-def _files(root: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(root.iterdir()) if p.is_file()}
 
 
 def _read_packs(root: Path):
@@ -79,7 +56,7 @@ def test_round_trip_byte_for_byte(packed, demo_data, sample_config):
     out, _ = packed
     builder = get_builder(sample_config)
     expected = {}
-    for part in list_partitions(_sources(demo_data)):
+    for part in list_partitions(demo_sources(demo_data)):
         for rec in iter_records(part):
             if isinstance(rec, Dropped):
                 continue
@@ -109,7 +86,7 @@ def test_round_trip_byte_for_byte(packed, demo_data, sample_config):
 
 def test_every_record_is_packed_or_dropped_once(packed, demo_data):
     out, summary = packed
-    all_ids = [r.sample_id for part in list_partitions(_sources(demo_data)) for r in iter_records(part)]
+    all_ids = [r.sample_id for part in list_partitions(demo_sources(demo_data)) for r in iter_records(part)]
     packed_ids = [sid for pack in _read_packs(out) for sid in pack.sample_ids]
     dropped = [json.loads(line) for line in (out / "dropped.jsonl").read_text().splitlines()]
     dropped_ids = [d["id"] for d in dropped]
@@ -146,8 +123,8 @@ def test_manifest_describes_the_job(packed):
 def test_two_runs_and_two_workers_give_identical_bytes(packed, demo_data, sample_config, tmp_path):
     out, _ = packed
     again = tmp_path / "again"
-    pack_dataset(_sources(demo_data), again, sample_config=sample_config, config=_config(workers=2))
-    assert _files(again) == _files(out)
+    pack_dataset(demo_sources(demo_data), again, sample_config=sample_config, config=_config(workers=2))
+    assert read_files(again) == read_files(out)
 
 
 class _Boom(RuntimeError):
@@ -167,16 +144,16 @@ def test_resume_after_a_crash_while_writing(packed, demo_data, sample_config, tm
 
     monkeypatch.setattr(pipeline, "_write_shard", crash_on_third)
     with pytest.raises(_Boom):
-        pack_dataset(_sources(demo_data), target, sample_config=sample_config, config=_config())
+        pack_dataset(demo_sources(demo_data), target, sample_config=sample_config, config=_config())
     assert not (target / "manifest.json").exists()
     assert not [p for p in target.iterdir() if p.name.endswith(".tmp")]
     with pytest.raises(OutputError, match="--resume"):
-        pack_dataset(_sources(demo_data), target, sample_config=sample_config, config=_config())
+        pack_dataset(demo_sources(demo_data), target, sample_config=sample_config, config=_config())
     monkeypatch.setattr(pipeline, "_write_shard", real)
-    summary = pack_dataset(_sources(demo_data), target, sample_config=sample_config, config=_config(),
+    summary = pack_dataset(demo_sources(demo_data), target, sample_config=sample_config, config=_config(),
                            resume=True)
     assert summary.resumed_shards == 2
-    assert _files(target) == _files(out)
+    assert read_files(target) == read_files(out)
 
 
 def test_resume_after_a_crash_while_measuring(packed, demo_data, sample_config, tmp_path, monkeypatch):
@@ -192,19 +169,19 @@ def test_resume_after_a_crash_while_measuring(packed, demo_data, sample_config, 
 
     monkeypatch.setattr(pipeline, "_measure_partition", crash_on_second)
     with pytest.raises(_Boom):
-        pack_dataset(_sources(demo_data), target, sample_config=sample_config, config=_config())
+        pack_dataset(demo_sources(demo_data), target, sample_config=sample_config, config=_config())
     monkeypatch.setattr(pipeline, "_measure_partition", real)
-    pack_dataset(_sources(demo_data), target, sample_config=sample_config, config=_config(), resume=True)
-    assert _files(target) == _files(out)
+    pack_dataset(demo_sources(demo_data), target, sample_config=sample_config, config=_config(), resume=True)
+    assert read_files(target) == read_files(out)
 
 
 def test_resume_refuses_other_arguments(demo_data, sample_config, tmp_path, monkeypatch):
     target = tmp_path / "ds"
     monkeypatch.setattr(pipeline, "_write_shard", lambda *a: (_ for _ in ()).throw(_Boom("killed")))
     with pytest.raises(_Boom):
-        pack_dataset(_sources(demo_data), target, sample_config=sample_config, config=_config())
+        pack_dataset(demo_sources(demo_data), target, sample_config=sample_config, config=_config())
     with pytest.raises(OutputError, match="other inputs or arguments"):
-        pack_dataset(_sources(demo_data), target, sample_config=sample_config, config=_config(seq_len=1024),
+        pack_dataset(demo_sources(demo_data), target, sample_config=sample_config, config=_config(seq_len=1024),
                      resume=True)
 
 
@@ -212,7 +189,7 @@ def test_sigkill_at_random_points_then_resume(demo_data, tekken_dir, tmp_path):
     """A real SIGKILL of the CLI process, then --resume: the same bytes as an uninterrupted run."""
     template = ROOT / "examples" / "chat_templates" / "pixtral.jinja"
     target = tmp_path / "killed"
-    argv = [sys.executable, "-m", "wdspack.cli", "pack", *_sources(demo_data), "--output", str(target),
+    argv = [sys.executable, "-m", "wdspack.cli", "pack", *demo_sources(demo_data), "--output", str(target),
             "--tokenizer", str(tekken_dir), "--chat-template", str(template), "--image-token", "[IMG]",
             "--tokens-per-image", "16", "--seq-len", str(SEQ_LEN), "--max-images", str(MAX_IMAGES),
             "--shard-size", "150000", "--quiet"]
@@ -235,29 +212,29 @@ def test_sigkill_at_random_points_then_resume(demo_data, tekken_dir, tmp_path):
                     decode_pack(tar.extractfile(m).read())
     done = subprocess.run(argv + ["--resume"], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert _files(target) == _files(reference)
+    assert read_files(target) == read_files(reference)
 
 
 def test_output_folder_checks(packed, demo_data, sample_config, tmp_path):
     out, _ = packed
     with pytest.raises(OutputError, match="already holds a packed dataset"):
-        pack_dataset(_sources(demo_data), out, sample_config=sample_config, config=_config())
+        pack_dataset(demo_sources(demo_data), out, sample_config=sample_config, config=_config())
     busy = tmp_path / "busy"
     busy.mkdir()
     (busy / "notes.txt").write_text("mine")
     with pytest.raises(OutputError, match="not empty"):
-        pack_dataset(_sources(demo_data), busy, sample_config=sample_config, config=_config())
+        pack_dataset(demo_sources(demo_data), busy, sample_config=sample_config, config=_config())
 
 
 def test_on_error_raise_stops_at_the_first_bad_record(demo_data, sample_config, tmp_path):
     with pytest.raises(SampleError, match="--on-error skip"):
-        pack_dataset(_sources(demo_data), tmp_path / "ds", sample_config=sample_config,
+        pack_dataset(demo_sources(demo_data), tmp_path / "ds", sample_config=sample_config,
                      config=_config(on_error="raise"))
 
 
 def test_drop_tolerance(demo_data, sample_config, tmp_path):
     with pytest.raises(SampleError, match="over the tolerance"):
-        pack_dataset(_sources(demo_data), tmp_path / "ds", sample_config=sample_config,
+        pack_dataset(demo_sources(demo_data), tmp_path / "ds", sample_config=sample_config,
                      config=_config(max_drop_fraction=0.001))
 
 

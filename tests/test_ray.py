@@ -8,7 +8,6 @@ shipped by value (this file is not importable there).
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import sys
@@ -17,22 +16,15 @@ from pathlib import Path
 
 import pytest
 
+from demo_job import demo_sources, generate_demo, read_files
 from wdspack import pipeline
 from wdspack.cli import main
 from wdspack.errors import ConfigError, SampleError
 from wdspack.executors import run_tasks
 from wdspack.pipeline import PackConfig, pack_dataset
-from wdspack.samples import SampleConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 VICTIM_PART, VICTIM_SHARD = 3, 1  # the measure task and the write task whose first worker dies
-
-
-def _generator():
-    spec = importlib.util.spec_from_file_location("make_demo_data", ROOT / "examples" / "make_demo_data.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
@@ -53,19 +45,7 @@ def ray_cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def demo_data(tmp_path_factory):
-    out = tmp_path_factory.mktemp("demo")
-    _generator().main([str(out), "--records", "240", "--seed", "5"])
-    return out
-
-
-@pytest.fixture(scope="module")
-def sample_config(tekken_dir, pixtral_template):
-    return SampleConfig(tokenizer=str(tekken_dir), chat_template=pixtral_template,
-                        tokens_per_image=16, image_token="[IMG]")
-
-
-def _sources(demo_data) -> list[str]:
-    return [str(demo_data / "llava.jsonl"), str(demo_data / "messages.jsonl")]
+    return generate_demo(tmp_path_factory.mktemp("demo"), records=240, seed=5)
 
 
 def _config(**kw) -> PackConfig:
@@ -74,22 +54,18 @@ def _config(**kw) -> PackConfig:
     return PackConfig(**base)
 
 
-def _files(root: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(root.iterdir()) if p.is_file()}
-
-
 @pytest.fixture(scope="module")
 def local_files(tmp_path_factory, demo_data, sample_config):
     out = tmp_path_factory.mktemp("local") / "ds"
-    summary = pack_dataset(_sources(demo_data), out, sample_config=sample_config, config=_config())
+    summary = pack_dataset(demo_sources(demo_data), out, sample_config=sample_config, config=_config())
     assert summary.shards >= 3 and summary.samples_dropped > 0  # several shards, and drops to compare
-    return _files(out)
+    return read_files(out)
 
 
 def test_ray_equals_local_byte_for_byte(ray_cluster, local_files, demo_data, sample_config, tmp_path):
     out = tmp_path / "ds"
-    pack_dataset(_sources(demo_data), out, sample_config=sample_config, config=_config(executor="ray"))
-    files = _files(out)
+    pack_dataset(demo_sources(demo_data), out, sample_config=sample_config, config=_config(executor="ray"))
+    files = read_files(out)
     assert {"manifest.json", "dropped.jsonl"} <= files.keys()
     assert files.keys() == local_files.keys()
     for name, data in local_files.items():
@@ -125,12 +101,12 @@ def test_killed_worker_is_retried_with_identical_output(ray_cluster, local_files
     monkeypatch.setattr(pipeline, "_measure_partition", _measure_dies_once)
     monkeypatch.setattr(pipeline, "_write_shard", _write_dies_once)
     out = tmp_path / "ds"
-    pack_dataset(_sources(demo_data), out, sample_config=sample_config, config=_config(executor="ray"))
+    pack_dataset(demo_sources(demo_data), out, sample_config=sample_config, config=_config(executor="ray"))
     for stage, k in (("measure", VICTIM_PART), ("write", VICTIM_SHARD)):
         marker = tmp_path / f"{stage}-{k}.died"
         assert marker.exists(), f"the {stage} task {k} never ran its dying first attempt"
         assert int(marker.read_text()) != os.getpid()  # it was a Ray worker that died, not the driver
-    files = _files(out)
+    files = read_files(out)
     assert files.keys() == local_files.keys()
     for name, data in local_files.items():
         assert files[name] == data, name
@@ -177,7 +153,7 @@ def test_results_in_task_order_progress_on_completion(ray_cluster):
 def test_cli_without_ray_names_the_extra(monkeypatch, demo_data, tekken_dir, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails as if not installed
     out = tmp_path / "ds"
-    rc = main(["pack", *_sources(demo_data), "--output", str(out), "--tokenizer", str(tekken_dir),
+    rc = main(["pack", *demo_sources(demo_data), "--output", str(out), "--tokenizer", str(tekken_dir),
                "--seq-len", "2048", "--executor", "ray", "--ray-address", "auto", "-q"])
     err = capsys.readouterr().err
     assert rc == 2
