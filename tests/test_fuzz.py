@@ -127,7 +127,7 @@ def test_a_huge_claim_is_refused_without_allocating_it(name, data):
 def test_an_oversized_pack_is_refused_before_parsing(monkeypatch):
     import wdspack.codec as codec
 
-    monkeypatch.setattr(codec, "_MAX_PACK_BYTES", len(VALID) - 1)
+    monkeypatch.setattr(codec, "MAX_PACK_BYTES", len(VALID) - 1)
     with pytest.raises(FormatError, match="exceeds"):
         decode_pack(VALID)
 

@@ -20,14 +20,14 @@ import numpy as np
 
 from .errors import FormatError
 
-__all__ = ["FORMAT", "Pack", "decode_pack", "encode_pack", "token_dtype_for", "validate_pack"]
+__all__ = ["FORMAT", "MAX_PACK_BYTES", "Pack", "decode_pack", "encode_pack", "token_dtype_for", "validate_pack"]
 
 FORMAT = "wdspack/1"
 _TOKEN_DTYPES = ("<u2", "<u4")
 _KEYS = ("format", "token_dtype", "input_ids", "loss_mask", "seq_lens", "sample_ids",
          "images", "image_sample", "image_tokens")
 # Bounds for untrusted bytes: a pack never needs more than this.
-_MAX_PACK_BYTES = 1 << 31
+MAX_PACK_BYTES = 1 << 31
 _MAX_ITEMS = 1 << 22
 
 
@@ -99,12 +99,12 @@ def decode_pack(data: bytes, *, seq_len: int | None = None, max_images: int | No
 
     Never executes code from the bytes: msgpack maps, lists, strings and bins only.
     """
-    if len(data) > _MAX_PACK_BYTES:
-        raise FormatError(f"pack of {len(data)} bytes exceeds the {_MAX_PACK_BYTES}-byte limit")
+    if len(data) > MAX_PACK_BYTES:
+        raise FormatError(f"pack of {len(data)} bytes exceeds the {MAX_PACK_BYTES}-byte limit")
     try:
         record = msgpack.unpackb(
             data, raw=False, strict_map_key=True, use_list=True,
-            max_bin_len=_MAX_PACK_BYTES, max_str_len=1 << 20,
+            max_bin_len=MAX_PACK_BYTES, max_str_len=1 << 20,
             max_array_len=_MAX_ITEMS, max_map_len=1024, max_ext_len=0,
         )
     except Exception as e:  # msgpack raises several unrelated types on bad bytes

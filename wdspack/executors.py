@@ -24,6 +24,7 @@ deterministic — the same bytes fail the same way) and reaches the caller as th
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -79,18 +80,19 @@ def run_tasks(fn: Callable[..., Any], tasks: Iterable[tuple], *, executor: str =
 
 
 def _run_local(fn, tasks: Iterable[tuple], *, workers: int, on_done) -> Iterator[Any]:
-    tasks = list(tasks)
-    if workers <= 1 or len(tasks) <= 1:
-        for t in tasks:
+    tasks = iter(tasks)
+    head = list(itertools.islice(tasks, 2))  # one task alone is not worth starting a pool
+    if workers <= 1 or len(head) <= 1:
+        for t in itertools.chain(head, tasks):
             result = fn(*t)
             on_done()
             yield result
         return
-    slots = min(workers, len(tasks))
-    with ProcessPoolExecutor(max_workers=slots, mp_context=get_context("spawn")) as pool:
-        yield from _ordered(iter(tasks), lambda t: pool.submit(fn, *t), _wait_local, lambda fut: fut.result(),
-                            lambda futs: [f.cancel() for f in futs], limit=slots * _IN_FLIGHT_PER_SLOT,
-                            on_done=on_done)
+    # a spawn pool starts its processes as tasks arrive, so a short job starts no idle ones
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+        yield from _ordered(itertools.chain(head, tasks), lambda t: pool.submit(fn, *t), _wait_local,
+                            lambda fut: fut.result(), lambda futs: [f.cancel() for f in futs],
+                            limit=workers * _IN_FLIGHT_PER_SLOT, on_done=on_done)
 
 
 def _wait_local(pending: list) -> list:

@@ -101,6 +101,10 @@ class PackConfig:
         if self.max_drop_fraction is not None and not 0 <= self.max_drop_fraction <= 1:
             raise ConfigError(f"max_drop_fraction must be in [0, 1], got {self.max_drop_fraction}")
 
+    def output_fields(self) -> dict[str, Any]:
+        """The fields that decide the output (for resume fingerprints): all but where tasks run."""
+        return {k: v for k, v in asdict(self).items() if k not in _EXECUTION_FIELDS}
+
 
 @dataclass(frozen=True, slots=True)
 class PackSummary:
@@ -239,8 +243,7 @@ def _fingerprint(partitions: Sequence[Partition], sample_config: SampleConfig, c
     for p in partitions:
         st = os.stat(p.path)
         inputs.append([p.path, p.kind, p.start, p.stop, p.first_row, p.image_root, st.st_size, st.st_mtime_ns])
-    cfg = {k: v for k, v in asdict(config).items() if k not in _EXECUTION_FIELDS}
-    blob = json.dumps({"inputs": inputs, "samples": asdict(sample_config), "config": cfg,
+    blob = json.dumps({"inputs": inputs, "samples": asdict(sample_config), "config": config.output_fields(),
                        "version": __version__}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 

@@ -16,7 +16,6 @@ import hashlib
 import json
 import tarfile
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -44,9 +43,9 @@ def reshard_dataset(source: str, output: str | Path, *, config: PackConfig, resu
     manifest, root = open_dataset(str(source))
     describe = {"tokenizer": manifest.tokenizer, "image_policy": manifest.image_policy}
     carried = _read_carried(root, manifest.dropped_file)
-    cfg = {k: v for k, v in asdict(config).items() if k != "workers"}
     fingerprint = hashlib.sha256(json.dumps(
-        {"source": manifest.to_json(), "config": cfg, "version": __version__}, sort_keys=True).encode()).hexdigest()
+        {"source": manifest.to_json(), "config": config.output_fields(), "version": __version__},
+        sort_keys=True).encode()).hexdigest()
     tasks = [(i, f"{root}/{shard.name}", describe) for i, shard in enumerate(manifest.shards)]
     provenance = {"resharded_from": {"source": str(source), "seq_len": manifest.seq_len,
                                      "max_images": manifest.max_images, "algorithm": manifest.algorithm,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import msgpack
 import numpy as np
 
-from ..codec import _MAX_PACK_BYTES, FORMAT, Pack, decode_pack
+from ..codec import FORMAT, MAX_PACK_BYTES, Pack, decode_pack
 from ..errors import FormatError
 
 __all__ = ["TarEntry", "decode_packs", "lap_source", "reorder", "shard_packs", "tar_entries"]
@@ -103,8 +103,8 @@ def shard_packs(stream, *, start: int, stop: int, skip: Container[int] = (), sta
             stats["ignored_members"] += 1
             stream.skip(entry.size)
             continue
-        if entry.size > _MAX_PACK_BYTES:
-            raise ShardError(f"{where}: pack {entry.name} claims {entry.size} bytes, over the {_MAX_PACK_BYTES}-byte "
+        if entry.size > MAX_PACK_BYTES:
+            raise ShardError(f"{where}: pack {entry.name} claims {entry.size} bytes, over the {MAX_PACK_BYTES}-byte "
                              "limit of a pack; the tar header is garbled")
         if index >= start and index not in skip:
             yield index, _read_exact(stream, entry.size, where=where, what=f"pack {entry.name}")
@@ -205,14 +205,11 @@ def _raise_if_other_version(data: bytes) -> None:
 def _read_exact(stream, n: int, *, where: str, what: str) -> bytes:
     """Exactly ``n`` bytes, read in pieces: a header claiming gigabytes in a short shard costs no more
     memory than the bytes that are really there (``read(n)`` would allocate ``n`` up front)."""
-    data = stream.read(min(n, _READ_PIECE))
-    if len(data) == _READ_PIECE < n:
-        pieces = [data]
-        got = len(data)
-        while got < n and (piece := stream.read(min(n - got, _READ_PIECE))):
-            pieces.append(piece)
-            got += len(piece)
-        data = b"".join(pieces)
+    pieces, got = [], 0
+    while got < n and (piece := stream.read(min(n - got, _READ_PIECE))):
+        pieces.append(piece)
+        got += len(piece)
+    data = b"".join(pieces)  # one piece is returned as it is, not copied
     if len(data) != n:
         raise ShardError(f"{where}: truncated at byte {stream.offset} while reading {what} "
                          f"({len(data)} of {n} bytes)")
