@@ -43,6 +43,9 @@ examples:
   # the others; inputs and --output on storage every node mounts, wdspack installed everywhere):
   wdspack pack /shared/llava.jsonl --output /shared/packed/ --tokenizer ./tok --seq-len 4096 \\
       --executor ray --ray-address auto
+
+  # Inputs and output on object storage (pip install s3fs; credentials from the AWS environment):
+  wdspack pack 's3://bucket/llava/*.jsonl' --output s3://bucket/packed/ --tokenizer ./tok --seq-len 4096
 """
 
 
@@ -104,8 +107,9 @@ def _add_pack(sub) -> None:
                                    "and write WebDataset shards with a manifest.",
                        epilog=_PACK_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sources", nargs="+", metavar="SOURCE",
-                   help="JSON/JSONL (LLaVA or messages), Parquet, a save_to_disk folder; files, folders or globs")
-    p.add_argument("--output", "-o", required=True, help="dataset folder to create")
+                   help="JSON/JSONL (LLaVA or messages), Parquet, a save_to_disk folder; files, folders or globs; "
+                        "local or fsspec URLs (s3://..., hf://datasets/ORG/NAME@REV/...)")
+    p.add_argument("--output", "-o", required=True, help="dataset folder to create (a path or an fsspec URL)")
     p.add_argument("--tokenizer", required=True, help="tokenizer name or local path (loaded with AutoTokenizer)")
     p.add_argument("--chat-template", metavar="FILE", help="Jinja chat template, when the tokenizer has none")
     p.add_argument("--seq-len", type=int, required=True, help="tokens per pack")
@@ -113,7 +117,7 @@ def _add_pack(sub) -> None:
     p.add_argument("--tokens-per-image", default="64", metavar="N|processor:NAME",
                    help="image tokens per image: a fixed count, or processor:NAME_OR_PATH (default 64)")
     p.add_argument("--image-token", help="the tokenizer's image token placeholders expand to, e.g. '<image>'")
-    p.add_argument("--image-root", help="folder image paths are relative to (default: each source's folder)")
+    p.add_argument("--image-root", help="folder (or URL) image paths are relative to (default: each source's folder)")
     p.add_argument("--max-image-side", type=int, help="downscale larger images to this longest side at pack time")
     p.add_argument("--algorithm", default="bfd", help="greedy | shuffle | ffd | bfd | balanced (default bfd)")
     p.add_argument("--shard-size", default="512MB", help="roll over shards at this size (default 512MB)")

@@ -14,15 +14,19 @@
 Measuring tokenizes each sample once and spools it (tokens, mask, image bytes) under
 ``OUTPUT/.wdspack-work/``; the driver keeps only integers and ids. Tasks return only their index
 (measure) or a :class:`ShardInfo` (write); the driver reads each partition's ``.meta`` file (ids
-and integer columns, never payloads) and keeps, per measured sample, seven int64 columns (56 B),
-a keep flag and plan index (9 B) and its id (a ``str``: about 50 B + its length, plus ~40 B of
-list and de-duplication set entries) — about 160 B + the id's length per sample, some 4 GB for
-25 M samples. Tasks run through :mod:`wdspack.executors` (``executor="local"``: this process or
-a spawn pool of ``workers``; ``"ray"``: a Ray cluster, with the work folder on storage every node
-mounts), and the output does not depend on which. Every finished unit of work
-is visible under its final name only when complete (temp name + ``os.replace``), so a job
-killed at any point and re-run with ``resume=True`` redoes only what was unfinished, and the
-result is byte-identical to an uninterrupted run.
+and integer columns, never payloads) and keeps, per measured sample, six int64 columns (48 B),
+a keep flag, its place in the plan (~10 B) and its id (a ``str``: about 50 B + its length, in a
+list). Joining the columns and building the plan (the planner's lists, the de-duplication set)
+add transient peaks: measured, the driver grows by about 190 B + the id per sample at its peak
+(:data:`DRIVER_BYTES_PER_SAMPLE` is the bound tested), some 7 GB for 25 M samples with 30-byte ids.
+Tasks run through :mod:`wdspack.executors` (``executor="local"``: this process or
+a spawn pool of ``workers``; ``"ray"``: a Ray cluster), and the output does not depend on which.
+Sources and the output may be local paths or fsspec URLs (:mod:`wdspack.storage`); the work
+folder sits inside the output, so on a cluster an output every node can reach (shared disk,
+``s3://…``) is all the tasks need. Every finished unit of work is visible under its final name
+only when complete (temp name, then a rename), so a job killed at any point and re-run with
+``resume=True`` redoes only what was unfinished, and the result is byte-identical to an
+uninterrupted run.
 """
 
 from __future__ import annotations
@@ -30,12 +34,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -45,10 +47,11 @@ from . import __version__
 from .codec import Pack, encode_pack
 from .errors import ConfigError, Dropped, OutputError, SampleError
 from .executors import EXECUTORS, check_executor, run_tasks
-from .manifest import DROPPED_NAME, MANIFEST_NAME, Manifest, ShardInfo, write_json_atomic
+from .manifest import DROPPED_NAME, MANIFEST_NAME, Manifest, ShardInfo
 from .packing import ALGORITHMS, plan_packs
 from .samples import SampleConfig, get_builder
 from .sources import Partition, iter_records, list_partitions
+from .storage import Location, stat_tag
 from .writer import ShardWriter, shard_name
 
 __all__ = ["PackConfig", "PackSummary", "SpoolWriter", "pack_dataset", "run_job"]
@@ -57,6 +60,10 @@ WORK_DIR = ".wdspack-work"
 _PACK_OVERHEAD = 64  # msgpack framing per pack, bytes (for shard size estimates)
 _SAMPLE_OVERHEAD = 48  # per sub-sample: its id, length and image lists
 _EXECUTION_FIELDS = ("workers", "executor", "ray_address")  # where tasks run: never changes the output
+#: The driver's peak memory per sample, besides the sample's id (a ``str``: ~50 B + its length, and
+#: an 8 B list slot): the integer columns, twice while they are joined, and the plan while it is
+#: built. Measured by ``tests/test_driver_memory.py`` (about 210 B on CPython 3.11).
+DRIVER_BYTES_PER_SAMPLE = 250
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,12 +175,13 @@ def pack_dataset(
     """Pack chat data into shards: the library call behind ``wdspack pack``.
 
     Args:
-        sources: files, folders or globs (JSON/JSONL/Parquet/``save_to_disk`` folders).
-        output: the dataset folder to create.
+        sources: files, folders or globs (JSON/JSONL/Parquet/``save_to_disk`` folders), local or
+            fsspec URLs (``s3://…``, ``hf://datasets/ORG/NAME@REV/…``).
+        output: the dataset folder to create (a path, or an fsspec URL such as ``s3://bucket/ds``).
         sample_config: tokenizer, chat template and image-token policy.
         config: budgets, algorithm, seed, shard size, error policy, and where tasks run
             (``workers``, ``executor``, ``ray_address``).
-        image_root: folder image paths are relative to (default: each source file's folder).
+        image_root: folder (or URL) image paths are relative to (default: each source file's folder).
         resume: continue an interrupted job in ``output`` (same arguments), keeping finished work.
         progress: show progress bars on stderr.
 
@@ -191,12 +199,12 @@ def pack_dataset(
     tasks = [(i, p, sample_config, config.on_error) for i, p in enumerate(partitions)]
     provenance = {"image_root": image_root, "max_image_side": sample_config.max_image_side,
                   "max_image_pixels": sample_config.max_image_pixels}
-    return run_job(Path(output), fingerprint, _measure_partition, tasks, config,
+    return run_job(Location(output), fingerprint, _measure_partition, tasks, config,
                    describe=lambda: get_builder(sample_config).describe(), sources=sources,
                    provenance=provenance, resume=resume, progress=progress, start=start)
 
 
-def run_job(out: Path, fingerprint: str, measure: Callable[..., Any], tasks: list[tuple], config: PackConfig, *,
+def run_job(out: Location, fingerprint: str, measure: Callable[..., Any], tasks: list[tuple], config: PackConfig, *,
             describe: Callable[[], dict[str, Any]], sources: Sequence[str], provenance: dict[str, Any],
             resume: bool, progress: bool, start: float, carried: Sequence[Dropped] = (),
             samples_read: int | None = None) -> PackSummary:
@@ -218,12 +226,12 @@ def run_job(out: Path, fingerprint: str, measure: Callable[..., Any], tasks: lis
     infos, kept = _write_shards(shard_plans, table, work, out, info, config, progress=progress)
 
     dropped = list(carried) + measured.dropped + table["dropped"]
-    _write_dropped(out / DROPPED_NAME, dropped)
+    _write_dropped(out, dropped)
     read = measured.records if samples_read is None else samples_read
     manifest = _build_manifest(sources, config, info, infos, read, dropped, provenance,
                                max_samples_per_pack=max((len(p) for p in plan), default=0))
-    write_json_atomic(out / MANIFEST_NAME, manifest.to_json())
-    shutil.rmtree(work, ignore_errors=True)
+    out.write_atomic(MANIFEST_NAME, manifest.to_json().encode())
+    out.remove(WORK_DIR)
     totals = manifest.totals
     return PackSummary(
         output=str(out), samples_read=totals["samples_read"], samples_packed=totals["samples_packed"],
@@ -240,39 +248,36 @@ def run_job(out: Path, fingerprint: str, measure: Callable[..., Any], tasks: lis
 def _fingerprint(partitions: Sequence[Partition], sample_config: SampleConfig, config: PackConfig) -> str:
     """A hash of everything that decides the output (not where tasks run: that changes nothing)."""
     inputs = []
+    tags: dict[str, list[Any]] = {}  # one stat per file, not per partition (remote stats are requests)
     for p in partitions:
-        st = os.stat(p.path)
-        inputs.append([p.path, p.kind, p.start, p.stop, p.first_row, p.image_root, st.st_size, st.st_mtime_ns])
+        tag = tags.get(p.path) or tags.setdefault(p.path, stat_tag(p.path))
+        inputs.append([p.path, p.kind, p.start, p.stop, p.first_row, p.image_root, *tag])
     blob = json.dumps({"inputs": inputs, "samples": asdict(sample_config), "config": config.output_fields(),
                        "version": __version__}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _prepare_output(out: Path, fingerprint: str, *, resume: bool) -> Path | None:
+def _prepare_output(out: Location, fingerprint: str, *, resume: bool) -> Location | None:
     """Create or check the output folder; return the work folder, or None if already complete."""
-    work = out / WORK_DIR
-    job_file = work / "job.json"
-    if (out / MANIFEST_NAME).exists():
-        if resume and (not job_file.exists() or json.loads(job_file.read_text())["fingerprint"] == fingerprint):
-            shutil.rmtree(work, ignore_errors=True)
+    work = out.child(WORK_DIR)
+    job = json.loads(work.read_bytes("job.json")) if work.exists("job.json") else None
+    if out.exists(MANIFEST_NAME):
+        if resume and (job is None or job["fingerprint"] == fingerprint):
+            out.remove(WORK_DIR)
             return None
         raise OutputError(f"{out} already holds a packed dataset; choose another --output or delete it")
-    if work.exists():
+    if work.exists() and (job is not None or not out.remote):
         if not resume:
             raise OutputError(f"{out} holds an unfinished pack job; pass --resume to continue it, "
                               "or delete the folder to start over")
-        earlier = json.loads(job_file.read_text())["fingerprint"] if job_file.exists() else None
-        if earlier != fingerprint:
+        if (job or {}).get("fingerprint") != fingerprint:
             raise OutputError(f"--resume: the unfinished job in {out} was started with other inputs or "
                               "arguments; re-run it with the same ones, or delete the folder to start over")
-    elif out.exists() and any(out.iterdir()):
+    elif not out.is_empty():
         raise OutputError(f"{out} exists and is not empty; choose a new --output folder")
-    try:
-        (work / "spool").mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise OutputError(f"cannot create {work}: {e.strerror}; check the path and permissions") from None
-    if not job_file.exists():
-        write_json_atomic(job_file, json.dumps({"fingerprint": fingerprint}))
+    work.makedirs("spool")
+    if job is None:
+        work.write_atomic("job.json", json.dumps({"fingerprint": fingerprint}).encode())
     return work
 
 
@@ -280,14 +285,15 @@ def _prepare_output(out: Path, fingerprint: str, *, resume: bool) -> Path | None
 # Measure: tokenize each partition once, spool samples, keep integers
 
 
-def _measure(fn: Callable[..., Any], tasks: list[tuple], work: Path, config: PackConfig, *,
+def _measure(fn: Callable[..., Any], tasks: list[tuple], work: Location, config: PackConfig, *,
              progress: bool) -> _Measured:
-    todo = [t + (str(work),) for t in tasks if not _meta_path(work, t[0]).exists()]
+    done = work.listdir("spool")  # one listing, not a request per task
+    todo = [t + (str(work),) for t in tasks if _meta_name(t[0]) not in done]
     for _ in _run(fn, todo, config, total=len(todo), desc="measure", unit="part", progress=progress):
         pass
     m = _Measured()
     for i in range(len(tasks)):
-        meta = msgpack.unpackb(_meta_path(work, i).read_bytes(), raw=False)
+        meta = msgpack.unpackb(work.read_bytes("spool", _meta_name(i)), raw=False)
         n = len(meta["ids"])
         m.ids.extend(meta["ids"])
         m.tokens.append(np.frombuffer(meta["tokens"], np.int64))
@@ -302,8 +308,12 @@ def _measure(fn: Callable[..., Any], tasks: list[tuple], work: Path, config: Pac
     return m
 
 
-def _meta_path(work: Path, i: int) -> Path:
-    return work / "spool" / f"{i:06d}.meta"
+def _meta_name(i: int) -> str:
+    return f"{i:06d}.meta"
+
+
+def _bin_name(i: int) -> str:
+    return f"{i:06d}.bin"
 
 
 def _measure_partition(i: int, partition: Partition, sample_config: SampleConfig, on_error: str,
@@ -330,11 +340,16 @@ def _measure_partition(i: int, partition: Partition, sample_config: SampleConfig
 
 class SpoolWriter:
     """Samples of one unit of work, appended to ``spool/{i}.bin``; ``spool/{i}.meta`` (the
-    integers the driver plans with) appears only when :meth:`finish` completes."""
+    integers the driver plans with) appears only when :meth:`finish` completes.
+
+    ``work`` is the job's work folder, a path or URL; a remote ``.bin`` is uploaded as it is
+    written and appears when closed.
+    """
 
     def __init__(self, work: str, i: int) -> None:
-        self._work, self._i = Path(work), i
-        self._f = open(self._work / "spool" / f"{i:06d}.bin", "wb")
+        self._work, self._i = Location(work), i
+        self._f = self._work.open_write("spool", _bin_name(i))
+        self._pos = 0
         self._ids: list[str] = []
         self._ints: list[tuple[int, int, int, int, int]] = []  # tokens, images, image bytes, offset, length
         self._dropped: list[Dropped] = []
@@ -346,8 +361,9 @@ class SpoolWriter:
         blob = msgpack.packb([sample_id, np.asarray(input_ids).astype("<u4").tobytes(),
                               np.asarray(loss_mask).astype(np.uint8).tobytes(), list(images),
                               [int(t) for t in image_tokens]], use_bin_type=True)
-        self._ints.append((len(input_ids), len(images), sum(len(b) for b in images), self._f.tell(), len(blob)))
+        self._ints.append((len(input_ids), len(images), sum(len(b) for b in images), self._pos, len(blob)))
         self._f.write(blob)
+        self._pos += len(blob)
         self._ids.append(sample_id)
 
     def drop(self, d: Dropped) -> None:
@@ -355,8 +371,9 @@ class SpoolWriter:
         self._dropped.append(d)
 
     def finish(self, describe: dict[str, Any]) -> None:
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        if not self._work.remote:
+            self._f.flush()
+            os.fsync(self._f.fileno())
         self._f.close()
         cols = np.asarray(self._ints, np.int64).reshape(-1, 5).T
         meta = {
@@ -365,10 +382,7 @@ class SpoolWriter:
             "offsets": cols[3].tobytes(), "lengths": cols[4].tobytes(),
             "dropped": [[d.sample_id, d.reason, d.detail] for d in self._dropped],
         }
-        path = _meta_path(self._work, self._i)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(msgpack.packb(meta, use_bin_type=True))
-        os.replace(tmp, path)
+        self._work.write_atomic(f"spool/{_meta_name(self._i)}", msgpack.packb(meta, use_bin_type=True))
 
     def __enter__(self) -> SpoolWriter:
         return self
@@ -420,8 +434,11 @@ def _select(m: _Measured, config: PackConfig) -> dict[str, Any]:
             reason = Counter(d.reason for d in m.dropped + dropped).most_common(1)[0][0]
             raise SampleError(reason, f"{frac:.1%} of {total} samples were dropped (mostly {reason}), over "
                               f"the tolerance {config.max_drop_fraction:.1%}; fix the data or raise the tolerance")
-    return {"ids": m.ids, "tokens": tok, "images": img, "part": cat(m.part), "offset": cat(m.offset),
-            "length": cat(m.length), "image_bytes": cat(m.image_bytes), "keep": keep, "dropped": dropped}
+    table = {"ids": m.ids, "tokens": tok, "images": img, "part": cat(m.part), "offset": cat(m.offset),
+             "length": cat(m.length), "image_bytes": cat(m.image_bytes), "keep": keep, "dropped": dropped}
+    for column in (m.tokens, m.images, m.part, m.offset, m.length, m.image_bytes):
+        column.clear()  # the per-partition pieces: the table holds them now, once
+    return table
 
 
 def _plan(table: dict[str, Any], config: PackConfig) -> list[np.ndarray]:
@@ -462,21 +479,22 @@ def _itemsize(describe: dict[str, Any]) -> int:
 # Write: one task per shard, reading samples back from the spool
 
 
-def _write_shards(shard_plans, table, work: Path, out: Path, describe, config: PackConfig, *,
+def _write_shards(shard_plans, table, work: Location, out: Location, describe, config: PackConfig, *,
                   progress: bool) -> tuple[list[ShardInfo], int]:
     token_dtype = describe["tokenizer"]["token_dtype"]
     infos: dict[int, ShardInfo] = {}
     todo = []
+    present = out.listdir("")  # one listing, not a request per shard
     for j, packs in enumerate(shard_plans):
-        path = out / shard_name(config.split, j)
-        if path.exists():  # renamed into place only when complete, and the plan is the same
-            infos[j] = _info_of_existing(path, packs, table)
+        name = shard_name(config.split, j)
+        if name in present:  # renamed into place only when complete, and the plan is the same
+            infos[j] = _info_of_existing(out, name, packs, table)
         else:
-            todo.append((j, path))
+            todo.append((j, out.join(name)))
     kept = len(infos)
     # Built lazily: the executor holds the sample refs of the shards in flight, not of all of them.
     tasks = ((j, [[(int(table["part"][s]), int(table["offset"][s]), int(table["length"][s])) for s in pack]
-                  for pack in shard_plans[j]], str(work), str(path), token_dtype) for j, path in todo)
+                  for pack in shard_plans[j]], str(work), path, token_dtype) for j, path in todo)
     for j, info in _run(_write_shard, tasks, config, total=len(todo), desc="write", unit="shard",
                         progress=progress):
         infos[j] = info
@@ -485,27 +503,42 @@ def _write_shards(shard_plans, table, work: Path, out: Path, describe, config: P
 
 def _write_shard(j: int, refs, work: str, path: str, token_dtype: str) -> tuple[int, ShardInfo]:
     """Assemble and write one shard; keys are ``{shard:06d}{pack:06d}``."""
-    files: dict[int, Any] = {}
-    try:
-        with ShardWriter(path) as writer:
-            for k, pack_refs in enumerate(refs):
-                samples = [_read_spooled(files, work, ref) for ref in pack_refs]
-                pack = _assemble(samples)
-                writer.add(f"{j:06d}{k:06d}", encode_pack(pack, token_dtype=token_dtype),
-                           samples=pack.num_samples, tokens=pack.num_tokens, images=pack.num_images)
-            return j, writer.close()
-    finally:
-        for f in files.values():
+    with _SpoolReader(work) as spool, ShardWriter(path) as writer:
+        for k, pack_refs in enumerate(refs):
+            pack = _assemble(spool.read(pack_refs))
+            writer.add(f"{j:06d}{k:06d}", encode_pack(pack, token_dtype=token_dtype),
+                       samples=pack.num_samples, tokens=pack.num_tokens, images=pack.num_images)
+        return j, writer.close()
+
+
+class _SpoolReader:
+    """Spooled samples read back by ``(part, offset, length)``: local spool files stay open; the
+    samples of one pack in a remote spool are fetched together (concurrent ranged reads)."""
+
+    def __init__(self, work: str) -> None:
+        self._work = Location(work)
+        self._files: dict[int, Any] = {}
+
+    def read(self, refs: Sequence[tuple[int, int, int]]) -> list[list[Any]]:
+        if self._work.remote:
+            blobs = self._work.read_ranges([f"spool/{_bin_name(p)}" for p, _, _ in refs],
+                                           [o for _, o, _ in refs], [o + n for _, o, n in refs])
+        else:
+            blobs = []
+            for part, offset, length in refs:
+                f = self._files.get(part)
+                if f is None:
+                    f = self._files[part] = open(self._work.join("spool", _bin_name(part)), "rb")
+                f.seek(offset)
+                blobs.append(f.read(length))
+        return [msgpack.unpackb(b, raw=False) for b in blobs]
+
+    def __enter__(self) -> _SpoolReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for f in self._files.values():
             f.close()
-
-
-def _read_spooled(files: dict[int, Any], work: str, ref: tuple[int, int, int]) -> list[Any]:
-    part, offset, length = ref
-    f = files.get(part)
-    if f is None:
-        f = files[part] = open(Path(work) / "spool" / f"{part:06d}.bin", "rb")
-    f.seek(offset)
-    return msgpack.unpackb(f.read(length), raw=False)
 
 
 def _assemble(samples: Sequence[list[Any]]) -> Pack:
@@ -523,24 +556,24 @@ def _assemble(samples: Sequence[list[Any]]) -> Pack:
     )
 
 
-def _info_of_existing(path: Path, packs, table) -> ShardInfo:
+def _info_of_existing(out: Location, name: str, packs, table) -> ShardInfo:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with out.open_read(name) as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     idx = np.concatenate(packs)
-    return ShardInfo(name=path.name, packs=len(packs), samples=int(idx.size),
+    return ShardInfo(name=name, packs=len(packs), samples=int(idx.size),
                      tokens=int(table["tokens"][idx].sum()), images=int(table["images"][idx].sum()),
-                     bytes=path.stat().st_size, sha256=h.hexdigest())
+                     bytes=out.size(name), sha256=h.hexdigest())
 
 
 # ---------------------------------------------------------------------------------------------
 # Manifest
 
 
-def _write_dropped(path: Path, dropped: Iterable[Dropped]) -> None:
+def _write_dropped(out: Location, dropped: Iterable[Dropped]) -> None:
     text = "".join(json.dumps(d.to_json(), ensure_ascii=False) + "\n" for d in dropped)
-    write_json_atomic(path, text)
+    out.write_atomic(DROPPED_NAME, text.encode())
 
 
 def _build_manifest(sources, config: PackConfig, describe, infos, records: int, dropped: list[Dropped],
@@ -567,8 +600,8 @@ def _build_manifest(sources, config: PackConfig, describe, infos, records: int, 
     )
 
 
-def _summary_from_manifest(out: Path, seconds: float) -> PackSummary:
-    m = Manifest.from_json((out / MANIFEST_NAME).read_bytes())
+def _summary_from_manifest(out: Location, seconds: float) -> PackSummary:
+    m = Manifest.from_json(out.read_bytes(MANIFEST_NAME))
     t = m.totals
     return PackSummary(output=str(out), samples_read=t["samples_read"], samples_packed=t["samples_packed"],
                        dropped_by_reason=t["dropped_by_reason"], packs=t["packs"], tokens=t["tokens"],

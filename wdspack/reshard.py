@@ -24,6 +24,7 @@ from . import __version__
 from .codec import decode_pack
 from .errors import Dropped, FormatError
 from .pipeline import PackConfig, PackSummary, SpoolWriter, run_job
+from .storage import Location
 from .stats import open_dataset
 
 __all__ = ["reshard_dataset"]
@@ -50,7 +51,7 @@ def reshard_dataset(source: str, output: str | Path, *, config: PackConfig, resu
     provenance = {"resharded_from": {"source": str(source), "seq_len": manifest.seq_len,
                                      "max_images": manifest.max_images, "algorithm": manifest.algorithm,
                                      "sources": list(manifest.sources)}}
-    return run_job(Path(output), fingerprint, _split_shard, tasks, config, describe=lambda: describe,
+    return run_job(Location(output), fingerprint, _split_shard, tasks, config, describe=lambda: describe,
                    sources=manifest.sources, provenance=provenance, resume=resume, progress=progress,
                    start=start, carried=carried, samples_read=manifest.totals["samples_read"])
 

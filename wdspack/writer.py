@@ -6,9 +6,9 @@ import hashlib
 import io
 import os
 import tarfile
-from pathlib import Path
 
 from .manifest import ShardInfo
+from .storage import Location
 
 __all__ = ["ShardWriter", "shard_name"]
 
@@ -29,7 +29,9 @@ class ShardWriter:
     """Writes one shard: members in the order given (callers pass them sorted by key).
 
     The file lives under ``.{name}.tmp`` until :meth:`close`, which fsyncs and renames it, so a
-    shard under its final name is always complete.
+    shard under its final name is always complete. ``path`` may be an fsspec URL
+    (``s3://bucket/ds/train-000000.tar``): the temp object is uploaded as it is written, then
+    renamed.
 
     Example:
         >>> w = ShardWriter("/tmp/out/train-000000.tar")  # doctest: +SKIP
@@ -37,9 +39,12 @@ class ShardWriter:
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        self._tmp = self.path.with_name(f".{self.path.name}.tmp")
-        self._file = open(self._tmp, "wb")
+        text = str(path)
+        self.name = text.replace("\\", "/").rsplit("/", 1)[-1]
+        self._folder = Location(text[: len(text) - len(self.name)] or ".")
+        self._tmp = f".{self.name}.tmp"
+        self._file = self._folder.open_write(self._tmp)
+        self._size = 0
         self._hash = hashlib.sha256()
         self._tar = tarfile.open(fileobj=_HashingWriter(self._file, self._hash), mode="w",
                                  format=tarfile.USTAR_FORMAT)
@@ -62,12 +67,13 @@ class ShardWriter:
     def close(self) -> ShardInfo:
         """Finish the tar, fsync, rename to the final name; return the manifest entry."""
         self._tar.close()
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        if not self._folder.remote:
+            self._file.flush()
+            os.fsync(self._file.fileno())
         size = self._file.tell()
         self._file.close()
-        os.replace(self._tmp, self.path)
-        return ShardInfo(name=self.path.name, packs=self._packs, samples=self._samples, tokens=self._tokens,
+        self._folder.commit(self._tmp, self.name)
+        return ShardInfo(name=self.name, packs=self._packs, samples=self._samples, tokens=self._tokens,
                          images=self._images, bytes=size, sha256=self._hash.hexdigest())
 
     def abort(self) -> None:
@@ -75,7 +81,7 @@ class ShardWriter:
         try:
             self._file.close()
         finally:
-            self._tmp.unlink(missing_ok=True)
+            self._folder.remove(self._tmp)
 
     def __enter__(self) -> ShardWriter:
         return self

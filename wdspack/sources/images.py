@@ -3,7 +3,8 @@
 A reference is what a record holds for an image: a path relative to the image root, raw bytes,
 a Hugging Face ``{"bytes": ..., "path": ...}`` struct, an ``image_url`` dict, or a
 ``data:image/...;base64,`` URL. Paths are confined to the image root: after resolving ``..``
-and symlinks the file must lie inside it. Bytes are returned as they are; whether they decode
+and symlinks the file must lie inside it. The root may be a URL (``s3://…``, ``hf://…``): paths
+are then joined to it, ``..`` resolved, and read through fsspec. Bytes are returned as they are; whether they decode
 is checked later, when samples are built.
 """
 
@@ -12,9 +13,11 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+import posixpath
 from typing import Any
 
 from ..errors import SampleError
+from ..storage import filesystem, is_url
 
 __all__ = ["load_image", "resolve_image_path"]
 
@@ -41,11 +44,14 @@ def load_image(ref: Any, image_root: str) -> bytes:
     if isinstance(ref, str):
         if ref.startswith("data:"):
             return _decode_data_url(ref)
-        if ref.startswith(("http://", "https://")):
-            raise SampleError("missing_image", f"image {ref!r} is a remote URL, and sources read local "
-                              "files only; download the images and refer to them by path")
+        if ref.startswith(("http://", "https://")) or (is_url(ref) and not is_url(image_root)):
+            raise SampleError("missing_image", f"image {ref!r} is a remote URL outside the image root "
+                              f"{image_root!r}; refer to images by a path relative to the image root "
+                              "(--image-root may itself be a URL such as s3://bucket/images)")
         if ref.startswith("file://"):
             ref = ref[len("file://"):]
+        if is_url(image_root):
+            return _read_url(_resolve_url(ref, image_root), ref)
         return _read_file(resolve_image_path(ref, image_root), ref)
     raise SampleError("malformed_record", f"an image reference is {type(ref).__name__} {_short(ref)}; "
                       "expected a path string, bytes, or a {'bytes', 'path'} object")
@@ -98,6 +104,36 @@ def _read_file(real: str, shown: str) -> bytes:
         detail = f"image {shown!r} is a folder ({real!r}), not an image file; check the path"
     except OSError as e:
         detail = f"image {shown!r} cannot be read ({e.strerror}); check the file's permissions"
+    raise SampleError("missing_image", detail)
+
+
+def _resolve_url(ref: str, image_root: str) -> str:
+    """``ref`` (relative, or a URL) joined to a URL root, ``..`` resolved, checked to stay inside."""
+    if not ref:
+        raise SampleError("malformed_record", "an image path is the empty string; name the image file")
+    root = image_root.rstrip("/")
+    scheme, _, root_path = root.partition("://")
+    if is_url(ref):
+        joined = ref
+    else:
+        joined = f"{scheme}://" + posixpath.normpath(posixpath.join(root_path, ref))
+    if not (joined == root or joined.startswith(root + "/")):
+        raise SampleError("image_path_escape", f"image path {ref!r} resolves to {joined!r}, outside the "
+                          f"image root {image_root!r}; keep image paths inside the root (or pass a "
+                          "wider --image-root)")
+    return joined
+
+
+def _read_url(url: str, shown: str) -> bytes:
+    fs, inner = filesystem(url)
+    try:
+        return fs.cat_file(inner)
+    except FileNotFoundError:
+        detail = f"image {shown!r} does not exist (looked for {url!r}); check the path or --image-root"
+    except IsADirectoryError:
+        detail = f"image {shown!r} is a folder ({url!r}), not an image file; check the path"
+    except OSError as e:
+        detail = f"image {shown!r} cannot be read ({e.strerror or e}); check the path and credentials"
     raise SampleError("missing_image", detail)
 
 

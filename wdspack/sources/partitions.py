@@ -18,6 +18,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import posixpath
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import ConfigError, SourceError
+from ..storage import copy_to_local, filesystem, is_url, local_path, open_input, url_of, with_hub_revision
 from .records import TEXT_COLUMNS
 from .scan import array_separators, jsonl_boundaries
 
@@ -43,11 +45,11 @@ class Partition:
     """A slice of one source file that one worker reads; picklable and cheap.
 
     Attributes:
-        path: the file (absolute).
+        path: the file (an absolute path, or a URL: see :mod:`wdspack.storage`).
         kind: ``"jsonl" | "json" | "parquet" | "arrow"``.
         start, stop: where the slice begins and ends (see the module's table).
         first_row: row index, in the file, of the slice's first record.
-        image_root: the resolved folder image paths are relative to.
+        image_root: the resolved folder (or URL) image paths are relative to.
         name: the file's name relative to the source root (the basename for a file named
             directly); it prefixes the ids of records without an ``id`` field.
 
@@ -82,8 +84,12 @@ def list_partitions(sources: Sequence[str], *, image_root: str | None = None,
 
     Args:
         sources: files, folders (searched recursively for ``.json``/``.jsonl``/``.parquet``
-            files and ``save_to_disk`` folders; names starting with ``.`` are skipped) and globs.
-        image_root: the folder image paths are relative to; default: each file's folder.
+            files and ``save_to_disk`` folders; names starting with ``.`` are skipped) and globs;
+            local paths or fsspec URLs (``s3://…``, ``hf://datasets/ORG/NAME@REV/…``). A remote
+            JSON, JSONL or Arrow file is copied to the temp folder once to find its records;
+            Parquet needs only its footer.
+        image_root: the folder image paths are relative to (a path or URL); default: each
+            file's folder.
         records_per_partition: about how many records one partition holds.
 
     Raises:
@@ -102,16 +108,25 @@ def list_partitions(sources: Sequence[str], *, image_root: str | None = None,
     out: list[Partition] = []
     for source in sources:
         for f in _expand(str(source)):
-            real = os.path.realpath(f.path)
+            real = f.path if is_url(f.path) else os.path.realpath(f.path)
             if real in seen:
                 continue
             seen.add(real)
-            folder = root or os.path.realpath(os.path.dirname(f.path))
+            folder = root or _folder_of(f.path)
             out.extend(_partition_file(f, folder, records_per_partition))
     return out
 
 
+def _folder_of(path: str) -> str:
+    if is_url(path):
+        fs, inner = filesystem(path)
+        return url_of(fs, posixpath.dirname(inner))
+    return os.path.realpath(os.path.dirname(path))
+
+
 def _image_root(path: str) -> str:
+    if is_url(path):
+        return with_hub_revision(path.rstrip("/"))
     real = os.path.realpath(os.path.expanduser(path))
     if not os.path.isdir(real):
         raise SourceError(f"image root {path!r} is not a folder; pass --image-root as the folder the "
@@ -120,10 +135,10 @@ def _image_root(path: str) -> str:
 
 
 def _expand(source: str) -> Iterator[_SourceFile]:
-    if "://" in source:
-        raise SourceError(f"source {source!r} is a URL; sources are local paths for now: download it "
-                          "first (e.g. `huggingface-cli download --repo-type dataset ...`)")
-    path = os.path.abspath(os.path.expanduser(source))
+    if is_url(source):
+        yield from _expand_url(source)
+        return
+    path = local_path(source)
     if glob.has_magic(source):
         matches = sorted(glob.glob(path, recursive=True))
         if not matches:
@@ -139,6 +154,96 @@ def _expand(source: str) -> Iterator[_SourceFile]:
         raise SourceError(f"source {source!r} does not exist; sources are {FORMATS}")
     else:
         yield from _expand_path(path, None, explicit=True)
+
+
+def _expand_url(source: str) -> Iterator[_SourceFile]:
+    """The source files a URL names: one file, a folder (searched as locally) or a glob."""
+    fs, path = filesystem(source)
+    try:
+        if glob.has_magic(path):
+            matches = sorted(fs.glob(path))
+            if not matches:
+                raise SourceError(f"source glob {source!r} matches nothing; check the pattern (quote it so "
+                                  "the shell does not expand it)")
+            parts = path.split("/")
+            base = "/".join(parts[:next(i for i, p in enumerate(parts) if glob.has_magic(p))])
+            found = [f for m in matches for f in _remote_files(fs, m, base, explicit=False)]
+            if not found:
+                raise SourceError(f"source glob {source!r} matches {len(matches)} path(s) but no source "
+                                  f"files; expected {FORMATS}")
+            yield from found
+        else:
+            try:
+                fs.info(path)
+            except FileNotFoundError:
+                raise SourceError(f"source {source!r} does not exist; sources are {FORMATS}") from None
+            yield from _remote_files(fs, path, posixpath.dirname(path), explicit=True)
+    except OSError as e:  # unreachable, offline, no credentials
+        raise SourceError(f"source URL {source!r} cannot be read: {e.strerror or e}") from None
+
+
+def _remote_files(fs, path: str, base: str, *, explicit: bool) -> Iterator[_SourceFile]:
+    """:func:`_expand_path` for a path inside an fsspec filesystem: the same files, order and names."""
+    if not fs.isdir(path):
+        kind = _EXTENSIONS.get(posixpath.splitext(path)[1].lower())
+        if kind is None and path.lower().endswith(".arrow") and explicit:
+            kind = "arrow"
+        if kind is None:
+            if explicit:
+                raise SourceError(f"source {url_of(fs, path)!r} has an unknown format; expected {FORMATS}")
+            return
+        yield _SourceFile(url_of(fs, path), kind, posixpath.relpath(path, base))
+        return
+    top = path.rstrip("/")
+    rels = sorted((posixpath.relpath(p, top) for p in fs.find(top)), key=lambda r: r.split("/"))
+    saved = _saved_folders(rels)
+    if "" in saved:  # the folder itself was written by save_to_disk
+        yield from _remote_saved(fs, top, base)
+        return
+    name_base = top if explicit else base
+    emitted: set[str] = set()
+    found = False
+    for rel in rels:  # sorted by components: the order of a sorted walk
+        parts = rel.split("/")
+        if any(p.startswith(".") for p in parts):
+            continue
+        owner = next(("/".join(parts[:k]) for k in range(1, len(parts)) if "/".join(parts[:k]) in saved), None)
+        if owner is not None:
+            if owner not in emitted:
+                emitted.add(owner)
+                found = True
+                yield from _remote_saved(fs, f"{top}/{owner}", name_base)
+            continue
+        kind = _EXTENSIONS.get(posixpath.splitext(rel)[1].lower())
+        if parts[-1] in _METADATA or kind is None:
+            continue
+        found = True
+        yield _SourceFile(url_of(fs, f"{top}/{rel}"), kind, posixpath.relpath(f"{top}/{rel}", name_base))
+    if not found and explicit:
+        raise SourceError(f"folder {url_of(fs, top)!r} holds no source files; expected {FORMATS}")
+
+
+def _saved_folders(rels: list[str]) -> set[str]:
+    """The folders (relative, ``""`` for the top) that hold Hugging Face metadata and ``.arrow`` files."""
+    meta = {posixpath.dirname(r) for r in rels if posixpath.basename(r) in ("state.json", "dataset_info.json")}
+    return {posixpath.dirname(r) for r in rels if r.endswith(".arrow") and posixpath.dirname(r) in meta}
+
+
+def _remote_saved(fs, folder: str, base: str) -> Iterator[_SourceFile]:
+    """:func:`_saved_dataset_files` for a remote ``save_to_disk`` folder."""
+    state = posixpath.join(folder, "state.json")
+    names: list[str] = []
+    if fs.exists(state):
+        try:
+            names = [d["filename"] for d in json.loads(fs.cat_file(state)).get("_data_files", [])]
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise SourceError(f"{url_of(fs, state)} cannot be read ({e}); re-save the dataset with "
+                              "save_to_disk") from None
+    if not names:
+        names = sorted(posixpath.basename(p) for p in fs.glob(posixpath.join(folder, "data-*.arrow")))
+    for n in names:
+        path = posixpath.join(folder, n)
+        yield _SourceFile(url_of(fs, path), "arrow", posixpath.relpath(path, base))
 
 
 def _glob_base(pattern: str) -> str:
@@ -220,23 +325,26 @@ def _relname(path: str, base: str) -> str:
 def _partition_file(f: _SourceFile, image_root: str, per: int) -> list[Partition]:
     cut = {"jsonl": _cut_jsonl, "json": _cut_json, "parquet": _cut_parquet, "arrow": _cut_arrow}[f.kind]
     try:
-        return cut(f, image_root, per)
+        if f.kind == "parquet":  # the footer is enough, read where the file is
+            return cut(f, image_root, per, f.path)
+        with copy_to_local(f.path) as local:  # scans need the whole file: remote ones are copied once
+            return cut(f, image_root, per, local)
     except OSError as e:
         raise SourceError(f"source {f.path!r} cannot be read: {e.strerror or e}") from None
 
 
-def _cut_jsonl(f: _SourceFile, root: str, per: int) -> list[Partition]:
-    bounds = jsonl_boundaries(f.path, every=per)
-    size = os.path.getsize(f.path)
+def _cut_jsonl(f: _SourceFile, root: str, per: int, local: str) -> list[Partition]:
+    bounds = jsonl_boundaries(local, every=per)
+    size = os.path.getsize(local)
     stops = [b[0] for b in bounds[1:]] + [size]
     return [Partition(f.path, "jsonl", start, stop, row, root, f.name)
             for (start, row), stop in zip(bounds, stops)]
 
 
-def _cut_json(f: _SourceFile, root: str, per: int) -> list[Partition]:
-    if _looks_like_jsonl(f.path):
-        return _cut_jsonl(_SourceFile(f.path, "jsonl", f.name), root, per)
-    layout = array_separators(f.path)
+def _cut_json(f: _SourceFile, root: str, per: int, local: str) -> list[Partition]:
+    if _looks_like_jsonl(local):
+        return _cut_jsonl(_SourceFile(f.path, "jsonl", f.name), root, per, local)
+    layout = array_separators(local)
     if isinstance(layout, str):
         raise SourceError(f"source {f.path!r} is not a JSON array of records: {layout}; fix the file, or "
                           "write one record per line (JSONL)")
@@ -259,9 +367,10 @@ def _looks_like_jsonl(path: str) -> bool:
         return False
 
 
-def _cut_parquet(f: _SourceFile, root: str, per: int) -> list[Partition]:
+def _cut_parquet(f: _SourceFile, root: str, per: int, where: str) -> list[Partition]:
     try:
-        meta = pq.ParquetFile(f.path).metadata
+        with open_input(where) as fh:
+            meta = pq.ParquetFile(fh).metadata
     except (pa.ArrowException, ValueError) as e:
         raise SourceError(f"source {f.path!r} is not a readable Parquet file ({e})") from None
     _check_columns(meta.schema.to_arrow_schema().names, f.path)
@@ -269,9 +378,9 @@ def _cut_parquet(f: _SourceFile, root: str, per: int) -> list[Partition]:
     return [Partition(f.path, "parquet", a, b, first, root, f.name) for a, b, first in _merge(rows, per)]
 
 
-def _cut_arrow(f: _SourceFile, root: str, per: int) -> list[Partition]:
+def _cut_arrow(f: _SourceFile, root: str, per: int, local: str) -> list[Partition]:
     rows = []
-    for batch in arrow_batches(f.path):
+    for batch in arrow_batches(local, shown=f.path):
         if not rows:
             _check_columns(batch.schema.names, f.path)
         rows.append(batch.num_rows)
@@ -298,14 +407,17 @@ def _merge(rows: list[int], per: int) -> Iterator[tuple[int, int, int]]:
         yield start, len(rows), first
 
 
-def arrow_batches(path: str) -> Iterator[pa.RecordBatch]:
+def arrow_batches(path: str, *, shown: str | None = None) -> Iterator[pa.RecordBatch]:
     """The record batches of an Arrow IPC file, streaming format (what ``save_to_disk`` writes)
-    or file format; memory-mapped, so batches that are skipped cost nothing.
+    or file format; a local file is memory-mapped, so batches that are skipped cost nothing
+    (a remote one is read from its start). ``shown`` names the file in errors.
 
     Raises:
         SourceError: the file is not Arrow IPC.
     """
-    with pa.memory_map(path) as source:  # batches keep the mapping alive after close
+    shown = shown or path
+    opened = open_input(path) if is_url(path) else pa.memory_map(path)
+    with opened as source:  # batches keep a mapping alive after close
         try:
             try:
                 reader = pa.ipc.open_stream(source)
@@ -316,5 +428,5 @@ def arrow_batches(path: str) -> Iterator[pa.RecordBatch]:
                 return
             yield from reader
         except pa.ArrowInvalid as e:
-            raise SourceError(f"source {path!r} is not a readable Arrow IPC file ({e}); expected the "
+            raise SourceError(f"source {shown!r} is not a readable Arrow IPC file ({e}); expected the "
                               "data-*.arrow files of a save_to_disk folder") from None

@@ -8,15 +8,18 @@ partition; a file that cannot be read at all raises :class:`SourceError`.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import IO, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import Dropped, SampleError, SourceError
+from ..storage import is_url, open_input, read_range
 from .partitions import Partition, arrow_batches
 from .records import COLUMNS, Record, build_record, sample_id_of
 from .scan import split_array_chunk
@@ -73,8 +76,7 @@ def _to_record(raw: Raw, fallback_id: str, image_root: str) -> Record | Dropped:
 
 def _read_jsonl(p: Partition) -> Iterator[tuple[int, Raw]]:
     row = p.first_row
-    with open(p.path, "rb") as f:
-        f.seek(p.start)
+    with _open_at_start(p) as f:
         pos = p.start
         for line in f:
             if pos >= p.stop:
@@ -89,8 +91,7 @@ def _read_jsonl(p: Partition) -> Iterator[tuple[int, Raw]]:
 
 
 def _read_json(p: Partition) -> Iterator[tuple[int, Raw]]:
-    with open(p.path, "rb") as f:
-        f.seek(p.start)
+    with _open_at_start(p) as f:
         chunk = f.read(p.stop - p.start)
     for k, element in enumerate(split_array_chunk(chunk)):
         row = p.first_row + k
@@ -99,6 +100,16 @@ def _read_json(p: Partition) -> Iterator[tuple[int, Raw]]:
                                    "(a stray comma?); remove it")
         else:
             yield row, _parse(element, f"element {row} of the array")
+
+
+def _open_at_start(p: Partition) -> IO[bytes]:
+    """The partition's bytes from ``p.start``: a local file, seeked; a remote one, fetched with
+    one ranged read (a partition is about ``records_per_partition`` records)."""
+    if is_url(p.path):
+        return io.BytesIO(read_range(p.path, p.start, p.stop))
+    f = open_input(p.path)
+    f.seek(p.start)
+    return f
 
 
 def _parse(data: bytes, where: str) -> Raw:
@@ -118,15 +129,16 @@ def _parse(data: bytes, where: str) -> Raw:
 
 def _read_parquet(p: Partition) -> Iterator[tuple[int, Raw]]:
     try:
-        pf = pq.ParquetFile(p.path)
-        columns = [c for c in pf.schema_arrow.names if c in COLUMNS]
-        batches = pf.iter_batches(batch_size=_PARQUET_BATCH, row_groups=list(range(p.start, p.stop)),
-                                  columns=columns)
-        row = p.first_row
-        for batch in batches:
-            for raw in batch.to_pylist():
-                yield row, raw
-                row += 1
+        with open_input(p.path) if is_url(p.path) else contextlib.nullcontext(p.path) as where:
+            pf = pq.ParquetFile(where)
+            columns = [c for c in pf.schema_arrow.names if c in COLUMNS]
+            batches = pf.iter_batches(batch_size=_PARQUET_BATCH, row_groups=list(range(p.start, p.stop)),
+                                      columns=columns)
+            row = p.first_row
+            for batch in batches:
+                for raw in batch.to_pylist():
+                    yield row, raw
+                    row += 1
     except pa.ArrowException as e:
         raise SourceError(f"source {p.path!r} is not a readable Parquet file ({e})") from None
 

@@ -1,0 +1,38 @@
+"""The pack job's driver keeps integers and ids, never payloads: its memory per sample is measured.
+
+``pipeline.DRIVER_BYTES_PER_SAMPLE`` (plus each id's own ``str``) is the bound the docs state. Two
+runs of :mod:`driver_memory` (100 k and 300 k samples, fresh processes) give the driver's memory
+growth; the slope between them, per sample, must stay within it. A payload leaking into the driver
+(the tokens alone are 20–400 × 4 bytes per sample here) would break it many times over.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from wdspack.pipeline import DRIVER_BYTES_PER_SAMPLE
+
+HERE = Path(__file__).resolve().parent
+
+
+def _growth(n: int, folder: Path) -> dict:
+    done = subprocess.run([sys.executable, str(HERE / "driver_memory.py"), str(n), str(folder)],
+                          capture_output=True, text=True, timeout=300)
+    if done.returncode != 0 and "clear_refs" in done.stderr:
+        pytest.skip("cannot reset the peak RSS here (/proc/self/clear_refs)")
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_driver_memory_per_sample_stays_within_the_stated_bound(tmp_path):
+    small, large = _growth(100_000, tmp_path / "small"), _growth(300_000, tmp_path / "large")
+    assert large["packs"] > 2 * small["packs"] and large["shards"] > 40  # a real job: many shards
+    per_sample = (large["growth_bytes"] - small["growth_bytes"]) / (large["samples"] - small["samples"])
+    id_bytes = sys.getsizeof("source-000.jsonl:123456") + 8  # the id's str and its list slot
+    assert 0 < per_sample <= DRIVER_BYTES_PER_SAMPLE + id_bytes, per_sample
