@@ -51,7 +51,7 @@ def load_image(ref: Any, image_root: str) -> bytes:
         if ref.startswith("file://"):
             ref = ref[len("file://"):]
         if is_url(image_root):
-            return _read_url(_resolve_url(ref, image_root), ref)
+            return _read_file(_resolve_url(ref, image_root), ref)
         return _read_file(resolve_image_path(ref, image_root), ref)
     raise SampleError("malformed_record", f"an image reference is {type(ref).__name__} {_short(ref)}; "
                       "expected a path string, bytes, or a {'bytes', 'path'} object")
@@ -94,16 +94,20 @@ def resolve_image_path(path: str, image_root: str) -> str:
     return real
 
 
-def _read_file(real: str, shown: str) -> bytes:
+def _read_file(where: str, shown: str) -> bytes:
+    """The bytes of a local path or a URL; any failure is a ``missing_image`` drop."""
     try:
-        with open(real, "rb") as f:
+        if is_url(where):
+            fs, inner = filesystem(where)
+            return fs.cat_file(inner)
+        with open(where, "rb") as f:
             return f.read()
     except FileNotFoundError:
-        detail = f"image {shown!r} does not exist (looked for {real!r}); check the path or --image-root"
+        detail = f"image {shown!r} does not exist (looked for {where!r}); check the path or --image-root"
     except IsADirectoryError:
-        detail = f"image {shown!r} is a folder ({real!r}), not an image file; check the path"
+        detail = f"image {shown!r} is a folder ({where!r}), not an image file; check the path"
     except OSError as e:
-        detail = f"image {shown!r} cannot be read ({e.strerror}); check the file's permissions"
+        detail = f"image {shown!r} cannot be read ({e.strerror or e}); check its permissions or credentials"
     raise SampleError("missing_image", detail)
 
 
@@ -122,19 +126,6 @@ def _resolve_url(ref: str, image_root: str) -> str:
                           f"image root {image_root!r}; keep image paths inside the root (or pass a "
                           "wider --image-root)")
     return joined
-
-
-def _read_url(url: str, shown: str) -> bytes:
-    fs, inner = filesystem(url)
-    try:
-        return fs.cat_file(inner)
-    except FileNotFoundError:
-        detail = f"image {shown!r} does not exist (looked for {url!r}); check the path or --image-root"
-    except IsADirectoryError:
-        detail = f"image {shown!r} is a folder ({url!r}), not an image file; check the path"
-    except OSError as e:
-        detail = f"image {shown!r} cannot be read ({e.strerror or e}); check the path and credentials"
-    raise SampleError("missing_image", detail)
 
 
 def _decode_data_url(url: str) -> bytes:

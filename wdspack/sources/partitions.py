@@ -185,14 +185,9 @@ def _expand_url(source: str) -> Iterator[_SourceFile]:
 def _remote_files(fs, path: str, base: str, *, explicit: bool) -> Iterator[_SourceFile]:
     """:func:`_expand_path` for a path inside an fsspec filesystem: the same files, order and names."""
     if not fs.isdir(path):
-        kind = _EXTENSIONS.get(posixpath.splitext(path)[1].lower())
-        if kind is None and path.lower().endswith(".arrow") and explicit:
-            kind = "arrow"
-        if kind is None:
-            if explicit:
-                raise SourceError(f"source {url_of(fs, path)!r} has an unknown format; expected {FORMATS}")
-            return
-        yield _SourceFile(url_of(fs, path), kind, posixpath.relpath(path, base))
+        kind = _kind_of(url_of(fs, path), explicit=explicit)
+        if kind is not None:
+            yield _SourceFile(url_of(fs, path), kind, posixpath.relpath(path, base))
         return
     top = path.rstrip("/")
     rels = sorted((posixpath.relpath(p, top) for p in fs.find(top)), key=lambda r: r.split("/"))
@@ -266,14 +261,19 @@ def _expand_path(path: str, base: str | None, *, explicit: bool) -> Iterator[_So
         if not found and explicit:
             raise SourceError(f"folder {path!r} holds no source files; expected {FORMATS}")
         return
-    kind = _EXTENSIONS.get(os.path.splitext(path)[1].lower())
+    kind = _kind_of(path, explicit=explicit)
+    if kind is not None:
+        yield _SourceFile(path, kind, _relname(path, base))
+
+
+def _kind_of(path: str, *, explicit: bool) -> str | None:
+    """The format a file's name says; None to skip it (found by a search), an error if named."""
+    kind = _EXTENSIONS.get(posixpath.splitext(path)[1].lower())
     if kind is None and path.lower().endswith(".arrow") and explicit:
         kind = "arrow"
-    if kind is None:
-        if explicit:
-            raise SourceError(f"source {path!r} has an unknown format; expected {FORMATS}")
-        return
-    yield _SourceFile(path, kind, _relname(path, base))
+    if kind is None and explicit:
+        raise SourceError(f"source {path!r} has an unknown format; expected {FORMATS}")
+    return kind
 
 
 def _walk(folder: str, base: str) -> Iterator[_SourceFile]:
