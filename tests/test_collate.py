@@ -12,7 +12,13 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from wdspack.codec import Pack
-from wdspack.collate import IGNORE_INDEX, collate_packs, pack_to_example
+from wdspack.collate import (
+    IGNORE_INDEX,
+    collate_packs,
+    decode_pack_images,
+    pack_to_example,
+    write_pixel_slots,
+)
 from wdspack.errors import ConfigError, FormatError
 from wdspack.images import ImageDecodeError, make_image_transform
 
@@ -271,3 +277,51 @@ def test_collate_in_a_dataloader_worker_matches_in_process(pad_images):
         assert a.keys() == b.keys()
         for k in a:
             assert torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k], k
+
+
+def _jpeg(seed: int, w: int, h: int) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)).save(buf, format="JPEG")
+    return buf.getvalue()
+
+
+IMAGES = (_jpeg(1, 40, 30), _png((10, 200, 30), 31, 17), _jpeg(2, 16, 16))
+# Three packs: two images of sample "x" and one of "z"; no image; one image of "w".
+MIXED = [Pack(np.array([1, IMG, IMG, 2, 1, IMG, 2, IMG, 2], np.uint16), np.ones(9, np.uint8), (4, 3, 2),
+              ("x", "y", "z"), IMAGES, (0, 0, 2), (1, 1, 1)),
+         SHORT,
+         Pack(np.array([1, IMG, 5, 2], np.uint16), np.ones(4, np.uint8), (4,), ("w",), (IMAGES[1],), (0,), (1,))]
+
+
+def test_collate_stage_decode_equals_the_transform_bit_for_bit():
+    """``decode_pack_images`` + ``write_pixel_slots`` (the loader's way) == ``pack_to_example`` with the transform."""
+    t = make_image_transform(size=16)
+    ref = collate_packs([pack_to_example(p, seq_len=10, max_images=4, pad_token_id=0, image_transform=t)
+                         for p in MIXED])
+    images = [decode_pack_images(p, t) for p in MIXED]
+    assert [len(x) for x in images] == [3, 0, 1]
+    garbage = torch.full((12, 3, 16, 16), float("nan"))  # memory of unknown content: every empty slot zeroed
+    assert write_pixel_slots(images, garbage, slots=4) == [3, 0, 1]
+    assert torch.equal(garbage, ref["pixel_values"])
+    assert torch.equal(garbage[~ref["image_mask"]], torch.zeros(8, 3, 16, 16))
+    reused = torch.full((12, 3, 16, 16), float("nan"))
+    reused[[3, 7, 9, 10, 11]] = 0  # slots known to be zero already (a reused buffer): only the stale ones rewritten
+    write_pixel_slots(images, reused, slots=4, dirty=[2, 3, 1])
+    assert torch.equal(reused, ref["pixel_values"])
+    fresh = torch.zeros(12, 3, 16, 16)  # new shared memory is zero: nothing to zero
+    write_pixel_slots(images, fresh, slots=4, dirty=[0, 0, 0])
+    assert torch.equal(fresh, ref["pixel_values"])
+    assert torch.equal(t(list(IMAGES))["pixel_values"], ref["pixel_values"][:3])
+
+
+def test_collate_stage_decode_errors_name_the_sample():
+    t = make_image_transform(size=8)
+    bad = Pack(MIXED[0].input_ids, MIXED[0].loss_mask, MIXED[0].seq_lens, MIXED[0].sample_ids,
+               (IMAGES[0], IMAGES[1], b"not an image"), (0, 0, 2), (1, 1, 1))
+    with pytest.raises(ImageDecodeError, match=r"^sample 'z': image 2: cannot read the image header") as info:
+        decode_pack_images(bad, t)
+    assert info.value.index == 2 and isinstance(info.value, FormatError)
+    with pytest.raises(ConfigError, match="5 images > 4 image slots"):
+        write_pixel_slots([decode_pack_images(Pack(np.array([1]), np.ones(1, np.uint8), (1,), ("v",),
+                                                   (IMAGES[1],) * 5, (0,) * 5, (0,) * 5), t)],
+                          torch.zeros(4, 3, 8, 8), slots=4)

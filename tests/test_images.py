@@ -145,6 +145,41 @@ def test_transform_is_picklable_and_validates():
         make_image_transform(std=(1.0, 0.0, 1.0))
 
 
+def test_split_path_gives_what_the_transform_gives_bit_for_bit():
+    """``decode_resized`` then ``normalize_into`` (the loader's two halves) == ``__call__``, on real bytes."""
+    t = make_image_transform(size=24, mean=CLIP_MEAN, std=CLIP_STD)
+    data = [_encode(_noise(40, 30, 5), "JPEG", quality=90), _encode(_noise(24, 24, 6), "PNG"),
+            _encode(_smooth(300, 200), "JPEG"), _encode(Image.new("LA", (9, 31), (80, 200)), "PNG")]
+    whole = t(data)["pixel_values"]
+    pixels = t.decode_resized(data)
+    assert [(p.shape, p.dtype) for p in pixels] == [((24, 24, 3), np.uint8)] * 4
+    out = torch.full((6, 3, 24, 24), 7.0)  # larger than needed: entries past the images stay as they are
+    t.normalize_into(pixels, out)
+    assert torch.equal(out[:4], whole) and torch.all(out[4:] == 7.0)
+    batch = torch.zeros(8, 3, 24, 24)  # a view into a batch tensor, as the loader passes it
+    t.normalize_into(pixels[1:3], batch[5:7])
+    assert torch.equal(batch[5:7], whole[1:3]) and not batch[:5].any() and not batch[7:].any()
+
+
+def test_split_path_refuses_wrong_inputs():
+    t = make_image_transform(size=4)
+    px = t.decode_resized([_encode(_noise(8, 8), "PNG")])
+    for bad in (torch.zeros(1, 3, 4, 4, dtype=torch.float64), torch.zeros(1, 3, 5, 5), torch.zeros(0, 3, 4, 4)):
+        with pytest.raises(ConfigError, match=r"float32 \[>= 1, 3, 4, 4\]"):
+            t.normalize_into(px, bad)
+    with pytest.raises(ConfigError, match=r"expected uint8 \(4, 4, 3\)"):
+        t.normalize_into([np.zeros((4, 4, 3), np.float32)], torch.zeros(1, 3, 4, 4))
+    with pytest.raises(ImageDecodeError, match="^image 1: ") as info:
+        t.decode_resized([_encode(_noise(8, 8), "PNG"), b"garbage"])
+    assert info.value.index == 1
+    from transformers import SiglipImageProcessorPil
+
+    proc = make_image_transform(processor=SiglipImageProcessorPil(size={"height": 8, "width": 8}))
+    assert t.writes_into and not proc.writes_into
+    with pytest.raises(ConfigError, match="wraps SiglipImageProcessorPil"):
+        proc.decode_resized([])
+
+
 def _qwen():
     try:
         from transformers import Qwen2VLImageProcessorPil as Processor

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from synthetic import TOKENIZER, pack_numbers, write_dataset
 from wdspack import loader as loader_mod
 from wdspack.errors import ConfigError, FormatError, ManifestError
+from wdspack.images import make_image_transform
 from wdspack.loader import PackedDataset, make_loader, plan_epoch, shuffle_order
 from wdspack.manifest import MANIFEST_NAME, read_manifest
 
@@ -403,6 +404,149 @@ def test_restore_refuses_another_setup(even):
     # the location may change: the same shards through a brace pattern resume fine
     moved = make_loader(str(even / "train-{000000..000003}.tar"), batch_size=2, num_workers=2, seed=1)
     moved.load_state_dict(state)
+
+
+# -- images: decoded in the dataset, normalised straight into the batch ------------------------------
+
+
+@pytest.fixture(scope="module")
+def pictures(tmp_path_factory) -> Path:
+    """48 packs of 0-3 tiny PNG/JPEG images each (M = 3)."""
+    root = tmp_path_factory.mktemp("pictures")
+    write_dataset(root, shards=4, packs_per_shard=12, max_images=3, seed=5)
+    return root
+
+
+S = 128  # B·M·3·S·S·4 bytes > 1 MiB: pixel_values travels as shared memory, not by value
+
+
+def _expected_pixels(root: Path) -> dict[int, torch.Tensor]:
+    """Pack number → its ``[M, 3, S, S]`` slots, from the dataset alone (no loader, no worker)."""
+    ds = PackedDataset(root, shuffle=False, image_transform=make_image_transform(size=S))
+    return {pack_numbers(ex["input_ids"])[0]: ex["pixel_values"] for ex in ds}
+
+
+def _inode(t: torch.Tensor) -> int:
+    fd, _ = t.untyped_storage()._share_fd_cpu_()
+    return os.fstat(fd).st_ino
+
+
+@pytest.mark.parametrize("workers, reuse, options", [
+    (0, True, {}), (1, True, {}), (2, True, {}), (1, False, {}), (1, True, {"persistent_workers": False}),
+    (1, True, {"multiprocessing_context": "spawn"})])
+def test_worker_image_batches_are_exact_and_zero_in_empty_slots(pictures, workers, reuse, options):
+    """Every batch equals the transform's own output, slot for slot, and empty slots are zero, also in
+    recycled worker buffers (a slot holding an image in one batch and none in a later one)."""
+    expected = _expected_pixels(pictures)
+    loader = make_loader(pictures, batch_size=2, num_workers=workers, seed=3, reuse_buffers=reuse, pin_memory=False,
+                         image_transform=make_image_transform(size=S), **options)
+    seen, inodes = [], []
+    for epoch in range(2):
+        for batch in loader:
+            numbers = pack_numbers(batch["input_ids"])
+            seen += numbers
+            pv, mask = batch["pixel_values"], batch["image_mask"]
+            assert pv.shape == (2 * 3, 3, S, S) and pv.dtype == torch.float32
+            assert torch.equal(pv, torch.cat([expected[n] for n in numbers]))
+            assert not pv[~mask].any() and mask.sum() == sum(int(expected[n].flatten(1).any(1).sum()) for n in numbers)
+            if workers:
+                inodes.append(_inode(pv))
+    assert sorted(seen) == sorted(list(range(48)) * 2)
+    if workers and reuse:  # recycled: a handful of buffers per worker (and epoch, without persistent workers)
+        assert len(set(inodes)) <= 2 * workers * (2 + 3) < len(inodes)
+    elif workers:
+        assert len(set(inodes)) == len(inodes)
+
+
+def test_a_batch_kept_by_the_caller_is_never_written_over(pictures):
+    loader = make_loader(pictures, batch_size=2, num_workers=1, seed=4, pin_memory=False, prefetch_factor=1,
+                         image_transform=make_image_transform(size=S))
+    it = iter(loader)
+    kept = next(it)
+    views = {"whole": kept["pixel_values"], "slot": kept["pixel_values"][1:2]}
+    copies = {k: v.clone() for k, v in views.items()}
+    del kept
+    rest = [b["pixel_values"][0, 0, 0, 0].item() for b in it]  # 23 more batches through a pool of 4
+    assert len(rest) == 23
+    for k, view in views.items():
+        assert torch.equal(view, copies[k]), k
+
+
+def test_pixel_buffers_reuse_only_what_the_main_process_released():
+    from wdspack.loader.dataloader import _PixelBuffers, _release
+
+    pool = _PixelBuffers(workers=2, size=2)
+    shape = (4, 3, 2, 2)
+    a, dirty, lease = pool.take(shape, worker=1, packs=2)
+    assert dirty == [0, 0] and not a.any() and a.is_shared()
+    a[0] = 1.0
+    pool.ship(lease, [1, 0])
+    b, _, lease_b = pool.take(shape, worker=1, packs=2)  # a is still out: another buffer
+    assert b.data_ptr() != a.data_ptr()
+    pool.ship(lease_b, [0, 0])
+    c, _, lease_c = pool.take(shape, worker=1, packs=2)  # both out and the pool is full: a new, unkept one
+    assert lease_c is None and c.data_ptr() not in (a.data_ptr(), b.data_ptr())
+    _release(pool.released, 1, lease.index, lease.number + 1)  # a stale or foreign number: no reuse
+    _release(pool.released, 0, lease.index, lease.number)  # another worker's row: no reuse
+    assert pool.take(shape, worker=1, packs=2)[2] is None
+    _release(pool.released, 1, lease.index, lease.number)
+    again, dirty, lease_again = pool.take(shape, worker=1, packs=2)
+    assert again.data_ptr() == a.data_ptr() and dirty == [1, 0] and lease_again.number > lease.number
+    assert pool.take(shape, worker=1, packs=2)[2] is None, "leased again: not handed out twice"
+
+
+def test_a_shipment_unpickles_as_the_batch_and_releases_on_the_last_view():
+    """What crosses the worker → main boundary: small tensors by value, big ones as shared memory,
+    and the pixel buffer's release only once no view of it is left in the receiving process."""
+    import gc
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    from wdspack.loader.dataloader import _PixelBuffers, _Shipment
+
+    pool = _PixelBuffers(workers=1, size=1)
+    pixels, _, lease = pool.take((64, 3, 32, 32), worker=0, packs=4)  # 768 KiB: by value
+    big, _, big_lease = _PixelBuffers(workers=1, size=1).take((4, 3, 256, 256), worker=0, packs=2)
+    pool.ship(lease, [0, 0, 0, 0])
+    batch = {"input_ids": torch.arange(6).view(2, 3), "mask": torch.ones(2, 2, dtype=torch.bfloat16), "max_seqlen": 3,
+             "pixel_values": pixels}
+    got = pickle.loads(ForkingPickler.dumps(_Shipment(batch, lease)))
+    assert list(got) == list(batch) and got["max_seqlen"] == 3
+    assert torch.equal(got["input_ids"], batch["input_ids"]) and not got["input_ids"].is_shared()
+    assert got["mask"].dtype == torch.bfloat16 and torch.equal(got["pixel_values"], pixels)
+    view = got["pixel_values"][3:5]
+    del got
+    gc.collect()
+    assert int(pool.released[0, 0]) == 0, "a view is still alive"
+    del view
+    gc.collect()
+    assert int(pool.released[0, 0]) == lease.number
+    shipped = pickle.loads(ForkingPickler.dumps(_Shipment({"pixel_values": big}, big_lease)))
+    assert shipped["pixel_values"].is_shared() and torch.equal(shipped["pixel_values"], big)
+
+
+def test_a_corrupt_image_skips_its_pack_and_names_the_sample(pictures, tmp_path, caplog):
+    from wdspack.codec import Pack, decode_pack, encode_pack
+
+    root = _copy(pictures, tmp_path / "ds")
+    shard = root / "train-000001.tar"
+    members = _members(shard)
+    k, pack = next((k, p) for k, (m, data) in enumerate(members)
+                   if m.name.endswith(".mp") and (p := decode_pack(data, seq_len=64, max_images=3)).num_images)
+    bad = Pack(pack.input_ids, pack.loss_mask, pack.seq_lens, pack.sample_ids, (b"not an image",) + pack.images[1:],
+               pack.image_sample, pack.image_tokens)
+    members[k] = (members[k][0], encode_pack(bad, token_dtype="<u2"))
+    _rewrite(shard, members)
+    owner = pack.sample_ids[pack.image_sample[0]]
+    transform = make_image_transform(size=16)
+    with caplog.at_level(logging.WARNING, logger="wdspack.loader"):
+        loader = make_loader(root, batch_size=2, num_workers=0, shuffle=False, image_transform=transform)
+        seen = [n for batch in loader for n in pack_numbers(batch["input_ids"])]
+    assert 12 + k not in seen and len(seen) == 48 and loader.stats["corrupt_packs"] == 1
+    assert any(f"sample {owner!r}: image 0: cannot read the image header" in r.getMessage() for r in caplog.records)
+    with pytest.raises(FormatError, match=f"sample {owner!r}: image 0"):
+        list(make_loader(root, batch_size=2, num_workers=1, shuffle=False, on_corrupt="raise",
+                         image_transform=transform))
 
 
 def test_public_names():

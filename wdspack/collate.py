@@ -67,7 +67,9 @@ Which keys to feed (each is exact: ``tests/test_packed_exact.py``):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -77,9 +79,10 @@ from .codec import Pack
 from .errors import ConfigError, FormatError
 
 if TYPE_CHECKING:
-    from .images import PatchLayout
+    from .images import ImageTransform, PatchLayout
 
-__all__ = ["IGNORE_INDEX", "collate_packs", "pack_to_example"]
+__all__ = ["IGNORE_INDEX", "DecodedImages", "collate_packs", "decode_pack_images", "pack_to_example",
+           "write_pixel_slots"]
 
 #: The label of a token that is not a target (PyTorch's and transformers' ``ignore_index``).
 IGNORE_INDEX = -100
@@ -162,7 +165,7 @@ def pack_to_example(pack: Pack, *, seq_len: int, max_images: int, pad_token_id: 
 def collate_packs(examples: Sequence[dict[str, torch.Tensor]], *, attention_mask: str | None = None,
                   padding_free: bool = False, pad_to: int | str | None = "batch",
                   mask_dtype: torch.dtype = torch.bool, max_segments: int | None = None,
-                  ) -> dict[str, torch.Tensor | int]:
+                  share_memory: bool | None = None) -> dict[str, torch.Tensor | int]:
     """Stack :func:`pack_to_example` outputs into one batch of fixed shapes.
 
     Args:
@@ -178,6 +181,8 @@ def collate_packs(examples: Sequence[dict[str, torch.Tensor]], *, attention_mask
             mask (0 = attend, the dtype's minimum = masked; eager attention) matching the model's.
         max_segments: pad ``cu_seqlens`` to ``max_segments + 1`` entries by repeating its last
             offset (empty segments), so its shape is static too.
+        share_memory: build the stacked tensors straight in shared memory (what a DataLoader
+            worker sends them through). Default: when called in a DataLoader worker.
 
     Returns:
         Text tensors as above; ``cu_seqlens`` ``[S+1]`` int32 and ``max_seqlen`` (a Python int)
@@ -203,14 +208,16 @@ def collate_packs(examples: Sequence[dict[str, torch.Tensor]], *, attention_mask
         raise ConfigError(f"examples have different (seq_len, max_images): {sorted(shapes)}; build them all with "
                           "the same budgets")
     B, L, M = len(examples), examples[0]["input_ids"].shape[0], examples[0]["image_mask"].shape[0]
-    batch: dict[str, Any] = {key: _join([e[key] for e in examples], stack=True) for key in _TEXT_KEYS + _COUNT_KEYS}
+    shared = torch.utils.data.get_worker_info() is not None if share_memory is None else share_memory
+    batch: dict[str, Any] = {key: _join([e[key] for e in examples], stack=True, shared=shared)
+                             for key in _TEXT_KEYS + _COUNT_KEYS}
     for key in examples[0]:
         if key not in _TEXT_KEYS + _COUNT_KEYS:  # image slots and image tensors: pack-major
             tensors = [e[key] for e in examples]
             if any(t.shape[0] != M for t in tensors) and "image_grid_thw" not in examples[0]:
-                batch[key] = _pad_join(tensors, M, key=key)  # pad_images=False: only the real images
+                batch[key] = _pad_join(tensors, M, key=key, shared=shared)  # pad_images=False: real images only
             else:
-                batch[key] = _join(tensors, stack=False)
+                batch[key] = _join(tensors, stack=False, shared=shared)
     batch["image_pack_idx"] = torch.arange(B).repeat_interleave(M)
     real = batch["num_tokens"].tolist()
     sample_lens = [np.bincount(e["seq_idx"][:n].numpy(), minlength=int(e["num_samples"]))
@@ -228,40 +235,94 @@ def collate_packs(examples: Sequence[dict[str, torch.Tensor]], *, attention_mask
     return batch
 
 
-def _join(tensors: list[torch.Tensor], *, stack: bool) -> torch.Tensor:
-    """``torch.stack`` / ``torch.cat``; in a DataLoader worker, straight into shared memory.
+def _join(tensors: list[torch.Tensor], *, stack: bool, shared: bool) -> torch.Tensor:
+    """``torch.stack`` / ``torch.cat``; with ``shared`` (in a DataLoader worker), straight into shared memory.
 
     The worker would otherwise copy every batch tensor into shared memory to send it (as
     ``default_collate`` avoids too): for image batches that copy is tens of megabytes.
     """
     first = tensors[0]
     shape = (len(tensors), *first.shape) if stack else (sum(t.shape[0] for t in tensors), *first.shape[1:])
-    out = _shared(first, shape)
+    out = _shared(first, shape) if shared else None
     return torch.stack(tensors, out=out) if stack else torch.cat(tensors, out=out)
 
 
-def _pad_join(tensors: list[torch.Tensor], slots: int, *, key: str) -> torch.Tensor:
+def _pad_join(tensors: list[torch.Tensor], slots: int, *, key: str, shared: bool) -> torch.Tensor:
     """Concatenate per-pack ``[k_b, ...]`` tensors into ``[B·slots, ...]``, zeros past each pack's ``k_b``."""
     first = tensors[0]
     if any(t.shape[0] > slots for t in tensors):
         raise ConfigError(f"{key}: a pack has {max(t.shape[0] for t in tensors)} entries > {slots} image slots")
     shape = (len(tensors) * slots, *first.shape[1:])
-    out = _shared(first, shape)
+    out = _shared(first, shape) if shared else None
+    fresh = out is not None  # a new shared-memory segment reads as zeros already
     out = first.new_empty(shape) if out is None else out
-    for b, t in enumerate(tensors):  # every byte written once: the real rows, then zeros
+    for b, t in enumerate(tensors):  # every byte written at most once: the real rows, then zeros
         out[b * slots: b * slots + t.shape[0]] = t
-        out[b * slots + t.shape[0]: (b + 1) * slots] = 0
+        if not fresh:
+            out[b * slots + t.shape[0]: (b + 1) * slots] = 0
     return out
 
 
 def _shared(like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor | None:
-    """An uninitialised tensor in shared memory when in a DataLoader worker, else None."""
-    if torch.utils.data.get_worker_info() is None:
-        return None
+    """A new tensor in shared memory (None where that is not available).
+
+    Its bytes are zero: the segment is a new file in ``/dev/shm``, which the OS hands out zero-filled
+    (PyTorch ``fallocate``s it whole, so the pages exist already; writing zeros again would only
+    cost time).
+    """
     try:  # the private call default_collate makes; without it the copy just happens later
         return like.new(like._typed_storage()._new_shared(math.prod(shape), device=like.device)).view(shape)
     except (AttributeError, RuntimeError):
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedImages:
+    """A pack's images decoded and resized (``[S, S, 3]`` uint8 each), not yet normalised.
+
+    The loader's dataset leaves these in each example (:func:`decode_pack_images`) and its collate
+    function normalises them straight into their slots of the batch tensor
+    (:func:`write_pixel_slots`): one float write per real pixel, no per-pack float copy.
+    """
+
+    pixels: tuple[np.ndarray, ...]
+    transform: ImageTransform
+
+    def __len__(self) -> int:
+        return len(self.pixels)
+
+
+def decode_pack_images(pack: Pack, transform: ImageTransform) -> DecodedImages:
+    """First half of the built-in image path for one pack; errors name the sub-sample.
+
+    Raises:
+        ImageDecodeError: an image cannot be decoded; the message names the owner sample's id.
+    """
+    with _naming_sample(pack):
+        return DecodedImages(tuple(transform.decode_resized(pack.images)), transform)
+
+
+def write_pixel_slots(images: Sequence[DecodedImages], out: torch.Tensor, *, slots: int,
+                      dirty: Sequence[int] | None = None) -> list[int]:
+    """Second half: pack ``b``'s images into ``out[b·slots : b·slots + k_b]``; return the ``k_b``.
+
+    Args:
+        images: one entry per pack (``B``), each with at most ``slots`` images.
+        out: ``[B·slots, 3, S, S]`` float32, the batch's ``pixel_values``.
+        slots: ``M``, the image slots per pack.
+        dirty: per pack, how many leading slots may hold non-zero bytes from earlier use;
+            those past ``k_b`` are zeroed. ``None``: all of them (memory of unknown content);
+            all zeros for a new shared-memory segment, which is zero already.
+    """
+    counts = [len(x) for x in images]
+    if any(k > slots for k in counts):
+        raise ConfigError(f"pixel_values: a pack has {max(counts)} images > {slots} image slots")
+    for b, (x, k) in enumerate(zip(images, counts)):
+        x.transform.normalize_into(x.pixels, out[b * slots: b * slots + k])
+        stale = slots if dirty is None else dirty[b]
+        if stale > k:
+            out[b * slots + k: b * slots + stale] = 0
+    return counts
 
 
 def _names(pack: Pack) -> str:
@@ -315,14 +376,8 @@ def _block_causal(seq_idx: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def _images_to_slots(pack: Pack, transform: Callable[[Sequence[bytes]], dict[str, torch.Tensor]], *,
                      seq_len: int, max_images: int, pad: bool = True) -> dict[str, torch.Tensor]:
     """Run the transform and pad its per-image outputs to ``max_images`` slots (fixed shapes)."""
-    from .images import ImageDecodeError
-
-    try:
+    with _naming_sample(pack):
         got = dict(transform(pack.images))
-    except ImageDecodeError as e:
-        k = e.index
-        who = f"sample {pack.sample_ids[pack.image_sample[k]]!r}: " if k is not None and k < pack.num_images else ""
-        raise type(e)(f"{who}{e}", index=k) from None
     k = pack.num_images
     if "image_grid_thw" in got:
         return _pad_patches(pack, got, transform, seq_len=seq_len, max_images=max_images)
@@ -338,6 +393,19 @@ def _images_to_slots(pack: Pack, transform: Callable[[Sequence[bytes]], dict[str
             value = slots
         out[key] = value
     return out
+
+
+@contextmanager
+def _naming_sample(pack: Pack) -> Iterator[None]:
+    """Re-raise an :class:`~wdspack.images.ImageDecodeError` with the owner sub-sample's id in front."""
+    from .images import ImageDecodeError
+
+    try:
+        yield
+    except ImageDecodeError as e:
+        k = e.index
+        who = f"sample {pack.sample_ids[pack.image_sample[k]]!r}: " if k is not None and k < pack.num_images else ""
+        raise type(e)(f"{who}{e}", index=k) from None
 
 
 def _pad_patches(pack: Pack, got: dict[str, torch.Tensor], transform: PatchLayout | Any, *, seq_len: int,

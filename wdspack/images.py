@@ -18,6 +18,11 @@ flattened patches    ``pixel_values`` [P, D] (P = Σ t·h·w),    [R, D] + ``pat
 ``R`` is :meth:`ImageTransform.patch_rows`: what the budgets imply (every image token stands for
 ``merge_size²`` patches and a pack holds at most ``seq_len`` tokens), or ``max_patches``.
 
+The built-in path also comes in two halves, which the loader uses: :meth:`~ImageTransform.decode_resized`
+(bytes → ``[S, S, 3]`` uint8, in the dataset, where a bad image can still skip its pack) and
+:meth:`~ImageTransform.normalize_into` (uint8 → normalised float32, written straight into the
+pack's slots of the batch tensor). Together they give exactly what ``__call__`` gives.
+
 Every decode reads the header first and refuses more than ``max_pixels`` pixels *before* any
 pixel is decoded, so a decompression bomb costs a few hundred bytes of parsing. Only common
 raster formats are opened (no EPS, which would run Ghostscript). Bad bytes raise
@@ -203,13 +208,78 @@ class ImageTransform:
         per_image = _max_patches_per_image(self.processor)
         return min(rows, max_images * per_image) if per_image else rows
 
+    @property
+    def writes_into(self) -> bool:
+        """True for the built-in path, which can split into :meth:`decode_resized` and :meth:`normalize_into`."""
+        return self.processor is None
+
     def __call__(self, images: Sequence[bytes]) -> dict[str, torch.Tensor]:
-        pil = [self._decode(k, data) for k, data in enumerate(images)]
         if self.processor is None:
-            return {"pixel_values": self._builtin(pil)}
+            pixels = self.decode_resized(images)
+            out = torch.empty((len(pixels), 3, self.size, self.size))
+            self.normalize_into(pixels, out)
+            return {"pixel_values": out}
+        pil = [self._decode(k, data) for k, data in enumerate(images)]
         if self.flattened:
             return self._flattened(pil)
         return self._fixed(pil)
+
+    def decode_resized(self, images: Sequence[bytes]) -> list[np.ndarray]:
+        """Built-in path, first half: encoded images → ``[S, S, 3]`` uint8 RGB arrays (decoded, resized).
+
+        With :meth:`normalize_into` it gives exactly what ``__call__`` gives; split, the float
+        pixels can be written once, straight into their slot of a batch tensor (the loader does).
+
+        Raises:
+            ImageDecodeError: naming the image's index (``index``).
+            ConfigError: the transform wraps a processor (which has no such split).
+
+        Example:
+            >>> t = make_image_transform(size=4)
+            >>> buf = io.BytesIO(); Image.new("RGB", (8, 6), (255, 0, 0)).save(buf, format="PNG")
+            >>> px = t.decode_resized([buf.getvalue()]); px[0].shape, px[0].dtype, px[0][0, 0].tolist()
+            ((4, 4, 3), dtype('uint8'), [255, 0, 0])
+        """
+        if self.processor is not None:
+            raise ConfigError(f"decode_resized is the built-in path's; this transform wraps "
+                              f"{type(self.processor).__name__}: call the transform instead")
+        s = self.size
+        pixels = []
+        for k, data in enumerate(images):
+            img = self._decode(k, data)
+            if img.size != (s, s):
+                img = img.resize((s, s), Image.Resampling.BICUBIC)
+            pixels.append(np.asarray(img))
+        return pixels
+
+    def normalize_into(self, pixels: Sequence[np.ndarray], out: torch.Tensor) -> None:
+        """Built-in path, second half: ``[S, S, 3]`` uint8 arrays → ``out[:N]`` ``[N, 3, S, S]`` float32, normalised.
+
+        Each pixel is read once and written once (HWC bytes → CHW floats in one pass); ``out`` may
+        be a view into a larger batch tensor (its slots of one pack) and must be float32, C-contiguous
+        per image, on the CPU. Entries of ``out`` past ``N`` are left as they are.
+
+        Example:
+            >>> t = make_image_transform(size=2)
+            >>> out = torch.zeros(2, 3, 2, 2)
+            >>> t.normalize_into([np.full((2, 2, 3), 255, np.uint8)], out)
+            >>> out[0, :, 0, 0].tolist(), out[1].abs().sum().item()
+            ([1.0, 1.0, 1.0], 0.0)
+        """
+        s = self.size
+        if out.dtype != torch.float32 or out.device.type != "cpu" or out.ndim != 4 \
+                or tuple(out.shape[1:]) != (3, s, s) or out.shape[0] < len(pixels):
+            raise ConfigError(f"normalize_into needs a CPU float32 [>= {len(pixels)}, 3, {s}, {s}] tensor, got "
+                              f"{out.dtype} {tuple(out.shape)} on {out.device}")
+        dst = out.numpy()  # shares memory: writes land in ``out``
+        scale, shift = self._scale[:, None, None], self._shift[:, None, None]
+        for k, px in enumerate(pixels):
+            if px.shape != (s, s, 3) or px.dtype != np.uint8:
+                raise ConfigError(f"pixels[{k}] is {px.dtype} {px.shape}; expected uint8 ({s}, {s}, 3) "
+                                  "from decode_resized")
+            # HWC bytes → CHW floats in one pass, then the shift in place: (x / 255 - mean) / std.
+            np.multiply(px.transpose(2, 0, 1), scale, out=dst[k], casting="unsafe")
+            dst[k] += shift
 
     def _decode(self, k: int, data: bytes) -> Image.Image:
         try:
@@ -225,18 +295,6 @@ class ImageTransform:
         size = getattr(self.processor, "size", None)
         sides = [_field(size, f) for f in ("height", "width", "shortest_edge")]
         return max((s for s in sides if s), default=None)
-
-    def _builtin(self, pil: list[Image.Image]) -> torch.Tensor:
-        s = self.size
-        out = np.empty((len(pil), 3, s, s), np.float32)
-        scale, shift = self._scale[:, None, None], self._shift[:, None, None]
-        for k, img in enumerate(pil):
-            if img.size != (s, s):
-                img = img.resize((s, s), Image.Resampling.BICUBIC)
-            # HWC bytes → CHW floats in one pass, straight into the output.
-            np.multiply(np.asarray(img).transpose(2, 0, 1), scale, out=out[k], casting="unsafe")
-            out[k] += shift
-        return torch.from_numpy(out)
 
     def _fixed(self, pil: list[Image.Image]) -> dict[str, torch.Tensor]:
         if not pil:

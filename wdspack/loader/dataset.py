@@ -5,6 +5,10 @@ Per ``(rank, worker)`` slot and epoch (see :mod:`.plan` for the split)::
     plan_epoch ─► lap 0: shuffle_order ─► lap_source ─► reorder ─► decode_packs ─► pack_to_example
                   lap 1 (only to make up for drop/wrap/skips) ...
 
+Under :class:`~wdspack.loader.PackedLoader` the built-in image transform runs only its first half
+here (decode and resize to uint8, ``PIXELS_KEY``); the loader's collate function normalises the
+pixels straight into the batch tensor.
+
 The whole stream of a slot is a pure function of ``(manifest, seed, epoch, slot)``, so the
 position ``(lap, emitted, yielded)`` of each slot is a complete checkpoint: restoring it
 rebuilds the shuffle buffer from the bytes again (reading from the oldest pack still in the
@@ -38,6 +42,8 @@ logger = logging.getLogger("wdspack.loader")
 STAT_KEYS = ("corrupt_packs", "truncated_shards", "ignored_members", "retries", "requests", "bytes_read")
 #: Private per-example key that carries a slot's position to :class:`~wdspack.loader.PackedLoader`.
 META_KEY = "__wdspack_position__"
+#: Private per-example key: the pack's decoded images (``collate.DecodedImages``) for the loader's collate.
+PIXELS_KEY = "__wdspack_pixels__"
 _META_HEAD = ("worker", "epoch", "lap", "emitted", "yielded")
 MAX_WORKERS = 256
 _HEAD = 3  # epoch, has_resume, shift; then (lap, emitted, yielded) per worker
@@ -217,11 +223,28 @@ class PackedDataset(IterableDataset):
         return plan_epoch([s.packs for s in self._source.shards], slots=self.world_size * workers, epoch=epoch,
                           seed=self.seed, shuffle=self.shuffle, remainder=self.remainder, batch_size=self.batch_size)
 
+    def _to_example(self, pack) -> dict[str, Any]:
+        """``pack_to_example``; under the loader, images stay per pack for its collate to place.
+
+        With the built-in transform they are only decoded and resized here (``PIXELS_KEY``, uint8):
+        the loader's collate normalises them straight into the batch tensor. Decode errors still
+        surface here, where a bad pack can be skipped.
+        """
+        from ..collate import decode_pack_images, pack_to_example
+        from ..images import ImageTransform
+
+        transform = self.image_transform
+        staged = self.with_position and isinstance(transform, ImageTransform) and transform.writes_into
+        example: dict[str, Any] = pack_to_example(
+            pack, seq_len=self.seq_len, max_images=self.max_images, pad_token_id=self.pad_token_id,
+            image_transform=None if staged else transform, pad_images=not self.with_position)
+        if staged:
+            example[PIXELS_KEY] = decode_pack_images(pack, transform)
+        return example
+
     def _iter_slot(self, plan: EpochPlan, slot: int, epoch: int, position: tuple[int, int, int], stats: Counter
                    ) -> Iterator[tuple[dict[str, torch.Tensor], tuple[int, int, int]]]:
         """Yield ``(example, (lap, emitted, yielded))`` until the slot has yielded ``plan.per_slot`` packs."""
-        from ..collate import pack_to_example
-
         ranges = plan.slots[slot]
         starts = np.cumsum([0] + [len(r) for r in ranges]).tolist()
         size = starts[-1]
@@ -253,9 +276,7 @@ class PackedDataset(IterableDataset):
                     if pack is None:
                         continue
                     try:
-                        example = pack_to_example(pack, seq_len=self.seq_len, max_images=self.max_images,
-                                                  pad_token_id=self.pad_token_id, image_transform=self.image_transform,
-                                                  pad_images=not self.with_position)  # the loader's collate pads
+                        example = self._to_example(pack)
                     except (WdspackError, OSError, ValueError) as e:
                         handler("corrupt_packs", FormatError(f"{where(int(order[k]))}: {type(e).__name__}: {e}"))
                         continue
