@@ -250,8 +250,9 @@ def _fingerprint(partitions: Sequence[Partition], sample_config: SampleConfig, c
     inputs = []
     tags: dict[str, list[Any]] = {}  # one stat per file, not per partition (remote stats are requests)
     for p in partitions:
-        tag = tags.get(p.path) or tags.setdefault(p.path, stat_tag(p.path))
-        inputs.append([p.path, p.kind, p.start, p.stop, p.first_row, p.image_root, *tag])
+        if p.path not in tags:
+            tags[p.path] = stat_tag(p.path)
+        inputs.append([p.path, p.kind, p.start, p.stop, p.first_row, p.image_root, *tags[p.path]])
     blob = json.dumps({"inputs": inputs, "samples": asdict(sample_config), "config": config.output_fields(),
                        "version": __version__}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()

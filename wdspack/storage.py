@@ -212,7 +212,6 @@ class Location:
         if not self.remote:
             return os.path.exists(self.join(*names))
         fs, inner = self._inner(*names)
-        fs.invalidate_cache(inner)  # other processes write here: never answer from a cached listing
         return fs.exists(inner)
 
     def is_empty(self) -> bool:
@@ -220,7 +219,6 @@ class Location:
         if not self.remote:
             return not os.path.isdir(self.root) or not any(os.scandir(self.root))
         fs, inner = self._fs()
-        fs.invalidate_cache(inner)
         try:
             return not fs.ls(inner, detail=False)
         except FileNotFoundError:
@@ -236,7 +234,7 @@ class Location:
                 return set()
         fs, inner = self._inner(name)
         try:
-            return {posixpath.basename(p.rstrip("/")) for p in fs.ls(inner, detail=False, refresh=True)}
+            return {posixpath.basename(p.rstrip("/")) for p in fs.ls(inner, detail=False)}
         except FileNotFoundError:
             return set()
 
@@ -262,7 +260,6 @@ class Location:
         if not self.remote:
             return os.path.getsize(self.join(*names))
         fs, inner = self._inner(*names)
-        fs.invalidate_cache(inner)
         return int(fs.info(inner)["size"])
 
     def open_read(self, *names: str) -> IO[bytes]:

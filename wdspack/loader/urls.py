@@ -36,13 +36,13 @@ from typing import Any
 
 from ..errors import ConfigError, ManifestError, SourceError
 from ..manifest import MANIFEST_NAME, Manifest
+from ..storage import with_hub_revision
 from .stages import ShardError, shard_packs
 from .streams import LocalStream, NotFoundError, is_remote, read_all
 
 __all__ = ["ResolvedSource", "ShardRef", "expand_braces", "resolve_source"]
 
 logger = logging.getLogger("wdspack.loader")
-DEFAULT_HUB_REVISION = "main"
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +228,7 @@ def _hf_resolve_url(fs, url: str, commits: dict[tuple[str, str, str], str]) -> s
     try:
         # A revision-less source reads @main, asked for by name: mirrors (olah) can only answer an
         # unnamed revision by asking huggingface.co, and the Hub's default branch is main anyway.
-        resolved = fs.resolve_path(url, revision=None if _names_revision(url) else DEFAULT_HUB_REVISION)
+        resolved = fs.resolve_path(with_hub_revision(url))
         key = (resolved.repo_type, resolved.repo_id, resolved.revision)
         if key not in commits:
             info = HfApi(endpoint=fs.endpoint, token=fs.token).repo_info(
@@ -245,14 +245,6 @@ def _hf_resolve_url(fs, url: str, commits: dict[tuple[str, str, str], str]) -> s
     http = hf_hub_url(resolved.repo_id, path or MANIFEST_NAME, repo_type=resolved.repo_type,
                       revision=commits[key], endpoint=fs.endpoint)
     return http if path else http[: -len(MANIFEST_NAME)]
-
-
-def _names_revision(url: str) -> bool:
-    """Whether ``hf://[TYPE/]ORG/NAME[@REV][/path]`` names a revision (an ``@`` in the repo's name)."""
-    parts = url[len("hf://"):].split("/")
-    if parts[0] in ("datasets", "spaces", "models"):
-        parts = parts[1:]
-    return len(parts) >= 2 and "@" in parts[1]
 
 
 def _join(folder: str, name: str) -> str:
