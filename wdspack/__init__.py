@@ -33,6 +33,7 @@ _LAZY = {
     "upload_dataset": "hub",
     "PackedDataset": "loader", "make_loader": "loader",
     "pack_to_example": "collate", "collate_packs": "collate", "make_image_transform": "images",
+    "model_inputs": "models", "load_processor": "models",
 }
 
 __all__ = [

@@ -110,12 +110,17 @@ def _add_pack(sub) -> None:
                    help="JSON/JSONL (LLaVA or messages), Parquet, a save_to_disk folder; files, folders or globs; "
                         "local or fsspec URLs (s3://..., hf://datasets/ORG/NAME@REV/...)")
     p.add_argument("--output", "-o", required=True, help="dataset folder to create (a path or an fsspec URL)")
-    p.add_argument("--tokenizer", required=True, help="tokenizer name or local path (loaded with AutoTokenizer)")
+    p.add_argument("--tokenizer", help="tokenizer name or local path (loaded with AutoTokenizer)")
+    p.add_argument("--processor", metavar="NAME_OR_PATH",
+                   help="the model's processor (a folder or a cached model name) instead of --tokenizer: its "
+                        "tokenizer, chat template and image layout, token for token as the processor gives them "
+                        "(Qwen2-VL/2.5-VL/3-VL, SmolVLM/Idefics3, Gemma 3, LLaVA, LLaVA-OneVision, Mistral 3)")
     p.add_argument("--chat-template", metavar="FILE", help="Jinja chat template, when the tokenizer has none")
     p.add_argument("--seq-len", type=int, required=True, help="tokens per pack")
     p.add_argument("--max-images", type=int, default=None, help="images per pack (default: unlimited)")
-    p.add_argument("--tokens-per-image", default="64", metavar="N|processor:NAME",
-                   help="image tokens per image: a fixed count, or processor:NAME_OR_PATH (default 64)")
+    p.add_argument("--tokens-per-image", default=None, metavar="N|processor:NAME",
+                   help="without --processor: image tokens per image, a fixed count, or processor:NAME_OR_PATH for "
+                        "a dynamic-resolution image processor's count (default 64)")
     p.add_argument("--image-token", help="the tokenizer's image token placeholders expand to, e.g. '<image>'")
     p.add_argument("--image-root", help="folder (or URL) image paths are relative to (default: each source's folder)")
     p.add_argument("--max-image-side", type=int, help="downscale larger images to this longest side at pack time")
@@ -149,13 +154,19 @@ def _run_pack(args: argparse.Namespace) -> int:
         if not path.is_file():
             raise ConfigError(f"--chat-template {args.chat_template!r} is not a file")
         template = path.read_text(encoding="utf-8")
-    tpi: int | str = args.tokens_per_image
+    if args.processor and (args.tokenizer or args.tokens_per_image or args.image_token):
+        raise ConfigError("--processor supplies the tokenizer, the image token and the tokens per image; drop "
+                          "--tokenizer, --tokens-per-image and --image-token")
+    if not args.processor and not args.tokenizer:
+        raise ConfigError("give --tokenizer (fixed image tokens) or --processor (the model's own layout)")
+    tpi: int | str = args.tokens_per_image or 64
     if re.fullmatch(r"\d+", str(tpi)):
         tpi = int(tpi)
     elif not str(tpi).startswith("processor:"):
         raise ConfigError(f"--tokens-per-image {tpi!r}: give a number (e.g. 64) or processor:NAME_OR_PATH")
     sample_config = SampleConfig(tokenizer=args.tokenizer, chat_template=template, tokens_per_image=tpi,
-                                 image_token=args.image_token, max_image_side=args.max_image_side)
+                                 image_token=args.image_token, max_image_side=args.max_image_side,
+                                 processor=args.processor)
     config = PackConfig(seq_len=args.seq_len, max_images=args.max_images, algorithm=args.algorithm,
                         seed=args.seed, shard_max_bytes=parse_size(args.shard_size),
                         shard_max_packs=args.shard_packs, workers=args.workers, on_error=args.on_error,

@@ -14,12 +14,24 @@ all of them), which chat templates are as a rule; one that is not is refused wit
 Each image part becomes the image token once in the text; after tokenizing, each occurrence is
 expanded to the image's token count (fixed, or from the model's image processor and the image's
 header size).
+
+With a model's processor (``SampleConfig(processor=...)``, ``wdspack pack --processor``) the
+processor supplies the tokenizer, the chat template and the image layout: each placeholder the
+template renders is replaced, in the text, by what the processor would put there for an image of
+that size (its model family says how, from the header alone; :mod:`wdspack.models`), and the
+expanded text is tokenized as the processor tokenizes it. The ids are then token for token those
+of ``processor.apply_chat_template(..., tokenize=True)`` with the images::
+
+    rendered   <|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Hi<|im_end|>...
+    expanded   <|im_start|>user\n<|vision_start|><|image_pad|> × 6 <|vision_end|>Hi<|im_end|>...
+    image_tokens [6]    (the feature tokens of each image: what its vision features fill)
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import os
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -51,12 +63,13 @@ class SampleConfig:
         64
     """
 
-    tokenizer: str
+    tokenizer: str | None = None
     chat_template: str | None = None
     tokens_per_image: int | str = 64
     image_token: str | None = None
     max_image_side: int | None = None
     max_image_pixels: int = 64_000_000
+    processor: Any = None  # a processor folder / cached model name, or a processor object
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,27 +101,38 @@ class SampleBuilder:
     """Turns records into samples with one tokenizer, chat template and image-token policy."""
 
     def __init__(self, config: SampleConfig) -> None:
-        from transformers import AutoTokenizer
-
         self.config = config
-        try:
-            self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer)
-        except Exception as e:  # transformers raises OSError/ValueError/... for a bad name
-            raise ConfigError(f"cannot load tokenizer {config.tokenizer!r}: {e}. Give a local folder or a model "
-                              "name that is in the Hugging Face cache (runs are offline)") from None
-        template = config.chat_template or getattr(self.tokenizer, "chat_template", None)
+        self.family = None
+        if config.processor is not None:
+            from .models import family_for, load_processor
+
+            self.processor = load_processor(config.processor)
+            self.family = family_for(self.processor)
+            self.tokenizer = self.processor.tokenizer
+            template = config.chat_template or self.processor.chat_template or self.tokenizer.chat_template
+            self.image_token = self.family.placeholder(self.processor)
+            feature = self.family.feature_token(self.processor)
+        else:
+            self.tokenizer = _load_tokenizer(config.tokenizer)
+            template = config.chat_template or getattr(self.tokenizer, "chat_template", None)
+            self.processor = _load_processor(config.tokens_per_image)
+            self.image_token = feature = config.image_token or _default_image_token(self.tokenizer, self.processor)
         if not template:
-            raise ConfigError(f"tokenizer {config.tokenizer!r} has no chat template; pass --chat-template FILE")
+            raise ConfigError(f"{self.name!r} has no chat template; pass --chat-template FILE")
         self.template = template
-        self.processor = _load_processor(config.tokens_per_image)
-        self.image_token = config.image_token or _default_image_token(self.tokenizer, self.processor)
-        ids = self.tokenizer.convert_tokens_to_ids([self.image_token])
+        ids = self.tokenizer.convert_tokens_to_ids([feature])
         unk = getattr(self.tokenizer, "unk_token_id", None)
-        if not ids or ids[0] is None or (unk is not None and ids[0] == unk and self.image_token != self.tokenizer.unk_token):
-            raise ConfigError(f"image token {self.image_token!r} is not a single token in the vocabulary of "
-                              f"{config.tokenizer!r}; pass the model's image token with --image-token")
-        self.image_token_id = int(ids[0])
+        if not ids or ids[0] is None or (unk is not None and ids[0] == unk and feature != self.tokenizer.unk_token):
+            raise ConfigError(f"image token {feature!r} is not a single token in the vocabulary of "
+                              f"{self.name!r}; pass the model's image token with --image-token")
+        self.feature_token, self.image_token_id = feature, int(ids[0])
         self.typed_images = self._template_renders_typed_images()
+
+    @property
+    def name(self) -> str:
+        """The tokenizer (or processor) as the manifest names it."""
+        spec = self.config.processor if self.config.processor is not None else self.config.tokenizer
+        return str(spec) if isinstance(spec, (str, os.PathLike)) else type(spec).__name__
 
     # ---- public ----------------------------------------------------------------------------
 
@@ -122,6 +146,8 @@ class SampleBuilder:
         if not any(m["role"] == "assistant" for m in messages):
             raise SampleError("no_assistant_turn", "the conversation has no assistant turn to train on", sid)
         text, spans = self._render(messages, sid)
+        if self.family is not None:
+            return self._build_expanded(sid, text, spans, images, counts)
         enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         ids = np.asarray(enc["input_ids"], np.int64)
         if ids.size == 0:
@@ -137,14 +163,17 @@ class SampleBuilder:
         vocab = len(self.tokenizer)
         pad = self.pad_token_id
         policy: dict[str, Any]
-        if isinstance(self.config.tokens_per_image, int):
+        if self.family is not None:
+            policy = {"kind": "processor", "name": self.name, "family": self.family.name,
+                      "processor_class": type(self.processor).__name__}
+        elif isinstance(self.config.tokens_per_image, int):
             policy = {"kind": "fixed", "tokens_per_image": self.config.tokens_per_image}
         else:
             policy = {"kind": "processor", "name": str(self.config.tokens_per_image).split(":", 1)[-1]}
         return {
             "tokenizer": {
-                "name": self.config.tokenizer, "vocab_size": vocab, "pad_token_id": pad,
-                "image_token": self.image_token, "image_token_id": self.image_token_id,
+                "name": self.name, "vocab_size": vocab, "pad_token_id": pad,
+                "image_token": self.feature_token, "image_token_id": self.image_token_id,
                 "chat_template_sha256": hashlib.sha256(self.template.encode()).hexdigest(),
                 "token_dtype": token_dtype_for(vocab),
             },
@@ -237,7 +266,9 @@ class SampleBuilder:
             data, (w, h) = _downscale(data, side, fmt)
         return data, (w, h)
 
-    def _tokens_for(self, w: int, h: int) -> int:
+    def _tokens_for(self, w: int, h: int) -> int | tuple[int, int]:
+        if self.family is not None:
+            return (h, w)  # the family expands from the size (_build_expanded)
         if self.processor is None:
             return int(self.config.tokens_per_image)
         return _processor_tokens(self.processor, h, w)
@@ -256,6 +287,66 @@ class SampleBuilder:
         if not mask.any():
             raise SampleError("no_assistant_turn", "no token is a training target after templating", sid)
         return Sample(sid, ids.astype(np.uint32), mask, tuple(images), tuple(int(c) for c in counts))
+
+
+    def _build_expanded(self, sid: str, text: str, spans: list[tuple[int, int]], images: list[bytes],
+                        sizes: list) -> Sample:
+        """Processor mode: expand each placeholder in the text as the processor does, then tokenize."""
+        ph = self.image_token
+        found = [m.start() for m in re.finditer(re.escape(ph), text)]
+        if len(found) != len(images):
+            raise SampleError("placeholder_mismatch", f"{len(found)} image placeholders {ph!r} in the rendered text "
+                              f"for {len(images)} images", sid)
+        try:
+            reps = self.family.replacements(self.processor, sizes) if images else []
+        except Exception as e:  # the processor's own code refusing a size
+            raise SampleError("unreadable_image", f"the processor cannot lay out images of sizes {sizes}: "
+                              f"{_error_text(e)}", sid) from None
+        pieces, regions, last, shift = [], [], 0, 0
+        for at, rep in zip(found, reps):
+            pieces += [text[last:at], rep]
+            regions.append((at + shift, at + shift + len(rep)))
+            shift += len(rep) - len(ph)
+            last = at + len(ph)
+        pieces.append(text[last:])
+        expanded = "".join(pieces)
+
+        def moved(p: int) -> int:  # where character p of the rendered text lands in the expanded one
+            return p + sum(len(r) - len(ph) for at, r in zip(found, reps) if at + len(ph) <= p)
+
+        bos = self.tokenizer.bos_token
+        enc = self.tokenizer(expanded, add_special_tokens=not (bos and expanded.startswith(bos)),
+                             return_offsets_mapping=True)
+        ids = np.asarray(enc["input_ids"], np.int64)
+        offsets = np.asarray(enc["offset_mapping"], np.int64).reshape(-1, 2)
+        mask = np.zeros(ids.size, np.uint8)
+        real = offsets[:, 1] > offsets[:, 0]
+        for start, end in spans:
+            mask[(offsets[:, 0] >= moved(start)) & (offsets[:, 1] <= moved(end)) & real] = 1
+        feature = ids == self.image_token_id
+        counts = []
+        for start, end in regions:
+            inside = (offsets[:, 0] >= start) & (offsets[:, 1] <= end) & real
+            mask[inside] = 0
+            counts.append(int((inside & feature).sum()))
+        if sum(counts) != int(feature.sum()):
+            raise SampleError("placeholder_mismatch", f"the text holds {int(feature.sum()) - sum(counts)} image "
+                              f"tokens {self.feature_token!r} of its own besides the {len(images)} images'", sid)
+        if not mask.any():
+            raise SampleError("no_assistant_turn", "no token is a training target after templating", sid)
+        return Sample(sid, ids.astype(np.uint32), mask, tuple(images), tuple(counts))
+
+
+def _load_tokenizer(name: str | None):
+    from transformers import AutoTokenizer
+
+    if not name:
+        raise ConfigError("give a tokenizer (--tokenizer) or a processor (--processor)")
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except Exception as e:  # transformers raises OSError/ValueError/... for a bad name
+        raise ConfigError(f"cannot load tokenizer {name!r}: {e}. Give a local folder or a model "
+                          "name that is in the Hugging Face cache (runs are offline)") from None
 
 
 def _error_text(e: BaseException) -> str:

@@ -44,7 +44,7 @@ import torch
 from torch.utils.data import DataLoader, get_worker_info
 
 from ..errors import ConfigError
-from .dataset import META_KEY, PIXELS_KEY, STAT_KEYS, PackedDataset
+from .dataset import META_KEY, MODEL_KEY, PIXELS_KEY, STAT_KEYS, PackedDataset
 
 __all__ = ["PackedLoader", "make_loader"]
 
@@ -75,7 +75,8 @@ def make_loader(source: str | os.PathLike[str] | Sequence[str] | PackedDataset, 
             any more (new shared memory costs a page fault per 4 KiB: about a third of a worker's
             time). Pass False if batches go on to *other* processes uncopied (the main process
             cannot see when those let go).
-        **dataset_kwargs: :class:`PackedDataset` options (``seed``, ``shuffle``, ``remainder``, ...);
+        **dataset_kwargs: :class:`PackedDataset` options (``seed``, ``shuffle``, ``remainder``,
+            ``processor`` for model-ready batches, ...);
             ``read_timeout`` is the dataset's ``timeout`` (network reads), which ``timeout`` here is not.
 
     Example:
@@ -137,7 +138,7 @@ class PackedLoader:
         self.dataloader = DataLoader(
             dataset, batch_size=self.batch_size, num_workers=self.num_workers, drop_last=True, timeout=timeout,
             collate_fn=_Collate(attention_mask=attention_mask, padding_free=padding_free,
-                                max_segments=self.max_segments, buffers=buffers),
+                                max_segments=self.max_segments, buffers=buffers, model=dataset.model_batcher),
             pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory, **extra)
         self._epoch = dataset.epoch
         self._positions: list[tuple[int, int, int]] = [(0, 0, 0)] * self._workers
@@ -257,9 +258,10 @@ class _Collate:
     """
 
     def __init__(self, *, attention_mask: str | None, padding_free: bool, max_segments: int | None,
-                 buffers: _PixelBuffers | None) -> None:
+                 buffers: _PixelBuffers | None, model: Any = None) -> None:
         self.options = {"attention_mask": attention_mask, "padding_free": padding_free, "max_segments": max_segments}
         self.buffers = buffers
+        self.model = model
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any] | _Shipment:
         from ..collate import collate_packs, write_pixel_slots
@@ -268,7 +270,10 @@ class _Collate:
         recycle = self.buffers is not None and info is not None
         meta = torch.stack([ex.pop(META_KEY) for ex in examples])
         images = [ex.pop(PIXELS_KEY) for ex in examples] if PIXELS_KEY in examples[0] else None
+        parts = [ex.pop(MODEL_KEY) for ex in examples] if MODEL_KEY in examples[0] else None
         batch = dict(collate_packs(examples, **self.options, share_memory=info is not None and not recycle))
+        if parts is not None:
+            batch = self.model.collate(batch, parts, padding_free=self.options["padding_free"])
         lease = None
         if images is not None:
             M, size = examples[0]["image_mask"].shape[0], images[0].transform.size

@@ -34,7 +34,7 @@ from .stages import Handler, decode_packs, lap_source, reorder
 from .streams import open_stream
 from .urls import ResolvedSource, resolve_source
 
-__all__ = ["META_KEY", "PackedDataset", "STAT_KEYS"]
+__all__ = ["META_KEY", "MODEL_KEY", "PackedDataset", "STAT_KEYS"]
 
 logger = logging.getLogger("wdspack.loader")
 
@@ -44,6 +44,8 @@ STAT_KEYS = ("corrupt_packs", "truncated_shards", "ignored_members", "retries", 
 META_KEY = "__wdspack_position__"
 #: Private per-example key: the pack's decoded images (``collate.DecodedImages``) for the loader's collate.
 PIXELS_KEY = "__wdspack_pixels__"
+#: Private per-example key: the pack's model parts (``ModelBatcher.pack_parts``) for the loader's collate.
+MODEL_KEY = "__wdspack_model__"
 _META_HEAD = ("worker", "epoch", "lap", "emitted", "yielded")
 MAX_WORKERS = 256
 _HEAD = 3  # epoch, has_resume, shift; then (lap, emitted, yielded) per worker
@@ -68,6 +70,10 @@ class PackedDataset(IterableDataset):
         remainder: ``"drop"`` or ``"wrap"``: how ranks are evened out (see :mod:`wdspack.loader.plan`).
         on_corrupt: ``"skip"`` (count, warn, go on) or ``"raise"`` for corrupt packs and truncated shards.
         image_transform: bytes → tensors (``wdspack.images.make_image_transform``); picklable.
+        processor: the model's processor (an object, a folder or a cached model name): examples then
+            carry what the model's ``forward`` takes, in the processor's pixel layout, padded to static
+            shapes (see :mod:`wdspack.models`; feed a batch with :func:`wdspack.model_inputs`). Use the
+            processor the dataset was packed with (``wdspack pack --processor``).
         expect_tokenizer: the tokenizer the training uses: a name, or a dict like the manifest's
             ``tokenizer`` entry (only its keys are compared); a mismatch raises :class:`ConfigError`.
         block_size: bytes per read from a shard.
@@ -94,7 +100,7 @@ class PackedDataset(IterableDataset):
                  image_transform: Callable[[Sequence[bytes]], dict[str, torch.Tensor]] | None = None,
                  expect_tokenizer: str | Mapping[str, Any] | None = None, block_size: int = 1 << 20,
                  retries: int = 5, backoff: float = 0.5, timeout: float = 60.0, batch_size: int = 1,
-                 storage_options: Mapping[str, Any] | None = None) -> None:
+                 storage_options: Mapping[str, Any] | None = None, processor: Any = None) -> None:
         super().__init__()
         if remainder not in REMAINDER_POLICIES:
             raise ConfigError(f"remainder={remainder!r} is not one of {REMAINDER_POLICIES}")
@@ -115,6 +121,7 @@ class PackedDataset(IterableDataset):
         self.shuffle, self.seed, self.shuffle_buffer = bool(shuffle), int(seed), int(shuffle_buffer)
         self.remainder, self.on_corrupt, self.batch_size = remainder, on_corrupt, int(batch_size)
         self.image_transform = image_transform
+        self.model_batcher = self._model_batcher(processor)
         self.with_position = False  # PackedLoader turns it on: each example carries META_KEY
         self._control = torch.zeros(_CONTROL, dtype=torch.int64).share_memory_()
         self._stats_done: Counter = Counter()
@@ -223,6 +230,26 @@ class PackedDataset(IterableDataset):
         return plan_epoch([s.packs for s in self._source.shards], slots=self.world_size * workers, epoch=epoch,
                           seed=self.seed, shuffle=self.shuffle, remainder=self.remainder, batch_size=self.batch_size)
 
+    def _model_batcher(self, processor: Any):
+        if processor is None:
+            return None
+        if self.image_transform is not None:
+            raise ConfigError("give processor= or image_transform=, not both: the processor lays out the pixels")
+        from ..models.batching import ModelBatcher
+
+        batcher = ModelBatcher(processor, seq_len=self.seq_len, max_images=self.max_images)
+        policy = self.manifest.image_policy if self.manifest is not None else {}
+        packed_for = policy.get("family")
+        if packed_for is not None and packed_for != batcher.family.name:
+            raise ConfigError(f"{self._source.display} was packed with a {packed_for} processor "
+                              f"({policy.get('name')!r}); the loader's processor is {batcher.family.name} "
+                              f"({type(batcher.processor).__name__}); load with the processor it was packed with")
+        if policy.get("kind") == "fixed":
+            logger.warning("%s was packed with a fixed %s tokens per image, not with a processor; the model's "
+                           "processor may expect other image tokens (pack with --processor)",
+                           self._source.display, policy.get("tokens_per_image"))
+        return batcher
+
     def _to_example(self, pack) -> dict[str, Any]:
         """``pack_to_example``; under the loader, images stay per pack for its collate to place.
 
@@ -230,9 +257,20 @@ class PackedDataset(IterableDataset):
         the loader's collate normalises them straight into the batch tensor. Decode errors still
         surface here, where a bad pack can be skipped.
         """
-        from ..collate import decode_pack_images, pack_to_example
+        from ..collate import _naming_sample, decode_pack_images, pack_to_example
         from ..images import ImageTransform
 
+        if self.model_batcher is not None:
+            example = pack_to_example(pack, seq_len=self.seq_len, max_images=self.max_images,
+                                      pad_token_id=self.pad_token_id)
+            with _naming_sample(pack):
+                pixels, rows = self.model_batcher.pack_parts(pack, example["input_ids"])
+            if self.with_position:
+                example[MODEL_KEY] = (pixels, rows)
+            else:
+                example.update(pixels)
+                example.update(rows)
+            return example
         transform = self.image_transform
         staged = self.with_position and isinstance(transform, ImageTransform) and transform.writes_into
         example: dict[str, Any] = pack_to_example(

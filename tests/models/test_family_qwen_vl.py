@@ -1,0 +1,120 @@
+"""Qwen2.5-VL and Qwen2-VL, exactly: the real processor classes and model classes (tiny, random).
+
+The packed batch carries ``position_ids`` ``[4, B, L]``: the restarting text row (the model builds
+the block-causal mask from it) and each sub-sample's own 3-D mRoPE rows.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import vlm_harness as h
+
+import wdspack
+from wdspack.models.qwen_vl import mrope_positions
+
+SEQ_LEN = 96
+
+
+@pytest.fixture(scope="module", params=["Qwen2_5_VL", "Qwen2VL"])
+def qwen(request, tmp_path_factory):
+    from tiny_vlm import qwen2_5_vl
+
+    folder = tmp_path_factory.mktemp(request.param)
+    processor = qwen2_5_vl.processor(folder / "tok", cls=f"{request.param}Processor")
+    model = qwen2_5_vl.model(processor, cls=f"{request.param}ForConditionalGeneration").double()
+    dataset = h.pack_chats(folder, processor, seq_len=SEQ_LEN)
+    return processor, model, dataset
+
+
+def test_tokens_are_the_processors(qwen):
+    processor, _, dataset = qwen
+    h.check_tokens(dataset, processor)
+
+
+def test_pixels_and_positions_are_the_models(qwen):
+    processor, model, dataset = qwen
+    (batch,) = h.loader_batches(dataset, processor)
+    kwargs = wdspack.model_inputs(batch, model)
+    order = [sid for sid in _pack_order(dataset)]
+    chats = {c[0]: c for c in h.CHATS}
+    images = [img for sid in order for img in h.chat_images(chats[sid])]
+    from PIL import Image
+    import io
+    want = processor.image_processor([Image.open(io.BytesIO(b)) for b in images], return_tensors="pt")
+    torch.testing.assert_close(kwargs["pixel_values"], want["pixel_values"], rtol=0, atol=0)
+    assert kwargs["image_grid_thw"].tolist() == want["image_grid_thw"].tolist()
+    B, L = batch["input_ids"].shape
+    assert batch["position_ids"].shape == (4, B, L) and batch["mm_token_type_ids"].shape == (B, L)
+    # Rows 1-3 of every sub-sample are the model's own get_rope_index of that sub-sample alone.
+    subs = h.dataset_sub_samples(dataset)
+    for b in range(B):
+        start = 0
+        for sid in _pack_sample_ids(dataset)[b]:
+            n = len(subs[sid][0])
+            alone = h.oracle(processor, chats[sid])
+            rope, _ = model.model.get_rope_index(alone["input_ids"], alone["mm_token_type_ids"],
+                                                 alone.get("image_grid_thw"))
+            assert torch.equal(batch["position_ids"][1:, b, start:start + n], rope[:, 0]), sid
+            assert torch.equal(batch["position_ids"][0, b, start:start + n], torch.arange(n))
+            start += n
+
+
+def _pack_sample_ids(dataset):
+    import tarfile
+
+    from wdspack.codec import decode_pack
+
+    out = []
+    for shard in sorted(dataset.glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            out += [decode_pack(tar.extractfile(m).read()).sample_ids for m in tar.getmembers()]
+    return out
+
+
+def _pack_order(dataset):
+    return [sid for ids in _pack_sample_ids(dataset) for sid in ids]
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_loss_and_gradients_equal_one_by_one(qwen, attn):
+    processor, model, dataset = qwen
+    packs = _pack_sample_ids(dataset)
+    assert len(packs) >= 2 and any(len(p) > 1 for p in packs)
+    model.set_attn_implementation(attn)
+    try:
+        want = h.reference(model, processor, dataset)
+        batches = h.loader_batches(dataset, processor)
+        assert any(int(n) < SEQ_LEN for b in batches for n in b["num_tokens"]), "a pack has padding"
+        got = h.packed(model, batches)
+    finally:
+        model.set_attn_implementation("sdpa")
+    h.assert_same(model, got, want)
+
+
+def test_two_d_positions_are_not_exact(qwen):
+    """The check above can fail: the loader's plain [B, L] positions give another loss (the issue's bug)."""
+    processor, model, dataset = qwen
+    (batch,) = h.loader_batches(dataset, processor)
+    kwargs = wdspack.model_inputs(batch, model)
+    kwargs["position_ids"] = kwargs["position_ids"][0]
+    with torch.no_grad():
+        flat = model(**kwargs).loss
+        exact = model(**wdspack.model_inputs(batch, model)).loss
+    assert not torch.allclose(flat, exact, rtol=1e-6)
+
+
+def test_training_from_the_loader_lowers_the_loss(qwen):
+    processor, model, dataset = qwen
+    import copy
+
+    losses = h.train_steps(copy.deepcopy(model), dataset, processor)
+    assert sum(losses[-2:]) < sum(losses[:2]), losses
+
+
+def test_mrope_positions_drawn_in_the_docstring():
+    ids = torch.tensor([1, 5, 7, 9, 9, 9, 9, 8, 6, 0])
+    rope = mrope_positions(ids, [9], torch.tensor([[1, 4, 4]]), image_token_id=9, merge_size=2)
+    assert rope[:, :9].tolist() == [[0, 1, 2, 3, 3, 3, 3, 5, 6], [0, 1, 2, 3, 3, 4, 4, 5, 6],
+                                    [0, 1, 2, 3, 4, 3, 4, 5, 6]]
+    assert rope[:, 9].tolist() == [0, 0, 0]

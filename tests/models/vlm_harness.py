@@ -1,0 +1,241 @@
+"""The same proof for every model family: tokens, pixels, exact loss and gradients, training.
+
+A family's test module builds its real processor and a tiny random-init model of its real class
+(``examples/tiny_vlm``), then calls these:
+
+* :func:`pack_chats` writes :data:`CHATS` (images of several sizes in several sub-samples, two
+  images in one sub-sample, text-only and multi-turn chats) as a messages JSONL with PNG files and
+  packs it with ``SampleConfig(processor=<saved processor folder>)``: at least two packs, padding.
+* :func:`check_tokens`: every sub-sample in the shards equals ``processor.apply_chat_template(...,
+  tokenize=True)`` with the images, and its loss mask is exactly the assistant turns.
+* :func:`reference` / :func:`packed`: loss sum, target count and parameter gradients of the
+  sub-samples run one by one through the plain processor → model path, and of the loader's batch
+  through ``model(**wdspack.model_inputs(batch, model))``; :func:`assert_same` compares them
+  (float64; the loss is recomputed in float64 from the logits, since transformers' own loss upcasts
+  to float32 only).
+* :func:`train_steps`: a few AdamW steps on loader batches; the loss falls.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT / "examples") not in sys.path:
+    sys.path.insert(0, str(ROOT / "examples"))
+
+import wdspack  # noqa: E402
+from wdspack.codec import decode_pack  # noqa: E402
+from wdspack.models import save_processor  # noqa: E402
+
+__all__ = ["CHATS", "assert_same", "check_tokens", "dataset_sub_samples", "oracle", "pack_chats", "packed",
+           "reference", "train_steps"]
+
+#: (id, turns, image sizes (width, height)). A turn is (role, text); "<image>" in a user text marks
+#: where an image goes.
+CHATS: tuple[tuple[str, tuple[tuple[str, str], ...], tuple[tuple[int, int], ...]], ...] = (
+    ("img-wide", (("user", "<image>What is in the picture?"), ("assistant", "A red square on grey.")), ((96, 56),)),
+    ("text-only", (("user", "What is two plus two?"), ("assistant", "Four."),
+                   ("user", "And three plus three?"), ("assistant", "Six, since three and three make six.")), ()),
+    ("two-images", (("user", "Compare <image> with <image> please."),
+                    ("assistant", "The first is wider; the second is taller and greener.")), ((64, 40), (36, 70))),
+    ("img-tall", (("user", "<image>Describe it."), ("assistant", "A tall blue bar."),
+                  ("user", "Anything else?"), ("assistant", "Nothing else.")), ((44, 100),)),
+    ("short-text", (("user", "Say hi."), ("assistant", "Hi!")), ()),
+)
+
+
+def _png(size: tuple[int, int], seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 256, size=(size[1], size[0], 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def chat_images(chat) -> list[bytes]:
+    """The chat's PNG images (random pixels, seeded by the chat's id)."""
+    return [_png(size, seed=sum(map(ord, chat[0])) + k) for k, size in enumerate(chat[2])]
+
+
+def _messages(chat, images: Sequence[Any] | None = None) -> list[dict]:
+    """The chat as HF messages; with ``images``, each image part carries its image (the oracle's input)."""
+    pool = iter(images) if images is not None else None
+    out = []
+    for role, text in chat[1]:
+        parts: list[dict] = []
+        for k, piece in enumerate(text.split("<image>")):
+            if k:
+                parts.append({"type": "image", **({"image": next(pool)} if pool is not None else {})})
+            if piece:
+                parts.append({"type": "text", "text": piece})
+        out.append({"role": role, "content": parts})
+    return out
+
+
+def pack_chats(folder: Path, processor: Any, *, seq_len: int, max_images: int = 4,
+               chats: Sequence = CHATS) -> Path:
+    """Write ``chats`` (messages JSONL + PNGs), save ``processor`` and pack with it; return the dataset."""
+    from wdspack.pipeline import PackConfig, pack_dataset
+    from wdspack.samples import SampleConfig
+
+    src = folder / "src"
+    (src / "images").mkdir(parents=True, exist_ok=True)
+    lines = []
+    for chat in chats:
+        names = []
+        for k, data in enumerate(chat_images(chat)):
+            name = f"images/{chat[0]}-{k}.png"
+            (src / name).write_bytes(data)
+            names.append(name)
+        msgs = _messages(chat)
+        for m in msgs:
+            for part in m["content"]:
+                if part["type"] == "image":
+                    part["image"] = names.pop(0)
+        lines.append(json.dumps({"id": chat[0], "messages": msgs}))
+    (src / "chats.jsonl").write_text("\n".join(lines) + "\n")
+    proc_dir = save_processor(processor, folder / "processor")
+    out = folder / "packed"
+    summary = pack_dataset([str(src / "chats.jsonl")], str(out), sample_config=SampleConfig(processor=str(proc_dir)),
+                           config=PackConfig(seq_len=seq_len, max_images=max_images, on_error="raise"),
+                           progress=False)
+    assert summary.samples_packed == len(chats), summary.lines()
+    return out
+
+
+def dataset_sub_samples(dataset: Path) -> dict[str, tuple[np.ndarray, np.ndarray, list[bytes], list[int]]]:
+    """``id -> (input_ids, loss_mask, images, image_tokens)`` of every sub-sample in the shards."""
+    import tarfile
+
+    out = {}
+    for shard in sorted(dataset.glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            for member in tar.getmembers():
+                pack = decode_pack(tar.extractfile(member).read())
+                starts = np.cumsum((0,) + pack.seq_lens)
+                for s, sid in enumerate(pack.sample_ids):
+                    own = [j for j, o in enumerate(pack.image_sample) if o == s]
+                    out[sid] = (pack.input_ids[starts[s]:starts[s + 1]].astype(np.int64),
+                                pack.loss_mask[starts[s]:starts[s + 1]],
+                                [pack.images[j] for j in own], [pack.image_tokens[j] for j in own])
+    return out
+
+
+def oracle(processor: Any, chat) -> dict[str, torch.Tensor]:
+    """The plain path: the processor's own ``apply_chat_template`` with the chat's PIL images."""
+    pil = [Image.open(io.BytesIO(b)) for b in chat_images(chat)]
+    return dict(processor.apply_chat_template(_messages(chat, pil), tokenize=True, return_dict=True,
+                                              return_tensors="pt"))
+
+
+def check_tokens(dataset: Path, processor: Any, chats: Sequence = CHATS) -> None:
+    """Every sub-sample's ids are the processor's; its targets are the assistant turns' tokens."""
+    subs = dataset_sub_samples(dataset)
+    assert sorted(subs) == sorted(c[0] for c in chats), "every chat is packed once"
+    feature_id = processor.tokenizer.convert_tokens_to_ids(wdspack.models.family_for(processor).feature_token(processor))
+    for chat in chats:
+        ids, mask, images, tokens = subs[chat[0]]
+        want = oracle(processor, chat)["input_ids"][0].numpy()
+        assert ids.tolist() == want.tolist(), f"{chat[0]}: tokens differ from the processor's"
+        assert sum(tokens) == int((ids == feature_id).sum()) and len(tokens) == len(chat[2])
+        trained = processor.tokenizer.decode(ids[mask.astype(bool)])
+        for role, text in chat[1]:
+            assert (text in trained) == (role == "assistant"), f"{chat[0]}: {role} turn {text!r} trained?"
+
+
+def _token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Loss of ``labels[:, i + 1]`` predicted at ``i`` (the Hugging Face shift), float64, summed."""
+    return F.cross_entropy(logits[:, :-1].double().transpose(1, 2), labels[:, 1:], ignore_index=-100,
+                           reduction="sum")
+
+
+def reference(model: Any, processor: Any, dataset: Path, chats: Sequence = CHATS,
+              extra: Callable[[dict], dict] | None = None) -> tuple[torch.Tensor, int, list[torch.Tensor]]:
+    """Loss sum, target count and gradients of the sub-samples one by one (processor → model)."""
+    subs = dataset_sub_samples(dataset)
+    model.zero_grad()
+    total, count = torch.zeros((), dtype=torch.float64), 0
+    for chat in chats:
+        inputs = oracle(processor, chat)
+        ids, mask = subs[chat[0]][:2]
+        labels = torch.where(torch.from_numpy(mask.astype(bool)), torch.from_numpy(ids), -100)[None]
+        labels[0, 0] = -100
+        inputs = {k: v for k, v in inputs.items() if k != "attention_mask"}
+        if extra is not None:
+            inputs = extra(inputs)
+        logits = model(**inputs, use_cache=False).logits
+        loss = _token_losses(logits, labels)
+        loss.backward()
+        total, count = total + loss.detach(), count + int((labels[:, 1:] != -100).sum())
+    grads = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+    model.zero_grad()
+    return total, count, grads
+
+
+def packed(model: Any, batches: Sequence[dict]) -> tuple[torch.Tensor, int, list[torch.Tensor]]:
+    """The same from loader batches through ``model(**wdspack.model_inputs(batch, model))``."""
+    model.zero_grad()
+    total, count = torch.zeros((), dtype=torch.float64), 0
+    for batch in batches:
+        kwargs = wdspack.model_inputs(batch, model)
+        out = model(**kwargs)
+        loss = _token_losses(out.logits, kwargs["labels"])
+        loss.backward()
+        total, count = total + loss.detach(), count + int((kwargs["labels"][:, 1:] != -100).sum())
+        own = out.loss.detach().double()  # the model's own (float32) loss over the same targets
+        torch.testing.assert_close(own, loss.detach() / int((kwargs["labels"][:, 1:] != -100).sum()),
+                                   rtol=1e-5, atol=1e-5)
+    grads = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+    model.zero_grad()
+    return total, count, grads
+
+
+def assert_same(model: Any, got, want, *, rtol: float = 1e-9, atol: float = 1e-11) -> None:
+    (g_total, g_count, g_grads), (w_total, w_count, w_grads) = got, want
+    assert g_count == w_count > 0
+    torch.testing.assert_close(g_total / g_count, w_total / w_count, rtol=rtol, atol=atol)
+    seen = 0
+    for (name, _), g, w in zip(model.named_parameters(), g_grads, w_grads):
+        torch.testing.assert_close(g / g_count, w / w_count, rtol=rtol, atol=atol, msg=lambda m: f"gradient of {name}: {m}")
+        seen += int(w.abs().sum() > 0)
+    assert seen > len(w_grads) // 2, "most parameters got a gradient"
+
+
+def loader_batches(dataset: Path, processor: Any, **kw: Any) -> list[dict]:
+    """All batches of one epoch, every pack in one batch, unshuffled, in this process."""
+    packs = sum(s.packs for s in wdspack.read_manifest(dataset / "manifest.json").shards)
+    loader = wdspack.make_loader(str(dataset), batch_size=int(packs), num_workers=0, shuffle=False, processor=processor,
+                                 **kw)
+    return list(loader)
+
+
+def train_steps(model: Any, dataset: Path, processor: Any, *, steps: int = 6, lr: float = 3e-3) -> list[float]:
+    """``steps`` AdamW steps on loader batches (1 pack each, 1 worker process); the losses."""
+    loader = wdspack.make_loader(str(dataset), batch_size=1, num_workers=1, processor=processor, seed=1)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    losses: list[float] = []
+    batches = iter(())
+    while len(losses) < steps:
+        batch = next(batches, None)
+        if batch is None:
+            batches = iter(list(loader))
+            continue
+        loss = model(**wdspack.model_inputs(batch, model)).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    model.eval()
+    return losses

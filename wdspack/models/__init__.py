@@ -1,0 +1,100 @@
+"""Model families: real transformers VLM classes fed exactly, from their own processors.
+
+Each family is one small module declaring a :class:`~wdspack.models.family.Family` (see there for
+what a family states). This package finds the family of a processor or a model and turns a batch
+into the model's keyword arguments; nothing else in wdspack names a family.
+
+===================  ==========================  =======================================================
+family               processor class             model class
+===================  ==========================  =======================================================
+``qwen2_vl``         ``Qwen2VLProcessor``        ``Qwen2VLForConditionalGeneration``
+``qwen2_5_vl``       ``Qwen2_5_VLProcessor``     ``Qwen2_5_VLForConditionalGeneration``
+===================  ==========================  =======================================================
+
+(the README's table lists every family with its flags and keys).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError
+from .family import Budgets, Family
+from .processors import assemble_processor, load_processor, save_processor
+
+__all__ = ["Budgets", "Family", "assemble_processor", "families", "family_for", "load_processor", "model_inputs",
+           "save_processor"]
+
+#: Modules of this package that are not families.
+_NOT_FAMILIES = frozenset({"batching", "family", "processors"})
+
+
+@lru_cache(maxsize=1)
+def families() -> tuple[Family, ...]:
+    """Every known family: the ``FAMILIES`` of each module in this package (adding a family is adding a module)."""
+    names = sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in _NOT_FAMILIES)
+    return tuple(f for name in names for f in importlib.import_module(f".{name}", __name__).FAMILIES)
+
+
+def family_for(obj: Any) -> Family:
+    """The family of a processor, a model (by ``config.model_type``), or a family name.
+
+    Raises:
+        ConfigError: nothing matches; the message lists what is supported.
+    """
+    if isinstance(obj, Family):
+        return obj
+    if isinstance(obj, str):
+        for f in families():
+            if obj == f.name:
+                return f
+        what = f"family {obj!r}"
+    elif hasattr(obj, "config") and hasattr(obj.config, "model_type"):
+        for f in families():
+            if obj.config.model_type in f.model_types:
+                return f
+        what = f"model type {obj.config.model_type!r} ({type(obj).__name__})"
+    else:
+        name = type(obj).__name__
+        for f in families():
+            if name in f.processors:
+                return f
+        what = f"processor class {name!r}"
+    known = ", ".join(f"{f.name} ({'/'.join(f.processors)})" for f in families())
+    raise ConfigError(f"wdspack has no model family for {what}; supported: {known}. For other models pack with "
+                      "--tokens-per-image and feed the batch contract's keys yourself")
+
+
+def model_inputs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]:
+    """The keyword arguments for ``model(**kwargs)`` from a loader batch (labels included).
+
+    The batch must come from ``make_loader(..., processor=...)`` for the model's family. Tensors
+    are moved to the model's device. ``use_cache`` is off: with a cache the models do not look
+    for the packed sub-samples in the positions.
+
+    Example:
+        >>> loader = wdspack.make_loader("packed/", batch_size=4, processor="./qwen2.5-vl")  # doctest: +SKIP
+        >>> for batch in loader:  # doctest: +SKIP
+        ...     loss = model(**wdspack.model_inputs(batch, model)).loss
+    """
+    family = family_for(model)
+    kwargs = family.model_kwargs(batch, model)
+    kwargs["labels"] = batch["labels"]
+    if "attention_mask" in batch and "attention_mask" not in kwargs:
+        kwargs["attention_mask"] = batch["attention_mask"]
+    kwargs["use_cache"] = False
+    device = _device(model)
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+
+
+def _device(model: Any) -> torch.device:
+    try:
+        return next(model.parameters()).device
+    except (AttributeError, StopIteration, TypeError):
+        return torch.device("cpu")

@@ -1,0 +1,101 @@
+"""The loader's model side: per pack, the processor's pixels and the family's token rows; per batch,
+their concatenation and the family's last rewrite.
+
+``make_loader(..., processor=...)`` builds one :class:`ModelBatcher`; it travels to the DataLoader
+workers (picklable: the processor and the family's name). Per pack, in the worker::
+
+    pack.images ─► decode_image (guarded) ─► family.pixels (the processor's own image processor)
+                ─► family.pad_pixels: shapes that depend only on (seq_len, max_images)
+    input_ids [L] ─► family.token_rows: e.g. mm_token_type_ids [L], 3-D positions [3, L]
+
+Per batch (the loader's collate): pixel keys concatenated pack-major (dim 0), token rows stacked to
+``[..., B, L]`` (padding-free: ``[..., 1, N]``, the same tokens kept as the text keys), then
+``family.finish_batch``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ..images import DEFAULT_MAX_PIXELS, ImageDecodeError, decode_image
+from .family import Budgets
+
+__all__ = ["ModelBatcher"]
+
+
+class ModelBatcher:
+    """Model-ready keys for packs of one dataset, from one processor.
+
+    Args:
+        processor: a processor object, folder or cached model name (:func:`~wdspack.models.load_processor`).
+        seq_len, max_images: the dataset's budgets (the static shapes).
+        max_pixels: the decompression-bomb limit for decoding.
+    """
+
+    def __init__(self, processor: Any, *, seq_len: int, max_images: int, max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
+        from . import family_for, load_processor
+
+        self.processor = load_processor(processor)
+        self.family = family_for(self.processor)
+        self.budgets = Budgets(int(seq_len), int(max_images))
+        self.max_pixels = int(max_pixels)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "family": self.family.name}  # a Family holds functions: ship its name
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        from . import family_for
+
+        self.__dict__.update(state)
+        self.family = family_for(state["family"])
+
+    def __repr__(self) -> str:
+        return f"ModelBatcher({self.family.name}, {type(self.processor).__name__}, {self.budgets})"
+
+    @property
+    def token_keys(self) -> tuple[str, ...]:
+        return self.family.token_keys
+
+    def pack_parts(self, pack: Any, input_ids: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """``(pixels, token_rows)`` of one pack: pixel tensors at their static shapes, rows ``[..., L]``.
+
+        Raises:
+            ImageDecodeError: an image cannot be decoded (``index`` says which).
+        """
+        images = [self._decode(k, data) for k, data in enumerate(pack.images)]
+        out = self.family.pixels(self.processor, images) if images else {}
+        pixels = self.family.pad_pixels(out, self.processor, self.budgets, tuple(pack.image_tokens))
+        rows = self.family.token_rows(input_ids, pack.seq_lens, out, self.processor) if self.family.token_rows else {}
+        return pixels, rows
+
+    def collate(self, batch: dict[str, Any], parts: Sequence[tuple[Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]]],
+                *, padding_free: bool = False) -> dict[str, Any]:
+        """Add the packs' ``parts`` to a collated ``batch`` and apply the family's last rewrite."""
+        for key in parts[0][0]:
+            batch[key] = torch.cat([p[0][key] for p in parts])
+        for key in parts[0][1]:
+            rows = torch.stack([p[1][key] for p in parts], dim=-2)  # [..., B, L]
+            batch[key] = _flatten_rows(rows, batch) if padding_free else rows
+        if self.family.finish_batch is not None:
+            batch = self.family.finish_batch(batch)
+        return batch
+
+    def _decode(self, k: int, data: bytes):
+        try:
+            return decode_image(data, max_pixels=self.max_pixels)
+        except ImageDecodeError as e:
+            raise type(e)(f"image {k}: {e}", index=k) from None
+
+
+def _flatten_rows(rows: torch.Tensor, batch: Mapping[str, Any]) -> torch.Tensor:
+    """``[..., B, L]`` → ``[..., 1, N]``: each pack's real tokens back to back, then zeros up to the
+    padding-free row's width ``N`` (as ``collate_packs`` lays out the text keys)."""
+    B, L = rows.shape[-2:]
+    keep = (torch.arange(L)[None, :] < batch["num_tokens"][:, None]).reshape(-1)
+    flat = rows.reshape(*rows.shape[:-2], B * L)[..., keep]
+    width = batch["input_ids"].shape[-1]
+    tail = flat.new_zeros((*flat.shape[:-1], width - flat.shape[-1]))
+    return torch.cat([flat, tail], dim=-1).unsqueeze(-2)

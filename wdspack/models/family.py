@@ -1,0 +1,91 @@
+"""What a model family declares, and the shared code that asks it.
+
+A family is one small module that builds a :class:`Family`: plain data plus a few functions.
+The packer and the loader never branch on a family's name; they call these.
+
+Pack time (``wdspack pack --processor``), per sample::
+
+    chat template ──► "...<|vision_start|><|image_pad|><|vision_end|>What is it?..."   one placeholder per image
+    image headers ──► (height, width) per image, no pixels decoded
+    replacements  ──► the text each placeholder becomes, from the sizes (the processor's own
+                      ``replace_image_token`` where the family can feed it header-only inputs)
+    tokenizer     ──► ids of the expanded text, exactly as ``processor(text=..., images=...)``
+
+Load time (``make_loader(..., processor=...)``), per pack, in the worker::
+
+    images    ──► the processor's own image processor ──► ``pad_pixels`` to fixed shapes
+    input_ids ──► ``token_rows``: per-token rows the model takes (token types, 3-D positions)
+
+and per batch ``finish_batch`` (e.g. ``position_ids`` ``[4, B, L]``); ``model_kwargs`` picks what
+``model.forward`` takes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["Budgets", "Family", "default_pixels", "run_image_processor"]
+
+
+@dataclass(frozen=True, slots=True)
+class Budgets:
+    """The static shapes a pack must fit: ``seq_len`` tokens, ``max_images`` images."""
+
+    seq_len: int
+    max_images: int
+
+
+def run_image_processor(processor: Any, images: Sequence[Any], **kwargs: Any) -> dict[str, torch.Tensor]:
+    """The processor's image processor on a pack's PIL images, as tensors (its own layout)."""
+    out = processor.image_processor(list(images), return_tensors="pt", **kwargs)
+    return {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
+
+
+def default_pixels(processor: Any, images: Sequence[Any]) -> dict[str, torch.Tensor]:
+    return run_image_processor(processor, images)
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """One model family: how its images become tokens, pixels and positions.
+
+    Attributes:
+        name: short name (``"qwen2_5_vl"``), shown in manifests and errors.
+        processors: processor class names it serves (``type(processor).__name__``).
+        model_types: ``model.config.model_type`` values of the model classes it feeds.
+        replacements: ``(processor, sizes) -> [text]``: the text each image placeholder becomes,
+            from ``(height, width)`` per image (header sizes, no pixels).
+        feature_token: ``processor -> str``: the token the vision features fill
+            (``Pack.image_tokens`` counts it per image).
+        placeholder: ``processor -> str``: the text the chat template renders per image.
+        pixels: ``(processor, pil_images) -> {key: tensor}``: the processor's own pixel outputs
+            for one pack's images (default: its image processor).
+        pad_pixels: ``(outputs, processor, budgets, k) -> {key: tensor}``: the pixel outputs of a
+            pack with ``k`` images, padded to shapes that depend only on the budgets; every key
+            is concatenated pack-major in the batch (dim 0).
+        token_rows: ``(input_ids [L], seq_lens, pixel_outputs, processor) -> {key: tensor [..., L]}``:
+            per-token rows, stacked to ``[..., B, L]`` in the batch (``[..., 1, N]`` padding-free).
+        token_keys: the keys ``token_rows`` returns.
+        finish_batch: ``batch -> batch``: last per-batch rewrite (e.g. 4-row positions).
+        model_kwargs: ``(batch, model) -> kwargs`` for ``model(**kwargs)`` (without labels; added by
+            :func:`wdspack.model_inputs`).
+        notes: one line for the README table.
+    """
+
+    name: str
+    processors: tuple[str, ...]
+    model_types: tuple[str, ...]
+    replacements: Callable[[Any, Sequence[tuple[int, int]]], list[str]]
+    pad_pixels: Callable[[Mapping[str, torch.Tensor], Any, Budgets, int], dict[str, torch.Tensor]]
+    model_kwargs: Callable[[Mapping[str, Any], Any], dict[str, Any]]
+    feature_token: Callable[[Any], str] = lambda processor: processor.image_token
+    placeholder: Callable[[Any], str] = lambda processor: processor.image_token
+    pixels: Callable[[Any, Sequence[Any]], dict[str, torch.Tensor]] = default_pixels
+    token_rows: Callable[..., dict[str, torch.Tensor]] | None = None
+    token_keys: tuple[str, ...] = ()
+    finish_batch: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    notes: str = ""

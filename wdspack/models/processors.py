@@ -1,0 +1,167 @@
+"""Load a model's processor offline, with its image side only where the video side cannot load.
+
+transformers' processors for Qwen-VL, SmolVLM, LLaVA-OneVision and others carry a video processor,
+and video processors need torchvision. A CPU-only packing machine (or one whose torch build has no
+matching torchvision wheel) cannot build them, so ``AutoProcessor.from_pretrained`` fails for a
+model whose images alone would work. :func:`load_processor` then builds the same processor class
+from its tokenizer, image processor and chat template, without the video processor, and says so.
+:func:`assemble_processor` does the same from parts in memory (how the tests and the demo build
+real processors offline), and :func:`save_processor` writes a folder that both paths load.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+__all__ = ["assemble_processor", "load_processor", "save_processor"]
+
+logger = logging.getLogger("wdspack.models")
+
+_PARTS = ("image_processor", "tokenizer", "video_processor", "feature_extractor", "chat_template")
+
+
+def assemble_processor(cls: type | str, *, image_processor: Any, tokenizer: Any, chat_template: str | None = None,
+                       **kwargs: Any) -> Any:
+    """An instance of the processor class ``cls`` from its parts; a video processor it declares is left out.
+
+    The class's own ``__init__`` runs (it sets the image token, ids and family options), only its
+    type check lets the missing video processor pass. Every image and text method works; calling it
+    with ``videos=`` does not.
+
+    Example:
+        >>> from transformers import Qwen2VLImageProcessor
+        >>> proc = assemble_processor("Qwen2_5_VLProcessor", image_processor=Qwen2VLImageProcessor(),
+        ...                           tokenizer=tok, chat_template=template)  # doctest: +SKIP
+    """
+    if isinstance(cls, str):
+        import transformers
+
+        try:
+            cls = getattr(transformers, cls)
+        except AttributeError:
+            raise ConfigError(f"transformers {transformers.__version__} has no processor class {cls!r}; "
+                              "upgrade transformers") from None
+    from transformers.processing_utils import ProcessorMixin
+
+    attributes = cls.get_attributes()
+    parts = {"image_processor": image_processor, "tokenizer": tokenizer}
+    if "video_processor" in attributes:
+        parts["video_processor"] = None
+    proc = cls.__new__(cls)
+    proc.check_argument_for_proper_class = (  # instance attribute: shadows the class's check for this call only
+        lambda name, arg: None if arg is None and name == "video_processor"
+        else ProcessorMixin.check_argument_for_proper_class(proc, name, arg))
+    try:
+        cls.__init__(proc, **{k: v for k, v in parts.items() if k in attributes}, chat_template=chat_template,
+                     **kwargs)
+    finally:
+        del proc.check_argument_for_proper_class
+    return proc
+
+
+def load_processor(spec: str | os.PathLike[str] | Any) -> Any:
+    """The processor for ``spec``: a loaded processor object (returned as it is), a local folder, or a
+    model name in the Hugging Face cache (runs are offline).
+
+    Tries ``AutoProcessor.from_pretrained`` first; when that fails (typically: its video processor
+    needs torchvision), builds the processor class from the folder's tokenizer, image processor,
+    chat template and processor options without the video side, and logs that it did.
+
+    Raises:
+        ConfigError: neither way loads; the message gives both reasons.
+    """
+    if not isinstance(spec, (str, os.PathLike)):
+        if not hasattr(spec, "image_processor") or not hasattr(spec, "tokenizer"):
+            raise ConfigError(f"{type(spec).__name__} is not a multimodal processor (it needs image_processor and "
+                              "tokenizer); pass a transformers processor or its folder")
+        return spec
+    from transformers import AutoProcessor
+
+    name = os.fspath(spec)
+    try:
+        return AutoProcessor.from_pretrained(name)
+    except Exception as e:  # transformers raises ImportError/OSError/ValueError/AttributeError here
+        first = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    try:
+        proc = _load_image_side(name)
+    except Exception as e:
+        raise ConfigError(f"cannot load processor {name!r}: AutoProcessor said {first}; loading its image side "
+                          f"alone said {type(e).__name__}: {e}. Give a local processor folder (or a model name in "
+                          "the Hugging Face cache; runs are offline)") from None
+    logger.info("loaded %s from %r without its video processor (AutoProcessor: %s); images and text work",
+                type(proc).__name__, name, first)
+    return proc
+
+
+def save_processor(processor: Any, folder: str | os.PathLike[str]) -> Path:
+    """Write ``processor`` to ``folder`` so :func:`load_processor` (and ``AutoProcessor`` where its
+    parts load) reads it back; works for processors built without their video processor, which
+    ``save_pretrained`` refuses."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    processor.tokenizer.save_pretrained(out)
+    processor.image_processor.save_pretrained(out)
+    if processor.chat_template:
+        (out / "chat_template.jinja").write_text(processor.chat_template, encoding="utf-8")
+    options = {k: v for k, v in processor.to_dict().items() if k not in _PARTS and _jsonable(v)}
+    options["processor_class"] = type(processor).__name__
+    (out / "processor_config.json").write_text(json.dumps(options, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return out
+
+
+def _load_image_side(name: str) -> Any:
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    config = _read_json(name, "processor_config.json")
+    cls = config.get("processor_class") or _read_json(name, "preprocessor_config.json").get("processor_class") \
+        or _read_json(name, "tokenizer_config.json").get("processor_class")
+    if not cls:
+        raise ConfigError("no processor_class in processor_config.json, preprocessor_config.json or "
+                          "tokenizer_config.json")
+    image_processor = AutoImageProcessor.from_pretrained(name)
+    tokenizer = AutoTokenizer.from_pretrained(name)
+    template = _read_text(name, "chat_template.jinja") or _read_json(name, "chat_template.json").get("chat_template") \
+        or getattr(tokenizer, "chat_template", None)
+    import inspect
+
+    import transformers
+
+    klass = getattr(transformers, cls, None)
+    if klass is None:
+        raise ConfigError(f"transformers has no processor class {cls!r}")
+    accepted = set(inspect.signature(klass.__init__).parameters)
+    options = {k: v for k, v in config.items() if k in accepted and k not in _PARTS}
+    return assemble_processor(klass, image_processor=image_processor, tokenizer=tokenizer, chat_template=template,
+                              **options)
+
+
+def _read_text(name: str, filename: str) -> str | None:
+    path = Path(name) / filename
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    try:
+        from transformers.utils import cached_file
+
+        found = cached_file(name, filename, _raise_exceptions_for_missing_entries=False)
+    except Exception:
+        return None
+    return Path(found).read_text(encoding="utf-8") if found else None
+
+
+def _read_json(name: str, filename: str) -> dict[str, Any]:
+    text = _read_text(name, filename)
+    return json.loads(text) if text else {}
+
+
+def _jsonable(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True

@@ -1,0 +1,153 @@
+"""Qwen2-VL and Qwen2.5-VL: flattened patches, ``image_grid_thw`` and 3-D (mRoPE) positions.
+
+One image of ``t × h × w`` patches becomes ``t·h·w / merge²`` ``<|image_pad|>`` tokens between
+``<|vision_start|>`` and ``<|vision_end|>`` (the chat template writes those two and one pad; the
+processor repeats the pad). The count comes from the image size alone (``smart_resize``).
+
+Positions, per sub-sample of a pack (what the model's ``get_rope_index`` gives that sub-sample alone)::
+
+    tokens       <s>  hi  <vs> [P] [P] [P] [P] <ve>  ok      (one image, grid 1×4×4, merge 2 → 2×2)
+    row 0 (text)  0   1    2    3   4   5   6   7     8      restarts at 0 per sub-sample
+    temporal      0   1    2    3   3   3   3   5     6
+    height        0   1    2    3   3   4   4   5     6
+    width         0   1    2    3   4   3   4   5     6
+
+The loader's ``position_ids`` is ``[4, B, L]``: row 0 is the batch contract's restarting positions
+(the model finds the sub-sample boundaries in it and builds the block-causal mask), rows 1-3 the
+3-D positions. ``mm_token_type_ids`` is 1 on image tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError
+from .family import Budgets, Family
+
+__all__ = ["QWEN2_5_VL", "QWEN2_VL", "mrope_positions"]
+
+
+def _replacements(processor: Any, sizes: Sequence[tuple[int, int]]) -> list[str]:
+    ip = processor.image_processor
+    patches = [ip.get_number_of_image_patches(h, w, {}) for h, w in sizes]
+    grids = {"image_grid_thw": torch.tensor([[1, p, 1] for p in patches], dtype=torch.int64)}
+    return [processor.replace_image_token(grids, image_idx=i) for i in range(len(sizes))]
+
+
+def patch_rows(processor: Any, budgets: Budgets) -> int:
+    """Patch rows per pack: what ``seq_len`` tokens can hold (``merge²`` patches each), capped by
+    ``max_images`` of the processor's largest image."""
+    ip = processor.image_processor
+    merge, patch = int(ip.merge_size), int(ip.patch_size)
+    by_tokens = budgets.seq_len * merge * merge
+    largest = int(ip.size["longest_edge"]) // (patch * patch)
+    return min(by_tokens, budgets.max_images * largest) if budgets.max_images else 0
+
+
+def _pad_pixels(out: Mapping[str, torch.Tensor], processor: Any, budgets: Budgets,
+                image_tokens: Sequence[int]) -> dict[str, torch.Tensor]:
+    rows, M = patch_rows(processor, budgets), budgets.max_images
+    k = len(image_tokens)
+    merge = int(processor.image_processor.merge_size)
+    pv = out.get("pixel_values")
+    grid = out.get("image_grid_thw", torch.zeros(0, 3, dtype=torch.int64))
+    if k:
+        tokens = (grid.prod(dim=1) // (merge * merge)).tolist()
+        if tokens != list(image_tokens):
+            raise ConfigError(f"the image processor gives {tokens} tokens for these images but the pack reserved "
+                              f"{list(image_tokens)}; load with the processor (and settings) the dataset was packed with")
+    width = pv.shape[1] if pv is not None and pv.ndim == 2 else _patch_width(processor)
+    padded = torch.zeros(rows, width, dtype=torch.float32)
+    n = 0 if pv is None or not k else pv.shape[0]
+    if n > rows:
+        raise ConfigError(f"{n} image patches > the {rows} patch rows a pack has room for")
+    if n:
+        padded[:n] = pv
+    grids = torch.zeros(M, 3, dtype=torch.int64)
+    grids[:k] = grid[:k]
+    return {"pixel_values": padded, "patch_mask": torch.arange(rows) < n, "image_grid_thw": grids}
+
+
+def _patch_width(processor: Any) -> int:
+    ip = processor.image_processor
+    return 3 * int(ip.temporal_patch_size) * int(ip.patch_size) ** 2
+
+
+def mrope_positions(input_ids: torch.Tensor, seq_lens: Sequence[int], grids: torch.Tensor, *, image_token_id: int,
+                    merge_size: int) -> torch.Tensor:
+    """``[3, L]`` 3-D positions of one pack, each sub-sample on its own (images only, no video).
+
+    Text tokens count on from the largest position so far; an image's tokens sit on a
+    ``t × h/merge × w/merge`` grid starting at the next position, and text after it continues at
+    ``start + max(h, w) / merge``. Padding after the sub-samples counts ``0, 1, 2, …``.
+    """
+    L = input_ids.shape[0]
+    out = torch.empty(3, L, dtype=torch.int64)
+    is_image = (input_ids == image_token_id).tolist()
+    g = iter(grids.tolist())
+    start = 0
+    for n in seq_lens:
+        i, pos = start, 0
+        while i < start + n:
+            if not is_image[i]:
+                j = i
+                while j < start + n and not is_image[j]:
+                    j += 1
+                out[:, i:j] = torch.arange(pos, pos + j - i)
+                pos += j - i
+                i = j
+                continue
+            t, h, w = next(g)
+            h, w = h // merge_size, w // merge_size
+            size = t * h * w
+            out[0, i:i + size] = pos + torch.arange(t).repeat_interleave(h * w)
+            out[1, i:i + size] = pos + torch.arange(h).repeat_interleave(w).repeat(t)
+            out[2, i:i + size] = pos + torch.arange(w).repeat(t * h)
+            pos += max(h, w)
+            i += size
+        start += n
+    out[:, start:] = torch.arange(L - start)
+    return out
+
+
+def _token_rows(input_ids: torch.Tensor, seq_lens: Sequence[int], pixels: Mapping[str, torch.Tensor],
+                processor: Any) -> dict[str, torch.Tensor]:
+    image_id = int(processor.image_token_id)
+    grids = pixels.get("image_grid_thw", torch.zeros(0, 3, dtype=torch.int64))
+    rope = mrope_positions(input_ids, seq_lens, grids, image_token_id=image_id,
+                           merge_size=int(processor.image_processor.merge_size))
+    return {"mrope_position_ids": rope, "mm_token_type_ids": (input_ids == image_id).to(torch.int64)}
+
+
+def _finish(batch: dict[str, Any]) -> dict[str, Any]:
+    rope = batch.pop("mrope_position_ids")
+    batch["position_ids"] = torch.cat([batch["position_ids"][None], rope])
+    return batch
+
+
+def _model_kwargs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"],
+                              "mm_token_type_ids": batch["mm_token_type_ids"]}
+    if bool(batch["image_mask"].any()):
+        kwargs["pixel_values"] = batch["pixel_values"][batch["patch_mask"]]
+        kwargs["image_grid_thw"] = batch["image_grid_thw"][batch["image_mask"]]
+    return kwargs
+
+
+def _family(name: str, processor: str, model_type: str) -> Family:
+    return Family(
+        name=name, processors=(processor,), model_types=(model_type,), replacements=_replacements,
+        pad_pixels=_pad_pixels, token_rows=_token_rows,
+        token_keys=("mrope_position_ids", "mm_token_type_ids"), finish_batch=_finish, model_kwargs=_model_kwargs,
+        notes="flattened patches + image_grid_thw; position_ids [4, B, L] (text row + 3-D mRoPE rows); "
+              "mm_token_type_ids",
+    )
+
+
+QWEN2_VL = _family("qwen2_vl", "Qwen2VLProcessor", "qwen2_vl")
+QWEN2_5_VL = _family("qwen2_5_vl", "Qwen2_5_VLProcessor", "qwen2_5_vl")
+
+FAMILIES = (QWEN2_VL, QWEN2_5_VL)
