@@ -1,4 +1,4 @@
-"""The `make demo` walk-through, offline: generate a demo dataset, pack it, stream batches.
+"""The `make demo` walk-through, offline: generate a demo dataset, pack it, stream batches, train.
 
     python examples/demo.py --workdir build/demo
 
@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-images", type=int, default=16)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--batches", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=8, help="training steps of the tiny VLM at the end")
     args = ap.parse_args(argv)
 
     from wdspack.cli import main as wdspack_main
@@ -52,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     data, packed = work / "data", work / "packed"
     shutil.rmtree(work / "data", ignore_errors=True)
     shutil.rmtree(packed, ignore_errors=True)
+    shutil.rmtree(work / "qwen" / "packed", ignore_errors=True)
 
     print(f"== 1. generate {args.records} demo records (Pillow images, long-tailed chats, a few bad ones)")
     _load_generator().main([str(data), "--records", str(args.records)])
@@ -77,7 +79,13 @@ def main(argv: list[str] | None = None) -> int:
 
     print("\n== 4. stream batches (make_loader: 2 workers, 4 packs per batch, images decoded to 224 px)")
     stream(packed, batches=args.batches)
-    return 0
+
+    print("\n== 5. train a real VLM class: pack with Qwen2.5-VL's own processor, stream model-ready batches,")
+    print("      a few AdamW steps of a tiny random-init Qwen2_5_VLForConditionalGeneration")
+    sys.path.insert(0, str(HERE))
+    from train_tiny_vlm import main as train_main
+
+    return train_main([str(data / "messages.jsonl"), "--workdir", str(work / "qwen"), "--steps", str(args.steps)])
 
 
 def stream(packed: Path, *, batches: int) -> None:

@@ -42,11 +42,10 @@ def assemble_processor(cls: type | str, *, image_processor: Any, tokenizer: Any,
     if isinstance(cls, str):
         import transformers
 
-        try:
-            cls = getattr(transformers, cls)
-        except AttributeError:
-            raise ConfigError(f"transformers {transformers.__version__} has no processor class {cls!r}; "
-                              "upgrade transformers") from None
+        name, cls = cls, _processor_class(cls)
+        if cls is None:
+            raise ConfigError(f"transformers {transformers.__version__} has no processor class {name!r}; "
+                              "upgrade transformers")
     from transformers.processing_utils import ProcessorMixin
 
     attributes = cls.get_attributes()
@@ -130,15 +129,51 @@ def _load_image_side(name: str) -> Any:
         or getattr(tokenizer, "chat_template", None)
     import inspect
 
-    import transformers
-
-    klass = getattr(transformers, cls, None)
+    klass = _processor_class(cls)
     if klass is None:
         raise ConfigError(f"transformers has no processor class {cls!r}")
     accepted = set(inspect.signature(klass.__init__).parameters)
     options = {k: v for k, v in config.items() if k in accepted and k not in _PARTS}
     return assemble_processor(klass, image_processor=image_processor, tokenizer=tokenizer, chat_template=template,
                               **options)
+
+
+def _processor_class(name: str) -> type | None:
+    """The transformers processor class ``name`` (``None`` if transformers has none).
+
+    Some processor modules import a helper from their torchvision image processor (transformers 5.23:
+    ``processing_pixtral`` imports ``get_resize_output_image_size``), so without torchvision the class
+    is only a placeholder, although the processor itself needs no torchvision. Such a module is
+    imported with the package's PIL image processor modules (which define the same helpers) standing
+    in for their torchvision twins during that one import.
+    """
+    import importlib
+    import pkgutil
+    import sys
+
+    import transformers
+
+    klass = getattr(transformers, name, None)
+    if klass is None or not getattr(klass, "is_dummy", False):
+        return klass
+    try:
+        return getattr(importlib.import_module(klass.__module__), name)
+    except ModuleNotFoundError as e:
+        if e.name != "torchvision":
+            return klass
+    package = importlib.import_module(klass.__module__.rpartition(".")[0])
+    twins = {f"{package.__name__}.{m.name.replace('_pil_', '_', 1)}": f"{package.__name__}.{m.name}"
+             for m in pkgutil.iter_modules(package.__path__) if m.name.startswith("image_processing_pil_")}
+    stand_ins = [t for t in twins if t not in sys.modules]
+    try:
+        for twin in stand_ins:
+            sys.modules[twin] = importlib.import_module(twins[twin])
+        return getattr(importlib.import_module(klass.__module__), name)
+    except ImportError:
+        return klass
+    finally:
+        for twin in stand_ins:
+            sys.modules.pop(twin, None)
 
 
 def _read_text(name: str, filename: str) -> str | None:

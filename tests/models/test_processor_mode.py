@@ -1,0 +1,124 @@
+"""Processor mode end to end, family-independent parts: the CLI, offline loading, the loader's options.
+
+Uses the real Qwen2.5-VL processor class (``examples/tiny_vlm``) built offline.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+import vlm_harness as h
+
+import wdspack
+from wdspack.cli import main
+from wdspack.errors import ConfigError
+from wdspack.models import load_processor, save_processor
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    from tiny_vlm import qwen2_5_vl
+
+    folder = tmp_path_factory.mktemp("qwen-mode")
+    processor = qwen2_5_vl.processor(folder / "tok")
+    dataset = h.pack_chats(folder, processor, seq_len=96)
+    return processor, folder, dataset
+
+
+def test_cli_packs_with_the_processor(qwen, tmp_path, capsys):
+    processor, folder, dataset = qwen
+    out = tmp_path / "cli"
+    argv = ["pack", str(folder / "src" / "chats.jsonl"), "--output", str(out), "--processor",
+            str(folder / "processor"), "--seq-len", "96", "--max-images", "4", "--quiet"]
+    assert main(argv) == 0, capsys.readouterr().err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["image_policy"] == {"kind": "processor", "name": str(folder / "processor"),
+                                        "family": "qwen2_5_vl", "processor_class": "Qwen2_5_VLProcessor"}
+    assert manifest["tokenizer"]["image_token"] == "<|image_pad|>"
+    # The same packs as the Python API's (same inputs, same seed: byte-identical shards).
+    for shard in dataset.glob("*.tar"):
+        assert (out / shard.name).read_bytes() == shard.read_bytes()
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--tokenizer", "x"], "--processor supplies the tokenizer"),
+    (["--tokens-per-image", "64"], "drop"),
+])
+def test_cli_refuses_a_processor_with_fixed_mode_flags(qwen, tmp_path, capsys, extra, says):
+    _, folder, _ = qwen
+    argv = ["pack", str(folder / "src" / "chats.jsonl"), "--output", str(tmp_path / "o"), "--processor",
+            str(folder / "processor"), "--seq-len", "96", "--quiet", *extra]
+    assert main(argv) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_cli_needs_a_tokenizer_or_a_processor(tmp_path, capsys):
+    assert main(["pack", "x.jsonl", "--output", str(tmp_path / "o"), "--seq-len", "96"]) == 2
+    assert "--tokenizer" in capsys.readouterr().err
+
+
+def test_processor_folder_loads_without_torchvision(qwen, caplog):
+    """AutoProcessor cannot build the video processor here (no torchvision); the image side loads."""
+    processor, folder, _ = qwen
+    with caplog.at_level(logging.INFO, logger="wdspack.models"):
+        loaded = load_processor(folder / "processor")
+    assert type(loaded).__name__ == "Qwen2_5_VLProcessor"
+    assert "without its video processor" in caplog.text
+    assert loaded.chat_template == processor.chat_template
+    assert loaded.image_processor.merge_size == processor.image_processor.merge_size
+    assert loaded.tokenizer.convert_tokens_to_ids("<|image_pad|>") == processor.image_token_id
+
+
+def test_a_missing_processor_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="cannot load processor .*nowhere"):
+        load_processor(tmp_path / "nowhere")
+    with pytest.raises(ConfigError, match="not a multimodal processor"):
+        load_processor(object())
+
+
+def test_loader_refuses_another_familys_processor(qwen, tmp_path):
+    from tiny_vlm import qwen2_5_vl
+
+    _, folder, dataset = qwen
+    other = qwen2_5_vl.processor(folder / "tok", cls="Qwen2VLProcessor")
+    with pytest.raises(ConfigError, match="packed with a qwen2_5_vl processor"):
+        wdspack.make_loader(str(dataset), batch_size=1, num_workers=0, processor=other)
+    with pytest.raises(ConfigError, match="not both"):
+        wdspack.make_loader(str(dataset), batch_size=1, num_workers=0, processor=other,
+                            image_transform=wdspack.make_image_transform())
+
+
+def test_workers_give_the_same_batches_as_in_process(qwen):
+    processor, _, dataset = qwen
+    streams = []
+    for workers in (0, 1):  # one slot either way: the same packs in the same order
+        loader = wdspack.make_loader(str(dataset), batch_size=1, num_workers=workers, processor=processor, seed=3)
+        streams.append([{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in b.items()} for b in loader])
+    assert len(streams[0]) == len(streams[1]) > 0
+    for a, b in zip(*streams):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert torch.equal(a[key], b[key]) if isinstance(a[key], torch.Tensor) else a[key] == b[key], key
+
+
+def test_padding_free_keeps_the_four_position_rows(qwen):
+    processor, _, dataset = qwen
+    (plain,) = h.loader_batches(dataset, processor)
+    (free,) = h.loader_batches(dataset, processor, padding_free=True)
+    n = int(plain["num_tokens"].sum())
+    assert free["position_ids"].shape == (4, 1, plain["input_ids"].numel())
+    keep = (torch.arange(plain["input_ids"].shape[1])[None] < plain["num_tokens"][:, None])
+    for row in range(4):
+        assert torch.equal(free["position_ids"][row, 0, :n], plain["position_ids"][row][keep])
+    assert torch.equal(free["mm_token_type_ids"][0, :n], plain["mm_token_type_ids"][keep])
+
+
+def test_save_processor_round_trips_the_options(qwen, tmp_path):
+    processor, _, _ = qwen
+    saved = save_processor(processor, tmp_path / "p")
+    config = json.loads((saved / "processor_config.json").read_text())
+    assert config["processor_class"] == "Qwen2_5_VLProcessor"
+    assert (saved / "chat_template.jinja").read_text() == processor.chat_template
