@@ -35,3 +35,15 @@ def sample_config(tekken_dir, pixtral_template):
 
     return SampleConfig(tokenizer=str(tekken_dir), chat_template=pixtral_template, tokens_per_image=16,
                         image_token="[IMG]")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` need a CUDA device: skipped (with the reason) where there is none."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (FlashAttention-2 / GPU kernels); none on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -157,6 +157,7 @@ class _Measured:
     offset: list[np.ndarray] = field(default_factory=list)
     length: list[np.ndarray] = field(default_factory=list)
     image_bytes: list[np.ndarray] = field(default_factory=list)
+    image_tokens: list[np.ndarray] = field(default_factory=list)
     dropped: list[Dropped] = field(default_factory=list)
     records: int = 0
     describe: dict[str, Any] | None = None
@@ -229,7 +230,9 @@ def run_job(out: Location, fingerprint: str, measure: Callable[..., Any], tasks:
     _write_dropped(out, dropped)
     read = measured.records if samples_read is None else samples_read
     manifest = _build_manifest(sources, config, info, infos, read, dropped, provenance,
-                               max_samples_per_pack=max((len(p) for p in plan), default=0))
+                               max_samples_per_pack=max((len(p) for p in plan), default=0),
+                               max_image_tokens_per_pack=max((int(table["image_tokens"][p].sum()) for p in plan),
+                                                             default=0))
     out.write_atomic(MANIFEST_NAME, manifest.to_json().encode())
     out.remove(WORK_DIR)
     totals = manifest.totals
@@ -300,6 +303,7 @@ def _measure(fn: Callable[..., Any], tasks: list[tuple], work: Location, config:
         m.tokens.append(np.frombuffer(meta["tokens"], np.int64))
         m.images.append(np.frombuffer(meta["images"], np.int64))
         m.image_bytes.append(np.frombuffer(meta["image_bytes"], np.int64))
+        m.image_tokens.append(np.frombuffer(meta["image_tokens"], np.int64))
         m.offset.append(np.frombuffer(meta["offsets"], np.int64))
         m.length.append(np.frombuffer(meta["lengths"], np.int64))
         m.part.append(np.full(n, i, np.int64))
@@ -352,7 +356,7 @@ class SpoolWriter:
         self._f = self._work.open_write("spool", _bin_name(i))
         self._pos = 0
         self._ids: list[str] = []
-        self._ints: list[tuple[int, int, int, int, int]] = []  # tokens, images, image bytes, offset, length
+        self._ints: list[tuple[int, ...]] = []  # tokens, images, image bytes, offset, length, image tokens
         self._dropped: list[Dropped] = []
         self.records = 0
 
@@ -362,7 +366,8 @@ class SpoolWriter:
         blob = msgpack.packb([sample_id, np.asarray(input_ids).astype("<u4").tobytes(),
                               np.asarray(loss_mask).astype(np.uint8).tobytes(), list(images),
                               [int(t) for t in image_tokens]], use_bin_type=True)
-        self._ints.append((len(input_ids), len(images), sum(len(b) for b in images), self._pos, len(blob)))
+        self._ints.append((len(input_ids), len(images), sum(len(b) for b in images), self._pos, len(blob),
+                           sum(int(t) for t in image_tokens)))
         self._f.write(blob)
         self._pos += len(blob)
         self._ids.append(sample_id)
@@ -376,11 +381,11 @@ class SpoolWriter:
             self._f.flush()
             os.fsync(self._f.fileno())
         self._f.close()
-        cols = np.asarray(self._ints, np.int64).reshape(-1, 5).T
+        cols = np.asarray(self._ints, np.int64).reshape(-1, 6).T
         meta = {
             "ids": self._ids, "records": self.records, "describe": describe,
             "tokens": cols[0].tobytes(), "images": cols[1].tobytes(), "image_bytes": cols[2].tobytes(),
-            "offsets": cols[3].tobytes(), "lengths": cols[4].tobytes(),
+            "offsets": cols[3].tobytes(), "lengths": cols[4].tobytes(), "image_tokens": cols[5].tobytes(),
             "dropped": [[d.sample_id, d.reason, d.detail] for d in self._dropped],
         }
         self._work.write_atomic(f"spool/{_meta_name(self._i)}", msgpack.packb(meta, use_bin_type=True))
@@ -436,8 +441,9 @@ def _select(m: _Measured, config: PackConfig) -> dict[str, Any]:
             raise SampleError(reason, f"{frac:.1%} of {total} samples were dropped (mostly {reason}), over "
                               f"the tolerance {config.max_drop_fraction:.1%}; fix the data or raise the tolerance")
     table = {"ids": m.ids, "tokens": tok, "images": img, "part": cat(m.part), "offset": cat(m.offset),
-             "length": cat(m.length), "image_bytes": cat(m.image_bytes), "keep": keep, "dropped": dropped}
-    for column in (m.tokens, m.images, m.part, m.offset, m.length, m.image_bytes):
+             "length": cat(m.length), "image_bytes": cat(m.image_bytes), "image_tokens": cat(m.image_tokens),
+             "keep": keep, "dropped": dropped}
+    for column in (m.tokens, m.images, m.part, m.offset, m.length, m.image_bytes, m.image_tokens):
         column.clear()  # the per-partition pieces: the table holds them now, once
     return table
 
@@ -578,7 +584,7 @@ def _write_dropped(out: Location, dropped: Iterable[Dropped]) -> None:
 
 
 def _build_manifest(sources, config: PackConfig, describe, infos, records: int, dropped: list[Dropped],
-                    extra: dict[str, Any], *, max_samples_per_pack: int) -> Manifest:
+                    extra: dict[str, Any], *, max_samples_per_pack: int, max_image_tokens_per_pack: int) -> Manifest:
     packs = sum(i.packs for i in infos)
     tokens = sum(i.tokens for i in infos)
     by_reason = dict(sorted(Counter(d.reason for d in dropped).items()))
@@ -590,6 +596,8 @@ def _build_manifest(sources, config: PackConfig, describe, infos, records: int, 
         "bytes": sum(i.bytes for i in infos),
         # the loader sizes cu_seqlens from it (static shapes): B × (this + 1) segments at most
         "max_samples_per_pack": max_samples_per_pack,
+        # model-ready loaders size their pixel tensors from it (static shapes, no more than needed)
+        "max_image_tokens_per_pack": max_image_tokens_per_pack,
     }
     provenance = {"shard_max_bytes": config.shard_max_bytes, "shard_max_packs": config.shard_max_packs,
                   "on_error": config.on_error, **extra}

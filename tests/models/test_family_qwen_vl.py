@@ -118,3 +118,16 @@ def test_mrope_positions_drawn_in_the_docstring():
     assert rope[:, :9].tolist() == [[0, 1, 2, 3, 3, 3, 3, 5, 6], [0, 1, 2, 3, 3, 4, 4, 5, 6],
                                     [0, 1, 2, 3, 4, 3, 4, 5, 6]]
     assert rope[:, 9].tolist() == [0, 0, 0]
+
+
+@pytest.mark.gpu
+def test_padding_free_flash_attention_2_equals_one_by_one(qwen):
+    """FlashAttention-2 varlen over the padding-free row ([1, N], 4 position rows), bf16 on CUDA."""
+    processor, model, dataset = qwen
+    import copy
+
+    gpu = copy.deepcopy(model).to("cuda", torch.bfloat16)
+    gpu.set_attn_implementation("flash_attention_2")
+    want = h.reference(gpu, processor, dataset)
+    got = h.packed(gpu, h.loader_batches(dataset, processor, padding_free=True))
+    h.assert_same(gpu, got, want, rtol=2e-2, atol=2e-2)

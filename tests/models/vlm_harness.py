@@ -135,8 +135,18 @@ def dataset_sub_samples(dataset: Path) -> dict[str, tuple[np.ndarray, np.ndarray
 def oracle(processor: Any, chat) -> dict[str, torch.Tensor]:
     """The plain path: the processor's own ``apply_chat_template`` with the chat's PIL images."""
     pil = [Image.open(io.BytesIO(b)) for b in chat_images(chat)]
-    return dict(processor.apply_chat_template(_messages(chat, pil), tokenize=True, return_dict=True,
-                                              return_tensors="pt"))
+    kwargs = dict(tokenize=True, return_dict=True, return_tensors="pt")
+    try:
+        return dict(processor.apply_chat_template(_messages(chat, pil), **kwargs))
+    except AttributeError:
+        if getattr(processor, "video_processor", False) is not None:
+            raise
+    # Built without its video processor (no torchvision), a class whose override reads that processor's
+    # defaults before delegating (SmolVLM: num_frames/fps, video kwargs only) fails; for image chats the
+    # base it delegates to is the same path.
+    from transformers.processing_utils import ProcessorMixin
+
+    return dict(ProcessorMixin.apply_chat_template(processor, _messages(chat, pil), **kwargs))
 
 
 def check_tokens(dataset: Path, processor: Any, chats: Sequence = CHATS) -> None:
@@ -165,13 +175,14 @@ def reference(model: Any, processor: Any, dataset: Path, chats: Sequence = CHATS
     """Loss sum, target count and gradients of the sub-samples one by one (processor → model)."""
     subs = dataset_sub_samples(dataset)
     model.zero_grad()
-    total, count = torch.zeros((), dtype=torch.float64), 0
+    device = next(model.parameters()).device
+    total, count = torch.zeros((), dtype=torch.float64, device=device), 0
     for chat in chats:
         inputs = oracle(processor, chat)
         ids, mask = subs[chat[0]][:2]
-        labels = torch.where(torch.from_numpy(mask.astype(bool)), torch.from_numpy(ids), -100)[None]
+        labels = torch.where(torch.from_numpy(mask.astype(bool)), torch.from_numpy(ids), -100)[None].to(device)
         labels[0, 0] = -100
-        inputs = {k: v for k, v in inputs.items() if k != "attention_mask"}
+        inputs = {k: v.to(device) for k, v in inputs.items() if k != "attention_mask"}
         if extra is not None:
             inputs = extra(inputs)
         logits = model(**inputs, use_cache=False).logits
@@ -186,7 +197,7 @@ def reference(model: Any, processor: Any, dataset: Path, chats: Sequence = CHATS
 def packed(model: Any, batches: Sequence[dict]) -> tuple[torch.Tensor, int, list[torch.Tensor]]:
     """The same from loader batches through ``model(**wdspack.model_inputs(batch, model))``."""
     model.zero_grad()
-    total, count = torch.zeros((), dtype=torch.float64), 0
+    total, count = torch.zeros((), dtype=torch.float64, device=next(model.parameters()).device), 0
     for batch in batches:
         kwargs = wdspack.model_inputs(batch, model)
         out = model(**kwargs)

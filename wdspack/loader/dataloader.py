@@ -272,9 +272,20 @@ class _Collate:
         images = [ex.pop(PIXELS_KEY) for ex in examples] if PIXELS_KEY in examples[0] else None
         parts = [ex.pop(MODEL_KEY) for ex in examples] if MODEL_KEY in examples[0] else None
         batch = dict(collate_packs(examples, **self.options, share_memory=info is not None and not recycle))
-        if parts is not None:
-            batch = self.model.collate(batch, parts, padding_free=self.options["padding_free"])
         lease = None
+        if parts is not None:
+            def take(shape: tuple[int, ...]) -> tuple[torch.Tensor, list[int] | None]:
+                nonlocal lease
+                if recycle:
+                    out, dirty, lease = self.buffers.take(shape, worker=info.id, packs=len(examples))
+                    return out, dirty
+                if info is not None:
+                    return _new_shared(shape), [0] * len(examples)  # zero-filled by the OS
+                return torch.empty(shape), None
+
+            batch, counts = self.model.collate(batch, parts, padding_free=self.options["padding_free"], take=take)
+            if lease is not None:
+                self.buffers.ship(lease, counts)
         if images is not None:
             M, size = examples[0]["image_mask"].shape[0], images[0].transform.size
             shape = (len(examples) * M, 3, size, size)

@@ -237,7 +237,9 @@ class PackedDataset(IterableDataset):
             raise ConfigError("give processor= or image_transform=, not both: the processor lays out the pixels")
         from ..models.batching import ModelBatcher
 
-        batcher = ModelBatcher(processor, seq_len=self.seq_len, max_images=self.max_images)
+        totals = self.manifest.totals if self.manifest is not None else {}
+        batcher = ModelBatcher(processor, seq_len=self.seq_len, max_images=self.max_images,
+                               max_image_tokens=totals.get("max_image_tokens_per_pack"))
         policy = self.manifest.image_policy if self.manifest is not None else {}
         packed_for = policy.get("family")
         if packed_for is not None and packed_for != batcher.family.name:
@@ -268,7 +270,7 @@ class PackedDataset(IterableDataset):
             if self.with_position:
                 example[MODEL_KEY] = (pixels, rows)
             else:
-                example.update(pixels)
+                example.update(self.model_batcher.padded(pixels))
                 example.update(rows)
             return example
         transform = self.image_transform

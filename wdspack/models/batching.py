@@ -15,13 +15,17 @@ Per batch (the loader's collate): pixel keys concatenated pack-major (dim 0), to
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
+from ..errors import ConfigError
 from ..images import DEFAULT_MAX_PIXELS, ImageDecodeError, decode_image
-from .family import Budgets
+from .family import Budgets, Rows
+
+#: ``shape -> (tensor, dirty)``: where the loader wants a batch's ``pixel_values`` written.
+Take = Callable[[tuple[int, ...]], tuple[torch.Tensor, "list[int] | None"]]
 
 __all__ = ["ModelBatcher"]
 
@@ -32,15 +36,18 @@ class ModelBatcher:
     Args:
         processor: a processor object, folder or cached model name (:func:`~wdspack.models.load_processor`).
         seq_len, max_images: the dataset's budgets (the static shapes).
+        max_image_tokens: the most image tokens in one pack of the dataset (its manifest's
+            ``max_image_tokens_per_pack``): pixel tensors are sized for it, not for ``seq_len``.
         max_pixels: the decompression-bomb limit for decoding.
     """
 
-    def __init__(self, processor: Any, *, seq_len: int, max_images: int, max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
+    def __init__(self, processor: Any, *, seq_len: int, max_images: int, max_image_tokens: int | None = None,
+                 max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
         from . import family_for, load_processor
 
         self.processor = load_processor(processor)
         self.family = family_for(self.processor)
-        self.budgets = Budgets(int(seq_len), int(max_images))
+        self.budgets = Budgets(int(seq_len), int(max_images), None if max_image_tokens is None else int(max_image_tokens))
         self.max_pixels = int(max_pixels)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -66,28 +73,68 @@ class ModelBatcher:
             ImageDecodeError: an image cannot be decoded (``index`` says which).
         """
         images = [self._decode(k, data) for k, data in enumerate(pack.images)]
+        if images and self.family.pixels_per_sample:
+            owners = list(pack.image_sample)
+            images = [[im for im, o in zip(images, owners) if o == s] for s in dict.fromkeys(owners)]
         out = self.family.pixels(self.processor, images) if images else {}
         pixels = self.family.pad_pixels(out, self.processor, self.budgets, tuple(pack.image_tokens))
         rows = self.family.token_rows(input_ids, pack.seq_lens, out, self.processor) if self.family.token_rows else {}
         return pixels, rows
 
-    def collate(self, batch: dict[str, Any], parts: Sequence[tuple[Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]]],
-                *, padding_free: bool = False) -> dict[str, Any]:
-        """Add the packs' ``parts`` to a collated ``batch`` and apply the family's last rewrite."""
+    @staticmethod
+    def padded(pixels: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        """One pack's pixel parts as plain tensors (:class:`Rows` padded), for use without the loader."""
+        return {k: _join_rows([v], None)[0] if isinstance(v, Rows) else v for k, v in pixels.items()}
+
+    def collate(self, batch: dict[str, Any], parts: Sequence[tuple[Mapping[str, Any], Mapping[str, torch.Tensor]]],
+                *, padding_free: bool = False, take: Take | None = None) -> tuple[dict[str, Any], list[int] | None]:
+        """Add the packs' ``parts`` to a collated ``batch`` and apply the family's last rewrite.
+
+        Args:
+            take: for a :class:`~wdspack.models.family.Rows` ``pixel_values``: ``shape -> (tensor, dirty)``,
+                a float32 tensor to write the batch into and, per pack, how many leading rows may be
+                non-zero from earlier use (``None``: unknown, zero them all). Default: new memory.
+
+        Returns:
+            The batch, and the real rows per pack written into ``take``'s tensor (None if not used).
+        """
+        written = None
         for key in parts[0][0]:
-            batch[key] = torch.cat([p[0][key] for p in parts])
+            values = [p[0][key] for p in parts]
+            if isinstance(values[0], Rows):
+                use = take if key == "pixel_values" and values[0].tensor.dtype == torch.float32 else None
+                batch[key], counts = _join_rows(values, use)
+                written = counts if use is not None else written
+            else:
+                batch[key] = torch.cat(values) if len(values) > 1 else values[0]
         for key in parts[0][1]:
             rows = torch.stack([p[1][key] for p in parts], dim=-2)  # [..., B, L]
             batch[key] = _flatten_rows(rows, batch) if padding_free else rows
         if self.family.finish_batch is not None:
             batch = self.family.finish_batch(batch)
-        return batch
+        return batch, written
 
     def _decode(self, k: int, data: bytes):
         try:
             return decode_image(data, max_pixels=self.max_pixels)
         except ImageDecodeError as e:
             raise type(e)(f"image {k}: {e}", index=k) from None
+
+
+def _join_rows(values: Sequence[Rows], take: Take | None) -> tuple[torch.Tensor, list[int]]:
+    """Pack ``b``'s rows into ``out[b·rows : b·rows + n_b]``, zeros after them; every byte written once."""
+    rows, first = values[0].rows, values[0].tensor
+    counts = [int(v.tensor.shape[0]) for v in values]
+    if any(n > rows for n in counts):
+        raise ConfigError(f"a pack has {max(counts)} rows of pixels > the {rows} rows the budgets give it")
+    shape = (len(values) * rows, *first.shape[1:])
+    out, dirty = take(shape) if take is not None else (first.new_empty(shape), None)
+    for b, (v, n) in enumerate(zip(values, counts)):
+        out[b * rows: b * rows + n] = v.tensor
+        stale = rows if dirty is None else dirty[b]
+        if stale > n:
+            out[b * rows + n: b * rows + stale] = 0
+    return out, counts
 
 
 def _flatten_rows(rows: torch.Tensor, batch: Mapping[str, Any]) -> torch.Tensor:

@@ -28,15 +28,32 @@ from typing import Any
 
 import torch
 
-__all__ = ["Budgets", "Family", "default_pixels", "run_image_processor"]
+__all__ = ["Budgets", "Family", "Rows", "default_pixels", "run_image_processor"]
 
 
 @dataclass(frozen=True, slots=True)
 class Budgets:
-    """The static shapes a pack must fit: ``seq_len`` tokens, ``max_images`` images."""
+    """The static shapes a pack must fit: ``seq_len`` tokens, ``max_images`` images, and (when the
+    manifest says) at most ``max_image_tokens`` image feature tokens per pack."""
 
     seq_len: int
     max_images: int
+    max_image_tokens: int | None = None
+
+    @property
+    def image_tokens(self) -> int:
+        """The most image feature tokens one pack can hold: what pixel tensors are sized for."""
+        return self.seq_len if self.max_image_tokens is None else min(self.seq_len, self.max_image_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class Rows:
+    """A pixel output that the batch pads with zero rows to ``rows`` per pack (``pad_pixels`` may return
+    it instead of a padded tensor): the loader then writes the real rows straight into the batch
+    tensor, reusing its shared-memory buffers, and zeroes only rows that held data before."""
+
+    tensor: torch.Tensor
+    rows: int
 
 
 def run_image_processor(processor: Any, images: Sequence[Any], **kwargs: Any) -> dict[str, torch.Tensor]:
@@ -64,6 +81,9 @@ class Family:
         placeholder: ``processor -> str``: the text the chat template renders per image.
         pixels: ``(processor, pil_images) -> {key: tensor}``: the processor's own pixel outputs
             for one pack's images (default: its image processor).
+        pixels_per_sample: ``pixels`` gets the pack's images as one list per sub-sample that has
+            images (``[[a], [b, c]]``, as ``apply_chat_template`` passes a batch of chats), for
+            processors whose layout depends on how many images share a sample.
         pad_pixels: ``(outputs, processor, budgets, k) -> {key: tensor}``: the pixel outputs of a
             pack with ``k`` images, padded to shapes that depend only on the budgets; every key
             is concatenated pack-major in the batch (dim 0).
@@ -88,4 +108,5 @@ class Family:
     token_rows: Callable[..., dict[str, torch.Tensor]] | None = None
     token_keys: tuple[str, ...] = ()
     finish_batch: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    pixels_per_sample: bool = False
     notes: str = ""

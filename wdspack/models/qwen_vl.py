@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
-from .family import Budgets, Family
+from .family import Budgets, Family, Rows
 
 __all__ = ["QWEN2_5_VL", "QWEN2_VL", "mrope_positions"]
 
@@ -38,11 +38,11 @@ def _replacements(processor: Any, sizes: Sequence[tuple[int, int]]) -> list[str]
 
 
 def patch_rows(processor: Any, budgets: Budgets) -> int:
-    """Patch rows per pack: what ``seq_len`` tokens can hold (``merge²`` patches each), capped by
-    ``max_images`` of the processor's largest image."""
+    """Patch rows per pack: what the pack's image tokens can fill (``merge²`` patches each; the
+    manifest's largest pack, else ``seq_len``), capped by ``max_images`` of the processor's largest image."""
     ip = processor.image_processor
     merge, patch = int(ip.merge_size), int(ip.patch_size)
-    by_tokens = budgets.seq_len * merge * merge
+    by_tokens = budgets.image_tokens * merge * merge
     largest = int(ip.size["longest_edge"]) // (patch * patch)
     return min(by_tokens, budgets.max_images * largest) if budgets.max_images else 0
 
@@ -60,15 +60,14 @@ def _pad_pixels(out: Mapping[str, torch.Tensor], processor: Any, budgets: Budget
             raise ConfigError(f"the image processor gives {tokens} tokens for these images but the pack reserved "
                               f"{list(image_tokens)}; load with the processor (and settings) the dataset was packed with")
     width = pv.shape[1] if pv is not None and pv.ndim == 2 else _patch_width(processor)
-    padded = torch.zeros(rows, width, dtype=torch.float32)
     n = 0 if pv is None or not k else pv.shape[0]
     if n > rows:
-        raise ConfigError(f"{n} image patches > the {rows} patch rows a pack has room for")
-    if n:
-        padded[:n] = pv
+        raise ConfigError(f"{n} image patches > the {rows} patch rows a pack has room for; the dataset's manifest "
+                          "and the processor disagree: load with the processor it was packed with")
+    real = pv.to(torch.float32) if n else torch.zeros(0, width)
     grids = torch.zeros(M, 3, dtype=torch.int64)
     grids[:k] = grid[:k]
-    return {"pixel_values": padded, "patch_mask": torch.arange(rows) < n, "image_grid_thw": grids}
+    return {"pixel_values": Rows(real, rows), "patch_mask": torch.arange(rows) < n, "image_grid_thw": grids}
 
 
 def _patch_width(processor: Any) -> int:

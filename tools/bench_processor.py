@@ -1,0 +1,154 @@
+"""Processor-mode benchmark: packing and loading with a model's own processor (Qwen2.5-VL).
+
+    python tools/bench_processor.py                       # the demo data, 1500 records
+    python tools/bench_processor.py --records 600 --json docs/bench_processor.json
+
+The demo dataset (``examples/make_demo_data.py``: Pillow images of 64-640 px, long-tailed chats)
+and the real ``Qwen2_5_VLProcessor`` class (``examples/tiny_vlm``; images of 4 to 64 tokens).
+
+Packing, samples/s over the whole job (tokenizer/processor load included, one run each):
+
+- **processor mode**: ``pack --processor`` with 1 and 2 worker processes: each image's tokens laid
+  out from its header size, the expanded text tokenized once.
+- **fixed mode**: the same tokenizer and chat template, a fixed 64 tokens per image (today's
+  ``--tokens-per-image``), 1 and 2 workers.
+- **naive**: what a packer without header-only counting does, per sample in one process: decode the
+  images and call ``processor.apply_chat_template(..., tokenize=True)`` (pixels processed too),
+  over the same records (tokenizing only; no planning or writing).
+
+Loading, images/s, one DataLoader worker over one epoch, against the processor's image processor
+run image by image in one process on the same images (decode included; the faster of a run just
+before and one just after the loader's pass is the baseline).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+
+
+def _pack(sources: list[str], out: Path, sample_config, workers: int, seq_len: int, max_images: int) -> dict:
+    from wdspack.pipeline import PackConfig, pack_dataset
+
+    shutil.rmtree(out, ignore_errors=True)
+    t0 = time.perf_counter()
+    s = pack_dataset(sources, str(out), sample_config=sample_config,
+                     config=PackConfig(seq_len=seq_len, max_images=max_images, workers=workers), progress=False)
+    seconds = time.perf_counter() - t0
+    return {"samples": s.samples_read, "packed": s.samples_packed, "seconds": round(seconds, 2),
+            "samples_per_s": round(s.samples_read / seconds, 1), "fill": round(s.fill_ratio, 4)}
+
+
+def _naive(sources: list[str], processor) -> dict:
+    from PIL import Image
+
+    from wdspack.errors import Dropped
+    from wdspack.sources import iter_records, list_partitions
+
+    t0 = time.perf_counter()
+    n = 0
+    for part in list_partitions(sources):
+        for rec in iter_records(part):
+            if isinstance(rec, Dropped):
+                continue
+            try:
+                pool = iter([Image.open(io.BytesIO(b)) for b in rec.images])
+                msgs = [{"role": m["role"], "content": [dict(p, image=next(pool)) if p["type"] == "image" else p
+                                                        for p in m["content"]]} for m in rec.messages]
+                processor.apply_chat_template(msgs, tokenize=True, return_dict=True)
+            except Exception:
+                pass  # a bad image: the packer drops it too
+            n += 1
+    seconds = time.perf_counter() - t0
+    return {"samples": n, "seconds": round(seconds, 2), "samples_per_s": round(n / seconds, 1)}
+
+
+def _raw_images(dataset: Path, processor) -> tuple[float, int]:
+    import tarfile
+
+    from wdspack.codec import decode_pack
+    from wdspack.images import decode_image
+
+    images = []
+    for shard in sorted(dataset.glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            for m in tar.getmembers():
+                images += decode_pack(tar.extractfile(m).read()).images
+    t0 = time.perf_counter()
+    for data in images:
+        processor.image_processor([decode_image(data)], return_tensors="pt")
+    return len(images) / (time.perf_counter() - t0), len(images)
+
+
+def _loader(dataset: Path, folder: Path) -> tuple[float, int]:
+    import wdspack
+
+    loader = wdspack.make_loader(str(dataset), batch_size=1, num_workers=1, processor=str(folder), shuffle=False)
+    t0 = time.perf_counter()
+    images = sum(int(b["image_mask"].sum()) for b in loader)
+    return images / (time.perf_counter() - t0), images
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=1500)
+    ap.add_argument("--seq-len", type=int, default=2048)
+    ap.add_argument("--max-images", type=int, default=16)
+    ap.add_argument("--json", help="write the figures here")
+    args = ap.parse_args(argv)
+
+    from make_demo_data import generate
+    from tiny_vlm import qwen2_5_vl
+
+    from wdspack.models import save_processor
+    from wdspack.samples import SampleConfig
+
+    work = Path(tempfile.mkdtemp(prefix="bench-processor-"))
+    try:
+        generate(work / "data", records=args.records, seed=0)
+        sources = [str(work / "data" / "llava.jsonl"), str(work / "data" / "messages.jsonl")]
+        processor = qwen2_5_vl.processor(work / "tok")
+        folder = save_processor(processor, work / "processor")
+        fixed = SampleConfig(tokenizer=str(folder), chat_template=processor.chat_template, tokens_per_image=64,
+                             image_token="<|image_pad|>")
+        exact = SampleConfig(processor=str(folder))
+        res: dict = {"records": args.records, "seq_len": args.seq_len, "max_images": args.max_images,
+                     "processor": "Qwen2_5_VLProcessor (min 4, max 64 image tokens)", "packing": {}}
+        for workers in (1, 2):
+            res["packing"][f"processor_{workers}w"] = _pack(sources, work / "p", exact, workers, args.seq_len,
+                                                            args.max_images)
+            res["packing"][f"fixed_{workers}w"] = _pack(sources, work / "f", fixed, workers, args.seq_len,
+                                                        args.max_images)
+            print(json.dumps(res["packing"]), flush=True)
+        res["packing"]["naive_per_sample"] = _naive(sources, processor)
+        p1 = res["packing"]
+        res["packing"]["processor_vs_fixed_1w"] = round(p1["processor_1w"]["samples_per_s"] / p1["fixed_1w"]["samples_per_s"], 3)
+        res["packing"]["processor_vs_naive_1w"] = round(p1["processor_1w"]["samples_per_s"]
+                                                        / p1["naive_per_sample"]["samples_per_s"], 2)
+        _pack(sources, work / "p", exact, 2, args.seq_len, args.max_images)
+        before, n = _raw_images(work / "p", processor)
+        rate, got = _loader(work / "p", folder)
+        after, _ = _raw_images(work / "p", processor)
+        base = max(before, after)
+        res["loading"] = {"images": got, "loader_images_per_s": round(rate, 1),
+                          "processor_image_by_image_per_s": round(base, 1), "of_baseline": round(rate / base, 3),
+                          "baseline_runs": [round(before, 1), round(after, 1)]}
+        print(json.dumps(res, indent=1))
+        if args.json:
+            Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
