@@ -26,6 +26,7 @@ test: env
 bench: env
 	$(BIN)/python tools/bench_packing.py
 	$(BIN)/python tools/bench_loader.py --json docs/bench_loader.json
+	$(BIN)/python tools/bench_processor.py --json docs/bench_processor.json
 
 clean:
 	rm -rf $(VENV) build .pytest_cache

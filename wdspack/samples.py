@@ -299,6 +299,8 @@ class SampleBuilder:
                               f"for {len(images)} images", sid)
         try:
             reps = self.family.replacements(self.processor, sizes) if images else []
+        except ConfigError:
+            raise  # the processor's settings, not this sample: every sample would fail the same way
         except Exception as e:  # the processor's own code refusing a size
             raise SampleError("unreadable_image", f"the processor cannot lay out images of sizes {sizes}: "
                               f"{_error_text(e)}", sid) from None

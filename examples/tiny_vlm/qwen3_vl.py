@@ -52,8 +52,9 @@ def processor(folder: Any, *, min_pixels: int = 4 * 32 * 32, max_pixels: int = 6
 
 def model(processor: Any, *, seed: int = 0, cls: str = "Qwen3VLForConditionalGeneration") -> Any:
     """A tiny random ``cls`` (``Qwen3VLForConditionalGeneration`` or ``Qwen3VLMoeForConditionalGeneration``):
-    2 vision blocks, both feeding DeepStack; 2 text layers with head_dim 16 so the interleaved mRoPE
-    (section ``[4, 2, 2]``) mixes all three axes; the MoE variant routes each token to 2 of 4 experts."""
+    2 vision blocks, both feeding DeepStack (added after text layers 0 and 1, so a third text layer lets the
+    second one reach the loss); head_dim 16 so the interleaved mRoPE (section ``[4, 2, 2]``) mixes all three
+    axes; the MoE variant routes each token to 2 of 4 experts."""
     import torch
     import transformers
 
@@ -61,7 +62,7 @@ def model(processor: Any, *, seed: int = 0, cls: str = "Qwen3VLForConditionalGen
     ids = {name: tok.convert_tokens_to_ids(t) for name, t in (
         ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
         ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"))}
-    text = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    text = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2],
                                  "mrope_interleaved": True},

@@ -23,14 +23,24 @@ from wdspack.errors import ConfigError
 SEQ_LEN = 80
 
 
-@pytest.fixture(scope="module", params=["Qwen3VL", "Qwen3VLMoe"])
-def qwen3(request, tmp_path_factory):
+@pytest.fixture(scope="module")
+def packed_set(tmp_path_factory):
+    """The processor and the packed dataset (dense and MoE models share the processor, so the dataset)."""
     from tiny_vlm import qwen3_vl
 
-    folder = tmp_path_factory.mktemp(request.param)
+    folder = tmp_path_factory.mktemp("qwen3_vl")
     processor = qwen3_vl.processor(folder / "tok")
+    return processor, h.pack_chats(folder, processor, seq_len=SEQ_LEN)
+
+
+@pytest.fixture(scope="module", params=["Qwen3VL", "Qwen3VLMoe"])
+def qwen3(request, packed_set):
+    from tiny_vlm import qwen3_vl
+
+    processor, dataset = packed_set
     model = qwen3_vl.model(processor, cls=f"{request.param}ForConditionalGeneration").double()
-    dataset = h.pack_chats(folder, processor, seq_len=SEQ_LEN)
+    if "Moe" in request.param:
+        model.set_experts_implementation("eager")  # the default grouped_mm kernel has no float64 on CPU
     return processor, model, dataset
 
 
@@ -51,8 +61,8 @@ def test_family_is_found_from_processor_and_model(qwen3):
         wdspack.models.family_for(SimpleNamespace(config=SimpleNamespace(model_type="qwen3_5")))
 
 
-def test_tokens_are_the_processors(qwen3):
-    processor, _, dataset = qwen3
+def test_tokens_are_the_processors(packed_set):
+    processor, dataset = packed_set
     h.check_tokens(dataset, processor)
 
 

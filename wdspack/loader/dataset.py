@@ -317,6 +317,8 @@ class PackedDataset(IterableDataset):
                         continue
                     try:
                         example = self._to_example(pack)
+                    except ConfigError:
+                        raise  # a loader set up unlike the dataset (e.g. another processor): not the pack's fault
                     except (WdspackError, OSError, ValueError) as e:
                         handler("corrupt_packs", FormatError(f"{where(int(order[k]))}: {type(e).__name__}: {e}"))
                         continue

@@ -1,0 +1,202 @@
+"""LLaVA-1.5 (one fixed-size image, fixed token count) and LLaVA-OneVision (any-resolution tiles).
+
+LLaVA-1.5: each image is resized and cropped to one ``S × S`` picture; the processor repeats
+``<image>`` once per vision feature: ``(S / patch)²``, plus one for CLS unless the
+``vision_feature_select_strategy`` is ``"default"`` (which drops it)::
+
+    tokens   USER: <image> × 576 \\n What is it? ASSISTANT: A cat.      (336 px, patch 14, "default")
+    pixels   pixel_values [M, 3, S, S] per pack, zero in empty slots
+
+LLaVA-OneVision: a sample's lone image is a base tile (the whole image at ``S × S``) plus the
+tiles of the grid pinpoint that fits its size best; the grid's features are cropped to the image's
+aspect ratio (and pooled when larger than ``anyres_max_N`` tiles), one newline feature ends each
+row. Two or more images in one sample are one padded square tile each, plus a newline. ``I`` is
+one ``<image>`` token, ``N`` the one a newline feature fills (tiles of 2 × 2 features)::
+
+    one image 96 px wide, 56 high: grid 2 × 3 tiles = 4 × 6 features, pooled to 3 × 4
+    <|im_start|>user\n  I I I I   I I I I N  I I I I N  I I I I N  \nWhat is it?<|im_end|>\n
+                        └ base ┘  └ the grid row by row, + N each ┘
+    two images in one sample:     I I I I N   I I I I N     (one padded square tile each)
+    pixels   pixel_values [M, P, 3, S, S] (P: the largest pinpoint's tiles + the base), image_sizes [M, 2]
+
+The counts come from header sizes alone: the processor's own ``replace_image_token`` is fed the
+sizes (and a shape-only stand-in for the processed tile). The loader runs the image processor per
+sub-sample (``pixels_per_sample``), as ``apply_chat_template`` does, so each image gets the layout
+its sample gives it; the model gets ``batch_num_images`` (images per sub-sample) to match.
+
+Both text models (Llama, Qwen2) build the block-causal mask from the restarting ``position_ids``;
+the image features are scattered into the ``<image>`` tokens, so no other key is needed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError
+from .family import Budgets, Family, Rows
+
+__all__ = ["LLAVA", "LLAVA_ONEVISION"]
+
+
+def _size(d: Any, key: str) -> int | None:
+    """``d[key]`` of a ``SizeDict`` or a plain dict (image processors hold either)."""
+    if d is None:
+        return None
+    value = d.get(key) if isinstance(d, Mapping) else getattr(d, key, None)
+    return int(value) if value else None
+
+
+def _output_side(ip: Any, *, square_input: bool) -> tuple[int, int]:
+    """``(height, width)`` of the image processor's output picture (or tile), from its settings.
+
+    Raises:
+        ConfigError: the output size depends on the image (``shortest_edge`` resizing of a
+            non-square input with no center crop); the vision tower needs one fixed size.
+    """
+    crop = getattr(ip, "crop_size", None)
+    if getattr(ip, "do_center_crop", False) and _size(crop, "height"):
+        return _size(crop, "height"), _size(crop, "width")
+    size = getattr(ip, "size", None)
+    if _size(size, "height") and _size(size, "width"):
+        return _size(size, "height"), _size(size, "width")
+    if square_input and _size(size, "shortest_edge"):
+        return _size(size, "shortest_edge"), _size(size, "shortest_edge")
+    crops = getattr(ip, "do_center_crop", None)
+    raise ConfigError(f"{type(ip).__name__} with size={size} and do_center_crop={crops} gives images of varying "
+                      "sizes; set do_center_crop with crop_size (or size height/width) to the vision tower's "
+                      "image size")
+
+
+def _stand_in(*shape: int) -> np.ndarray:
+    """A zero array of ``shape`` that takes no memory: the processor reads only its shape."""
+    return np.broadcast_to(np.zeros((), np.float32), shape)
+
+
+def _count(processor: Any, text: str) -> int:
+    return len(text) // len(processor.image_token)
+
+
+def _check_tokens(processor: Any, out: Mapping[str, torch.Tensor], image_tokens: Sequence[int]) -> None:
+    """The processor's own count from the pixel outputs must be what the pack reserved."""
+    tokens = [_count(processor, processor.replace_image_token(dict(out), image_idx=i))
+              for i in range(len(image_tokens))]
+    if tokens != list(image_tokens):
+        raise ConfigError(f"the processor gives {tokens} image tokens for these images but the pack reserved "
+                          f"{list(image_tokens)}; load with the processor (and settings) the dataset was packed with")
+
+
+def _fit(value: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """``value`` in the leading corner of a zero tensor of ``shape``."""
+    out = torch.zeros(shape, dtype=dtype)
+    if value is not None and value.numel():
+        if any(a > b for a, b in zip(value.shape, shape)):
+            raise ConfigError(f"pixel output of shape {tuple(value.shape)} does not fit the pack's {shape}; load "
+                              "with the processor (and settings) the dataset was packed with")
+        out[tuple(slice(0, n) for n in value.shape)] = value
+    return out
+
+
+# ---- LLaVA-1.5 ----------------------------------------------------------------------------------
+
+
+def _llava_side(ip: Any) -> tuple[int, int]:
+    # LlavaImageProcessor's do_pad pads to a square before resizing; CLIPImageProcessor has no such step.
+    return _output_side(ip, square_input=bool(getattr(ip, "do_pad", False)))
+
+
+def _llava_replacements(processor: Any, sizes: Sequence[tuple[int, int]]) -> list[str]:
+    h, w = _llava_side(processor.image_processor)
+    if not sizes:
+        return []
+    text = processor.replace_image_token({"pixel_values": _stand_in(1, 3, h, w)}, image_idx=0)
+    return [text] * len(sizes)  # every image is resized to the same picture
+
+
+def _llava_pad(out: Mapping[str, torch.Tensor], processor: Any, budgets: Budgets,
+               image_tokens: Sequence[int]) -> dict[str, torch.Tensor | Rows]:
+    k, (h, w) = len(image_tokens), _llava_side(processor.image_processor)
+    if k:
+        _check_tokens(processor, out, image_tokens)
+    real = _fit(out.get("pixel_values") if k else None, (k, 3, h, w), torch.float32)
+    return {"pixel_values": Rows(real, budgets.max_images)}  # the batch pads each pack to max_images slots
+
+
+def _llava_kwargs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"]}
+    if bool(batch["image_mask"].any()):
+        kwargs["pixel_values"] = batch["pixel_values"][batch["image_mask"]]
+    return kwargs
+
+
+# ---- LLaVA-OneVision ----------------------------------------------------------------------------
+
+
+def _tile_cut(ip: Any) -> int:
+    """The side of the tiles the image is cut into (as ``LlavaOnevisionImageProcessor`` picks it)."""
+    for d, key in ((getattr(ip, "crop_size", None), "height"), (ip.size, "height"), (ip.size, "shortest_edge")):
+        if _size(d, key):
+            return _size(d, key)
+    raise ConfigError(f"{type(ip).__name__} has no tile size (size={ip.size}); set size height/width")
+
+
+def max_patches(ip: Any) -> int:
+    """Patches of the largest grid pinpoint, plus the base tile: the patch rows of one image slot."""
+    cut = _tile_cut(ip)
+    return 1 + max(math.ceil(h / cut) * math.ceil(w / cut) for h, w in ip.image_grid_pinpoints)
+
+
+def _onevision_replacements(processor: Any, sizes: Sequence[tuple[int, int]]) -> list[str]:
+    h, w = _output_side(processor.image_processor, square_input=True)
+    inputs = {"batch_num_images": [len(sizes)], "image_sizes": [[int(a), int(b)] for a, b in sizes],
+              "pixel_values": [_stand_in(1, 3, h, w)]}
+    return [processor.replace_image_token(inputs, image_idx=i) for i in range(len(sizes))]
+
+
+def _onevision_pad(out: Mapping[str, torch.Tensor], processor: Any, budgets: Budgets,
+                   image_tokens: Sequence[int]) -> dict[str, torch.Tensor | Rows]:
+    ip, M, k = processor.image_processor, budgets.max_images, len(image_tokens)
+    h, w = _output_side(ip, square_input=True)
+    if k:
+        _check_tokens(processor, out, image_tokens)
+    real = _fit(out.get("pixel_values") if k else None, (k, max_patches(ip), 3, h, w), torch.float32)
+    sizes = _fit(out.get("image_sizes") if k else None, (M, 2), torch.int64)
+    return {"pixel_values": Rows(real, M), "image_sizes": sizes}  # pixels: the batch pads each pack to M slots
+
+
+def images_per_sample(batch: Mapping[str, Any]) -> torch.Tensor:
+    """``batch_num_images``: the real images of each sub-sample that has any, in order."""
+    real = batch["image_mask"]
+    owners = torch.stack([batch["image_pack_idx"][real], batch["image_sample_idx"][real]], dim=1)
+    return torch.unique_consecutive(owners, dim=0, return_counts=True)[1]
+
+
+def _onevision_kwargs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"]}
+    if bool(batch["image_mask"].any()):
+        real = batch["image_mask"]
+        kwargs["pixel_values"] = batch["pixel_values"][real]  # the model keeps each image's own patches
+        kwargs["image_sizes"] = batch["image_sizes"][real]
+        kwargs["batch_num_images"] = images_per_sample(batch)
+    return kwargs
+
+
+LLAVA = Family(
+    name="llava", processors=("LlavaProcessor",), model_types=("llava",), replacements=_llava_replacements,
+    pad_pixels=_llava_pad, model_kwargs=_llava_kwargs,
+    notes="one fixed-size picture per image, (S/patch)² (+CLS) <image> tokens; pixel_values [B·M, 3, S, S]",
+)
+
+LLAVA_ONEVISION = Family(
+    name="llava_onevision", processors=("LlavaOnevisionProcessor",), model_types=("llava_onevision",),
+    replacements=_onevision_replacements, pixels_per_sample=True,
+    pad_pixels=_onevision_pad, model_kwargs=_onevision_kwargs,
+    notes="any-resolution tiles + newline features (one square tile per image when a sample has several); "
+          "pixel_values [B·M, P, 3, S, S], image_sizes [B·M, 2], batch_num_images",
+)
+
+FAMILIES = (LLAVA, LLAVA_ONEVISION)
