@@ -4,12 +4,19 @@ Each family is one small module declaring a :class:`~wdspack.models.family.Famil
 what a family states). This package finds the family of a processor or a model and turns a batch
 into the model's keyword arguments; nothing else in wdspack names a family.
 
-===================  ==========================  =======================================================
-family               processor class             model class
-===================  ==========================  =======================================================
-``qwen2_vl``         ``Qwen2VLProcessor``        ``Qwen2VLForConditionalGeneration``
-``qwen2_5_vl``       ``Qwen2_5_VLProcessor``     ``Qwen2_5_VLForConditionalGeneration``
-===================  ==========================  =======================================================
+====================  ===========================  ===========================================
+family                processor class              model class
+====================  ===========================  ===========================================
+``qwen2_vl``          ``Qwen2VLProcessor``         ``Qwen2VLForConditionalGeneration``
+``qwen2_5_vl``        ``Qwen2_5_VLProcessor``      ``Qwen2_5_VLForConditionalGeneration``
+``qwen3_vl``          ``Qwen3VLProcessor``         ``Qwen3VLForConditionalGeneration`` (+ MoE)
+``smolvlm``           ``SmolVLMProcessor``         ``SmolVLMForConditionalGeneration``
+``idefics3``          ``Idefics3Processor``        ``Idefics3ForConditionalGeneration``
+``gemma3``            ``Gemma3Processor``          ``Gemma3ForConditionalGeneration``
+``llava``             ``LlavaProcessor``           ``LlavaForConditionalGeneration``
+``llava_onevision``   ``LlavaOnevisionProcessor``  ``LlavaOnevisionForConditionalGeneration``
+``mistral3``          ``PixtralProcessor``         ``Mistral3ForConditionalGeneration``
+====================  ===========================  ===========================================
 
 (the README's table lists every family with its flags and keys).
 """
