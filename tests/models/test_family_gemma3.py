@@ -16,14 +16,12 @@ tolerance and the gradients at float32's; the negative controls below differ by 
 from __future__ import annotations
 
 import copy
-import tarfile
 
 import pytest
 import torch
 import vlm_harness as h
 
 import wdspack
-from wdspack.codec import decode_pack
 from wdspack.errors import ConfigError
 from wdspack.models.gemma3 import GEMMA3, packed_masks
 
@@ -42,14 +40,6 @@ def gemma(tmp_path_factory):
     return processor, model, dataset
 
 
-def _pack_sample_ids(dataset):
-    out = []
-    for shard in sorted(dataset.glob("*.tar")):
-        with tarfile.open(shard) as tar:
-            out += [decode_pack(tar.extractfile(m).read()).sample_ids for m in tar.getmembers()]
-    return out
-
-
 def test_tokens_are_the_processors(gemma):
     processor, _, dataset = gemma
     h.check_tokens(dataset, processor)
@@ -63,7 +53,7 @@ def test_pixels_and_token_types_are_the_processors(gemma):
     (batch,) = h.loader_batches(dataset, processor)
     kwargs = wdspack.model_inputs(batch, model)
     chats = {c[0]: c for c in h.CHATS}
-    packs = _pack_sample_ids(dataset)
+    packs = h.pack_sample_ids(dataset)
     alone = {sid: h.oracle(processor, chats[sid]) for sid in chats}
     want = torch.cat([alone[sid]["pixel_values"] for ids in packs for sid in ids if "pixel_values" in alone[sid]])
     torch.testing.assert_close(kwargs["pixel_values"], want, rtol=0, atol=0)
@@ -105,7 +95,7 @@ def test_masks_are_the_models_per_sub_sample(gemma):
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_packed_loss_and_gradients_equal_one_by_one(gemma, attn):
     processor, model, dataset = gemma
-    packs = _pack_sample_ids(dataset)
+    packs = h.pack_sample_ids(dataset)
     assert len(packs) >= 2 and any(len(p) > 1 for p in packs)
     sizes = {c[0]: c[2] for c in h.CHATS}
     assert any(sizes[sid] for p in packs for sid in p[1:]), "an image sits in a pack's second or later sub-sample"

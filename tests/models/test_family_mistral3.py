@@ -6,7 +6,6 @@ images in ``max_images`` square slots with their ``image_sizes``, which the visi
 
 from __future__ import annotations
 
-import tarfile
 
 import pytest
 import torch
@@ -14,7 +13,6 @@ import vlm_harness as h
 from PIL import Image
 
 import wdspack
-from wdspack.codec import decode_pack
 from wdspack.errors import WdspackError
 from wdspack.models.mistral3 import MISTRAL3, resized_size
 
@@ -40,14 +38,6 @@ def mistral(tmp_path_factory, tok_dir):
     model = mistral3.model(processor).double()
     dataset = h.pack_chats(folder, processor, seq_len=SEQ_LEN)
     return processor, model, dataset
-
-
-def _pack_sample_ids(dataset):
-    out = []
-    for shard in sorted(dataset.glob("*.tar")):
-        with tarfile.open(shard) as tar:
-            out += [decode_pack(tar.extractfile(m).read()).sample_ids for m in tar.getmembers()]
-    return out
 
 
 def test_family_is_found_from_processor_and_model(mistral):
@@ -96,7 +86,7 @@ def test_pixels_and_sizes_are_the_processors(mistral):
     kwargs = wdspack.model_inputs(batch, model)
     chats = {c[0]: c for c in h.CHATS}
     pixels, sizes = [], []
-    for sid in [sid for ids in _pack_sample_ids(dataset) for sid in ids]:
+    for sid in [sid for ids in h.pack_sample_ids(dataset) for sid in ids]:
         alone = h.oracle(processor, chats[sid])  # the processor's own apply_chat_template path
         if "pixel_values" in alone:
             pixels += list(alone["pixel_values"])
@@ -121,7 +111,7 @@ TOLERANCE = {"sdpa": dict(rtol=1e-9, atol=1e-11), "eager": dict(rtol=1e-6, atol=
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_packed_loss_and_gradients_equal_one_by_one(mistral, attn):
     processor, model, dataset = mistral
-    packs = _pack_sample_ids(dataset)
+    packs = h.pack_sample_ids(dataset)
     assert len(packs) >= 2 and any(len(p) > 1 for p in packs)
     model.set_attn_implementation(attn)
     try:

@@ -8,7 +8,6 @@ interleaved rotary embedding mixes; DeepStack adds early vision features at the 
 from __future__ import annotations
 
 import io
-import tarfile
 from types import SimpleNamespace
 
 import pytest
@@ -17,7 +16,6 @@ import vlm_harness as h
 from PIL import Image
 
 import wdspack
-from wdspack.codec import decode_pack
 from wdspack.errors import ConfigError
 
 SEQ_LEN = 80
@@ -44,14 +42,6 @@ def qwen3(request, packed_set):
     return processor, model, dataset
 
 
-def _pack_sample_ids(dataset):
-    out = []
-    for shard in sorted(dataset.glob("*.tar")):
-        with tarfile.open(shard) as tar:
-            out += [decode_pack(tar.extractfile(m).read()).sample_ids for m in tar.getmembers()]
-    return out
-
-
 def test_family_is_found_from_processor_and_model(qwen3):
     processor, model, _ = qwen3
     assert wdspack.models.family_for(processor).name == "qwen3_vl"
@@ -70,7 +60,7 @@ def test_pixels_and_positions_are_the_models(qwen3):
     processor, model, dataset = qwen3
     (batch,) = h.loader_batches(dataset, processor)
     kwargs = wdspack.model_inputs(batch, model)
-    packs = _pack_sample_ids(dataset)
+    packs = h.pack_sample_ids(dataset)
     chats = {c[0]: c for c in h.CHATS}
     images = [img for ids in packs for sid in ids for img in h.chat_images(chats[sid])]
     want = processor.image_processor([Image.open(io.BytesIO(b)) for b in images], return_tensors="pt")
@@ -98,7 +88,7 @@ def test_pixels_and_positions_are_the_models(qwen3):
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_packed_loss_and_gradients_equal_one_by_one(qwen3, attn):
     processor, model, dataset = qwen3
-    packs = _pack_sample_ids(dataset)
+    packs = h.pack_sample_ids(dataset)
     assert len(packs) >= 2 and any(len(p) > 1 for p in packs)
     assert any(len(p) > 1 and any(h.chat_images(c) for c in h.CHATS if c[0] in p) for p in packs), \
         "a pack holds an image sub-sample after another sub-sample (DeepStack and positions are offset)"

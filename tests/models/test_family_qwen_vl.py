@@ -50,7 +50,7 @@ def test_pixels_and_positions_are_the_models(qwen):
     subs = h.dataset_sub_samples(dataset)
     for b in range(B):
         start = 0
-        for sid in _pack_sample_ids(dataset)[b]:
+        for sid in h.pack_sample_ids(dataset)[b]:
             n = len(subs[sid][0])
             alone = h.oracle(processor, chats[sid])
             rope, _ = model.model.get_rope_index(alone["input_ids"], alone["mm_token_type_ids"],
@@ -60,26 +60,14 @@ def test_pixels_and_positions_are_the_models(qwen):
             start += n
 
 
-def _pack_sample_ids(dataset):
-    import tarfile
-
-    from wdspack.codec import decode_pack
-
-    out = []
-    for shard in sorted(dataset.glob("*.tar")):
-        with tarfile.open(shard) as tar:
-            out += [decode_pack(tar.extractfile(m).read()).sample_ids for m in tar.getmembers()]
-    return out
-
-
 def _pack_order(dataset):
-    return [sid for ids in _pack_sample_ids(dataset) for sid in ids]
+    return [sid for ids in h.pack_sample_ids(dataset) for sid in ids]
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_packed_loss_and_gradients_equal_one_by_one(qwen, attn):
     processor, model, dataset = qwen
-    packs = _pack_sample_ids(dataset)
+    packs = h.pack_sample_ids(dataset)
     assert len(packs) >= 2 and any(len(p) > 1 for p in packs)
     model.set_attn_implementation(attn)
     try:

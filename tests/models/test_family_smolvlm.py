@@ -33,18 +33,6 @@ def smol(request, tmp_path_factory):
     return processor, model, dataset
 
 
-def _pack_sample_ids(dataset):
-    import tarfile
-
-    from wdspack.codec import decode_pack
-
-    out = []
-    for shard in sorted(dataset.glob("*.tar")):
-        with tarfile.open(shard) as tar:
-            out += [decode_pack(tar.extractfile(m).read()).sample_ids for m in tar.getmembers()]
-    return out
-
-
 def test_tokens_are_the_processors(smol):
     processor, _, dataset = smol
     h.check_tokens(dataset, processor)
@@ -87,7 +75,7 @@ def test_pixels_are_the_processors(smol):
     assert batch["pixel_values"].shape == (B * T, 3, 32, 32) and batch["pixel_attention_mask"].shape == (B * T, 32, 32)
     kwargs = wdspack.model_inputs(batch, model)
     chats = {c[0]: c for c in h.CHATS}
-    alone = [h.oracle(processor, chats[sid]) for ids in _pack_sample_ids(dataset) for sid in ids if chats[sid][2]]
+    alone = [h.oracle(processor, chats[sid]) for ids in h.pack_sample_ids(dataset) for sid in ids if chats[sid][2]]
     want = torch.cat([o["pixel_values"][0] for o in alone])[None]
     torch.testing.assert_close(kwargs["pixel_values"], want, rtol=0, atol=0)
     want_mask = torch.cat([o["pixel_attention_mask"][0] for o in alone])[None]
@@ -119,7 +107,7 @@ def test_packed_loss_and_gradients_equal_one_by_one(smol, long_chats, attn):
     chats = h.CHATS
     if attn == "eager":
         dataset, chats = long_chats, LONG_CHATS
-    packs = _pack_sample_ids(dataset)
+    packs = h.pack_sample_ids(dataset)
     assert len(packs) >= 2 and any(len(p) > 1 for p in packs)
     model.set_attn_implementation(attn)
     try:

@@ -38,7 +38,7 @@ import wdspack  # noqa: E402
 from wdspack.codec import decode_pack  # noqa: E402
 from wdspack.models import save_processor  # noqa: E402
 
-__all__ = ["CHATS", "assert_same", "check_tokens", "dataset_sub_samples", "oracle", "pack_chats", "packed",
+__all__ = ["CHATS", "assert_same", "check_tokens", "dataset_sub_samples", "oracle", "pack_chats", "pack_sample_ids", "packed",
            "reference", "train_steps"]
 
 #: (id, turns, image sizes (width, height)). A turn is (role, text); "<image>" in a user text marks
@@ -129,6 +129,17 @@ def dataset_sub_samples(dataset: Path) -> dict[str, tuple[np.ndarray, np.ndarray
                     out[sid] = (pack.input_ids[starts[s]:starts[s + 1]].astype(np.int64),
                                 pack.loss_mask[starts[s]:starts[s + 1]],
                                 [pack.images[j] for j in own], [pack.image_tokens[j] for j in own])
+    return out
+
+
+def pack_sample_ids(dataset: Path) -> list[tuple[str, ...]]:
+    """The sub-sample ids of every pack, shard by shard, in stored order."""
+    import tarfile
+
+    out = []
+    for shard in sorted(dataset.glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            out += [decode_pack(tar.extractfile(m).read()).sample_ids for m in tar.getmembers()]
     return out
 
 

@@ -22,10 +22,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..errors import ConfigError
-from .family import Budgets, Family, Rows
+from .family import Budgets, Family, Rows, run_image_processor
 
 __all__ = ["QWEN2_5_VL", "QWEN2_VL", "mrope_positions"]
 
@@ -35,6 +36,13 @@ def _replacements(processor: Any, sizes: Sequence[tuple[int, int]]) -> list[str]
     patches = [ip.get_number_of_image_patches(h, w, {}) for h, w in sizes]
     grids = {"image_grid_thw": torch.tensor([[1, p, 1] for p in patches], dtype=torch.int64)}
     return [processor.replace_image_token(grids, image_idx=i) for i in range(len(sizes))]
+
+
+def _pixels(processor: Any, images: Sequence[Any]) -> dict[str, torch.Tensor]:
+    """The image processor image by image, concatenated: the same bytes as one call over the list
+    (each image's patches are independent), and about a tenth faster than the batched call."""
+    outs = [run_image_processor(processor, [image]) for image in images]
+    return {key: torch.cat([o[key] for o in outs]) for key in outs[0]}
 
 
 def patch_rows(processor: Any, budgets: Budgets) -> int:
@@ -84,32 +92,28 @@ def mrope_positions(input_ids: torch.Tensor, seq_lens: Sequence[int], grids: tor
     ``start + max(h, w) / merge``. Padding after the sub-samples counts ``0, 1, 2, …``.
     """
     L = input_ids.shape[0]
-    out = torch.empty(3, L, dtype=torch.int64)
-    is_image = (input_ids == image_token_id).tolist()
+    out = np.empty((3, L), np.int64)
+    is_image = (input_ids == image_token_id).numpy()
     g = iter(grids.tolist())
     start = 0
     for n in seq_lens:
-        i, pos = start, 0
-        while i < start + n:
-            if not is_image[i]:
-                j = i
-                while j < start + n and not is_image[j]:
-                    j += 1
-                out[:, i:j] = torch.arange(pos, pos + j - i)
-                pos += j - i
-                i = j
-                continue
-            t, h, w = next(g)
-            h, w = h // merge_size, w // merge_size
-            size = t * h * w
-            out[0, i:i + size] = pos + torch.arange(t).repeat_interleave(h * w)
-            out[1, i:i + size] = pos + torch.arange(h).repeat_interleave(w).repeat(t)
-            out[2, i:i + size] = pos + torch.arange(w).repeat(t * h)
-            pos += max(h, w)
-            i += size
+        edges = np.diff(np.r_[0, is_image[start:start + n].astype(np.int8), 0])
+        pos, i = 0, 0  # next position; next token (within the sub-sample) not yet placed
+        for run, stop in zip(np.flatnonzero(edges == 1).tolist(), np.flatnonzero(edges == -1).tolist()):
+            out[:, start + i:start + run] = pos + np.arange(run - i)  # text before the image run
+            pos, i = pos + run - i, run
+            while i < stop:  # one run may hold images back to back
+                t, h, w = next(g)
+                h, w = h // merge_size, w // merge_size
+                size = t * h * w
+                out[0, start + i:start + i + size] = pos + np.arange(t).repeat(h * w)
+                out[1, start + i:start + i + size] = pos + np.tile(np.arange(h).repeat(w), t)
+                out[2, start + i:start + i + size] = pos + np.tile(np.arange(w), t * h)
+                pos, i = pos + max(h, w), i + size
+        out[:, start + i:start + n] = pos + np.arange(n - i)
         start += n
-    out[:, start:] = torch.arange(L - start)
-    return out
+    out[:, start:] = np.arange(L - start)
+    return torch.from_numpy(out)
 
 
 def _token_rows(input_ids: torch.Tensor, seq_lens: Sequence[int], pixels: Mapping[str, torch.Tensor],
@@ -139,7 +143,7 @@ def _model_kwargs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]:
 def _family(name: str, processor: str, model_type: str) -> Family:
     return Family(
         name=name, processors=(processor,), model_types=(model_type,), replacements=_replacements,
-        pad_pixels=_pad_pixels, token_rows=_token_rows,
+        pixels=_pixels, pad_pixels=_pad_pixels, token_rows=_token_rows,
         token_keys=("mrope_position_ids", "mm_token_type_ids"), finish_batch=_finish, model_kwargs=_model_kwargs,
         notes="flattened patches + image_grid_thw; position_ids [4, B, L] (text row + 3-D mRoPE rows); "
               "mm_token_type_ids",
