@@ -258,6 +258,6 @@ def train_steps(model: Any, dataset: Path, processor: Any, *, steps: int = 6, lr
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     model.eval()
     return losses
