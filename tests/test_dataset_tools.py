@@ -217,3 +217,16 @@ def test_upload_is_resumable_and_keeps_the_token_out(packed, tmp_path, monkeypat
     assert "fill ratio" in card and "wdspack_stats.png" in card
     assert not any("hf_secret_value" in line for line in logs)
     assert "hf_secret_value" not in (ds / "manifest.json").read_text()
+
+
+def test_inspect_gives_the_global_batch_in_packs(packed, capsys):
+    """NeVA's rule: a per-sample global batch of N is N / (mean samples per pack) packs."""
+    m = read_manifest(packed[4096])
+    mean = m.totals["samples_packed"] / m.totals["packs"]
+    stats = dataset_stats(str(packed[4096]), samples_per_step=256)
+    assert stats["mean_samples_per_pack"] == pytest.approx(mean, abs=1e-4)
+    assert stats["packs_per_step"] == max(1, round(256 / stats["mean_samples_per_pack"]))
+    assert main(["inspect", str(packed[4096]), "--samples-per-step", "256"]) == 0
+    out = capsys.readouterr().out
+    assert f"≈ {stats['packs_per_step']} packs per step" in out and "samples per pack  mean" in out
+    assert main(["inspect", str(packed[4096]), "--samples-per-step", "0"]) == 2

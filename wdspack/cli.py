@@ -186,12 +186,16 @@ def _add_inspect(sub) -> None:
                                    "--plot) the per-pack distributions and the padding a pad-to-longest "
                                    "loader would waste.",
                        epilog="examples:\n  wdspack inspect packed/ --plot fill.png\n"
+                              "  wdspack inspect packed/ --samples-per-step 256   # the matching global batch in packs\n"
                               "  wdspack inspect hf://datasets/org/name@main --json",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dataset", help="dataset folder, https:// or hf://datasets/ORG/NAME[@REV]")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--deep", action="store_true", help="read every pack for distributions")
     p.add_argument("--plot", metavar="FILE.png", help="write a picture (implies --deep; needs matplotlib)")
+    p.add_argument("--samples-per-step", type=int, metavar="N",
+                   help="a per-sample global batch size: print the global batch in packs that matches it "
+                        "(N / mean samples per pack)")
     p.set_defaults(run=_run_inspect)
 
 
@@ -200,7 +204,7 @@ def _run_inspect(args: argparse.Namespace) -> int:
 
     from .stats import dataset_stats, format_stats, plot_stats
 
-    stats = dataset_stats(args.dataset, deep=args.deep or bool(args.plot))
+    stats = dataset_stats(args.dataset, deep=args.deep or bool(args.plot), samples_per_step=args.samples_per_step)
     if args.plot:
         plot_stats(stats, args.plot)
     shown = {k: v for k, v in stats.items() if not k.startswith("_")}

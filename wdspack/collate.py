@@ -228,6 +228,8 @@ def collate_packs(examples: Sequence[dict[str, torch.Tensor]], *, attention_mask
         lengths = [x for lens, n in zip(sample_lens, real) for x in (*lens.tolist(), L - n) if x > 0]
     batch["cu_seqlens"] = _cu_seqlens(lengths, max_segments)
     batch["max_seqlen"] = max(lengths, default=0)
+    batch["num_targets"], batch["segment_targets"] = _targets(examples, real, padding_free=padding_free,
+                                                              size=batch["cu_seqlens"].numel() - 1)
     if attention_mask == "2d":
         batch["attention_mask"] = (torch.arange(L)[None, :] < batch["num_tokens"][:, None]).long()
     elif attention_mask == "4d":
@@ -349,6 +351,21 @@ def _padding_free(batch: dict[str, Any], sample_lens: list[np.ndarray], *, B: in
     seq_idx = torch.repeat_interleave(torch.arange(len(lens), dtype=torch.int32), torch.tensor(lens, dtype=torch.int64))
     batch["seq_idx"] = torch.cat([seq_idx, fill["seq_idx"]])[None]
     return lens + ([tail] if tail else [])
+
+
+def _targets(examples, real: list[int], *, padding_free: bool, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target tokens (``labels != -100``) per pack ``[B]`` and per ``cu_seqlens`` segment ``[size]``
+    (sub-samples in order, padding segments 0): what exact loss normalisation counts (:mod:`wdspack.loss`)."""
+    per_pack, per_segment = [], []
+    for e, n in zip(examples, real):
+        L = e["input_ids"].shape[0]
+        trained = (e["labels"][:n] != IGNORE_INDEX).numpy()
+        counts = np.bincount(e["seq_idx"][:n].numpy()[trained], minlength=int(e["num_samples"])).tolist()
+        per_pack.append(sum(counts))
+        per_segment += counts + ([0] if L > n and not padding_free else [])
+    segments = np.zeros(size, np.int64)
+    segments[:len(per_segment)] = per_segment
+    return torch.tensor(per_pack, dtype=torch.int64), torch.from_numpy(segments)
 
 
 def _cu_seqlens(lengths: list[int], max_segments: int | None) -> torch.Tensor:

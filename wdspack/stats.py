@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from .codec import Pack, decode_pack
+from .errors import ConfigError
 from .manifest import MANIFEST_NAME, Manifest
 
 __all__ = ["dataset_stats", "format_stats", "iter_dataset_packs", "naive_padding_waste", "open_dataset",
@@ -63,8 +64,14 @@ def naive_padding_waste(lengths: np.ndarray, *, batch_size: int = 8, seed: int =
     return 1.0 - float(lengths.sum()) / padded
 
 
-def dataset_stats(source: str, *, deep: bool = False, batch_size: int = 8) -> dict[str, Any]:
-    """Numbers about a packed dataset (see the module docstring); JSON-serialisable."""
+def dataset_stats(source: str, *, deep: bool = False, batch_size: int = 8,
+                  samples_per_step: int | None = None) -> dict[str, Any]:
+    """Numbers about a packed dataset (see the module docstring); JSON-serialisable.
+
+    ``samples_per_step``: a per-sample global batch size (as a padded recipe states it); the stats
+    then give the global batch in packs that matches it: that many samples divided by the mean
+    samples per pack (NeVA's rule), rounded to the nearest pack.
+    """
     manifest, root = open_dataset(source)
     t = manifest.totals
     stats: dict[str, Any] = {
@@ -73,7 +80,14 @@ def dataset_stats(source: str, *, deep: bool = False, batch_size: int = 8) -> di
         "samples": t["samples_packed"], "samples_read": t["samples_read"], "tokens": t["tokens"],
         "images": t["images"], "fill_ratio": t["fill_ratio"], "bytes": sum(s.bytes for s in manifest.shards),
         "dropped_by_reason": t["dropped_by_reason"], "tokenizer": manifest.tokenizer.get("name"),
+        "mean_samples_per_pack": round(t["samples_packed"] / t["packs"], 4) if t["packs"] else 0.0,
     }
+    if samples_per_step is not None:
+        if samples_per_step < 1:
+            raise ConfigError(f"samples_per_step={samples_per_step} must be >= 1")
+        mean = stats["mean_samples_per_pack"] or 1.0
+        stats["samples_per_step"] = int(samples_per_step)
+        stats["packs_per_step"] = max(1, round(samples_per_step / mean))
     if not deep:
         return stats
     tokens, samples, images, lengths = [], [], [], []
@@ -112,7 +126,12 @@ def format_stats(stats: dict[str, Any]) -> list[str]:
         f"packs     {stats['packs']} in {stats['shards']} shards, {stats['bytes'] / 1e6:.1f} MB",
         f"samples   {stats['samples']} packed of {stats['samples_read']} read; dropped: {dropped}",
         f"tokens    {stats['tokens']}  images {stats['images']}  fill {stats['fill_ratio']:.2%}",
+        f"samples per pack  mean {stats['mean_samples_per_pack']:.2f}",
     ]
+    if "packs_per_step" in stats:
+        lines.append(f"global batch  {stats['samples_per_step']} samples per step ≈ {stats['packs_per_step']} packs per "
+                     f"step ({stats['samples_per_step']} / {stats['mean_samples_per_pack']:.2f} samples per pack); "
+                     "normalise the loss with wdspack.num_items_in_batch")
     if "per_pack" in stats:
         for key in ("tokens", "samples", "images"):
             d = stats["per_pack"][key]
