@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from ranks import free_port, run_all
 from synthetic import write_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,27 +55,13 @@ def uneven(tmp_path_factory) -> Path:
     return root
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_ranks(root: Path, tmp_path: Path, remainder: str, workers: int) -> list[dict]:
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"),
                                                          os.environ.get("PYTHONPATH", "")])}
     outs = [tmp_path / f"rank{r}.json" for r in range(2)]
-    procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(root), str(port), str(r), str(outs[r]),
-                               remainder, str(workers)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-             for r in range(2)]
-    try:
-        results = [p.communicate(timeout=180) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    for p, (_, err) in zip(procs, results):
-        assert p.returncode == 0, err.decode()[-3000:]
+    run_all([[sys.executable, "-c", RANK_SCRIPT, str(root), str(port), str(r), str(outs[r]), remainder, str(workers)]
+             for r in range(2)], env=env, timeout=180)
     return [json.loads(o.read_text()) for o in outs]
 
 

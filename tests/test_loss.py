@@ -11,8 +11,6 @@ every parameter's gradient.
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,9 +18,10 @@ import numpy as np
 import pytest
 import torch
 
+from ranks import free_port, run_all
 from synthetic import write_dataset
 from wdspack.collate import collate_packs, pack_to_example
-from wdspack.loss import num_items_in_batch, num_samples_in_batch, sample_mean_loss, token_losses
+from wdspack.loss import num_items_in_batch, num_samples_in_batch, token_losses
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 1100  # synthetic ids are < 1000, pack markers 1000 + pack number
@@ -80,25 +79,12 @@ def dataset(tmp_path_factory) -> Path:
     return root
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_ranks(root: Path, tmp_path: Path, mode: str) -> list[dict]:
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     outs = [tmp_path / f"{mode}{r}.npz" for r in range(2)]
-    procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(root), str(port), str(r), str(outs[r]), mode],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(2)]
-    try:
-        results = [p.communicate(timeout=240) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    for p, (_, err) in zip(procs, results):
-        assert p.returncode == 0, err.decode()[-3000:]
+    run_all([[sys.executable, "-c", RANK_SCRIPT, str(root), str(port), str(r), str(outs[r]), mode] for r in range(2)],
+            env=env, timeout=240)
     return [dict(np.load(o)) for o in outs]
 
 

@@ -33,9 +33,9 @@ examples:
   wdspack pack llava.jsonl --output packed/ --tokenizer ./tok --chat-template tmpl.jinja \\
       --image-token '<image>' --seq-len 4096 --max-images 16 --tokens-per-image 64
 
-  # Parquet with image bytes, Qwen2-VL token counts from the image sizes, 4 processes:
-  wdspack pack 'data/*.parquet' --output packed/ --tokenizer Qwen/Qwen2-VL-2B-Instruct \\
-      --tokens-per-image processor:Qwen/Qwen2-VL-2B-Instruct --seq-len 8192 --workers 4
+  # Parquet with image bytes, laid out exactly as Qwen2.5-VL's own processor does, 4 processes:
+  wdspack pack 'data/*.parquet' --output packed/ --processor Qwen/Qwen2.5-VL-3B-Instruct \\
+      --seq-len 8192 --max-images 16 --workers 4
 
   # The job was killed: run the same command again with --resume.
 

@@ -45,7 +45,6 @@ from .errors import ConfigError, SampleError
 
 __all__ = ["Sample", "SampleBuilder", "SampleConfig", "get_builder"]
 
-_IMAGE_TOKEN_GUESSES = ("<image>", "[IMG]", "<|image_pad|>", "<|image|>", "<image_soft_token>", "<fake_token_around_image>")
 
 
 class RecordLike(Protocol):
@@ -365,17 +364,9 @@ def _load_processor(tokens_per_image: int | str | Any):
         return tokens_per_image  # a processor object
     if not tokens_per_image.startswith("processor:"):
         raise ConfigError(f"--tokens-per-image {tokens_per_image!r}: give a number or processor:NAME_OR_PATH")
-    name = tokens_per_image.split(":", 1)[1]
-    if name.lower() in ("qwen2vl", "qwen2-vl"):
-        from transformers import Qwen2VLImageProcessor
+    from .models import image_processor_for
 
-        return Qwen2VLImageProcessor()
-    from transformers import AutoImageProcessor
-
-    try:
-        return AutoImageProcessor.from_pretrained(name)
-    except Exception as e:
-        raise ConfigError(f"cannot load image processor {name!r}: {e}") from None
+    return image_processor_for(tokens_per_image.split(":", 1)[1])
 
 
 def _processor_tokens(processor, height: int, width: int) -> int:
@@ -389,8 +380,10 @@ def _default_image_token(tokenizer, processor) -> str:
         tok = getattr(owner, "image_token", None)
         if isinstance(tok, str):
             return tok
+    from .models import IMAGE_TOKEN_GUESSES
+
     vocab = tokenizer.get_vocab()
-    for guess in _IMAGE_TOKEN_GUESSES:
+    for guess in IMAGE_TOKEN_GUESSES:
         if guess in vocab:
             return guess
     raise ConfigError("the tokenizer declares no image token; pass the model's image token with --image-token "

@@ -92,14 +92,7 @@ def test_packed_loss_and_gradients_equal_one_by_one(qwen3, attn):
     assert len(packs) >= 2 and any(len(p) > 1 for p in packs)
     assert any(len(p) > 1 and any(h.chat_images(c) for c in h.CHATS if c[0] in p) for p in packs), \
         "a pack holds an image sub-sample after another sub-sample (DeepStack and positions are offset)"
-    model.set_attn_implementation(attn)
-    try:
-        want = h.reference(model, processor, dataset)
-        batches = h.loader_batches(dataset, processor)
-        assert any(int(n) < SEQ_LEN for b in batches for n in b["num_tokens"]), "a pack has padding"
-        got = h.packed(model, batches)
-    finally:
-        model.set_attn_implementation("sdpa")
+    got, want = h.packed_and_reference(model, processor, dataset, attn=attn, seq_len=SEQ_LEN)
     h.assert_same(model, got, want)
     # The DeepStack mergers reached the loss, so the check above covers their injection too.
     deepstack = [g for (name, _), g in zip(model.named_parameters(), want[2]) if "deepstack_merger_list" in name]
@@ -120,7 +113,4 @@ def test_two_d_positions_are_not_exact(qwen3):
 
 def test_training_from_the_loader_lowers_the_loss(qwen3):
     processor, model, dataset = qwen3
-    import copy
-
-    losses = h.train_steps(copy.deepcopy(model), dataset, processor)
-    assert sum(losses[-2:]) < sum(losses[:2]), losses
+    h.check_training(model, dataset, processor)

@@ -69,14 +69,7 @@ def test_packed_loss_and_gradients_equal_one_by_one(qwen, attn):
     processor, model, dataset = qwen
     packs = h.pack_sample_ids(dataset)
     assert len(packs) >= 2 and any(len(p) > 1 for p in packs)
-    model.set_attn_implementation(attn)
-    try:
-        want = h.reference(model, processor, dataset)
-        batches = h.loader_batches(dataset, processor)
-        assert any(int(n) < SEQ_LEN for b in batches for n in b["num_tokens"]), "a pack has padding"
-        got = h.packed(model, batches)
-    finally:
-        model.set_attn_implementation("sdpa")
+    got, want = h.packed_and_reference(model, processor, dataset, attn=attn, seq_len=SEQ_LEN)
     h.assert_same(model, got, want)
 
 
@@ -94,10 +87,7 @@ def test_two_d_positions_are_not_exact(qwen):
 
 def test_training_from_the_loader_lowers_the_loss(qwen):
     processor, model, dataset = qwen
-    import copy
-
-    losses = h.train_steps(copy.deepcopy(model), dataset, processor)
-    assert sum(losses[-2:]) < sum(losses[:2]), losses
+    h.check_training(model, dataset, processor)
 
 
 def test_mrope_positions_drawn_in_the_docstring():

@@ -109,14 +109,7 @@ def test_packed_loss_and_gradients_equal_one_by_one(smol, long_chats, attn):
         dataset, chats = long_chats, LONG_CHATS
     packs = h.pack_sample_ids(dataset)
     assert len(packs) >= 2 and any(len(p) > 1 for p in packs)
-    model.set_attn_implementation(attn)
-    try:
-        want = h.reference(model, processor, dataset, chats=chats)
-        batches = h.loader_batches(dataset, processor)
-        assert any(int(n) < SEQ_LEN for b in batches for n in b["num_tokens"]), "a pack has padding"
-        got = h.packed(model, batches)
-    finally:
-        model.set_attn_implementation("sdpa")
+    got, want = h.packed_and_reference(model, processor, dataset, attn=attn, seq_len=SEQ_LEN, chats=chats)
     h.assert_same(model, got, want)
 
 
@@ -148,8 +141,7 @@ def test_misplaced_tiles_or_positions_are_not_exact(smol):
 
 def test_training_from_the_loader_lowers_the_loss(smol):
     processor, model, dataset = smol
-    losses = h.train_steps(copy.deepcopy(model), dataset, processor)
-    assert sum(losses[-2:]) < sum(losses[:2]), losses
+    h.check_training(model, dataset, processor)
 
 
 def test_tile_slots_depend_on_the_budgets_only(smol):

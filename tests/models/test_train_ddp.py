@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 
 import pytest
 import vlm_harness as h
+from ranks import free_port, run_all
 
 SCRIPT = h.ROOT / "examples" / "train_ddp.py"
 
@@ -27,9 +27,7 @@ def packed(tmp_path_factory):
 
 
 def _torchrun(dataset, processor, *extra) -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(h.ROOT), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
@@ -99,21 +97,12 @@ def test_ddp_with_text_only_micro_batches_equals_one_process(packed, tmp_path):
     import wdspack
 
     dataset, processor = packed
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(h.ROOT), str(h.ROOT / "examples"),
                                                          os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
     outs = [tmp_path / f"rank{r}.npz" for r in range(2)]
-    procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(dataset), str(processor), str(port), str(r),
-                               str(outs[r])], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(2)]
-    try:
-        results = [p.communicate(timeout=400) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    for p, (_, err) in zip(procs, results):
-        assert p.returncode == 0, err.decode()[-3000:]
+    run_all([[sys.executable, "-c", RANK_SCRIPT, str(dataset), str(processor), str(port), str(r), str(outs[r])]
+             for r in range(2)], env=env, timeout=400)
     ranks = [dict(np.load(o)) for o in outs]
     assert 0 in np.concatenate([r["images"] for r in ranks]), "some micro-batch is text-only"
 

@@ -39,7 +39,7 @@ from wdspack.codec import decode_pack  # noqa: E402
 from wdspack.models import save_processor  # noqa: E402
 
 __all__ = ["CHATS", "assert_same", "check_tokens", "dataset_sub_samples", "oracle", "pack_chats", "pack_sample_ids", "packed",
-           "reference", "train_steps"]
+           "reference", "train_steps", "packed_and_reference", "check_training"]
 
 #: (id, turns, image sizes (width, height)). A turn is (role, text); "<image>" in a user text marks
 #: where an image goes.
@@ -240,6 +240,30 @@ def loader_batches(dataset: Path, processor: Any, **kw: Any) -> list[dict]:
     loader = wdspack.make_loader(str(dataset), batch_size=int(packs), num_workers=0, shuffle=False, processor=processor,
                                  **kw)
     return list(loader)
+
+
+def packed_and_reference(model: Any, processor: Any, dataset: Path, *, attn: str, seq_len: int,
+                         chats: Sequence = CHATS) -> tuple[tuple, tuple]:
+    """``(packed, reference)`` of :func:`packed` / :func:`reference` under attention ``attn``
+    (the loader's batches must hold padding: a pack shorter than ``seq_len``)."""
+    model.set_attn_implementation(attn)
+    try:
+        want = reference(model, processor, dataset, chats=chats)
+        batches = loader_batches(dataset, processor)
+        assert any(int(n) < seq_len for b in batches for n in b["num_tokens"]), "a pack has padding"
+        return packed(model, batches), want
+    finally:
+        model.set_attn_implementation("sdpa")
+
+
+def check_training(model: Any, dataset: Path, processor: Any, *, dtype: torch.dtype | None = None) -> list[float]:
+    """:func:`train_steps` on a copy of ``model`` (in ``dtype``); the last losses are below the first."""
+    import copy
+
+    trained = copy.deepcopy(model)
+    losses = train_steps(trained if dtype is None else trained.to(dtype), dataset, processor)
+    assert sum(losses[-2:]) < sum(losses[:2]), losses
+    return losses
 
 
 def train_steps(model: Any, dataset: Path, processor: Any, *, steps: int = 6, lr: float = 3e-3) -> list[float]:

@@ -35,8 +35,8 @@ from ..errors import ConfigError
 from .family import Budgets, Family
 from .processors import assemble_processor, load_processor, save_processor
 
-__all__ = ["Budgets", "Family", "assemble_processor", "families", "family_for", "load_processor", "model_inputs",
-           "save_processor"]
+__all__ = ["IMAGE_TOKEN_GUESSES", "Budgets", "Family", "assemble_processor", "families", "family_for",
+           "image_processor_for", "load_processor", "model_inputs", "save_processor"]
 
 #: Modules of this package that are not families.
 _NOT_FAMILIES = frozenset({"batching", "family", "processors"})
@@ -76,6 +76,30 @@ def family_for(obj: Any) -> Family:
     known = ", ".join(f"{f.name} ({'/'.join(f.processors)})" for f in families())
     raise ConfigError(f"wdspack has no model family for {what}; supported: {known}. For other models pack with "
                       "--tokens-per-image and feed the batch contract's keys yourself")
+
+
+#: Image tokens of the families here (and Llama 3.2's ``<|image|>``), in the order fixed mode
+#: (``--tokens-per-image N`` without ``--image-token``) looks for them in a tokenizer's vocabulary.
+IMAGE_TOKEN_GUESSES = ("<image>", "[IMG]", "<|image_pad|>", "<|image|>", "<image_soft_token>",
+                       "<fake_token_around_image>")
+
+
+def image_processor_for(name: str) -> Any:
+    """Fixed mode's ``--tokens-per-image processor:NAME``: a family alias (``qwen2vl``) builds that
+    family's image processor from code; anything else loads with ``AutoImageProcessor``.
+
+    Raises:
+        ConfigError: ``name`` is neither an alias nor a loadable image processor.
+    """
+    for f in families():
+        if f.image_processor is not None and name.lower() in f.aliases:
+            return f.image_processor()
+    from transformers import AutoImageProcessor
+
+    try:
+        return AutoImageProcessor.from_pretrained(name)
+    except Exception as e:
+        raise ConfigError(f"cannot load image processor {name!r}: {e}") from None
 
 
 def model_inputs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]:

@@ -94,6 +94,9 @@ class Family:
         model_kwargs: ``(batch, model) -> kwargs`` for ``model(**kwargs)`` (without labels; added by
             :func:`wdspack.model_inputs`).
         notes: one line for the README table.
+        aliases: short names for ``--tokens-per-image processor:NAME`` (fixed mode) that build
+            ``image_processor`` from code instead of loading one.
+        image_processor: builds the family's image processor with its published defaults.
     """
 
     name: str
@@ -110,3 +113,5 @@ class Family:
     finish_batch: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     pixels_per_sample: bool = False
     notes: str = ""
+    aliases: tuple[str, ...] = ()
+    image_processor: Callable[[], Any] | None = None

@@ -20,6 +20,7 @@ The loader's ``position_ids`` is ``[4, B, L]``: row 0 is the batch contract's re
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -150,7 +151,14 @@ def _family(name: str, processor: str, model_type: str) -> Family:
     )
 
 
-QWEN2_VL = _family("qwen2_vl", "Qwen2VLProcessor", "qwen2_vl")
+def _image_processor() -> Any:
+    from transformers import Qwen2VLImageProcessor
+
+    return Qwen2VLImageProcessor()
+
+
+QWEN2_VL = replace(_family("qwen2_vl", "Qwen2VLProcessor", "qwen2_vl"), aliases=("qwen2vl", "qwen2-vl"),
+                   image_processor=_image_processor)
 QWEN2_5_VL = _family("qwen2_5_vl", "Qwen2_5_VLProcessor", "qwen2_5_vl")
 
 FAMILIES = (QWEN2_VL, QWEN2_5_VL)
