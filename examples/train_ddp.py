@@ -28,6 +28,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 
+def say(line: str) -> None:
+    """One write per line: the ranks share torchrun's stdout, and ``print`` writes the text and the
+    newline separately, so two ranks' lines could interleave."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dataset")
@@ -100,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         mean = torch.tensor(total, dtype=torch.float64)
         dist.all_reduce(mean)  # Σ over ranks of (this rank's loss sum / n): the step's exact token mean, for the log
         if rank == 0:
-            print(f"step {step}: loss {mean.item():.4f} ({int(n)} target tokens over {world} ranks)", flush=True)
+            say(f"step {step}: loss {mean.item():.4f} ({int(n)} target tokens over {world} ranks)")
         if args.save_every and step % args.save_every == 0:
             ckpt.mkdir(parents=True, exist_ok=True)
             (ckpt / f"loader-rank{rank}.json").write_text(json.dumps(loader.state_dict()))
@@ -108,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                 torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, ckpt / "model.pt")
             dist.barrier()
     digest = hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters())).hexdigest()
-    print(f"rank {rank} finished {step} steps; parameters sha256 {digest[:16]}", flush=True)
+    say(f"rank {rank} finished {step} steps; parameters sha256 {digest[:16]}")
     dist.destroy_process_group()
     return 0
 

@@ -39,7 +39,7 @@ def _torchrun(dataset, processor, *extra) -> str:
 
 
 def _digests(out: str) -> dict[int, str]:
-    return {int(r): d for r, d in re.findall(r"rank (\d) finished \d+ steps; parameters sha256 (\w+)", out)}
+    return {int(r): d for r, d in re.findall(r"rank (\d) finished \d+ steps; parameters sha256 ([0-9a-f]{16})$", out, re.M)}
 
 
 def test_ddp_recipe_trains_and_resumes_exactly(packed, tmp_path):
