@@ -16,6 +16,7 @@ Deterministic by seed: the same arguments give byte-identical shards.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 from collections.abc import Sequence
@@ -25,6 +26,7 @@ import numpy as np
 
 from wdspack.codec import Pack, encode_pack
 from wdspack.manifest import MANIFEST_NAME, Manifest, write_json_atomic
+from wdspack.pack_index import COLUMNS, INDEX_NAME, encode_index, index_entry, pack_row
 from wdspack.writer import ShardWriter, shard_name
 
 __all__ = ["PACK_ID_BASE", "PAD_ID", "IMAGE_TOKEN_ID", "TOKENIZER", "pack_numbers", "tiny_image",
@@ -84,7 +86,7 @@ def _make_pack(rng: np.random.Generator, number: int, name: str, *, seq_len: int
 
 def write_dataset(root: str | Path, *, shards: int = 4, packs_per_shard: int | Sequence[int] = 6, seq_len: int = 64,
                   max_images: int = 2, seed: int = 0, split: str = "train", tokenizer: dict | None = None,
-                  write_manifest: bool = True) -> Manifest:
+                  write_manifest: bool = True, pack_index: bool = False) -> Manifest:
     """Write ``shards`` shards into ``root`` (created) and return the manifest.
 
     Args:
@@ -97,6 +99,7 @@ def write_dataset(root: str | Path, *, shards: int = 4, packs_per_shard: int | S
         split: shard name prefix.
         tokenizer: the manifest's ``tokenizer`` entry (default :data:`TOKENIZER`).
         write_manifest: False leaves only the shards (a folder without a manifest).
+        pack_index: also write ``pack_index.npy`` (offsets and costs of every pack) and name it in the manifest.
 
     Example:
         >>> m = write_dataset("/tmp/ds", shards=2, packs_per_shard=[3, 5])  # doctest: +SKIP
@@ -109,7 +112,7 @@ def write_dataset(root: str | Path, *, shards: int = 4, packs_per_shard: int | S
     if len(counts) != shards:
         raise ValueError(f"packs_per_shard has {len(counts)} counts for {shards} shards")
     rng = np.random.default_rng(seed)
-    infos = []
+    infos, rows = [], []
     number = most = 0
     for s, count in enumerate(counts):
         with ShardWriter(root / shard_name(split, s)) as writer:
@@ -118,6 +121,7 @@ def write_dataset(root: str | Path, *, shards: int = 4, packs_per_shard: int | S
                 pack = _make_pack(rng, number, name, seq_len=seq_len, max_images=max_images)
                 writer.add(f"{s:06d}{p:06d}", encode_pack(pack, token_dtype="<u2"), samples=pack.num_samples,
                            tokens=pack.num_tokens, images=pack.num_images)
+                rows.append(pack_row(writer.offsets[-1], pack))
                 number += 1
                 most = max(most, pack.num_samples)
             infos.append(writer.close())
@@ -132,6 +136,10 @@ def write_dataset(root: str | Path, *, shards: int = 4, packs_per_shard: int | S
                 "images": sum(i.images for i in infos),
                 "fill_ratio": round(tokens / (packs * seq_len), 6) if packs else 0.0, "max_samples_per_pack": most},
     )
+    if pack_index:
+        data = encode_index(np.asarray(rows, np.int64).reshape(-1, len(COLUMNS)))
+        (root / INDEX_NAME).write_bytes(data)
+        manifest = dataclasses.replace(manifest, pack_index=index_entry(data))
     if write_manifest:
         write_json_atomic(root / MANIFEST_NAME, manifest.to_json())
     return manifest

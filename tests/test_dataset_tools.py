@@ -207,11 +207,11 @@ def test_upload_is_resumable_and_keeps_the_token_out(packed, tmp_path, monkeypat
     counts = upload_dataset(ds, "org/packed", api=hub, files_per_commit=2, log=logs.append)
     assert counts["skipped"] == 2  # the two shards of the first commit
     repo = hub.repos["org/packed"]
-    for name in shards + ["manifest.json", "dropped.jsonl", "README.md", "wdspack_stats.png"]:
+    for name in shards + ["manifest.json", "dropped.jsonl", "pack_index.npy", "README.md", "wdspack_stats.png"]:
         assert repo[name] == (ds / name).read_bytes(), name
     assert hub.commits[-1][-1] == "manifest.json"
     again = upload_dataset(ds, "org/packed", api=hub, log=logs.append)
-    assert again == {"uploaded": 0, "skipped": len(shards) + 4}
+    assert again == {"uploaded": 0, "skipped": len(shards) + 5}
     card = repo["README.md"].decode()
     assert card.startswith("---\n") and "wdspack.make_loader(\"hf://datasets/org/packed\"" in card
     assert "fill ratio" in card and "wdspack_stats.png" in card

@@ -358,3 +358,21 @@ def test_pack_reads_sources_and_images_from_the_hub(hub, tmp_path, monkeypatch, 
     assert sum("/images/" in p for p in paths) >= 30  # the images came from the server, one GET each
     assert not [p for p in paths if p.startswith("/api/datasets/org/chats") and "/revision/" not in p
                 and "/tree/" not in p and "/paths-info/" not in p]  # never a revision-less repo lookup
+
+
+def test_balanced_loader_reads_the_pack_index_once_and_equals_the_local_folder(hub, tmp_path):
+    folder = tmp_path / "indexed"
+    write_dataset(folder, shards=SHARDS, packs_per_shard=PACKS_PER_SHARD, seed=3, pack_index=True)
+    sha = publish(hub.mirrors, "org/indexed", folder)
+    options = dict(batch_size=2, num_workers=2, seed=7, balance="cost", balance_window=6, balance_run=3,
+                   heaviest_first=True)
+    new = _new(hub)
+    remote = make_loader("hf://datasets/org/indexed@main", storage_options=hub.options(), **options)
+    index_gets = [r for r in new() if r["path"] == _resolve(sha, "pack_index.npy", "org/indexed")]
+    assert len(index_gets) == 1
+    new = _new(hub)
+    got = list(remote)
+    plan = remote.dataset._plan(2, 0)
+    shard_gets = [r for r in new() if r["path"].endswith(".tar")]
+    assert len(shard_gets) == sum(len(s) for s in plan.slots) == remote.stats["requests"]  # one per run
+    assert _same_tensors(got, list(make_loader(folder, **options)))

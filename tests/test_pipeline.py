@@ -117,7 +117,8 @@ def test_manifest_describes_the_job(packed):
         assert (out / s.name).stat().st_size == s.bytes
     assert not (out / pipeline.WORK_DIR).exists(), "the work folder is removed when the job is done"
     names = sorted(p.name for p in out.iterdir())
-    assert names == sorted(["manifest.json", "dropped.jsonl"] + [s.name for s in m.shards])
+    assert names == sorted(["manifest.json", "dropped.jsonl", "pack_index.npy"] + [s.name for s in m.shards])
+    assert m.pack_index["file"] == "pack_index.npy" and m.pack_index["bytes"] == (out / "pack_index.npy").stat().st_size
 
 
 def test_two_runs_and_two_workers_give_identical_bytes(packed, demo_data, sample_config, tmp_path):

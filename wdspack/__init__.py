@@ -34,6 +34,7 @@ _LAZY = {
     "PackedDataset": "loader", "make_loader": "loader",
     "pack_to_example": "collate", "collate_packs": "collate", "make_image_transform": "images",
     "model_inputs": "models", "load_processor": "models",
+    "CostModel": "pack_index",
     "num_items_in_batch": "loss", "num_samples_in_batch": "loss", "sample_mean_loss": "loss", "token_losses": "loss",
 }
 

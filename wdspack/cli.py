@@ -96,6 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_pack(sub)
     _add_inspect(sub)
     _add_verify(sub)
+    _add_index(sub)
     _add_reshard(sub)
     _add_upload(sub)
     return p
@@ -238,6 +239,26 @@ def _run_verify(args: argparse.Namespace) -> int:
         print(f"{len(problems)} problems in {args.dataset}", file=sys.stderr)
         return 1
     print(f"OK {args.dataset}: every shard, pack and sample checks out")
+    return 0
+
+
+def _add_index(sub) -> None:
+    p = sub.add_parser("index", help="add the pack index (offsets and costs) to a dataset packed without one",
+                       description="Read every shard of a local dataset once and write pack_index.npy (each "
+                                   "pack's byte offset, tokens, Σ length², samples, images, image tokens and "
+                                   "trained tokens), naming it in manifest.json. The balanced loader "
+                                   "(balance='cost') needs it; `wdspack pack` and `reshard` write it themselves.",
+                       epilog="example:\n  wdspack index packed/",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dataset", help="a local dataset folder")
+    p.set_defaults(run=_run_index)
+
+
+def _run_index(args: argparse.Namespace) -> int:
+    from .pack_index import index_dataset
+
+    entry = index_dataset(args.dataset)
+    print(f"wrote {args.dataset.rstrip('/')}/{entry['file']} ({entry['bytes']} bytes) and named it in manifest.json")
     return 0
 
 

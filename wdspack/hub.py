@@ -58,7 +58,8 @@ def upload_dataset(root: str | Path, repo_id: str, *, private: bool = False, rev
             api.create_branch(repo_id, repo_type="dataset", branch=revision, exist_ok=True)
         remote = _remote_files(api, repo_id, revision)
         shards = [s.name for s in manifest.shards]
-        tail = [p for p in (plot, CARD_NAME, manifest.dropped_file, MANIFEST_NAME) if p]
+        index = manifest.pack_index.get("file")
+        tail = [p for p in (plot, CARD_NAME, manifest.dropped_file, index, MANIFEST_NAME) if p]
         todo = [n for n in shards + tail if not _same(root / n, remote.get(n))]
         skipped = len(shards) + len(tail) - len(todo)
         todo_shards = [n for n in todo if n in shards]
@@ -87,7 +88,7 @@ def _check_complete(root: Path, manifest) -> None:
     Found mid-upload instead, the missing file stopped the upload after the shards were committed,
     with huggingface_hub's "not a file" error and advice to re-run, which can never succeed.
     """
-    names = [s.name for s in manifest.shards] + [n for n in (manifest.dropped_file,) if n]
+    names = [s.name for s in manifest.shards] + [n for n in (manifest.dropped_file, manifest.pack_index.get("file")) if n]
     missing = [n for n in names if not (root / n).is_file()]
     if missing:
         raise ManifestError(f"{root / missing[0]} is named by {root / MANIFEST_NAME} but does not exist "

@@ -60,6 +60,8 @@ class Manifest:
     dropped_file: str = DROPPED_NAME
     format: str = FORMAT
     wdspack_version: str = ""
+    #: ``pack_index.npy`` beside the manifest (:mod:`wdspack.pack_index`): file, columns, bytes, sha256; {} if none
+    pack_index: dict[str, Any] = field(default_factory=dict)
 
     @property
     def num_packs(self) -> int:
@@ -68,8 +70,8 @@ class Manifest:
     def to_json(self) -> str:
         d = asdict(self)
         order = ["format", "wdspack_version", "split", "seq_len", "max_images", "algorithm", "seed",
-                 "tokenizer", "image_policy", "sources", "provenance", "totals", "dropped_file", "shards"]
-        return json.dumps({k: d[k] for k in order}, indent=1, sort_keys=False, ensure_ascii=False) + "\n"
+                 "tokenizer", "image_policy", "sources", "provenance", "totals", "dropped_file", "pack_index", "shards"]
+        return json.dumps({k: d[k] for k in order if k != "pack_index" or d[k]}, indent=1, sort_keys=False, ensure_ascii=False) + "\n"
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Manifest:
@@ -90,7 +92,7 @@ class Manifest:
                 shards=shards, totals=dict(d["totals"]), split=d.get("split", "train"),
                 sources=tuple(d.get("sources", ())), provenance=dict(d.get("provenance", {})),
                 dropped_file=d.get("dropped_file", DROPPED_NAME), format=d["format"],
-                wdspack_version=d.get("wdspack_version", ""),
+                wdspack_version=d.get("wdspack_version", ""), pack_index=dict(d.get("pack_index") or {}),
             )
         except (KeyError, TypeError) as e:
             raise ManifestError(f"manifest is missing or has a malformed field: {e}") from None

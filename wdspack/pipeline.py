@@ -48,6 +48,7 @@ from .codec import Pack, encode_pack
 from .errors import ConfigError, Dropped, OutputError, SampleError
 from .executors import EXECUTORS, check_executor, run_tasks
 from .manifest import DROPPED_NAME, MANIFEST_NAME, Manifest, ShardInfo
+from .pack_index import INDEX_NAME, build_index, encode_index, index_entry, member_offsets
 from .packing import ALGORITHMS, plan_packs
 from .samples import SampleConfig, get_builder
 from .sources import Partition, iter_records, list_partitions
@@ -158,6 +159,7 @@ class _Measured:
     length: list[np.ndarray] = field(default_factory=list)
     image_bytes: list[np.ndarray] = field(default_factory=list)
     image_tokens: list[np.ndarray] = field(default_factory=list)
+    targets: list[np.ndarray] = field(default_factory=list)
     dropped: list[Dropped] = field(default_factory=list)
     records: int = 0
     describe: dict[str, Any] | None = None
@@ -224,13 +226,15 @@ def run_job(out: Location, fingerprint: str, measure: Callable[..., Any], tasks:
     table = _select(measured, config)
     plan = _plan(table, config)
     shard_plans = _assign_shards(plan, table, config, token_itemsize=_itemsize(info))
-    infos, kept = _write_shards(shard_plans, table, work, out, info, config, progress=progress)
+    infos, offsets, kept = _write_shards(shard_plans, table, work, out, info, config, progress=progress)
+    index = encode_index(build_index(shard_plans, offsets, table))
+    out.write_atomic(INDEX_NAME, index)
 
     dropped = list(carried) + measured.dropped + table["dropped"]
     _write_dropped(out, dropped)
     read = measured.records if samples_read is None else samples_read
     manifest = _build_manifest(sources, config, info, infos, read, dropped, provenance,
-                               max_samples_per_pack=max((len(p) for p in plan), default=0),
+                               pack_index=index_entry(index), max_samples_per_pack=max((len(p) for p in plan), default=0),
                                max_image_tokens_per_pack=max((int(table["image_tokens"][p].sum()) for p in plan),
                                                              default=0))
     out.write_atomic(MANIFEST_NAME, manifest.to_json().encode())
@@ -304,6 +308,7 @@ def _measure(fn: Callable[..., Any], tasks: list[tuple], work: Location, config:
         m.images.append(np.frombuffer(meta["images"], np.int64))
         m.image_bytes.append(np.frombuffer(meta["image_bytes"], np.int64))
         m.image_tokens.append(np.frombuffer(meta["image_tokens"], np.int64))
+        m.targets.append(np.frombuffer(meta["targets"], np.int64))
         m.offset.append(np.frombuffer(meta["offsets"], np.int64))
         m.length.append(np.frombuffer(meta["lengths"], np.int64))
         m.part.append(np.full(n, i, np.int64))
@@ -356,7 +361,8 @@ class SpoolWriter:
         self._f = self._work.open_write("spool", _bin_name(i))
         self._pos = 0
         self._ids: list[str] = []
-        self._ints: list[tuple[int, ...]] = []  # tokens, images, image bytes, offset, length, image tokens
+        # tokens, images, image bytes, offset, length, image tokens, targets
+        self._ints: list[tuple[int, ...]] = []
         self._dropped: list[Dropped] = []
         self.records = 0
 
@@ -366,8 +372,10 @@ class SpoolWriter:
         blob = msgpack.packb([sample_id, np.asarray(input_ids).astype("<u4").tobytes(),
                               np.asarray(loss_mask).astype(np.uint8).tobytes(), list(images),
                               [int(t) for t in image_tokens]], use_bin_type=True)
+        mask = np.asarray(loss_mask)
+        targets = int(mask[1:].sum()) if mask.size else 0  # a sub-sample's first token is never a target
         self._ints.append((len(input_ids), len(images), sum(len(b) for b in images), self._pos, len(blob),
-                           sum(int(t) for t in image_tokens)))
+                           sum(int(t) for t in image_tokens), targets))
         self._f.write(blob)
         self._pos += len(blob)
         self._ids.append(sample_id)
@@ -381,11 +389,12 @@ class SpoolWriter:
             self._f.flush()
             os.fsync(self._f.fileno())
         self._f.close()
-        cols = np.asarray(self._ints, np.int64).reshape(-1, 6).T
+        cols = np.asarray(self._ints, np.int64).reshape(-1, 7).T
         meta = {
             "ids": self._ids, "records": self.records, "describe": describe,
             "tokens": cols[0].tobytes(), "images": cols[1].tobytes(), "image_bytes": cols[2].tobytes(),
             "offsets": cols[3].tobytes(), "lengths": cols[4].tobytes(), "image_tokens": cols[5].tobytes(),
+            "targets": cols[6].tobytes(),
             "dropped": [[d.sample_id, d.reason, d.detail] for d in self._dropped],
         }
         self._work.write_atomic(f"spool/{_meta_name(self._i)}", msgpack.packb(meta, use_bin_type=True))
@@ -442,8 +451,8 @@ def _select(m: _Measured, config: PackConfig) -> dict[str, Any]:
                               f"the tolerance {config.max_drop_fraction:.1%}; fix the data or raise the tolerance")
     table = {"ids": m.ids, "tokens": tok, "images": img, "part": cat(m.part), "offset": cat(m.offset),
              "length": cat(m.length), "image_bytes": cat(m.image_bytes), "image_tokens": cat(m.image_tokens),
-             "keep": keep, "dropped": dropped}
-    for column in (m.tokens, m.images, m.part, m.offset, m.length, m.image_bytes, m.image_tokens):
+             "targets": cat(m.targets), "keep": keep, "dropped": dropped}
+    for column in (m.tokens, m.images, m.part, m.offset, m.length, m.image_bytes, m.image_tokens, m.targets):
         column.clear()  # the per-partition pieces: the table holds them now, once
     return table
 
@@ -487,35 +496,37 @@ def _itemsize(describe: dict[str, Any]) -> int:
 
 
 def _write_shards(shard_plans, table, work: Location, out: Location, describe, config: PackConfig, *,
-                  progress: bool) -> tuple[list[ShardInfo], int]:
+                  progress: bool) -> tuple[list[ShardInfo], list[list[int]], int]:
+    """Write the shards not yet present; returns every shard's info, its packs' offsets, and how many were kept."""
     token_dtype = describe["tokenizer"]["token_dtype"]
     infos: dict[int, ShardInfo] = {}
+    offsets: dict[int, list[int]] = {}
     todo = []
     present = out.listdir("")  # one listing, not a request per shard
     for j, packs in enumerate(shard_plans):
         name = shard_name(config.split, j)
         if name in present:  # renamed into place only when complete, and the plan is the same
-            infos[j] = _info_of_existing(out, name, packs, table)
+            infos[j], offsets[j] = _info_of_existing(out, name, packs, table)
         else:
             todo.append((j, out.join(name)))
     kept = len(infos)
     # Built lazily: the executor holds the sample refs of the shards in flight, not of all of them.
     tasks = ((j, [[(int(table["part"][s]), int(table["offset"][s]), int(table["length"][s])) for s in pack]
                   for pack in shard_plans[j]], str(work), path, token_dtype) for j, path in todo)
-    for j, info in _run(_write_shard, tasks, config, total=len(todo), desc="write", unit="shard",
-                        progress=progress):
-        infos[j] = info
-    return [infos[j] for j in range(len(shard_plans))], kept
+    for j, info, where in _run(_write_shard, tasks, config, total=len(todo), desc="write", unit="shard",
+                               progress=progress):
+        infos[j], offsets[j] = info, where
+    return [infos[j] for j in range(len(shard_plans))], [offsets[j] for j in range(len(shard_plans))], kept
 
 
-def _write_shard(j: int, refs, work: str, path: str, token_dtype: str) -> tuple[int, ShardInfo]:
+def _write_shard(j: int, refs, work: str, path: str, token_dtype: str) -> tuple[int, ShardInfo, list[int]]:
     """Assemble and write one shard; keys are ``{shard:06d}{pack:06d}``."""
     with _SpoolReader(work) as spool, ShardWriter(path) as writer:
         for k, pack_refs in enumerate(refs):
             pack = _assemble(spool.read(pack_refs))
             writer.add(f"{j:06d}{k:06d}", encode_pack(pack, token_dtype=token_dtype),
                        samples=pack.num_samples, tokens=pack.num_tokens, images=pack.num_images)
-        return j, writer.close()
+        return j, writer.close(), writer.offsets
 
 
 class _SpoolReader:
@@ -563,15 +574,18 @@ def _assemble(samples: Sequence[list[Any]]) -> Pack:
     )
 
 
-def _info_of_existing(out: Location, name: str, packs, table) -> ShardInfo:
+def _info_of_existing(out: Location, name: str, packs, table) -> tuple[ShardInfo, list[int]]:
     h = hashlib.sha256()
     with out.open_read(name) as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
+    with out.open_read(name) as f:
+        offsets = member_offsets(f, where=str(out.join(name)))
     idx = np.concatenate(packs)
-    return ShardInfo(name=name, packs=len(packs), samples=int(idx.size),
+    info = ShardInfo(name=name, packs=len(packs), samples=int(idx.size),
                      tokens=int(table["tokens"][idx].sum()), images=int(table["images"][idx].sum()),
                      bytes=out.size(name), sha256=h.hexdigest())
+    return info, offsets
 
 
 # ---------------------------------------------------------------------------------------------
@@ -584,7 +598,8 @@ def _write_dropped(out: Location, dropped: Iterable[Dropped]) -> None:
 
 
 def _build_manifest(sources, config: PackConfig, describe, infos, records: int, dropped: list[Dropped],
-                    extra: dict[str, Any], *, max_samples_per_pack: int, max_image_tokens_per_pack: int) -> Manifest:
+                    extra: dict[str, Any], *, pack_index: dict[str, Any], max_samples_per_pack: int,
+                    max_image_tokens_per_pack: int) -> Manifest:
     packs = sum(i.packs for i in infos)
     tokens = sum(i.tokens for i in infos)
     by_reason = dict(sorted(Counter(d.reason for d in dropped).items()))
@@ -605,7 +620,7 @@ def _build_manifest(sources, config: PackConfig, describe, infos, records: int, 
         seq_len=config.seq_len, max_images=config.max_images, algorithm=config.algorithm, seed=config.seed,
         tokenizer=describe["tokenizer"], image_policy=describe["image_policy"], shards=tuple(infos),
         totals=totals, split=config.split, sources=tuple(str(s) for s in sources), provenance=provenance,
-        wdspack_version=__version__,
+        wdspack_version=__version__, pack_index=pack_index,
     )
 
 

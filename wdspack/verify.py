@@ -6,6 +6,8 @@ Checks, each problem reported as one line:
 - every member is a pack ``{key}.mp`` with a key unique in the dataset, decodes, satisfies the
   format's invariants and both budgets, and the per-shard counts match the manifest;
 - no sample id is in two packs or both packed and dropped; the totals add up;
+- the pack index (``pack_index.npy``), when the manifest names one, matches its digest and every
+  pack's offset and costs;
 - with ``sources``: every source record is in exactly one pack or in the dropped list.
 """
 
@@ -20,6 +22,7 @@ from collections.abc import Sequence
 
 from .codec import decode_pack
 from .errors import FormatError, WdspackError
+from .pack_index import COLUMNS, decode_index, pack_row
 from .stats import open_dataset
 
 __all__ = ["verify_dataset"]
@@ -42,6 +45,7 @@ def verify_dataset(dataset: str, *, sources: Sequence[str] | None = None,
     problems: list[str] = []
     keys: set[str] = set()
     packed: Counter[str] = Counter()
+    rows: list[list[int] | None] = []  # what the pack index must say, pack by pack in manifest order
     for shard in manifest.shards:
         url = f"{root}/{shard.name}"
         counts = Counter()
@@ -55,6 +59,7 @@ def verify_dataset(dataset: str, *, sources: Sequence[str] | None = None,
                             problems.append(f"{shard.name}: member {m.name!r} is not a pack")
                             continue
                         key = m.name[:-3]
+                        rows.append(None)
                         if key in keys:
                             problems.append(f"{shard.name}: pack key {key!r} appears twice in the dataset")
                         keys.add(key)
@@ -67,6 +72,7 @@ def verify_dataset(dataset: str, *, sources: Sequence[str] | None = None,
                         except FormatError as e:
                             problems.append(f"{shard.name}: pack {key}: {e}")
                             continue
+                        rows[-1] = pack_row(m.offset, pack)
                         packed.update(pack.sample_ids)
                         counts.update(packs=1, samples=pack.num_samples, tokens=pack.num_tokens,
                                       images=pack.num_images)
@@ -85,6 +91,8 @@ def verify_dataset(dataset: str, *, sources: Sequence[str] | None = None,
         for field in ("packs", "samples", "tokens", "images"):
             if counts[field] != getattr(shard, field):
                 problems.append(f"{shard.name}: {counts[field]} {field}, manifest says {getattr(shard, field)}")
+    if manifest.pack_index and not problems:  # rows line up with the index only when every shard read
+        problems.extend(_check_index(root, manifest, rows))
     twice = [sid for sid, n in packed.items() if n > 1]
     if twice:
         problems.append(f"{len(twice)} sample ids are in more than one pack, e.g. {twice[:3]}")
@@ -119,6 +127,29 @@ def _check_sources(sources, image_root, packed: set[str], dropped: set[str]) -> 
     if extra:
         problems.append(f"{len(extra)} packed samples are not in the sources, e.g. {extra[:3]}")
     return problems
+
+
+def _check_index(root: str, manifest, rows: list[list[int] | None]) -> list[str]:
+    import fsspec
+
+
+    name = manifest.pack_index.get("file", "")
+    try:
+        with fsspec.open(f"{root}/{name}", "rb") as f:
+            index = decode_index(f.read(), manifest.pack_index, packs=manifest.num_packs, where=name)
+    except FileNotFoundError:
+        return [f"{name}: missing (named by the manifest)"]
+    except WdspackError as e:
+        return [str(e)]
+    if len(rows) != len(index):
+        return [f"{name}: {len(index)} rows for {len(rows)} packs in the shards"]
+    wrong = [(i, [c for c, a, b in zip(COLUMNS, index[i].tolist(), row) if a != b])
+             for i, row in enumerate(rows) if row is not None and index[i].tolist() != row]
+    if wrong:
+        i, cols = wrong[0]
+        return [f"{name}: {len(wrong)} rows disagree with their packs, e.g. row {i} ({', '.join(cols)}); "
+                "re-create it with `wdspack index DATASET`"]
+    return []
 
 
 def _read_dropped(root: str, name: str, problems: list[str]) -> list[tuple[str, str | None]]:

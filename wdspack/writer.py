@@ -49,6 +49,8 @@ class ShardWriter:
         self._tar = tarfile.open(fileobj=_HashingWriter(self._file, self._hash), mode="w",
                                  format=tarfile.USTAR_FORMAT)
         self._packs = self._samples = self._tokens = self._images = 0
+        #: where each pack's tar header starts in the shard (the pack index records it)
+        self.offsets: list[int] = []
 
     def add(self, key: str, data: bytes, *, samples: int, tokens: int, images: int) -> None:
         """Append the pack ``{key}.mp``."""
@@ -58,6 +60,7 @@ class ShardWriter:
         info.mode = 0o444
         info.uid = info.gid = 0
         info.uname = info.gname = ""
+        self.offsets.append(self._tar.offset)
         self._tar.addfile(info, io.BytesIO(data))
         self._packs += 1
         self._samples += samples

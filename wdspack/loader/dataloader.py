@@ -29,6 +29,7 @@ memory, in buffers that are reused.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -113,7 +114,7 @@ class PackedLoader:
     What may change between save and restore: the data's location (a local copy instead of the
     Hub, a mirror), ``block_size``, ``retries``, ``pin_memory``, ``prefetch_factor``, the image
     transform and the process. What may not (restore refuses, naming the field): the dataset's
-    shards, ``seed``, ``shuffle``, ``shuffle_buffer``, ``remainder``, ``batch_size``, rank,
+    shards, ``seed``, ``shuffle``, ``shuffle_buffer``, ``remainder``, ``batch_size``, the balance settings, rank,
     world size and ``num_workers`` — the split of packs over ``(rank, worker)`` slots depends on them.
     """
 
@@ -213,7 +214,8 @@ class PackedLoader:
             raise ConfigError(f"loader state version {state.get('version')!r} is not {STATE_VERSION}; it was saved by "
                               "another wdspack version")
         saved, now = state["config"], self._config()
-        diff = [f"{k}: saved {saved.get(k)!r}, now {now[k]!r}" for k in now if saved.get(k) != now[k]]
+        diff = [f"{k}: saved {saved.get(k)!r}, now {now.get(k)!r}" for k in (*now, *(k for k in saved if k not in now))
+                if saved.get(k) != now.get(k)]
         if diff:
             raise ConfigError("cannot resume: the loader differs from the one that saved the state ("
                               + "; ".join(diff) + "); restore with the same settings (see PackedLoader's docstring)")
@@ -229,9 +231,14 @@ class PackedLoader:
         shards = [(os.path.basename(u), n) for u, n in zip(ds.shards, (s.packs for s in ds._source.shards))]
         m = ds.manifest
         digest = hashlib.sha256(json.dumps([shards, [s.sha256 for s in m.shards] if m else None]).encode()).hexdigest()
-        return {"dataset": digest[:16], "seed": ds.seed, "shuffle": ds.shuffle, "shuffle_buffer": ds.shuffle_buffer,
-                "remainder": ds.remainder, "batch_size": self.batch_size, "rank": ds.rank,
-                "world_size": ds.world_size, "num_workers": self.num_workers}
+        config = {"dataset": digest[:16], "seed": ds.seed, "shuffle": ds.shuffle, "shuffle_buffer": ds.shuffle_buffer,
+                  "remainder": ds.remainder, "batch_size": self.batch_size, "rank": ds.rank,
+                  "world_size": ds.world_size, "num_workers": self.num_workers}
+        if ds.balance is not None:  # only then: states saved without balance stay loadable
+            config["balance"] = {"kind": ds.balance, "cost_model": dataclasses.asdict(ds.cost_model),
+                                 "heaviest_first": ds.heaviest_first, "window": ds.balance_window,
+                                 "run": ds.balance_run}
+        return config
 
 
 def _max_segments(value: int | str | None, dataset: PackedDataset, batch_size: int) -> int | None:

@@ -5,6 +5,10 @@ Per ``(rank, worker)`` slot and epoch (see :mod:`.plan` for the split)::
     plan_epoch ─► lap 0: shuffle_order ─► lap_source ─► reorder ─► decode_packs ─► pack_to_example
                   lap 1 (only to make up for drop/wrap/skips) ...
 
+With ``balance="cost"``, :func:`~.plan.plan_epoch_balanced` replaces both the split and the
+shuffle buffer's order (runs of packs dealt by cost, windows sorted into shared cost bands), and
+``lap_source`` opens each run at its pack's byte offset from the pack index.
+
 Under :class:`~wdspack.loader.PackedLoader` the built-in image transform runs only its first half
 here (decode and resize to uint8, ``PIXELS_KEY``); the loader's collate function normalises the
 pixels straight into the batch tensor.
@@ -29,10 +33,10 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..errors import ConfigError, FormatError, WdspackError
-from .plan import REMAINDER_POLICIES, EpochPlan, plan_epoch, shuffle_order
+from .plan import REMAINDER_POLICIES, EpochPlan, plan_epoch, plan_epoch_balanced, slot_order
 from .stages import Handler, decode_packs, lap_source, reorder
 from .streams import open_stream
-from .urls import ResolvedSource, resolve_source
+from .urls import ResolvedSource, read_pack_index, resolve_source
 
 __all__ = ["META_KEY", "MODEL_KEY", "PackedDataset", "STAT_KEYS"]
 
@@ -51,6 +55,7 @@ MAX_WORKERS = 256
 _HEAD = 3  # epoch, has_resume, shift; then (lap, emitted, yielded) per worker
 _CONTROL = _HEAD + 3 * MAX_WORKERS
 ON_CORRUPT = ("skip", "raise")
+BALANCE = (None, "cost")
 
 
 class PackedDataset(IterableDataset):
@@ -86,6 +91,16 @@ class PackedDataset(IterableDataset):
             every rank the same number of full batches (:func:`make_loader` sets it).
         storage_options: ``hf://``: HfFileSystem options (``token``, ``endpoint``); ``https://``:
             ``{"headers": {...}}``. Never printed.
+        balance: ``"cost"`` deals each step's packs so every rank's share costs about the same under
+            ``cost_model`` (see :func:`~wdspack.loader.plan.plan_epoch_balanced`); it reads the
+            dataset's pack index (one request) and reads shards in runs of ``balance_run`` packs.
+            Replaces the shuffle buffer's order (the window and run order are still seeded).
+        cost_model: a :class:`~wdspack.CostModel` or a dict of its weights (tokens, attention,
+            images, image_tokens); default ``CostModel()``.
+        heaviest_first: with ``balance="cost"``, every epoch starts with its costliest step, so a
+            configuration that runs out of memory fails in its first step.
+        balance_window: packs a slot balances at a time (and holds at most); default ``shuffle_buffer``.
+        balance_run: packs read per request under ``balance="cost"``.
 
     Example:
         >>> ds = PackedDataset("hf://datasets/my-org/llava-packed@main", seed=1)  # doctest: +SKIP
@@ -100,7 +115,9 @@ class PackedDataset(IterableDataset):
                  image_transform: Callable[[Sequence[bytes]], dict[str, torch.Tensor]] | None = None,
                  expect_tokenizer: str | Mapping[str, Any] | None = None, block_size: int = 1 << 20,
                  retries: int = 5, backoff: float = 0.5, timeout: float = 60.0, batch_size: int = 1,
-                 storage_options: Mapping[str, Any] | None = None, processor: Any = None) -> None:
+                 storage_options: Mapping[str, Any] | None = None, processor: Any = None,
+                 balance: str | None = None, cost_model: Any = None, heaviest_first: bool = False,
+                 balance_window: int | None = None, balance_run: int = 32) -> None:
         super().__init__()
         if remainder not in REMAINDER_POLICIES:
             raise ConfigError(f"remainder={remainder!r} is not one of {REMAINDER_POLICIES}")
@@ -122,12 +139,13 @@ class PackedDataset(IterableDataset):
         self.remainder, self.on_corrupt, self.batch_size = remainder, on_corrupt, int(batch_size)
         self.image_transform = image_transform
         self.model_batcher = self._model_batcher(processor)
+        self._balance(balance, cost_model, heaviest_first, balance_window, balance_run)
         self.with_position = False  # PackedLoader turns it on: each example carries META_KEY
         self._control = torch.zeros(_CONTROL, dtype=torch.int64).share_memory_()
         self._stats_done: Counter = Counter()
         self._stats_live: Counter = Counter()
         self._progress: dict[int, tuple[int, int, int]] = {}
-        self._plan(1, 0)  # fail now, not in a worker, when there are too few packs for the ranks
+        self._count_plan(1, 0)  # fail now, not in a worker, when there are too few packs for the ranks
 
     # -- what it holds --------------------------------------------------------------------------
 
@@ -159,7 +177,11 @@ class PackedDataset(IterableDataset):
 
     def packs_per_slot(self, workers: int = 1, epoch: int | None = None) -> int:
         """Packs each ``(rank, worker)`` slot yields per epoch (the same for every slot)."""
-        return self._plan(workers, self.epoch if epoch is None else epoch).per_slot
+        return self._count_plan(workers, self.epoch if epoch is None else epoch).per_slot
+
+    def pack_costs(self) -> list[np.ndarray] | None:
+        """Each shard's pack costs under the cost model (``balance="cost"``), else None."""
+        return self._costs
 
     def __repr__(self) -> str:
         return (f"PackedDataset({self._source.display!r}, shards={len(self._source.shards)}, packs={self.num_packs}, "
@@ -226,9 +248,45 @@ class PackedDataset(IterableDataset):
                 example[META_KEY] = torch.tensor(values, dtype=torch.int64)
             yield example
 
-    def _plan(self, workers: int, epoch: int) -> EpochPlan:
+    def _count_plan(self, workers: int, epoch: int) -> EpochPlan:
         return plan_epoch([s.packs for s in self._source.shards], slots=self.world_size * workers, epoch=epoch,
                           seed=self.seed, shuffle=self.shuffle, remainder=self.remainder, batch_size=self.batch_size)
+
+    def _plan(self, workers: int, epoch: int) -> EpochPlan:
+        if self.balance is None:
+            return self._count_plan(workers, epoch)
+        key = (workers, epoch)
+        if key not in self._plans:
+            self._plans = {key: plan_epoch_balanced(
+                [s.packs for s in self._source.shards], self._costs, ranks=self.world_size, workers=workers,
+                epoch=epoch, seed=self.seed, shuffle=self.shuffle, remainder=self.remainder,
+                batch_size=self.batch_size, window=self.balance_window, run=self.balance_run,
+                heaviest_first=self.heaviest_first)}
+        return self._plans[key]
+
+    def _balance(self, balance, cost_model, heaviest_first, window, run) -> None:
+        from ..pack_index import COLUMNS, CostModel
+
+        if balance not in BALANCE:
+            raise ConfigError(f"balance={balance!r} is not one of {BALANCE}")
+        self.balance = balance
+        self.heaviest_first = bool(heaviest_first)
+        self.balance_window = int(self.shuffle_buffer if window is None else window)
+        self.balance_run = int(run)
+        self._plans: dict[tuple[int, int], EpochPlan] = {}
+        self._costs: list[np.ndarray] | None = None
+        self._offsets: list[np.ndarray] | None = None
+        if balance is None:
+            if heaviest_first or cost_model is not None:
+                raise ConfigError("heaviest_first and cost_model apply to balance='cost'; pass balance='cost'")
+            return
+        if self.balance_window < self.batch_size or self.balance_run < 1:
+            raise ConfigError(f"balance_window ({self.balance_window}) must be >= batch_size ({self.batch_size}) "
+                              f"and balance_run ({self.balance_run}) >= 1")
+        self.cost_model = CostModel.coerce(cost_model)
+        index = read_pack_index(self._source, **self._read)
+        self._costs = [self.cost_model.costs(rows) for rows in index]
+        self._offsets = [rows[:, COLUMNS.index("offset")].copy() for rows in index]
 
     def _model_batcher(self, processor: Any):
         if processor is None:
@@ -296,12 +354,17 @@ class PackedDataset(IterableDataset):
             i = bisect.bisect_right(starts, pos) - 1
             return f"{shards[ranges[i].shard].url} pack {ranges[i].start + pos - starts[i]}"
 
-        def open_shard(index: int):
-            return open_stream(shards[index].url, headers=self._source.headers, stats=stats, **self._read)
+        offsets = self._offsets
+
+        def open_shard(index: int, pack: int):
+            at = pack if offsets is not None and pack < len(offsets[index]) else 0
+            offset = int(offsets[index][at]) if at else 0
+            return open_stream(shards[index].url, offset=offset, headers=self._source.headers, stats=stats,
+                               **self._read), at
 
         while yielded < plan.per_slot:
-            rng = np.random.default_rng([self.seed, epoch, slot, lap, 0xB0F])
-            order = shuffle_order(size, buffer_size=self.shuffle_buffer if self.shuffle else 1, rng=rng)
+            order = slot_order(plan, slot, seed=self.seed, epoch=epoch, lap=lap, shuffle=self.shuffle,
+                               shuffle_buffer=self.shuffle_buffer)
             fresh = emitted == 0
             first = int(order[emitted:].min()) if emitted < size else size
             done = set(order[:emitted].tolist())

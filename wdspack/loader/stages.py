@@ -47,6 +47,7 @@ class TarEntry:
     name: str
     size: int
     regular: bool
+    offset: int = 0  # where the member's first header (a pax / long-name one, if any) starts
 
 
 class ShardError(FormatError):
@@ -60,7 +61,10 @@ def tar_entries(stream, *, where: str) -> Iterator[TarEntry]:
     """
     pending_name: str | None = None
     pending_size: int | None = None
+    start: int | None = None
     while True:
+        if start is None:
+            start = stream.offset
         header = _read_exact(stream, BLOCK, where=where, what="a tar header")
         if header == _ZERO_BLOCK:
             return  # end-of-archive marker
@@ -86,18 +90,21 @@ def tar_entries(stream, *, where: str) -> Iterator[TarEntry]:
             raise ShardError(f"{where}: the tar header at byte {stream.offset - BLOCK} claims a {size}-byte member; "
                              "the header is garbled")
         pending_name = pending_size = None
-        yield TarEntry(name=name, size=size, regular=kind in _REGULAR)
+        yield TarEntry(name=name, size=size, regular=kind in _REGULAR, offset=start)
+        start = None
         stream.skip(_pad(size))
 
 
 def shard_packs(stream, *, start: int, stop: int, skip: Container[int] = (), stats: Counter,
-                where: str) -> Iterator[tuple[int, bytes]]:
+                where: str, first: int = 0) -> Iterator[tuple[int, bytes]]:
     """Yield ``(index, bytes)`` of packs ``start..stop-1`` (the index counts ``*.mp`` members only).
 
+    ``first`` is the index of the pack the stream is positioned at (0: the shard's beginning; a
+    reader that knows pack offsets from the pack index opens the stream at pack ``start``).
     Packs before ``start`` and those in ``skip`` are passed over without reading their bytes.
     Reading stops right after pack ``stop - 1``. A shard that ends before it raises :class:`ShardError`.
     """
-    index = 0
+    index = first
     for entry in tar_entries(stream, where=where):
         if not (entry.regular and entry.name.endswith(".mp")):
             stats["ignored_members"] += 1
@@ -120,7 +127,9 @@ def lap_source(ranges: Sequence, *, first: int, emitted: Container[int], open_sh
                shard_name: Callable[[int], str], stats: Counter, handler: Handler) -> Iterator[tuple[int, bytes | None]]:
     """Yield ``(position, bytes | None)`` for every lap position ``>= first`` not in ``emitted``, in order.
 
-    Positions number the packs of the slot's ranges back to back. A shard that breaks off yields
+    Positions number the packs of the slot's ranges back to back. ``open_shard(shard, pack)``
+    returns ``(stream, index)``: a stream positioned at pack ``index`` (``pack`` when the reader
+    knows where it starts, else 0). A shard that breaks off yields
     ``None`` (a hole) for each pack it still owed, after ``handler("truncated_shards", error)``.
     """
     base = 0
@@ -136,9 +145,10 @@ def lap_source(ranges: Sequence, *, first: int, emitted: Container[int], open_sh
 def _range_packs(rng, base, lo, skip, open_shard, where, stats, handler):
     done = rng.start + lo
     try:
-        with open_shard(rng.shard) as stream:
+        stream, at = open_shard(rng.shard, rng.start + lo)
+        with stream:
             for index, data in shard_packs(stream, start=rng.start + lo, stop=rng.stop, skip=skip, stats=stats,
-                                           where=where):
+                                           where=where, first=at):
                 yield base + index - rng.start, data
                 done = index + 1
     except ShardError as e:

@@ -34,6 +34,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ..errors import ConfigError, ManifestError, SourceError
 from ..manifest import MANIFEST_NAME, Manifest
 from ..storage import with_hub_revision
@@ -62,6 +64,7 @@ class ResolvedSource:
     shards: tuple[ShardRef, ...]
     manifest: Manifest | None
     headers: dict[str, str] = field(default_factory=dict, repr=False)
+    root: str = ""  # the folder (URL) of the manifest, where its side files are
 
 
 def expand_braces(pattern: str) -> list[str]:
@@ -116,7 +119,7 @@ def resolve_source(source: str | os.PathLike[str] | Sequence[str], *, storage_op
             manifest = _read_manifest(manifest_url, read_kwargs, required=True)
             base = _dirname(manifest_url)
             shards = tuple(ShardRef(s.name, _join(base, s.name), s.packs) for s in manifest.shards)
-            return ResolvedSource(display, shards, manifest, headers)
+            return ResolvedSource(display, shards, manifest, headers, root=base)
     return _from_shard_list(display, urls, read_kwargs, headers)
 
 
@@ -134,7 +137,7 @@ def _from_shard_list(display, urls, read_kwargs, headers) -> ResolvedSource:
             raise ManifestError(f"{missing[0]} is not listed in {_join(folder, MANIFEST_NAME)} "
                                 f"({len(missing)} such shards); pass shards of that dataset only")
         shards = tuple(ShardRef(_basename(u), u, counts[_basename(u)]) for u in urls)
-        return ResolvedSource(display, shards, manifest, headers)
+        return ResolvedSource(display, shards, manifest, headers, root=folder)
     if any(is_remote(u) for u in urls):
         raise ManifestError(f"no {MANIFEST_NAME} next to {urls[0]}: the loader needs each shard's pack count to give "
                             "every rank the same number of batches; pass the dataset root (with its manifest) "
@@ -142,6 +145,34 @@ def _from_shard_list(display, urls, read_kwargs, headers) -> ResolvedSource:
     logger.warning("no %s next to %s: counting packs from tar headers (%d shards)", MANIFEST_NAME, urls[0], len(urls))
     shards = tuple(ShardRef(_basename(u), u, count_packs(u)) for u in urls)
     return ResolvedSource(display, shards, None, headers)
+
+
+def read_pack_index(source: ResolvedSource, **read_kwargs: Any):
+    """The pack index rows of ``source.shards`` (one ``[packs, columns]`` array per shard); one request.
+
+    Raises :class:`ConfigError` when the dataset has none (packed before wdspack wrote one).
+    """
+    from ..pack_index import decode_index
+
+    m = source.manifest
+    if m is None or not m.pack_index:
+        raise ConfigError(f"{source.display} has no pack index (pack_index.npy, written by `wdspack pack` and "
+                          "`wdspack reshard` since the index was added), so pack costs are unknown; add one with "
+                          "`wdspack index DATASET_FOLDER` (reads the shards once, rewrites nothing else), or load "
+                          "without balance=")
+    url = _join(source.root, m.pack_index["file"])
+    if is_remote(url):
+        data = read_all(url, **{**read_kwargs, "headers": source.headers})
+    else:
+        try:
+            with open(url[len("file://"):] if url.startswith("file://") else url, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            raise ManifestError(f"{url} does not exist but the manifest names it; copy the whole dataset folder "
+                                "(or re-create the index with `wdspack reshard`)") from None
+    index = decode_index(data, m.pack_index, packs=m.num_packs, where=url)
+    starts = dict(zip((s.name for s in m.shards), np.cumsum([0] + [s.packs for s in m.shards]).tolist()))
+    return [index[starts[s.name]:starts[s.name] + s.packs] for s in source.shards]
 
 
 def count_packs(path: str) -> int:
