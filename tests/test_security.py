@@ -18,10 +18,11 @@ from synthetic import write_dataset
 from test_bad_input import bomb_png
 from wdspack import cli
 from wdspack.codec import Pack, encode_pack
-from wdspack.errors import OutputError, SampleError
+from wdspack.errors import FormatError, OutputError, SampleError
 from wdspack.images import ImageTooLargeError, decode_image, make_image_transform
 from wdspack.loader import PackedDataset
 from wdspack.manifest import read_manifest
+from wdspack.verify import verify_dataset
 
 PACKAGE = Path(__file__).resolve().parents[1] / "wdspack"
 SECRET = "hf_SECRETtokenDoNotLeak0123456789"
@@ -95,6 +96,19 @@ def test_pickle_members_are_never_unpickled_by_the_loader(evil_dataset):
     got = list(ds)
     assert len(got) == 6 and not marker.exists()
     assert ds.stats["ignored_members"] == 4 and ds.stats["corrupt_packs"] == 0
+
+
+def test_loader_and_verify_apply_one_rule_to_foreign_members(evil_dataset, caplog):
+    root, marker = evil_dataset
+    with caplog.at_level("WARNING", logger="wdspack.loader"):
+        assert len(list(PackedDataset(root, shuffle=False))) == 6  # skip: warned and counted, packs intact
+    warned = [r.getMessage() for r in caplog.records if "is not a pack" in r.getMessage()]
+    assert len(warned) == 4 and all("only regular '{key}.mp' pack members" in w for w in warned)
+    with pytest.raises(FormatError, match=r"member '000000000000\.pyd' is not a pack"):
+        list(PackedDataset(root, shuffle=False, on_corrupt="raise"))
+    problems = verify_dataset(str(root))
+    assert sum("is not a pack; a wdspack shard holds only" in p for p in problems) == 4
+    assert not marker.exists()
 
 
 def test_pickle_members_are_never_unpickled_by_verify_and_inspect(evil_dataset, capsys):

@@ -3,7 +3,8 @@
 Checks, each problem reported as one line:
 
 - every shard the manifest lists exists, with the listed size and sha256;
-- every member is a pack ``{key}.mp`` with a key unique in the dataset, decodes, satisfies the
+- every member is a pack ``{key}.mp`` (the loader's rule too: anything else is damage, which it
+  skips with a warning or raises on), with a key unique in the dataset, decodes, satisfies the
   format's invariants and both budgets, and the per-shard counts match the manifest;
 - no sample id is in two packs or both packed and dropped; the totals add up;
 - the pack index (``pack_index.npy``), when the manifest names one, matches its digest and every
@@ -22,6 +23,7 @@ from collections.abc import Sequence
 
 from .codec import decode_pack
 from .errors import FormatError, WdspackError
+from .loader.stages import FOREIGN_RULE
 from .pack_index import COLUMNS, decode_index, pack_row
 from .stats import open_dataset
 
@@ -56,7 +58,7 @@ def verify_dataset(dataset: str, *, sources: Sequence[str] | None = None,
                 with tarfile.open(fileobj=hasher, mode="r|") as tar:
                     for m in tar:
                         if not (m.isfile() and m.name.endswith(".mp")):
-                            problems.append(f"{shard.name}: member {m.name!r} is not a pack")
+                            problems.append(f"{shard.name}: member {m.name!r} is not a pack; {FOREIGN_RULE}")
                             continue
                         key = m.name[:-3]
                         rows.append(None)

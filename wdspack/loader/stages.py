@@ -38,6 +38,9 @@ _MAX_META = 1 << 20
 _MAX_MEMBER = 1 << 40  # a size past this is a garbled header, not a member (and would overflow a seek)
 _READ_PIECE = 16 << 20  # a read asks for at most this much: memory follows the bytes that exist, not a claim
 
+#: What a shard may hold, for the loader and ``wdspack verify`` alike.
+FOREIGN_RULE = ("a wdspack shard holds only regular '{key}.mp' pack members; anything else is damage "
+                "(skipped and counted, or an error with on_corrupt='raise'): re-pack, or remove the member")
 #: handler(kind, error): count a data error of ``kind`` and warn, or raise it.
 Handler = Callable[[str, Exception], None]
 
@@ -96,19 +99,27 @@ def tar_entries(stream, *, where: str) -> Iterator[TarEntry]:
 
 
 def shard_packs(stream, *, start: int, stop: int, skip: Container[int] = (), stats: Counter,
-                where: str, first: int = 0) -> Iterator[tuple[int, bytes]]:
+                where: str, first: int = 0, handler: Handler | None = None) -> Iterator[tuple[int, bytes]]:
     """Yield ``(index, bytes)`` of packs ``start..stop-1`` (the index counts ``*.mp`` members only).
 
     ``first`` is the index of the pack the stream is positioned at (0: the shard's beginning; a
     reader that knows pack offsets from the pack index opens the stream at pack ``start``).
     Packs before ``start`` and those in ``skip`` are passed over without reading their bytes.
     Reading stops right after pack ``stop - 1``. A shard that ends before it raises :class:`ShardError`.
+
+    A member that is not a pack (wdspack writes none; :data:`FOREIGN_RULE`) is skipped unread and
+    counted as ``ignored_members``; with a ``handler`` it also goes through it (a warning, or an
+    error under ``on_corrupt="raise"``), the rule ``wdspack verify`` applies too.
     """
     index = first
     for entry in tar_entries(stream, where=where):
         if not (entry.regular and entry.name.endswith(".mp")):
-            stats["ignored_members"] += 1
             stream.skip(entry.size)
+            if handler is None:
+                stats["ignored_members"] += 1
+            else:
+                handler("ignored_members", FormatError(f"{where}: member {entry.name!r} is not a pack; "
+                                                       f"{FOREIGN_RULE}"))
             continue
         if entry.size > MAX_PACK_BYTES:
             raise ShardError(f"{where}: pack {entry.name} claims {entry.size} bytes, over the {MAX_PACK_BYTES}-byte "
@@ -148,7 +159,7 @@ def _range_packs(rng, base, lo, skip, open_shard, where, stats, handler):
         stream, at = open_shard(rng.shard, rng.start + lo)
         with stream:
             for index, data in shard_packs(stream, start=rng.start + lo, stop=rng.stop, skip=skip, stats=stats,
-                                           where=where, first=at):
+                                           where=where, first=at, handler=handler):
                 yield base + index - rng.start, data
                 done = index + 1
     except ShardError as e:
