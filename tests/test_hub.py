@@ -376,3 +376,38 @@ def test_balanced_loader_reads_the_pack_index_once_and_equals_the_local_folder(h
     shard_gets = [r for r in new() if r["path"].endswith(".tar")]
     assert len(shard_gets) == sum(len(s) for s in plan.slots) == remote.stats["requests"]  # one per run
     assert _same_tensors(got, list(make_loader(folder, **options)))
+
+
+
+@pytest.mark.parametrize("workers", [1, 2, 4])
+def test_requests_stay_flat_in_workers_and_a_split_shard_costs_one_ranged_read_per_piece(hub, tmp_path, workers):
+    """8 shards: evenly divided, shards + 3 requests per rank and epoch for 1, 2 or 4 workers and 1 or 2 ranks;
+    unevenly divided (as byte-cut shards are), one request per piece, starting at the piece's own pack."""
+    import numpy as np
+
+    for name, counts in (("even8", [6] * 8), ("uneven8", [5, 9, 7, 6, 8, 4, 7, 10])):
+        folder = tmp_path / name
+        if not folder.exists():
+            write_dataset(folder, shards=8, packs_per_shard=counts, seed=3, pack_index=True)
+        sha = publish(hub.mirrors, f"org/{name}-{workers}", folder)
+        offsets = np.load(folder / "pack_index.npy")[:, 0]
+        starts = np.cumsum([0] + counts)
+        for ranks in (1, 2):
+            for rank in range(ranks):
+                new = _new(hub)
+                loader = make_loader(f"hf://datasets/org/{name}-{workers}@main", storage_options=hub.options(),
+                                     batch_size=1, num_workers=workers, seed=7, rank=rank, world_size=ranks)
+                assert len(list(loader)) == len(loader)
+                got = new()
+                shard_gets = [r for r in got if r["path"].endswith(".tar")]
+                pieces = [g for w in range(workers) for g in loader.dataset._plan(workers, 0).slots[rank * workers + w]]
+                assert len(shard_gets) == len(pieces), (name, ranks, rank)
+                if name == "even8":
+                    assert len(got) == 3 + len(pieces) <= 8 + 3 and all(g.start == 0 for g in pieces)
+                    continue
+                index_gets = [r for r in got if r["path"].endswith("pack_index.npy")]
+                assert len(got) == 3 + len(index_gets) + len(pieces)
+                for g in pieces:
+                    path = _resolve(sha, f"train-{g.shard:06d}.tar", f"org/{name}-{workers}")
+                    want = None if g.start == 0 else f"bytes={int(offsets[starts[g.shard] + g.start])}-"
+                    assert want in [r["range"] for r in shard_gets if r["path"] == path], (g, shard_gets)

@@ -148,6 +148,7 @@ class PackedLoader:
         self._stats_base: Counter = Counter()
         self._stats_live: dict[int, Counter] = {}
         len(self)  # fail now when there are too few packs for ranks × workers × batch_size
+        dataset.load_offsets_if_split(self._workers)  # before workers copy the dataset
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (the same on every rank)."""

@@ -35,7 +35,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from ..errors import ConfigError, FormatError, WdspackError
 from .plan import REMAINDER_POLICIES, EpochPlan, plan_epoch, plan_epoch_balanced, slot_order
 from .stages import Handler, decode_packs, lap_source, reorder
-from .streams import open_stream
+from .streams import is_remote, open_stream
 from .urls import ResolvedSource, read_pack_index, resolve_source
 
 __all__ = ["META_KEY", "MODEL_KEY", "PackedDataset", "STAT_KEYS"]
@@ -240,6 +240,8 @@ class PackedDataset(IterableDataset):
             self._stats_done += self._stats_live
             self._stats_live = stats
         position = self._resume_point(worker)
+        if info is None:
+            self.load_offsets_if_split(1)
         for example, position in self._iter_slot(plan, slot, epoch, position, stats):
             if info is None:
                 self._progress[0] = position
@@ -263,6 +265,26 @@ class PackedDataset(IterableDataset):
                 batch_size=self.batch_size, window=self.balance_window, run=self.balance_run,
                 heaviest_first=self.heaviest_first)}
         return self._plans[key]
+
+    def load_offsets_if_split(self, workers: int, epochs: int = 4) -> bool:
+        """Read the pack index's offsets when this rank's slots read shards from the middle.
+
+        A shard split between slots is read from the pack where each piece starts: with offsets
+        that is one ranged request per piece and no bytes before it; without them the stream
+        starts at byte 0 and walks the tar headers to the piece. Checked over the first ``epochs``
+        epochs' plans; evenly dividing shards never split, and then nothing more is requested.
+        Called by the main process (:class:`~wdspack.loader.PackedLoader`), so workers inherit it.
+        """
+        if self._offsets is not None or self.manifest is None or not self.manifest.pack_index:
+            return self._offsets is not None
+        slots = range(self.rank * workers, (self.rank + 1) * workers)
+        split = any(r.start > 0 for e in range(epochs) for s in slots for r in self._count_plan(workers, e).slots[s])
+        if split and any(is_remote(s.url) for s in self._source.shards):
+            from ..pack_index import COLUMNS
+
+            index = read_pack_index(self._source, **self._read)
+            self._offsets = [rows[:, COLUMNS.index("offset")].copy() for rows in index]
+        return self._offsets is not None
 
     def _balance(self, balance, cost_model, heaviest_first, window, run) -> None:
         from ..pack_index import COLUMNS, CostModel
