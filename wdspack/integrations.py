@@ -1,0 +1,369 @@
+"""Training with Hugging Face ``Trainer`` and with ``accelerate`` on a wdspack loader.
+
+Both libraries split data over ranks themselves; a wdspack loader has done that already (each
+rank streams its own packs, the same number of batches on every rank). The pieces here keep them
+from doing it again, save each rank's loader position in every checkpoint, and keep the loss the
+exact token mean of each optimizer step over all its micro-batches on all ranks
+(:mod:`wdspack.loss`):
+
+==============================  ==========================================================
+piece                           what it does
+==============================  ==========================================================
+:class:`PackedTrainer`          ``Trainer`` over the loader as is: no ``accelerator.prepare``
+                                of the data, no ``set_epoch``, no batch skipping on resume;
+                                the loss is the model's causal-LM loss over the step's targets
+:class:`LoaderStateCallback`    writes ``wdspack-loader-rank{R}.json`` into each checkpoint
+:func:`save_loader_state`,      the same file in any checkpoint folder, on every rank
+:func:`load_loader_state`       (``accelerator.save_state`` writes registered objects from
+                                the main process only: one rank's state for all ranks)
+:func:`stream_batches`          the loader as one endless stream, epoch after epoch
+:func:`step_batches`            the stream in lists of ``accumulation`` micro-batches
+:func:`accumulate_gradients`    one step's forward + backward under ``accelerate``, exact mean
+==============================  ==========================================================
+
+How the Trainer sees the loader: as one endless stream without a length (so ``max_steps`` is
+required). An optimizer step's micro-batches may then span two epochs, as in
+``examples/train_ddp.py``, and a resume is exact at any step: Trainer's epochs would end with a
+short accumulation step whenever ``len(loader)`` is not a multiple of the accumulation, which a
+mid-epoch resume with ``ignore_data_skip`` puts out of step. The ``epoch`` Trainer logs is the
+loader's (2.5: half-way through the third epoch). On resume, the model weights are restored even
+where Trainer's own load misses them (renamed VLM weights, transformers#43701).
+
+transformers and accelerate are imported on first use: :class:`PackedTrainer` and
+:class:`LoaderStateCallback` are built when first looked up; :class:`PackedTrainerMixin` adds the
+same behaviour to another ``Trainer`` subclass (TRL's, your own).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .errors import ConfigError, WdspackError
+from .loss import num_items_in_batch
+from .models import model_inputs
+
+if TYPE_CHECKING:
+    from .loader import PackedLoader
+
+__all__ = ["LOADER_STATE_FILE", "LoaderStateCallback", "PackedTrainer", "PackedTrainerMixin", "accumulate_gradients",
+           "causal_lm_loss", "load_loader_state", "save_loader_state", "step_batches", "stream_batches"]
+
+#: Each rank's loader state inside a checkpoint folder (``rank`` from the loader's dataset).
+LOADER_STATE_FILE = "wdspack-loader-rank{rank}.json"
+
+
+# -- the loader as a stream ----------------------------------------------------------------------
+
+def stream_batches(loader: PackedLoader) -> Iterator[dict[str, torch.Tensor]]:
+    """The loader's batches epoch after epoch, endlessly, from wherever the loader stands.
+
+    Each ``for batch in loader`` continues where the last one stopped and moves to the next epoch
+    once one is consumed, so this is the loader's own order; ``loader.state_dict()`` after any
+    batch resumes it.
+
+    Example:
+        >>> batches = stream_batches(loader)  # doctest: +SKIP
+        >>> first = next(batches)  # doctest: +SKIP
+    """
+    while True:
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            raise WdspackError(f"the loader yielded no batch in epoch {loader.epoch}; len(loader) = {len(loader)}")
+
+
+def step_batches(loader: PackedLoader, accumulation: int) -> Iterator[list[dict[str, torch.Tensor]]]:
+    """:func:`stream_batches` in lists of ``accumulation`` micro-batches, one list per optimizer step.
+
+    A step may take the end of one epoch and the start of the next.
+
+    Example:
+        >>> for micro in step_batches(loader, 4):  # doctest: +SKIP
+        ...     accumulate_gradients(accelerator, model, micro)
+    """
+    if accumulation < 1:
+        raise ConfigError(f"accumulation={accumulation} must be >= 1")
+    stream = stream_batches(loader)
+    while True:
+        yield [next(stream) for _ in range(accumulation)]
+
+
+# -- loader state in checkpoints -----------------------------------------------------------------
+
+def save_loader_state(loader: PackedLoader, folder: str | os.PathLike[str]) -> Path:
+    """Write ``loader.state_dict()`` to ``folder/wdspack-loader-rank{R}.json`` (atomically); return the path.
+
+    Call it on every rank, next to the model and optimizer (``accelerator.save_state(folder)``,
+    ``Trainer``'s checkpoint folder): each rank has its own position.
+
+    Example:
+        >>> accelerator.save_state("ckpt/step-1000")  # doctest: +SKIP
+        >>> save_loader_state(loader, "ckpt/step-1000")  # doctest: +SKIP
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOADER_STATE_FILE.format(rank=loader.dataset.rank)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(loader.state_dict(), f)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def load_loader_state(loader: PackedLoader, folder: str | os.PathLike[str]) -> None:
+    """Restore the state :func:`save_loader_state` wrote for this rank; the next batch is the one after it.
+
+    Example:
+        >>> accelerator.load_state("ckpt/step-1000")  # doctest: +SKIP
+        >>> load_loader_state(loader, "ckpt/step-1000")  # doctest: +SKIP
+    """
+    path = Path(folder) / LOADER_STATE_FILE.format(rank=loader.dataset.rank)
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist: the checkpoint has no loader state for rank {loader.dataset.rank}; "
+                          "save it with save_loader_state (or PackedTrainer) on every rank, and resume with the "
+                          "world size it was saved with")
+    loader.load_state_dict(json.loads(path.read_text(encoding="utf-8")))
+
+
+# -- the exact loss --------------------------------------------------------------------------------
+
+def causal_lm_loss(model: Any, logits: torch.Tensor, labels: torch.Tensor,
+                   num_items: torch.Tensor | int | None) -> torch.Tensor:
+    """The model's own causal-LM loss of ``logits`` over ``num_items`` targets: ``Σ loss / num_items``.
+
+    The same arithmetic as ``model(..., labels=labels, num_items_in_batch=num_items).loss`` (the
+    model's ``loss_function``), without relying on the model to pass ``num_items_in_batch`` on:
+    transformers marks many VLMs ``accepts_loss_kwargs = False`` (Qwen2-VL, Qwen2.5-VL, Qwen3-VL,
+    Gemma 3), and ``Trainer`` then averages each micro-batch on its own. ``None``: the mean over
+    this batch's targets.
+
+    Example:
+        >>> out = model(**{k: v for k, v in kwargs.items() if k != "labels"})  # doctest: +SKIP
+        >>> loss = causal_lm_loss(model, out.logits, kwargs["labels"], num_items_in_batch(micro))  # doctest: +SKIP
+    """
+    return model.loss_function(logits=logits, labels=labels, vocab_size=logits.shape[-1], num_items_in_batch=num_items)
+
+
+def accumulate_gradients(accelerator: Any, model: Any, micro_batches: list[Mapping[str, Any]]) -> torch.Tensor:
+    """Forward and backward of one optimizer step's micro-batches under ``accelerate``, the exact token mean.
+
+    The loss of every micro-batch is divided by the step's target count on all ranks
+    (:func:`wdspack.num_items_in_batch`, one ``all_reduce``) and multiplied by the number of
+    processes, since DDP averages the gradients; gradients are synchronised on the last
+    micro-batch only. Leave ``Accelerator(gradient_accumulation_steps=1)``: ``accelerator.backward``
+    divides by it, and the target count already spans the step.
+
+    Args:
+        accelerator: the ``accelerate.Accelerator``.
+        model: the model ``accelerator.prepare`` returned.
+        micro_batches: this rank's batches of the step, straight from the loader (not prepared by
+            accelerate: the loader gives every rank its own packs already).
+
+    Returns:
+        This rank's share of the step's loss, float64; ``accelerator.reduce(share, "sum")`` is the
+        step's token mean over all ranks.
+
+    Example:
+        >>> model, optimizer = accelerator.prepare(model, optimizer)  # doctest: +SKIP
+        >>> for micro in step_batches(loader, 4):  # doctest: +SKIP
+        ...     share = accumulate_gradients(accelerator, model, micro)
+        ...     optimizer.step(); optimizer.zero_grad()
+    """
+    if accelerator.gradient_accumulation_steps != 1:
+        raise ConfigError(f"Accelerator(gradient_accumulation_steps={accelerator.gradient_accumulation_steps}): "
+                          "accumulate_gradients normalises over the whole step already; use 1")
+    inner = accelerator.unwrap_model(model)
+    n = num_items_in_batch(micro_batches)
+    share = torch.zeros((), dtype=torch.float64)
+    for i, batch in enumerate(micro_batches):
+        sync = contextlib.nullcontext() if i == len(micro_batches) - 1 else accelerator.no_sync(model)
+        with sync:
+            kwargs = model_inputs(batch, inner)
+            labels = kwargs.pop("labels")
+            loss = causal_lm_loss(inner, model(**kwargs).logits, labels, n)
+            accelerator.backward(loss * accelerator.num_processes)
+        share += float(loss.detach())
+    return share
+
+
+# -- Trainer ---------------------------------------------------------------------------------------
+
+class _Stream:
+    """What ``Trainer`` iterates: :func:`stream_batches` with no ``__len__`` and no ``set_epoch``.
+
+    No ``set_epoch``, because Trainer calls it at the start of each of its epochs and
+    ``PackedLoader.set_epoch`` restarts an epoch from its first batch: a resumed run would replay
+    the epoch. No length, so Trainer does not cut the stream into epochs of its own.
+    """
+
+    def __init__(self, loader: PackedLoader) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        return stream_batches(self.loader)
+
+
+class PackedTrainerMixin:
+    """``Trainer`` behaviour for a wdspack loader; :class:`PackedTrainer` is this plus ``transformers.Trainer``.
+
+    * ``get_train_dataloader`` returns the loader as one endless stream, not passed to
+      ``accelerator.prepare`` (which would split the already-split batches again);
+    * ``compute_loss`` maps each batch to the model's arguments (:func:`wdspack.model_inputs`);
+    * the loss is :func:`causal_lm_loss` over Trainer's ``num_items_in_batch`` (targets of the
+      accumulation window, summed over ranks), set as ``compute_loss_func`` unless you pass one;
+    * a :class:`LoaderStateCallback` saves each rank's loader state in every checkpoint, and
+      ``train(resume_from_checkpoint=...)`` restores it before Trainer restores the rest.
+
+    Needs ``TrainingArguments(max_steps=N, ignore_data_skip=True)``: the stream has no length,
+    and the loader resumes from its own state instead of Trainer re-reading the batches seen.
+
+    Example:
+        >>> class MySFTTrainer(PackedTrainerMixin, SFTTrainer): ...  # doctest: +SKIP
+    """
+
+    def __init__(self, *args: Any, loader: PackedLoader, **kwargs: Any) -> None:
+        self.loader = loader
+        kwargs.setdefault("compute_loss_func", self._packed_loss)
+        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
+        _check_training_args(self.args, loader)
+        self.add_callback(__getattr__("LoaderStateCallback")(loader))
+
+    def get_train_dataloader(self) -> Any:
+        return _Stream(self.loader)
+
+    def compute_loss(self, model: Any, inputs: Mapping[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: torch.Tensor | int | None = None) -> Any:
+        kwargs = model_inputs(inputs, self.accelerator.unwrap_model(model))
+        return super().compute_loss(model, kwargs, return_outputs=return_outputs,  # type: ignore[misc]
+                                    num_items_in_batch=num_items_in_batch)
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
+        if resume_from_checkpoint is True:
+            from transformers.trainer_utils import get_last_checkpoint
+
+            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
+            if resume_from_checkpoint is None:
+                raise ConfigError(f"resume_from_checkpoint=True, but {self.args.output_dir} has no checkpoint-* folder")
+        if resume_from_checkpoint:
+            load_loader_state(self.loader, resume_from_checkpoint)
+            _restore_renamed_weights(self.accelerator.unwrap_model(self.model), resume_from_checkpoint)
+        return super().train(resume_from_checkpoint or None, *args, **kwargs)  # type: ignore[misc]
+
+    def _packed_loss(self, outputs: Any, labels: torch.Tensor,
+                     num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
+        model = self.accelerator.unwrap_model(self.model)
+        return causal_lm_loss(model, outputs["logits"], labels, num_items_in_batch)
+
+
+def _restore_renamed_weights(model: Any, folder: str | os.PathLike[str]) -> None:
+    """Load a Trainer checkpoint's weights whose names ``save_pretrained`` changed (transformers#43701).
+
+    ``save_pretrained`` writes many VLMs' weights under their original checkpoint names
+    (Qwen2.5-VL's ``model.language_model.*`` as ``model.*``), and ``Trainer`` resumes with a
+    non-strict ``load_state_dict`` of those names as they are: nothing loads, with a warning, and
+    training goes on from the initial weights. When the names differ, ``from_pretrained`` (which
+    renames them back) loads the checkpoint and every weight is copied in; Trainer's own load then
+    finds nothing to change (its missing-keys warning remains).
+    """
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        saved = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"])
+    elif (folder / "model.safetensors").is_file():
+        with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+            saved = set(f.keys())
+    else:
+        return  # adapters, FSDP, .bin: Trainer's own paths
+    if saved <= set(model.state_dict()):
+        return
+    loaded = type(model).from_pretrained(str(folder), dtype=next(model.parameters()).dtype)
+    model.load_state_dict(loaded.state_dict())
+
+
+def _check_training_args(args: Any, loader: PackedLoader) -> None:
+    if args.max_steps is None or args.max_steps <= 0:
+        per_step = args.gradient_accumulation_steps
+        raise ConfigError(f"TrainingArguments(max_steps={args.max_steps}): PackedTrainer needs max_steps, since the "
+                          f"loader reaches Trainer as one endless stream ({len(loader)} batches per epoch on each "
+                          f"rank: E epochs are max_steps = E * {len(loader)} // {per_step})")
+    if not args.ignore_data_skip:
+        raise ConfigError("TrainingArguments(ignore_data_skip=False): pass ignore_data_skip=True; the loader resumes "
+                          "from the state saved in the checkpoint, and Trainer's skipping would re-read the batches")
+    if args.world_size > 1 and not args.average_tokens_across_devices:
+        raise ConfigError("TrainingArguments(average_tokens_across_devices=False): the loss would be each rank's own "
+                          "token mean, averaged over ranks; pass True for the exact token mean")
+
+
+class _LoaderStateEvents:
+    """``TrainerCallback`` events: save the loader state with each checkpoint, log the loader's epoch."""
+
+    def __init__(self, loader: PackedLoader) -> None:
+        self.loader = loader
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        position = self.loader.state_dict()
+        state.epoch = position["epoch"] + position["batches"] / len(self.loader)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+        save_loader_state(self.loader, Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+
+
+_DOCS = {
+    "PackedTrainer": """``transformers.Trainer`` training from a wdspack loader as is (see :class:`PackedTrainerMixin`).
+
+    Example:
+        >>> args = TrainingArguments("out", max_steps=1000, save_steps=100, ignore_data_skip=True)  # doctest: +SKIP
+        >>> trainer = PackedTrainer(model=model, args=args, loader=loader)  # doctest: +SKIP
+        >>> trainer.train(resume_from_checkpoint=True)  # doctest: +SKIP
+    """,
+    "LoaderStateCallback": """A ``TrainerCallback``: each rank writes its loader state into every checkpoint folder
+    (:func:`save_loader_state`); the ``epoch`` Trainer logs becomes the loader's.
+
+    Example:
+        >>> trainer.add_callback(LoaderStateCallback(loader))  # doctest: +SKIP
+    """,
+}
+
+if TYPE_CHECKING:  # what __getattr__ builds, for type checkers
+    from transformers import Trainer, TrainerCallback
+
+    class PackedTrainer(PackedTrainerMixin, Trainer): ...
+
+    class LoaderStateCallback(_LoaderStateEvents, TrainerCallback): ...
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _DOCS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name in globals():
+        return globals()[name]
+    import transformers
+
+    bases = {"PackedTrainer": (PackedTrainerMixin, transformers.Trainer),
+             "LoaderStateCallback": (_LoaderStateEvents, transformers.TrainerCallback)}
+    for key, parents in bases.items():
+        globals()[key] = type(key, parents, {"__doc__": _DOCS[key], "__module__": __name__})
+    return globals()[name]
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_DOCS))
