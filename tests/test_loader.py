@@ -397,8 +397,11 @@ def test_restore_refuses_another_setup(even):
     first = make_loader(even, batch_size=2, num_workers=2, seed=1)
     _batches(first, limit=3)
     state = first.state_dict()
-    with pytest.raises(ConfigError, match=r"num_workers: saved 2, now 1"):
-        make_loader(even, batch_size=2, num_workers=1, seed=1).load_state_dict(state)
+    with pytest.raises(ConfigError, match=r"batch_size: saved 2, now 4"):
+        make_loader(even, batch_size=4, num_workers=2, seed=1).load_state_dict(state)
+    fewer = make_loader(even, batch_size=2, num_workers=1, seed=1)  # another layout resumes elastically
+    fewer.load_state_dict(state)
+    assert len(fewer) == len(first) - 3  # the rest of the epoch: 3 batches were read
     with pytest.raises(ConfigError, match=r"seed: saved 1, now 2"):
         make_loader(even, batch_size=2, num_workers=2, seed=2).load_state_dict(state)
     # the location may change: the same shards through a brace pattern resume fine

@@ -114,8 +114,9 @@ class PackedLoader:
     What may change between save and restore: the data's location (a local copy instead of the
     Hub, a mirror), ``block_size``, ``retries``, ``pin_memory``, ``prefetch_factor``, the image
     transform and the process. What may not (restore refuses, naming the field): the dataset's
-    shards, ``seed``, ``shuffle``, ``shuffle_buffer``, ``remainder``, ``batch_size``, the balance settings, rank,
-    world size and ``num_workers`` — the split of packs over ``(rank, worker)`` slots depends on them.
+    shards, ``seed``, ``shuffle``, ``shuffle_buffer``, ``remainder``, ``batch_size`` and the balance
+    settings. Rank, world size and ``num_workers`` may: the rest of the epoch is then re-split
+    (elastic resume, see :meth:`load_state_dict`).
     """
 
     def __init__(self, dataset: PackedDataset, *, batch_size: int, num_workers: int = 2,
@@ -168,6 +169,7 @@ class PackedLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning at the next iteration."""
+        self.dataset.set_elastic(None)
         self._epoch, self._batches, self._resume = int(epoch), 0, False
         self._positions = [(0, 0, 0)] * self._workers
 
@@ -176,6 +178,10 @@ class PackedLoader:
         self.dataset._publish(self._epoch, self._positions if self._batches or self._resume else None,
                               shift=self._batches % self._workers)
         epoch_len = len(self)
+        if epoch_len == 0:  # an elastic resume that left nothing for this layout: go on with the next epoch
+            self._next_epoch()
+            self.dataset._publish(self._epoch, None)
+            epoch_len = len(self)
         for batch in self.dataloader:
             meta = batch.pop(META_KEY)
             self._note(meta)
@@ -205,27 +211,113 @@ class PackedLoader:
     # -- checkpoints ----------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """A small JSON-able dict: epoch, batches consumed in it, each worker's position, counters, config."""
-        return {"version": STATE_VERSION, "epoch": self._epoch, "batches": self._batches,
-                "workers": [list(p) for p in self._positions], "stats": self.stats, "config": self._config()}
+        """A small JSON-able dict: epoch, batches consumed in it, each worker's position, counters, config.
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state`` at the next iteration; refuses a state from another setup."""
-        if state.get("version") != STATE_VERSION:
-            raise ConfigError(f"loader state version {state.get('version')!r} is not {STATE_VERSION}; it was saved by "
-                              "another wdspack version")
-        saved, now = state["config"], self._config()
+        After an elastic resume, until that epoch ends, it also holds the layout the epoch came from.
+        """
+        state = {"version": STATE_VERSION, "epoch": self._epoch, "batches": self._batches,
+                 "workers": [list(p) for p in self._positions], "stats": self.stats, "config": self._config()}
+        elastic = self.dataset.elastic()
+        if elastic is not None and elastic["epoch"] == self._epoch:
+            state["elastic"] = elastic
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
+        """Continue from ``state`` at the next iteration; refuses a state from another setup.
+
+        The state of a run with other ranks or workers resumes **elastically**: the rest of the
+        saved epoch (every pack it has not read yet) is split over this layout, and later epochs
+        follow this layout. Pass the states of *all* the saved ranks (a list, any order) for an
+        exact rest; one state alone also works when no pack was skipped as corrupt (every rank
+        consumed the same batches, so the others' positions follow from this one's).
+        """
+        states = [state] if isinstance(state, Mapping) else list(state)
+        if not states:
+            raise ConfigError("load_state_dict got an empty list of states")
+        for s in states:
+            if s.get("version") != STATE_VERSION:
+                raise ConfigError(f"loader state version {s.get('version')!r} is not {STATE_VERSION}; it was saved "
+                                  "by another wdspack version")
+        layout = ("rank", "world_size", "num_workers")
+        saved, now = states[0]["config"], self._config()
         diff = [f"{k}: saved {saved.get(k)!r}, now {now.get(k)!r}" for k in (*now, *(k for k in saved if k not in now))
-                if saved.get(k) != now.get(k)]
+                if k not in layout and saved.get(k) != now.get(k)]
         if diff:
             raise ConfigError("cannot resume: the loader differs from the one that saved the state ("
                               + "; ".join(diff) + "); restore with the same settings (see PackedLoader's docstring)")
+        mine = [s for s in states if s["config"]["rank"] == now["rank"]]
+        same = all(saved[k] == now[k] for k in ("world_size", "num_workers")) and mine
+        if same:
+            self._restore(mine[0])
+        else:
+            self._restore_elastic(states)
+
+    def _restore(self, state: Mapping[str, Any]) -> None:
         workers = [tuple(int(v) for v in p) for p in state["workers"]]
         if len(workers) != self._workers:
             raise ConfigError(f"the state has {len(workers)} worker positions for {self._workers} workers")
+        self.dataset.set_elastic(state.get("elastic"))
         self._epoch, self._batches, self._positions = int(state["epoch"]), int(state["batches"]), workers
         self._resume = True
         self._stats_base, self._stats_live = Counter(state.get("stats", {})), {}
+
+    def _restore_elastic(self, states: list[Mapping[str, Any]]) -> None:
+        """Resume a state saved with other ranks or workers: the epoch's unread packs over this layout."""
+        config = states[0]["config"]
+        world, workers = int(config["world_size"]), int(config["num_workers"])
+        epochs = {(int(s["epoch"]), int(s["batches"])) for s in states}
+        if len(epochs) != 1 or any(s["config"]["world_size"] != world or s["config"]["num_workers"] != workers
+                                   for s in states):
+            raise ConfigError(f"the states disagree on the epoch, batches or layout ({sorted(epochs)}); pass the "
+                              "states all ranks saved at one step")
+        (epoch, batches), = epochs
+        elastic = [s.get("elastic") for s in states]
+        prior = elastic[0]["basis"] if elastic[0] is not None and elastic[0]["epoch"] == epoch else None
+        by_rank = {int(s["config"]["rank"]): [tuple(int(v) for v in p) for p in s["workers"]] for s in states}
+        if len(states) > 1 and sorted(by_rank) != list(range(world)):
+            raise ConfigError(f"got the states of ranks {sorted(by_rank)} of a {world}-rank run; pass all {world}, "
+                              "or just one")
+        ranks = [by_rank.get(r) for r in range(world)]
+        if any(p is None for p in ranks):
+            ranks = self._lockstep(states[0], world, max(1, workers), epoch, prior)
+        self._stats_base, self._stats_live = Counter(states[0].get("stats", {}) if len(states) == 1 else {}), {}
+        self._epoch, self._batches, self._resume = epoch, 0, False
+        self._positions = [(0, 0, 0)] * self._workers
+        if batches == 0 and prior is None:
+            self.dataset.set_elastic(None)  # at an epoch's start: nothing read yet, plan it whole
+        else:
+            basis = {"world_size": world, "num_workers": workers, "ranks": [[list(p) for p in r] for r in ranks],
+                     "basis": prior}
+            self.dataset.set_elastic({"epoch": epoch, "basis": basis})
+            self.dataset.load_offsets_if_split(self._workers, force=True)  # the rest starts mid-shard
+        logger.info("elastic resume: epoch %d saved by %d ranks × %d workers continues on %d × %d (%d batches left "
+                    "on this rank)", epoch, world, workers, self.dataset.world_size, self._workers, len(self))
+
+    def _lockstep(self, state: Mapping[str, Any], world: int, workers: int, epoch: int, prior) -> list[list[tuple]]:
+        """Every saved rank's worker positions from one rank's: they all consumed the same batches."""
+        ds = self.dataset
+        if prior is not None:
+            plan = ds._layout_plan(world, workers, epoch, ds.consumed(epoch, prior))
+        else:
+            plan = ds._layout_plan(world, workers, epoch, None)
+        own = [tuple(int(v) for v in p) for p in state["workers"]]
+        rank = int(state["config"]["rank"])
+        out = []
+        for r in range(world):
+            if r == rank:
+                out.append(own)
+                continue
+            positions = []
+            for w, (_, _, yielded) in enumerate(own):
+                size = plan.assigned(r * workers + w)
+                lap = yielded // size if size else 0
+                positions.append((lap, yielded - lap * size, yielded))
+            out.append(positions)
+        skipped = any(e != y - lap * plan.assigned(rank * workers + w) for w, (lap, e, y) in enumerate(own))
+        if skipped:
+            logger.warning("the saved rank skipped corrupt packs, so the other ranks may have too; their positions "
+                           "are inferred without skips. Pass every rank's state to load_state_dict for an exact rest")
+        return out
 
     def _config(self) -> dict[str, Any]:
         ds = self.dataset

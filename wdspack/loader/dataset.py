@@ -22,6 +22,7 @@ buffer) and continues exactly.
 from __future__ import annotations
 
 import bisect
+import json
 import logging
 import os
 from collections import Counter
@@ -33,7 +34,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..errors import ConfigError, FormatError, WdspackError
-from .plan import REMAINDER_POLICIES, EpochPlan, plan_epoch, plan_epoch_balanced, slot_order
+from .plan import REMAINDER_POLICIES, EpochPlan, plan_epoch, plan_epoch_balanced, plan_remainder, slot_order
 from .stages import Handler, decode_packs, lap_source, reorder
 from .streams import is_remote, open_stream
 from .urls import ResolvedSource, read_pack_index, resolve_source
@@ -54,6 +55,7 @@ _META_HEAD = ("worker", "epoch", "lap", "emitted", "yielded")
 MAX_WORKERS = 256
 _HEAD = 3  # epoch, has_resume, shift; then (lap, emitted, yielded) per worker
 _CONTROL = _HEAD + 3 * MAX_WORKERS
+_ELASTIC_BYTES = 1 << 20  # shared buffer for the elastic basis (JSON): the layout a resumed epoch came from
 ON_CORRUPT = ("skip", "raise")
 BALANCE = (None, "cost")
 
@@ -145,6 +147,8 @@ class PackedDataset(IterableDataset):
         self._stats_done: Counter = Counter()
         self._stats_live: Counter = Counter()
         self._progress: dict[int, tuple[int, int, int]] = {}
+        self._elastic_buf = torch.zeros(_ELASTIC_BYTES, dtype=torch.uint8).share_memory_()
+        self._elastic_cache: dict[Any, Any] = {}
         self._count_plan(1, 0)  # fail now, not in a worker, when there are too few packs for the ranks
 
     # -- what it holds --------------------------------------------------------------------------
@@ -177,7 +181,75 @@ class PackedDataset(IterableDataset):
 
     def packs_per_slot(self, workers: int = 1, epoch: int | None = None) -> int:
         """Packs each ``(rank, worker)`` slot yields per epoch (the same for every slot)."""
-        return self._count_plan(workers, self.epoch if epoch is None else epoch).per_slot
+        epoch = self.epoch if epoch is None else epoch
+        elastic = self.elastic()
+        if elastic is not None and elastic["epoch"] == epoch:
+            return self._plan(workers, epoch).per_slot
+        return self._count_plan(workers, epoch).per_slot
+
+    # -- elastic resume ---------------------------------------------------------------------------
+
+    def elastic(self) -> dict[str, Any] | None:
+        """``{"epoch", "basis"}`` when the current epoch was resumed under another layout, else None."""
+        n = int.from_bytes(bytes(self._elastic_buf[:4].tolist()), "little")
+        return None if n == 0 else json.loads(bytes(self._elastic_buf[4:4 + n].numpy()))
+
+    def set_elastic(self, elastic: Mapping[str, Any] | None) -> None:
+        """Make the rest of ``elastic["epoch"]`` the packs its ``basis`` left unread, split over this layout.
+
+        ``basis`` is ``{"world_size", "num_workers", "ranks": [[[lap, emitted, yielded] per worker]
+        per rank], "basis": the basis before it or None}``: where every slot of the old layout
+        stood. Workers (persistent ones too) read it from shared memory.
+        """
+        data = b"" if elastic is None else json.dumps(elastic, sort_keys=True).encode()
+        if len(data) + 4 > _ELASTIC_BYTES:
+            raise ConfigError(f"the elastic resume state is {len(data)} bytes, over {_ELASTIC_BYTES}; resume with "
+                              "the layout the checkpoint was taken with, or at an epoch boundary")
+        self._elastic_buf[:4] = torch.tensor(list(len(data).to_bytes(4, "little")), dtype=torch.uint8)
+        if data:
+            self._elastic_buf[4:4 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+    def consumed(self, epoch: int, basis: Mapping[str, Any]) -> list[np.ndarray]:
+        """Per shard, the packs of ``epoch`` that the layout in ``basis`` has read, or never reads."""
+        prior = self.consumed(epoch, basis["basis"]) if basis.get("basis") else None
+        world, workers = int(basis["world_size"]), max(1, int(basis["num_workers"]))
+        plan = self._layout_plan(world, workers, epoch, prior)
+        counts = [s.packs for s in self._source.shards]
+        mask = [p.copy() for p in prior] if prior is not None else [np.zeros(n, bool) for n in counts]
+        if prior is None:  # what this epoch never reads (remainder="drop") counts as done
+            for m in mask:
+                m[:] = True
+            for ranges in plan.slots:
+                for r in ranges:
+                    mask[r.shard][r.start:r.stop] = False
+        for rank, positions in enumerate(basis["ranks"]):
+            for worker, (lap, emitted, _) in enumerate(positions):
+                slot = rank * workers + worker
+                ranges = plan.slots[slot]
+                if lap > 0:
+                    done = np.arange(plan.assigned(slot))
+                else:
+                    order = slot_order(plan, slot, seed=self.seed, epoch=epoch, lap=0, shuffle=self.shuffle,
+                                       shuffle_buffer=self.shuffle_buffer)
+                    done = order[:int(emitted)]
+                starts = np.cumsum([0] + [len(r) for r in ranges])
+                for p in done.tolist():
+                    i = bisect.bisect_right(starts, p) - 1
+                    mask[ranges[i].shard][ranges[i].start + p - int(starts[i])] = True
+        return mask
+
+    def _layout_plan(self, world: int, workers: int, epoch: int, prior: list[np.ndarray] | None) -> EpochPlan:
+        counts = [s.packs for s in self._source.shards]
+        if prior is not None:
+            return plan_remainder(counts, prior, slots=world * workers, epoch=epoch, seed=self.seed,
+                                  shuffle=self.shuffle, remainder=self.remainder, batch_size=self.batch_size)
+        if self.balance is not None:
+            return plan_epoch_balanced(counts, self._costs, ranks=world, workers=workers, epoch=epoch,
+                                       seed=self.seed, shuffle=self.shuffle, remainder=self.remainder,
+                                       batch_size=self.batch_size, window=self.balance_window,
+                                       run=self.balance_run, heaviest_first=self.heaviest_first)
+        return plan_epoch(counts, slots=world * workers, epoch=epoch, seed=self.seed, shuffle=self.shuffle,
+                          remainder=self.remainder, batch_size=self.batch_size)
 
     def pack_costs(self) -> list[np.ndarray] | None:
         """Each shard's pack costs under the cost model (``balance="cost"``), else None."""
@@ -255,6 +327,13 @@ class PackedDataset(IterableDataset):
                           seed=self.seed, shuffle=self.shuffle, remainder=self.remainder, batch_size=self.batch_size)
 
     def _plan(self, workers: int, epoch: int) -> EpochPlan:
+        elastic = self.elastic()
+        if elastic is not None and elastic["epoch"] == epoch:
+            key = (workers, json.dumps(elastic, sort_keys=True))
+            if key not in self._elastic_cache:
+                done = self.consumed(epoch, elastic["basis"])
+                self._elastic_cache = {key: self._layout_plan(self.world_size, workers, epoch, done)}
+            return self._elastic_cache[key]
         if self.balance is None:
             return self._count_plan(workers, epoch)
         key = (workers, epoch)
@@ -266,7 +345,7 @@ class PackedDataset(IterableDataset):
                 heaviest_first=self.heaviest_first)}
         return self._plans[key]
 
-    def load_offsets_if_split(self, workers: int, epochs: int = 4) -> bool:
+    def load_offsets_if_split(self, workers: int, epochs: int = 4, *, force: bool = False) -> bool:
         """Read the pack index's offsets when this rank's slots read shards from the middle.
 
         A shard split between slots is read from the pack where each piece starts: with offsets
@@ -278,7 +357,8 @@ class PackedDataset(IterableDataset):
         if self._offsets is not None or self.manifest is None or not self.manifest.pack_index:
             return self._offsets is not None
         slots = range(self.rank * workers, (self.rank + 1) * workers)
-        split = any(r.start > 0 for e in range(epochs) for s in slots for r in self._count_plan(workers, e).slots[s])
+        split = force or any(r.start > 0 for e in range(epochs) for s in slots
+                             for r in self._count_plan(workers, e).slots[s])
         if split and any(is_remote(s.url) for s in self._source.shards):
             from ..pack_index import COLUMNS
 

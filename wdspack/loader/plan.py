@@ -31,7 +31,7 @@ import numpy as np
 
 from ..errors import ConfigError
 
-__all__ = ["EpochPlan", "PackRange", "plan_epoch", "plan_epoch_balanced", "shuffle_order", "slot_order"]
+__all__ = ["EpochPlan", "PackRange", "plan_epoch", "plan_epoch_balanced", "plan_remainder", "shuffle_order", "slot_order"]
 
 REMAINDER_POLICIES = ("drop", "wrap")
 
@@ -338,3 +338,45 @@ def _merge(runs: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
         else:
             out.append((s, a, b))
     return out
+
+
+def plan_remainder(counts: Sequence[int], consumed: Sequence[np.ndarray], *, slots: int, epoch: int, seed: int,
+                   shuffle: bool, remainder: str, batch_size: int = 1) -> EpochPlan:
+    """Split what is left of an epoch (the packs not in ``consumed``) over a new layout of slots.
+
+    ``consumed[s]`` marks the packs of shard ``s`` already read this epoch, or that the epoch
+    never reads (``remainder="drop"`` leaves some out). The left packs form maximal runs inside
+    their shards, which :func:`plan_epoch`'s assignment gives to ``slots`` slots. Every slot
+    yields ``per_slot`` packs: with ``"drop"`` fewer than ``slots × batch_size`` left packs are
+    not read (as at every epoch's end; ``per_slot`` may be 0), with ``"wrap"`` all are and a slot
+    short of ``per_slot`` repeats its own (fewer packs than slots: read as ``"drop"``).
+
+    Example:
+        >>> done = [np.array([True, True, False, False]), np.array([True, False, False, False])]
+        >>> p = plan_remainder([4, 4], done, slots=1, epoch=0, seed=0, shuffle=False, remainder="drop")
+        >>> p.per_slot, [(r.shard, r.start, r.stop) for r in p.slots[0]]
+        (5, [(0, 2, 4), (1, 1, 4)])
+    """
+    runs: list[tuple[int, int, int]] = []
+    for s, mask in enumerate(consumed):
+        left = np.flatnonzero(~np.asarray(mask, bool))
+        if left.size:
+            breaks = np.flatnonzero(np.diff(left) > 1)
+            for a, b in zip(np.r_[0, breaks + 1], np.r_[breaks, left.size - 1]):
+                runs.append((s, int(left[a]), int(left[b]) + 1))
+    total = sum(b - a for _, a, b in runs)
+    if remainder == "wrap" and total >= slots:
+        per_slot = -(-total // (slots * batch_size)) * batch_size
+        q, extra = divmod(total, slots)
+        capacities = [q + (1 if s < extra else 0) for s in range(slots)]
+    else:
+        per_slot = total // slots // batch_size * batch_size
+        capacities = [per_slot] * slots
+    rng = np.random.default_rng([seed, epoch, 0xE1A])
+    order = rng.permutation(len(runs)) if shuffle else np.arange(len(runs))
+    assigned = _assign([b - a for _, a, b in runs], capacities, order) if per_slot else [[] for _ in range(slots)]
+    slots_out = []
+    for ranges in assigned:
+        mapped = [PackRange(runs[r.shard][0], runs[r.shard][1] + r.start, runs[r.shard][1] + r.stop) for r in ranges]
+        slots_out.append(tuple(sorted(mapped, key=lambda r: (r.shard, r.start)) if not shuffle else mapped))
+    return EpochPlan(slots=tuple(slots_out), per_slot=per_slot)
