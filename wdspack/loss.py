@@ -8,8 +8,9 @@ whatever their targets. The exact token mean of one optimizer step is::
 
 :func:`num_items_in_batch` gives ``N`` (one ``all_reduce`` per step); pass it to a transformers
 model (``model(..., num_items_in_batch=N).loss`` is ``Σ loss / N`` on this micro-batch, the
-convention transformers' ``Trainer`` uses) and multiply by the world size, since DDP divides
-the summed gradients by it::
+convention transformers' ``Trainer`` uses, though only for models that declare
+``accepts_loss_kwargs``: not Qwen-VL or Gemma 3, for which :class:`wdspack.integrations.PackedTrainer`
+applies it) and multiply by the world size, since DDP divides the summed gradients by it::
 
     micro = [next(it) for _ in range(accumulation)]
     n = wdspack.num_items_in_batch(micro)                       # every rank, every micro-batch
