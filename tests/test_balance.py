@@ -21,7 +21,7 @@ from wdspack import CostModel, verify_dataset
 from wdspack.cli import main
 from wdspack.errors import ConfigError, ManifestError
 from wdspack.loader import make_loader
-from wdspack.loader.plan import plan_epoch, plan_epoch_balanced, slot_order
+from wdspack.loader.plan import plan_epoch, plan_epoch_balanced, step_costs
 from wdspack.manifest import MANIFEST_NAME
 from wdspack.pack_index import COLUMNS, INDEX_NAME
 
@@ -42,14 +42,8 @@ def _costs(seed: int, counts=COUNTS) -> list[np.ndarray]:
 
 def _steps(plan, costs, *, ranks, workers, batch_size, seed=0) -> np.ndarray:
     """``[steps, ranks]``: the cost each rank runs at each step (worker ``t % workers`` serves step ``t``)."""
-    out = np.zeros((plan.per_slot // batch_size * workers, ranks), np.int64)
-    for r in range(ranks):
-        for w in range(workers):
-            slot = r * workers + w
-            flat = np.concatenate([costs[g.shard][g.start:g.stop] for g in plan.slots[slot]])
-            order = slot_order(plan, slot, seed=seed, epoch=0, lap=0, shuffle=True, shuffle_buffer=64)
-            out[w::workers, r] = flat[order][:plan.per_slot].reshape(-1, batch_size).sum(1)
-    return out
+    return step_costs(plan, costs, ranks=ranks, workers=workers, batch_size=batch_size, seed=seed,
+                      shuffle_buffer=64)
 
 
 def _waiting(steps: np.ndarray) -> float:
@@ -275,3 +269,16 @@ def test_clear_errors_and_wdspack_index_for_older_datasets(root, tmp_path, capsy
         make_loader(root, batch_size=1, num_workers=0, balance="speed")
     with pytest.raises(ConfigError, match="balance_window"):
         make_loader(root, batch_size=4, num_workers=0, balance="cost", balance_window=2)
+
+
+def test_inspect_tells_the_waiting_with_and_without_balance(root, tmp_path, capsys):
+    assert main(["inspect", str(root), "--ranks", "4", "--json"]) == 0
+    b = json.loads(capsys.readouterr().out)["balance"]
+    assert b["ranks"] == 4 and 1.0 <= b["balanced"] < b["shuffle_buffer"]
+    assert main(["inspect", str(root), "--ranks", "4"]) == 0
+    assert f"the slowest rank costs {b['shuffle_buffer']:.3f}× the mean; with balance='cost' {b['balanced']:.3f}×" \
+        in capsys.readouterr().out
+    plain = tmp_path / "plain"
+    write_dataset(plain, shards=2, packs_per_shard=6, seed=1)
+    assert main(["inspect", str(plain), "--ranks", "4"]) == 0
+    assert "no pack index; add one with `wdspack index DATASET`" in capsys.readouterr().out

@@ -35,7 +35,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 from bench_packing import llava_like  # noqa: E402
 
 from wdspack import CostModel, plan_packs  # noqa: E402
-from wdspack.loader.plan import plan_epoch, plan_epoch_balanced, slot_order  # noqa: E402
+from wdspack.loader.plan import plan_epoch, plan_epoch_balanced  # noqa: E402
+from wdspack.loader.plan import step_costs as plan_step_costs  # noqa: E402
 from wdspack.pack_index import COLUMNS  # noqa: E402
 
 
@@ -53,19 +54,7 @@ def workload(n: int, shard_packs: int, seed: int = 0) -> list[np.ndarray]:
 
 def step_costs(plan, costs: list[np.ndarray], *, ranks: int, workers: int, batch_size: int, seed: int) -> np.ndarray:
     """``[steps, ranks]`` cost of what each rank runs at each step, as the loader would emit it."""
-    per_slot = plan.per_slot
-    out = np.zeros((per_slot // batch_size * workers, ranks), np.int64)
-    for r in range(ranks):
-        for w in range(workers):
-            slot = r * workers + w
-            flat = np.concatenate([costs[g.shard][g.start:g.stop] for g in plan.slots[slot]])
-            order = slot_order(plan, slot, seed=seed, epoch=0, lap=0, shuffle=True, shuffle_buffer=256)
-            seq = flat[order]
-            while len(seq) < per_slot:  # wrap laps (remainder="wrap" only)
-                seq = np.concatenate([seq, flat[order]])
-            per_batch = seq[:per_slot].reshape(-1, batch_size).sum(1)
-            out[w::workers, r] = per_batch
-    return out
+    return plan_step_costs(plan, costs, ranks=ranks, workers=workers, batch_size=batch_size, seed=seed)
 
 
 def waiting(steps: np.ndarray) -> float:

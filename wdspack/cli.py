@@ -138,7 +138,11 @@ def _add_pack(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed for shuffles (default 0)")
     p.add_argument("--on-error", choices=("skip", "raise"), default="skip",
                    help="drop bad samples with a reason (skip, default) or stop at the first (raise)")
-    p.add_argument("--max-drop-fraction", type=float, help="fail if more than this fraction is dropped")
+    p.add_argument("--max-drop-fraction", type=float, metavar="F",
+                   help="fail (exit 1, after writing dropped.jsonl, before writing shards) when more than this "
+                        "fraction of the samples read is dropped (default 0.05; 1 accepts any); a job that packs "
+                        "nothing always fails. After such a failure, --resume with a higher value keeps the "
+                        "tokenized samples")
     p.add_argument("--split", default="train", help="shard name prefix (default train)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted job in --output")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
@@ -171,7 +175,7 @@ def _run_pack(args: argparse.Namespace) -> int:
     config = PackConfig(seq_len=args.seq_len, max_images=args.max_images, algorithm=args.algorithm,
                         seed=args.seed, shard_max_bytes=parse_size(args.shard_size),
                         shard_max_packs=args.shard_packs, workers=args.workers, on_error=args.on_error,
-                        max_drop_fraction=args.max_drop_fraction, split=args.split, executor=args.executor,
+                        max_drop_fraction=_drop_fraction(args), split=args.split, executor=args.executor,
                         ray_address=args.ray_address)
     summary = pack_dataset(args.sources, args.output, sample_config=sample_config, config=config,
                            image_root=args.image_root, resume=args.resume,
@@ -181,6 +185,12 @@ def _run_pack(args: argparse.Namespace) -> int:
     return 0
 
 
+def _drop_fraction(args: argparse.Namespace) -> float:
+    from .pipeline import DEFAULT_MAX_DROP_FRACTION
+
+    return DEFAULT_MAX_DROP_FRACTION if args.max_drop_fraction is None else args.max_drop_fraction
+
+
 def _add_inspect(sub) -> None:
     p = sub.add_parser("inspect", help="numbers and a picture of a packed dataset",
                        description="Fill ratio, packs, samples, images, tokens, drops; with --deep (or "
@@ -188,6 +198,7 @@ def _add_inspect(sub) -> None:
                                    "loader would waste.",
                        epilog="examples:\n  wdspack inspect packed/ --plot fill.png\n"
                               "  wdspack inspect packed/ --samples-per-step 256   # the matching global batch in packs\n"
+                              "  wdspack inspect packed/ --ranks 64   # waiting for the slowest rank, balanced or not\n"
                               "  wdspack inspect hf://datasets/org/name@main --json",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dataset", help="dataset folder, https:// or hf://datasets/ORG/NAME[@REV]")
@@ -197,6 +208,9 @@ def _add_inspect(sub) -> None:
     p.add_argument("--samples-per-step", type=int, metavar="N",
                    help="a per-sample global batch size: print the global batch in packs that matches it "
                         "(N / mean samples per pack)")
+    p.add_argument("--ranks", type=int, metavar="N",
+                   help="how long the slowest of N ranks makes a step wait, with and without balance='cost' "
+                        "(needs the pack index)")
     p.set_defaults(run=_run_inspect)
 
 
@@ -205,7 +219,8 @@ def _run_inspect(args: argparse.Namespace) -> int:
 
     from .stats import dataset_stats, format_stats, plot_stats
 
-    stats = dataset_stats(args.dataset, deep=args.deep or bool(args.plot), samples_per_step=args.samples_per_step)
+    stats = dataset_stats(args.dataset, deep=args.deep or bool(args.plot), samples_per_step=args.samples_per_step,
+                          ranks=args.ranks)
     if args.plot:
         plot_stats(stats, args.plot)
     shown = {k: v for k, v in stats.items() if not k.startswith("_")}
@@ -279,6 +294,9 @@ def _add_reshard(sub) -> None:
     p.add_argument("--shard-packs", type=int)
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-drop-fraction", type=float, metavar="F",
+                   help="fail when more than this fraction of the samples is dropped at the new budgets "
+                        "(default 0.05; 1 accepts any)")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--quiet", "-q", action="store_true")
     p.set_defaults(run=_run_reshard)
@@ -290,7 +308,8 @@ def _run_reshard(args: argparse.Namespace) -> int:
 
     config = PackConfig(seq_len=args.seq_len, max_images=args.max_images, algorithm=args.algorithm,
                         seed=args.seed, shard_max_bytes=parse_size(args.shard_size),
-                        shard_max_packs=args.shard_packs, workers=args.workers)
+                        shard_max_packs=args.shard_packs, workers=args.workers,
+                        max_drop_fraction=_drop_fraction(args))
     summary = reshard_dataset(args.source, args.output, config=config, resume=args.resume,
                               progress=not args.quiet and sys.stderr.isatty())
     for line in summary.lines():

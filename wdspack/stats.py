@@ -8,6 +8,7 @@ the padding a naive pad-to-longest loader would have wasted on the same samples.
 from __future__ import annotations
 
 import tarfile
+from dataclasses import asdict
 from collections.abc import Iterator
 from typing import Any
 
@@ -65,12 +66,15 @@ def naive_padding_waste(lengths: np.ndarray, *, batch_size: int = 8, seed: int =
 
 
 def dataset_stats(source: str, *, deep: bool = False, batch_size: int = 8,
-                  samples_per_step: int | None = None) -> dict[str, Any]:
+                  samples_per_step: int | None = None, ranks: int | None = None) -> dict[str, Any]:
     """Numbers about a packed dataset (see the module docstring); JSON-serialisable.
 
     ``samples_per_step``: a per-sample global batch size (as a padded recipe states it); the stats
     then give the global batch in packs that matches it: that many samples divided by the mean
     samples per pack (NeVA's rule), rounded to the nearest pack.
+    ``ranks``: how long the slowest of that many ranks makes each step wait (one pack per rank
+    per step, the default :class:`~wdspack.CostModel`, from the pack index), with the loader's
+    default order and with ``balance="cost"``.
     """
     manifest, root = open_dataset(source)
     t = manifest.totals
@@ -88,6 +92,8 @@ def dataset_stats(source: str, *, deep: bool = False, batch_size: int = 8,
         mean = stats["mean_samples_per_pack"] or 1.0
         stats["samples_per_step"] = int(samples_per_step)
         stats["packs_per_step"] = max(1, round(samples_per_step / mean))
+    if ranks is not None:
+        stats["balance"] = _balance_stats(manifest, root, ranks)
     if not deep:
         return stats
     tokens, samples, images, lengths = [], [], [], []
@@ -107,6 +113,33 @@ def dataset_stats(source: str, *, deep: bool = False, batch_size: int = 8,
     stats["naive_batch_size"] = batch_size
     stats["_arrays"] = {"tokens": tokens, "samples": samples, "images": images}
     return stats
+
+
+def _balance_stats(manifest: Manifest, root: str, ranks: int) -> dict[str, Any]:
+    import fsspec
+
+    from .loader.plan import plan_epoch, plan_epoch_balanced, step_costs
+    from .pack_index import CostModel, decode_index
+
+    if ranks < 1:
+        raise ConfigError(f"ranks={ranks} must be >= 1")
+    if not manifest.pack_index:
+        return {"ranks": ranks, "error": "no pack index; add one with `wdspack index DATASET`"}
+    name = manifest.pack_index["file"]
+    with fsspec.open(f"{root}/{name}", "rb") as f:
+        index = decode_index(f.read(), manifest.pack_index, packs=manifest.num_packs, where=name)
+    counts = [s.packs for s in manifest.shards]
+    if sum(counts) < ranks:
+        return {"ranks": ranks, "error": f"{sum(counts)} packs are too few for {ranks} ranks"}
+    costs = np.split(CostModel().costs(index), np.cumsum(counts)[:-1])
+    kw = dict(epoch=0, seed=0, shuffle=True, remainder="drop")
+    plans = {"shuffle_buffer": plan_epoch(counts, slots=ranks, **kw),
+             "balanced": plan_epoch_balanced(counts, costs, ranks=ranks, workers=1, **kw)}
+    out: dict[str, Any] = {"ranks": ranks, "cost_model": asdict(CostModel())}
+    for key, plan in plans.items():
+        steps = step_costs(plan, costs, ranks=ranks, workers=1, batch_size=1, seed=0)
+        out[key] = round(float(steps.max(1).sum() / steps.mean(1).sum()), 4) if len(steps) else 1.0
+    return out
 
 
 def _describe(x: np.ndarray) -> dict[str, float]:
@@ -132,6 +165,11 @@ def format_stats(stats: dict[str, Any]) -> list[str]:
         lines.append(f"global batch  {stats['samples_per_step']} samples per step ≈ {stats['packs_per_step']} packs per "
                      f"step ({stats['samples_per_step']} / {stats['mean_samples_per_pack']:.2f} samples per pack); "
                      "normalise the loss with wdspack.num_items_in_batch")
+    if "balance" in stats:
+        b = stats["balance"]
+        lines.append(f"balance   {b['ranks']} ranks: {b['error']}" if "error" in b else
+                     f"balance   {b['ranks']} ranks, 1 pack per rank per step, default cost model: the slowest rank "
+                     f"costs {b['shuffle_buffer']:.3f}× the mean; with balance='cost' {b['balanced']:.3f}×")
     if "per_pack" in stats:
         for key in ("tokens", "samples", "images"):
             d = stats["per_pack"][key]

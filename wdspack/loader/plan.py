@@ -31,7 +31,7 @@ import numpy as np
 
 from ..errors import ConfigError
 
-__all__ = ["EpochPlan", "PackRange", "plan_epoch", "plan_epoch_balanced", "plan_remainder", "shuffle_order", "slot_order"]
+__all__ = ["EpochPlan", "PackRange", "plan_epoch", "plan_epoch_balanced", "plan_remainder", "shuffle_order", "slot_order", "step_costs"]
 
 REMAINDER_POLICIES = ("drop", "wrap")
 
@@ -380,3 +380,26 @@ def plan_remainder(counts: Sequence[int], consumed: Sequence[np.ndarray], *, slo
         mapped = [PackRange(runs[r.shard][0], runs[r.shard][1] + r.start, runs[r.shard][1] + r.stop) for r in ranges]
         slots_out.append(tuple(sorted(mapped, key=lambda r: (r.shard, r.start)) if not shuffle else mapped))
     return EpochPlan(slots=tuple(slots_out), per_slot=per_slot)
+
+
+def step_costs(plan: EpochPlan, costs: Sequence[np.ndarray], *, ranks: int, workers: int, batch_size: int,
+               seed: int, epoch: int = 0, shuffle: bool = True, shuffle_buffer: int = 256) -> np.ndarray:
+    """``[steps, ranks]``: the cost each rank runs at each step of ``plan``'s epoch (lap 0 order).
+
+    Worker ``t % workers`` of every rank serves step ``t``; ``costs[s]`` are shard ``s``'s pack
+    costs. A step takes as long as its costliest rank: ``max(1) / mean(1)`` is the waiting.
+    """
+    out = np.zeros((plan.per_slot // batch_size * workers, ranks), np.int64)
+    for r in range(ranks):
+        for w in range(workers):
+            slot = r * workers + w
+            if not plan.slots[slot]:
+                continue
+            flat = np.concatenate([costs[g.shard][g.start:g.stop] for g in plan.slots[slot]])
+            order = slot_order(plan, slot, seed=seed, epoch=epoch, lap=0, shuffle=shuffle,
+                               shuffle_buffer=shuffle_buffer)
+            seq = flat[order]
+            while len(seq) < plan.per_slot:  # remainder="wrap": the slot's next lap
+                seq = np.concatenate([seq, flat[order]])
+            out[w::workers, r] = seq[:plan.per_slot].reshape(-1, batch_size).sum(1)
+    return out
