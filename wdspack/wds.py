@@ -1,0 +1,422 @@
+"""Stages for a ``webdataset`` pipeline you already have: pack records in, ``make_loader``'s batches out.
+
+A stock pipeline reads a wdspack shard as one sample per pack, ``{"__key__": ..., "mp": bytes}``.
+These stages turn those samples into exactly the tensors :func:`wdspack.make_loader` yields for
+the same packs in the same order (text, images, and model-ready keys with ``processor=``)::
+
+    wds.SimpleShardList(info.urls) ─► split_by_node ─► split_by_worker ─► tarfile_to_samples
+        ─► to_examples(info, ...)         one fixed-shape example per pack ("mp" bytes or a decoded dict)
+        ─► [wds.shuffle(...), your filters]
+        ─► batched(8, dataset=info)       collate: the batch contract of DESIGN.md §4
+
+    info = read_dataset("hf://datasets/org/packed@main")   # the manifest, once: shard URLs and budgets
+
+Every stage is a plain generator over the one before (``stage(src) -> Iterator``), so it fits
+``wds.DataPipeline(...)``, ``wds.WebDataset(urls).compose(stage)`` or a bare ``for`` loop; none of
+them imports ``webdataset``. Errors about a *sample* (bytes that are not a v1 pack, an image that
+does not decode, a member that is not a pack) go to the pipeline's ``handler`` as webdataset's
+stages pass them: ``handler(exn)`` returns True to skip and go on, False to stop, or raises
+(``wds.reraise_exception``, the default; ``wds.warn_and_continue`` skips with a warning). Errors
+about the *setup* (budgets unlike the dataset's, another processor) always raise.
+
+**Do not ``.decode()`` the shards.** webdataset's default decoders unpickle ``.pyd`` / ``.pickle``
+members and ``torch.load`` ``.pth`` ones, so a shard from an untrusted source could run code.
+These stages need no decoder: they read the ``mp`` bytes with wdspack's own msgpack reader (no
+extension types, size limits) and never look at another member's bytes. A ``"mp"`` already
+decoded to a dict (``.decode()`` upstream) is accepted too, but the damage, if any, is done by then.
+
+What :func:`wdspack.make_loader` adds over such a pipeline: every rank gets the same number of
+batches per epoch (``split_by_node`` hands out whole shards, so ranks with fewer packs run dry and
+a collective hangs), ``state_dict()`` resumes mid-shard and mid-buffer exactly, a dropped
+connection resumes at the exact byte (``Range``) instead of losing the shard's remaining packs,
+and one ranged GET per shard read with the token in a header (webdataset's ``hf://`` opener asks
+the Hub API once more per shard).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote
+
+import msgpack
+import torch
+
+from .codec import Pack, decode_pack
+from .errors import ConfigError, FormatError, WdspackError
+
+__all__ = ["DatasetInfo", "batched", "collate", "decode_packs", "read_dataset", "to_examples"]
+
+logger = logging.getLogger("wdspack.wds")
+
+#: ``handler(exn) -> bool``: webdataset's error convention (True: skip and go on; False: stop; or raise).
+Handler = Callable[[Exception], bool]
+#: The member extension of a pack (DESIGN.md §2): ``{key}.mp``.
+PACK_KEY = "mp"
+# Private per-example keys, consumed by :func:`collate`: images decoded to uint8 (normalised straight
+# into the batch tensor), and the processor's per-pack parts with the batcher that made them.
+_PIXELS_KEY = "__wdspack_pixels__"
+_MODEL_KEY = "__wdspack_model__"
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetInfo:
+    """What a pipeline needs from a dataset's manifest, read once (:func:`read_dataset`).
+
+    ``urls`` are the shards in the manifest's order, ready for ``wds.SimpleShardList``: local
+    paths, ``https://`` URLs, or for a Hub source ``hf://datasets/ORG/NAME@COMMIT/...`` pinned to
+    the commit the revision pointed to (webdataset's own ``hf://`` opener reads them).
+    """
+
+    urls: tuple[str, ...]
+    packs: tuple[int, ...]
+    seq_len: int
+    max_images: int
+    pad_token_id: int
+    max_image_tokens: int | None = None
+    max_samples_per_pack: int | None = None
+    image_policy: Mapping[str, Any] = field(default_factory=dict)
+    display: str = ""
+
+    @property
+    def num_packs(self) -> int:
+        return sum(self.packs)
+
+
+def read_dataset(source: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None,
+                 hf_urls: bool = True) -> DatasetInfo:
+    """Read a dataset's manifest once: shard URLs, pack counts, budgets and pad id.
+
+    Args:
+        source: a dataset folder, its ``manifest.json``, an ``https://`` dataset root or
+            ``hf://datasets/ORG/NAME@REV[/sub]`` (anything :func:`wdspack.make_loader` takes that has a manifest).
+        storage_options: for ``hf://``: HfFileSystem options (``endpoint``, ``token``); never printed.
+        hf_urls: for a Hub source, give ``hf://...@COMMIT/...`` shard URLs (webdataset's ``hf://``
+            opener adds the token); False gives the ``https://.../resolve/COMMIT/...`` URLs, which
+            need the token in a header for a private repo.
+
+    Example:
+        >>> info = read_dataset("packed/")  # doctest: +SKIP
+        >>> info.urls[0], info.seq_len, info.max_images, info.pad_token_id  # doctest: +SKIP
+        ('packed/train-000000.tar', 4096, 16, 0)
+    """
+    from .loader.urls import resolve_source
+
+    text = os.fspath(source)
+    resolved = resolve_source(text, storage_options=storage_options)
+    m = resolved.manifest
+    if m is None:
+        raise ConfigError(f"{resolved.display} has no manifest.json; pass seq_len=, max_images= and pad_token_id= "
+                          "to the stages yourself")
+    pad = m.tokenizer.get("pad_token_id")
+    if pad is None:
+        raise ConfigError(f"the manifest of {resolved.display} names no pad_token_id; pass pad_token_id= to "
+                          "to_examples")
+    urls = tuple(s.url for s in resolved.shards)
+    if text.startswith("hf://") and hf_urls:
+        urls = tuple(_pinned_hf_url(text, u) for u in urls)
+    return DatasetInfo(urls=urls, packs=tuple(s.packs for s in resolved.shards), seq_len=int(m.seq_len),
+                       max_images=int(m.max_images or 0), pad_token_id=int(pad),
+                       max_image_tokens=m.totals.get("max_image_tokens_per_pack"),
+                       max_samples_per_pack=m.totals.get("max_samples_per_pack"),
+                       image_policy=dict(m.image_policy), display=resolved.display)
+
+
+def decode_packs(dataset: DatasetInfo | None = None, *, seq_len: int | None = None, max_images: int | None = None,
+                 handler: Handler | None = None) -> Callable[[Iterable[Any]], Iterator[Pack]]:
+    """A stage: samples (``{"mp": bytes | dict, ...}``) → validated :class:`~wdspack.Pack` records.
+
+    Example:
+        >>> import numpy as np
+        >>> from wdspack.codec import encode_pack
+        >>> p = Pack(np.array([1, 5, 2]), np.array([0, 1, 1], np.uint8), (3,), ("a",))
+        >>> stage = decode_packs(seq_len=8, max_images=0)
+        >>> [q.seq_lens for q in stage([{"__key__": "0", "mp": encode_pack(p, token_dtype="<u2")}])]
+        [(3,)]
+    """
+    L, M, _ = _budgets(dataset, seq_len, max_images, 0)
+    return functools.partial(_decode_stage, seq_len=L, max_images=M, handler=handler)
+
+
+def to_examples(dataset: DatasetInfo | None = None, *, seq_len: int | None = None, max_images: int | None = None,
+                pad_token_id: int | None = None,
+                image_transform: Callable[[Sequence[bytes]], dict[str, torch.Tensor]] | None = None,
+                processor: Any = None, max_image_tokens: int | None = None,
+                handler: Handler | None = None) -> Callable[[Iterable[Any]], Iterator[dict[str, Any]]]:
+    """A stage: samples (or :class:`~wdspack.Pack` records) → one fixed-shape example per pack.
+
+    The examples are for :func:`collate` / :func:`batched`: with the built-in image transform the
+    images are decoded and resized here and normalised by the collate straight into the batch
+    tensor (as :func:`wdspack.make_loader` does); with ``processor`` the example carries the
+    processor's parts, which the collate joins.
+
+    Args:
+        dataset: the dataset's :class:`DatasetInfo`; its budgets and pad id are the defaults, and a
+            different value raises :class:`ConfigError`. Without it pass the three numbers.
+        seq_len, max_images, pad_token_id: ``L``, ``M`` and the padding id.
+        image_transform: bytes → tensors (:func:`wdspack.make_image_transform`).
+        processor: the model's processor (object, folder or cached name) for model-ready keys, as
+            ``make_loader(..., processor=...)``; the one the dataset was packed with.
+        max_image_tokens: the most image tokens in a pack (default the manifest's); sizes the
+            processor's pixel tensors.
+        handler: webdataset's ``handler(exn)`` for bad samples; default: raise.
+
+    Example:
+        >>> info = read_dataset("packed/")  # doctest: +SKIP
+        >>> stage = to_examples(info, image_transform=wdspack.make_image_transform(size=224))  # doctest: +SKIP
+        >>> pipeline = wds.DataPipeline(wds.SimpleShardList(info.urls), wds.split_by_node, wds.split_by_worker,
+        ...                             wds.tarfile_to_samples(), stage, batched(8, dataset=info))  # doctest: +SKIP
+    """
+    L, M, pad = _budgets(dataset, seq_len, max_images, pad_token_id)
+    if pad is None:
+        raise ConfigError("pad_token_id is needed (the id written into padding); pass it, or dataset=read_dataset(...)")
+    if processor is not None and image_transform is not None:
+        raise ConfigError("give processor= or image_transform=, not both: the processor lays out the pixels")
+    batcher = None
+    if processor is not None:
+        from .models.batching import ModelBatcher
+
+        if max_image_tokens is None and dataset is not None:
+            max_image_tokens = dataset.max_image_tokens
+        batcher = ModelBatcher(processor, seq_len=L, max_images=M, max_image_tokens=max_image_tokens)
+        packed_for = dataset.image_policy.get("family") if dataset is not None else None
+        if packed_for is not None and packed_for != batcher.family.name:
+            raise ConfigError(f"{dataset.display} was packed with a {packed_for} processor; this processor is "
+                              f"{batcher.family.name} ({type(batcher.processor).__name__}); use the one it was "
+                              "packed with")
+    return functools.partial(_example_stage, seq_len=L, max_images=M, pad_token_id=pad,
+                             image_transform=image_transform, batcher=batcher, handler=handler)
+
+
+def collate(examples: Sequence[dict[str, Any]], *, attention_mask: str | None = None, padding_free: bool = False,
+            max_segments: int | None = None) -> dict[str, Any]:
+    """:func:`to_examples` outputs → one batch, the same tensors as ``make_loader``'s (DESIGN.md §4).
+
+    For ``wds.batched(B, collation_fn=functools.partial(collate, max_segments=...), partial=False)``;
+    :func:`batched` does the same and fills ``max_segments`` from the manifest.
+
+    Args:
+        examples: ``B`` examples from :func:`to_examples` (not changed).
+        attention_mask, padding_free, max_segments: as :func:`wdspack.collate_packs`.
+    """
+    from .collate import collate_packs, write_pixel_slots
+
+    if not examples:
+        raise ConfigError("collate needs at least one example")
+    private = (_PIXELS_KEY, _MODEL_KEY)
+    images = [ex[_PIXELS_KEY] for ex in examples] if _PIXELS_KEY in examples[0] else None
+    parts = [ex[_MODEL_KEY] for ex in examples] if _MODEL_KEY in examples[0] else None
+    plain = [{k: v for k, v in ex.items() if k not in private} for ex in examples]
+    batch: dict[str, Any] = dict(collate_packs(plain, attention_mask=attention_mask, padding_free=padding_free,
+                                               max_segments=max_segments))
+    if parts is not None:
+        batcher = parts[0][0]
+        batch, _ = batcher.collate(batch, [(pixels, rows) for _, pixels, rows in parts], padding_free=padding_free)
+    if images is not None:
+        M, size = plain[0]["image_mask"].shape[0], images[0].transform.size
+        shape = (len(examples) * M, 3, size, size)
+        if torch.utils.data.get_worker_info() is not None:
+            # in a DataLoader worker: straight into a new shared-memory segment (zero-filled by the OS), which
+            # the DataLoader then passes on as it is instead of copying the tensor into one
+            storage = torch.UntypedStorage._new_shared(4 * len(examples) * M * 3 * size * size)
+            out, dirty = torch.empty(0, dtype=torch.float32).set_(storage, 0, shape), [0] * len(examples)
+        else:
+            out, dirty = torch.empty(shape), None
+        write_pixel_slots(images, out, slots=M, dirty=dirty)
+        batch = _insert_after(batch, "image_token_counts", "pixel_values", out)
+    return batch
+
+
+def batched(batch_size: int, *, dataset: DatasetInfo | None = None, attention_mask: str | None = None,
+            padding_free: bool = False, max_segments: int | str | None = "auto",
+            partial: bool = False) -> Callable[[Iterable[dict[str, Any]]], Iterator[dict[str, Any]]]:
+    """A stage: examples → batches of ``batch_size`` (:func:`collate`); a short last batch is dropped.
+
+    Args:
+        batch_size: ``B``.
+        dataset: for ``max_segments="auto"``: ``B × (max_samples_per_pack + 1)`` from the manifest, so
+            ``cu_seqlens`` has a static length as in :func:`wdspack.make_loader`.
+        attention_mask, padding_free: as :func:`collate`.
+        max_segments: ``"auto"``, ``None`` (only the real segments) or an int.
+        partial: True yields the short last batch too (its shapes differ).
+
+    Example:
+        >>> stage = batched(2)
+        >>> [b["input_ids"].shape for b in stage(examples)]  # doctest: +SKIP
+        [torch.Size([2, 4096]), ...]
+    """
+    if batch_size < 1:
+        raise ConfigError(f"batch_size={batch_size} must be >= 1")
+    if max_segments == "auto":
+        most = dataset.max_samples_per_pack if dataset is not None else None
+        max_segments = None if most is None else batch_size * (int(most) + 1)
+    elif max_segments is not None and not (isinstance(max_segments, int) and max_segments >= 1):
+        raise ConfigError(f"max_segments={max_segments!r}: give 'auto', None or a positive int")
+    return functools.partial(_batch_stage, batch_size=int(batch_size), partial=bool(partial),
+                             options={"attention_mask": attention_mask, "padding_free": padding_free,
+                                      "max_segments": max_segments})
+
+
+# -- the stages ---------------------------------------------------------------------------------
+
+
+def _decode_stage(src: Iterable[Any], *, seq_len: int, max_images: int, handler: Handler | None) -> Iterator[Pack]:
+    handler = handler or _reraise
+    for sample in src:
+        try:
+            pack = _pack_of(sample, seq_len=seq_len, max_images=max_images, handler=handler)
+        except _Stop:
+            return
+        except ConfigError:
+            raise
+        except Exception as exn:  # noqa: BLE001  (webdataset convention: the handler decides)
+            if handler(exn):
+                continue
+            return
+        yield pack
+
+
+def _example_stage(src: Iterable[Any], *, seq_len: int, max_images: int, pad_token_id: int, image_transform: Any,
+                   batcher: Any, handler: Handler | None) -> Iterator[dict[str, Any]]:
+    handler = handler or _reraise
+    for sample in src:
+        try:
+            pack = _pack_of(sample, seq_len=seq_len, max_images=max_images, handler=handler)
+            example = _example(pack, seq_len=seq_len, max_images=max_images, pad_token_id=pad_token_id,
+                               image_transform=image_transform, batcher=batcher, where=_where(sample))
+        except _Stop:
+            return
+        except ConfigError:
+            raise  # set up unlike the dataset (budgets, another processor): not the sample's fault
+        except Exception as exn:  # noqa: BLE001  (webdataset convention: the handler decides)
+            if handler(exn):
+                continue
+            return
+        yield example
+
+
+def _batch_stage(src: Iterable[dict[str, Any]], *, batch_size: int, partial: bool,
+                 options: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    group: list[dict[str, Any]] = []
+    for example in src:
+        group.append(example)
+        if len(group) == batch_size:
+            yield collate(group, **options)
+            group = []
+    if group and partial:
+        yield collate(group, **options)
+
+
+class _Stop(Exception):
+    """The handler said stop (returned False) for a member that is not a pack."""
+
+
+def _pack_of(sample: Any, *, seq_len: int, max_images: int, handler: Handler) -> Pack:
+    """The pack in one sample; a member that is not a pack goes through ``handler``.
+
+    A sample holding only other members (``x.pickle``) raises :class:`FormatError` (the handler
+    then skips it or not). Other members next to a pack's ``mp`` (same key) are never read: the
+    handler hears of them and, if it returns True, the pack goes on.
+    """
+    from .loader.stages import FOREIGN_RULE
+
+    if isinstance(sample, Pack):
+        return sample
+    if not isinstance(sample, Mapping):
+        raise FormatError(f"a pipeline sample is a {type(sample).__name__}, not a dict with an {PACK_KEY!r} entry; "
+                          "put to_examples right after tarfile_to_samples (or WebDataset) without .to_tuple()")
+    foreign = sorted(k for k in sample if not k.startswith("__") and k != PACK_KEY)
+    if PACK_KEY not in sample:
+        raise FormatError(f"{_where(sample)}: member(s) {['.' + k for k in foreign]} and no pack; {FOREIGN_RULE}")
+    if foreign and not handler(FormatError(f"{_where(sample)}: member(s) {['.' + k for k in foreign]} beside the "
+                                           f"pack, not read; {FOREIGN_RULE}")):
+        raise _Stop
+    data = sample[PACK_KEY]
+    if isinstance(data, Mapping):  # decoded upstream (.decode()): back to bytes, then the same checks
+        data = msgpack.packb(dict(data), use_bin_type=True)
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise FormatError(f"{_where(sample)}: the {PACK_KEY!r} entry is a {type(data).__name__}, not bytes")
+    try:
+        return decode_pack(bytes(data), seq_len=seq_len, max_images=max_images)
+    except FormatError as e:
+        raise FormatError(f"{_where(sample)}: {e}") from None
+
+
+def _example(pack: Pack, *, seq_len: int, max_images: int, pad_token_id: int, image_transform: Any, batcher: Any,
+             where: str) -> dict[str, Any]:
+    """``pack_to_example`` as the loader makes it (images kept per pack for :func:`collate`)."""
+    from .collate import _naming_sample, decode_pack_images, pack_to_example
+    from .images import ImageTransform
+
+    try:
+        if batcher is not None:
+            example = pack_to_example(pack, seq_len=seq_len, max_images=max_images, pad_token_id=pad_token_id)
+            with _naming_sample(pack):
+                pixels, rows = batcher.pack_parts(pack, example["input_ids"])
+            example[_MODEL_KEY] = (batcher, pixels, rows)
+            return example
+        staged = isinstance(image_transform, ImageTransform) and image_transform.writes_into
+        example = pack_to_example(pack, seq_len=seq_len, max_images=max_images, pad_token_id=pad_token_id,
+                                  image_transform=None if staged else image_transform, pad_images=False)
+        if staged:
+            example[_PIXELS_KEY] = decode_pack_images(pack, image_transform)
+        return example
+    except ConfigError:
+        raise
+    except (WdspackError, OSError, ValueError) as e:
+        raise FormatError(f"{where}: {type(e).__name__}: {e}") from None
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def _budgets(dataset: DatasetInfo | None, seq_len, max_images, pad_token_id) -> tuple[int, int, int | None]:
+    if dataset is None:
+        missing = [n for n, v in (("seq_len", seq_len), ("max_images", max_images)) if v is None]
+        if missing:
+            raise ConfigError(f"pass {' and '.join(missing)} (or dataset=read_dataset(...) to take them from the "
+                              "manifest)")
+        return int(seq_len), int(max_images), None if pad_token_id is None else int(pad_token_id)
+    have = {"seq_len": dataset.seq_len, "max_images": dataset.max_images, "pad_token_id": dataset.pad_token_id}
+    given = {"seq_len": seq_len, "max_images": max_images, "pad_token_id": pad_token_id}
+    for name, value in given.items():
+        if value is not None and int(value) != int(have[name]):
+            raise ConfigError(f"{name}={value} does not match the dataset's {name} {have[name]} ({dataset.display}); "
+                              f"drop the argument or re-pack with `wdspack reshard --{name.replace('_', '-')} {value}`")
+    return dataset.seq_len, dataset.max_images, dataset.pad_token_id
+
+
+def _where(sample: Any) -> str:
+    if not isinstance(sample, Mapping):
+        return "a sample"
+    url, key = sample.get("__url__"), sample.get("__key__")
+    return f"{url or '?'} member {key!r}" if url or key else "a sample"
+
+
+def _reraise(exn: Exception) -> bool:
+    raise exn
+
+
+def _insert_after(batch: dict[str, Any], anchor: str, key: str, value: Any) -> dict[str, Any]:
+    """``batch`` with ``key`` right after ``anchor`` (where ``make_loader`` puts ``pixel_values``)."""
+    out = {}
+    for k, v in batch.items():
+        out[k] = v
+        if k == anchor:
+            out[key] = value
+    out.setdefault(key, value)
+    return out
+
+
+def _pinned_hf_url(source: str, resolved: str) -> str:
+    """``hf://datasets/ORG/NAME@REV/...`` + its ``.../resolve/COMMIT/path`` → ``hf://datasets/ORG/NAME@COMMIT/path``."""
+    m = re.search(r"/resolve/([^/]+)/(.+)$", resolved)
+    repo = re.match(r"hf://((?:datasets/|spaces/|models/)?[^/@]+/[^/@]+)", source)
+    if m is None or repo is None:
+        raise ConfigError(f"cannot turn {resolved} back into an hf:// URL; pass hf_urls=False")
+    return f"hf://{repo.group(1)}@{unquote(m.group(1))}/{m.group(2)}"
