@@ -39,6 +39,14 @@ examples:
 
   # The job was killed: run the same command again with --resume.
 
+  # img2dataset WebDataset shards (image + .txt/.json caption), a prompt before each caption:
+  wdspack pack 'laion/{00000..00099}.tar' --output packed/ --tokenizer ./tok --image-token '[IMG]' \
+      --eos-token '</s>' --caption-template '{image}A photo of {caption}' --seq-len 4096 --max-images 16
+
+  # OBELICS-style documents (texts + images lists) and plain-text rows, long ones cut into pieces:
+  wdspack pack 'obelics/*.parquet' 'fineweb/*.parquet' --output packed/ --tokenizer ./tok \
+      --image-token '[IMG]' --eos-token '</s>' --seq-len 8192 --max-images 16 --split-long-documents
+
   # On a running Ray cluster (`ray start --head` on one node, `ray start --address HEAD:6379` on
   # the others; inputs and --output on storage every node mounts, wdspack installed everywhere):
   wdspack pack /shared/llava.jsonl --output /shared/packed/ --tokenizer ./tok --seq-len 4096 \\
@@ -125,6 +133,18 @@ def _add_pack(sub) -> None:
     p.add_argument("--image-token", help="the tokenizer's image token placeholders expand to, e.g. '<image>'")
     p.add_argument("--image-root", help="folder (or URL) image paths are relative to (default: each source's folder)")
     p.add_argument("--max-image-side", type=int, help="downscale larger images to this longest side at pack time")
+    # ---- captions (WebDataset shards) and documents (texts + images, or text): wdspack.pretrain
+    p.add_argument("--caption-template", metavar="TEXT",
+                   help="layout of image + caption samples, with {image} and {caption} once each, e.g. "
+                        "'{image}A photo of {caption}' (default '{image}{caption}': the image tokens, then the "
+                        "caption); only the caption and end-of-text are targets")
+    p.add_argument("--split-long-documents", action="store_true",
+                   help="cut documents longer than --seq-len (or with more than --max-images images) at text "
+                        "boundaries into pieces ID#0, ID#1, ...; without it such a document is dropped as too_long")
+    p.add_argument("--bos-token", metavar="TOKEN",
+                   help="token each caption or document starts with (default: the tokenizer's bos_token, if any)")
+    p.add_argument("--eos-token", metavar="TOKEN",
+                   help="end-of-text token of captions and documents, a target (default: the tokenizer's eos_token)")
     p.add_argument("--algorithm", default="bfd", help="greedy | shuffle | ffd | bfd | balanced (default bfd)")
     p.add_argument("--shard-size", default="512MB", help="roll over shards at this size (default 512MB)")
     p.add_argument("--shard-packs", type=int, help="roll over shards at this many packs")
@@ -171,15 +191,18 @@ def _run_pack(args: argparse.Namespace) -> int:
         raise ConfigError(f"--tokens-per-image {tpi!r}: give a number (e.g. 64) or processor:NAME_OR_PATH")
     sample_config = SampleConfig(tokenizer=args.tokenizer, chat_template=template, tokens_per_image=tpi,
                                  image_token=args.image_token, max_image_side=args.max_image_side,
-                                 processor=args.processor)
+                                 processor=args.processor, pretrain=_pretrain_config(args))
     config = PackConfig(seq_len=args.seq_len, max_images=args.max_images, algorithm=args.algorithm,
                         seed=args.seed, shard_max_bytes=parse_size(args.shard_size),
                         shard_max_packs=args.shard_packs, workers=args.workers, on_error=args.on_error,
                         max_drop_fraction=_drop_fraction(args), split=args.split, executor=args.executor,
                         ray_address=args.ray_address)
-    summary = pack_dataset(args.sources, args.output, sample_config=sample_config, config=config,
-                           image_root=args.image_root, resume=args.resume,
-                           progress=not args.quiet and sys.stderr.isatty())
+    pack = pack_dataset
+    if args.split_long_documents:  # one document may become several samples: wdspack.pretrain's job
+        from .pretrain import pack_documents as pack
+    summary = pack(args.sources, args.output, sample_config=sample_config, config=config,
+                   image_root=args.image_root, resume=args.resume,
+                   progress=not args.quiet and sys.stderr.isatty())
     for line in summary.lines():
         print(line)
     return 0
@@ -189,6 +212,14 @@ def _drop_fraction(args: argparse.Namespace) -> float:
     from .pipeline import DEFAULT_MAX_DROP_FRACTION
 
     return DEFAULT_MAX_DROP_FRACTION if args.max_drop_fraction is None else args.max_drop_fraction
+
+
+def _pretrain_config(args: argparse.Namespace):
+    """How captions and documents are laid out (chats ignore it)."""
+    from .pretrain import PretrainConfig
+
+    return PretrainConfig(caption_template=args.caption_template, bos_token=args.bos_token,
+                          eos_token=args.eos_token, split_long_documents=args.split_long_documents)
 
 
 def _add_inspect(sub) -> None:

@@ -69,6 +69,7 @@ class SampleConfig:
     max_image_side: int | None = None
     max_image_pixels: int = 64_000_000
     processor: Any = None  # a processor folder / cached model name, or a processor object
+    pretrain: Any = None  # a wdspack.pretrain.PretrainConfig: how captions and documents are laid out
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,9 +117,9 @@ class SampleBuilder:
             template = config.chat_template or getattr(self.tokenizer, "chat_template", None)
             self.processor = _load_processor(config.tokens_per_image)
             self.image_token = feature = config.image_token or _default_image_token(self.tokenizer, self.processor)
-        if not template:
+        if not template and config.pretrain is None:  # pre-training records need none (checked per chat)
             raise ConfigError(f"{self.name!r} has no chat template; pass --chat-template FILE")
-        self.template = template
+        self.template = template or ""
         ids = self.tokenizer.convert_tokens_to_ids([feature])
         unk = getattr(self.tokenizer, "unk_token_id", None)
         if not ids or ids[0] is None or (unk is not None and ids[0] == unk and feature != self.tokenizer.unk_token):
@@ -137,6 +138,14 @@ class SampleBuilder:
 
     def build(self, record: RecordLike) -> Sample:
         """Tokenize one record. Raises :class:`SampleError` with a drop reason for a bad record."""
+        # ---- pre-training records (captions, documents) are not chats: wdspack.pretrain builds them
+        if hasattr(record, "segments"):
+            from .pretrain import build_text_sample
+
+            return build_text_sample(self, record)
+        if not self.template:
+            raise ConfigError(f"{self.name!r} has no chat template, which chat records need; pass --chat-template FILE")
+        # ---- end of the pre-training hook
         sid = record.sample_id
         images, counts = self._prepare_images(record.images, sid)
         messages = [self._message(m) for m in record.messages]

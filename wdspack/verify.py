@@ -122,13 +122,35 @@ def _check_sources(sources, image_root, packed: set[str], dropped: set[str]) -> 
         for rec in iter_records(part):
             seen[rec.sample_id] += 1
     problems = []
-    lost = [sid for sid in seen if sid not in packed and sid not in dropped]
+    pieces, broken = _document_pieces(seen, packed | dropped)
+    lost = [sid for sid in seen if sid not in packed and sid not in dropped and sid not in pieces]
     if lost:
         problems.append(f"{len(lost)} source samples are in no pack and not dropped, e.g. {lost[:3]}")
-    extra = [sid for sid in packed if sid not in seen]
+    extra = [sid for sid in packed if sid not in seen and _piece_of(sid, seen) is None]
     if extra:
         problems.append(f"{len(extra)} packed samples are not in the sources, e.g. {extra[:3]}")
+    if broken:
+        problems.append(f"{len(broken)} split documents do not have all their pieces #0..#n-1 (or also appear "
+                        f"whole), e.g. {broken[:3]}")
     return problems
+
+
+def _piece_of(sid: str, seen) -> str | None:
+    """The source id a piece ``{id}#{k}`` of a split document belongs to (None: not a piece)."""
+    base, sep, k = sid.rpartition("#")
+    return base if sep and k.isdigit() and sid not in seen and base in seen else None
+
+
+def _document_pieces(seen, present: set[str]) -> tuple[set[str], list[str]]:
+    """Source ids present as pieces (wdspack.pretrain splits long documents), and those whose pieces
+    are not exactly ``#0 .. #n-1`` or that are also present whole."""
+    found: dict[str, set[int]] = {}
+    for sid in present:
+        base = _piece_of(sid, seen)
+        if base is not None:
+            found.setdefault(base, set()).add(int(sid.rpartition("#")[2]))
+    broken = sorted(b for b, ks in found.items() if ks != set(range(len(ks))) or b in present)
+    return set(found), broken
 
 
 def _check_index(root: str, manifest, rows: list[list[int] | None]) -> list[str]:

@@ -16,6 +16,10 @@ image bytes and ``messages``, ``conversations`` or ``texts`` (the_cauldron / Fin
 Every record comes out in the Hugging Face typed chat format (see :mod:`.records`), with a
 stable id: its own ``id`` field, else ``{file name}:{row}``.
 
+Pre-training data is not chat: interleaved ``texts`` + ``images`` documents and plain ``text``
+rows (:mod:`.documents`), and WebDataset ``.tar`` shards of image + caption pairs
+(:mod:`.webdataset`, ids ``{shard name}:{key}``), come out as :class:`TextRecord`.
+
 Example:
     >>> from wdspack.sources import iter_records, list_partitions
     >>> for part in list_partitions(["data/llava.json"], image_root="data/images"):  # doctest: +SKIP
@@ -27,7 +31,8 @@ from __future__ import annotations
 
 from .partitions import FORMATS, Partition, list_partitions
 from .readers import iter_records
+from .documents import TextRecord
 from .records import ROLE_ALIASES, Record, build_record
 
-__all__ = ["FORMATS", "Partition", "ROLE_ALIASES", "Record", "build_record", "iter_records",
+__all__ = ["FORMATS", "Partition", "ROLE_ALIASES", "Record", "TextRecord", "build_record", "iter_records",
            "list_partitions"]

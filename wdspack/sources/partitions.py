@@ -7,16 +7,21 @@ kind              ``start`` / ``stop``                cut
 ``json``          byte offsets inside the array       every ``records_per_partition`` elements
 ``parquet``       row-group indices                   row groups merged up to the target
 ``arrow``         row indices, batch-aligned          record batches merged up to the target
+``wds``           byte offsets of tar member headers  every ``records_per_partition`` samples
+                                                      (a remote shard is one partition)
 ================  ==================================  =====================================
 
 ``first_row`` is the row index of the partition's first record in its file, so ids
 (``{name}:{row}``) do not depend on where the cuts fall. Nothing here parses a record.
+Brace patterns (``shards/{000000..000099}.tar``, ``{a,b}.jsonl``) expand, as webdataset expands
+them, into one source each, in order.
 """
 
 from __future__ import annotations
 
 import glob
 import json
+import re
 import os
 import posixpath
 from collections.abc import Iterator, Sequence
@@ -27,15 +32,19 @@ import pyarrow.parquet as pq
 
 from ..errors import ConfigError, SourceError
 from ..storage import copy_to_local, filesystem, is_url, local_path, open_input, url_of, with_hub_revision
+from .documents import DOCUMENT_COLUMNS
 from .records import TEXT_COLUMNS
 from .scan import array_separators, jsonl_boundaries
+from .webdataset import scan_groups
 
 __all__ = ["FORMATS", "Partition", "arrow_batches", "list_partitions"]
 
 #: What a source may be, for error messages.
 FORMATS = ("JSON (a list of records, or one record per line), JSONL, Parquet, a Hugging Face "
-           "save_to_disk folder (dataset_info.json/state.json + data-*.arrow), or a folder or glob of these")
-_EXTENSIONS = {".jsonl": "jsonl", ".json": "json", ".parquet": "parquet"}
+           "save_to_disk folder (dataset_info.json/state.json + data-*.arrow), WebDataset .tar shards of image + "
+           "caption pairs, or a folder, glob or brace pattern of these")
+_EXTENSIONS = {".jsonl": "jsonl", ".json": "json", ".parquet": "parquet", ".tar": "wds"}
+_BRACES = re.compile(r"\{[^{}]*(?:\.\.|,)[^{}]*\}")
 # Hugging Face metadata, never records: skipped when a folder is searched.
 _METADATA = {"dataset_dict.json", "dataset_info.json", "dataset_infos.json", "state.json"}
 
@@ -46,7 +55,7 @@ class Partition:
 
     Attributes:
         path: the file (an absolute path, or a URL: see :mod:`wdspack.storage`).
-        kind: ``"jsonl" | "json" | "parquet" | "arrow"``.
+        kind: ``"jsonl" | "json" | "parquet" | "arrow" | "wds"``.
         start, stop: where the slice begins and ends (see the module's table).
         first_row: row index, in the file, of the slice's first record.
         image_root: the resolved folder (or URL) image paths are relative to.
@@ -106,8 +115,8 @@ def list_partitions(sources: Sequence[str], *, image_root: str | None = None,
     root = _image_root(image_root) if image_root is not None else None
     seen: set[str] = set()
     out: list[Partition] = []
-    for source in sources:
-        for f in _expand(str(source)):
+    for source in (s for given in sources for s in _expand_braces(str(given))):
+        for f in _expand(source):
             real = f.path if is_url(f.path) else os.path.realpath(f.path)
             if real in seen:
                 continue
@@ -115,6 +124,15 @@ def list_partitions(sources: Sequence[str], *, image_root: str | None = None,
             folder = root or _folder_of(f.path)
             out.extend(_partition_file(f, folder, records_per_partition))
     return out
+
+
+def _expand_braces(source: str) -> list[str]:
+    """``{000..003}`` and ``{a,b}`` expanded (webdataset's rule), unless the path exists as written."""
+    if not _BRACES.search(source) or (not is_url(source) and os.path.exists(local_path(source))):
+        return [source]
+    import braceexpand
+
+    return list(braceexpand.braceexpand(source))
 
 
 def _folder_of(path: str) -> str:
@@ -323,9 +341,10 @@ def _relname(path: str, base: str) -> str:
 
 
 def _partition_file(f: _SourceFile, image_root: str, per: int) -> list[Partition]:
-    cut = {"jsonl": _cut_jsonl, "json": _cut_json, "parquet": _cut_parquet, "arrow": _cut_arrow}[f.kind]
+    cut = {"jsonl": _cut_jsonl, "json": _cut_json, "parquet": _cut_parquet, "arrow": _cut_arrow,
+           "wds": _cut_wds}[f.kind]
     try:
-        if f.kind == "parquet":  # the footer is enough, read where the file is
+        if f.kind in ("parquet", "wds"):  # the footer, or tar headers, are enough: read where the file is
             return cut(f, image_root, per, f.path)
         with copy_to_local(f.path) as local:  # scans need the whole file: remote ones are copied once
             return cut(f, image_root, per, local)
@@ -388,10 +407,23 @@ def _cut_arrow(f: _SourceFile, root: str, per: int, local: str) -> list[Partitio
             for a, b, first in _merge(rows, per)]
 
 
+def _cut_wds(f: _SourceFile, root: str, per: int, where: str) -> list[Partition]:
+    """Local shards are cut at sample boundaries found from tar headers; a remote one is one partition."""
+    if is_url(where):
+        fs, inner = filesystem(where)
+        return [Partition(f.path, "wds", 0, int(fs.size(inner)), 0, root, f.name)]
+    bounds, _ = scan_groups(where, every=per)
+    size = os.path.getsize(where)
+    stops = [b[0] for b in bounds[1:]] + [size]
+    return [Partition(f.path, "wds", start, stop, row, root, f.name) for (start, row), stop in zip(bounds, stops)] \
+        or [Partition(f.path, "wds", 0, size, 0, root, f.name)]
+
+
 def _check_columns(names: list[str], path: str) -> None:
-    if not any(c in names for c in TEXT_COLUMNS):
+    wanted = (*TEXT_COLUMNS, *DOCUMENT_COLUMNS)
+    if not any(c in names for c in wanted):
         raise SourceError(f"source {path!r} has columns {names[:12]} but none of "
-                          f"{list(TEXT_COLUMNS)}; rename the column that holds the conversation")
+                          f"{list(wanted)}; rename the column that holds the conversation or the text")
 
 
 def _merge(rows: list[int], per: int) -> Iterator[tuple[int, int, int]]:

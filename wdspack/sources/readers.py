@@ -4,6 +4,10 @@ Each format has a small reader that yields ``(row, raw)`` pairs — ``raw`` the 
 or the :class:`SampleError` that stopped it from being parsed — and :func:`iter_records`
 turns each pair into a :class:`Record` or a :class:`Dropped`. A bad record never stops the
 partition; a file that cannot be read at all raises :class:`SourceError`.
+
+Pre-training rows (interleaved ``texts`` + ``images`` documents, plain ``text``; see
+:mod:`.documents`) become :class:`~.documents.TextRecord` instead of chats; WebDataset shards
+(:mod:`.webdataset`) yield caption TextRecords, or Dropped, directly.
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ import pyarrow.parquet as pq
 
 from ..errors import Dropped, SampleError, SourceError
 from ..storage import is_url, open_input, read_range
+from .documents import DOCUMENT_COLUMNS, TextRecord, build_document, is_document
 from .partitions import Partition, arrow_batches
 from .records import COLUMNS, Record, build_record, sample_id_of
+from .webdataset import read_captions
 from .scan import split_array_chunk
 
 __all__ = ["iter_records"]
@@ -29,11 +35,12 @@ __all__ = ["iter_records"]
 _BOM = b"\xef\xbb\xbf"
 _WHITESPACE = b" \t\r\n"
 _PARQUET_BATCH = 256  # rows decoded at a time: image columns make rows large
+_READ_COLUMNS = (*COLUMNS, *DOCUMENT_COLUMNS)  # Parquet/Arrow columns read; the others are ignored
 
 Raw = Any  # a parsed record, or the SampleError that stopped it
 
 
-def iter_records(partition: Partition) -> Iterator[Record | Dropped]:
+def iter_records(partition: Partition) -> Iterator[Record | TextRecord | Dropped]:
     """One :class:`Record` or :class:`Dropped` per input record of the partition, in file order.
 
     Records without an ``id`` field get ``{name}:{row}``, ``row`` counted from 0 at the start
@@ -59,13 +66,17 @@ def iter_records(partition: Partition) -> Iterator[Record | Dropped]:
         raise SourceError(f"source {partition.path!r} cannot be read: {e.strerror or e}") from None
 
 
-def _to_record(raw: Raw, fallback_id: str, image_root: str) -> Record | Dropped:
+def _to_record(raw: Raw, fallback_id: str, image_root: str) -> Record | TextRecord | Dropped:
     if isinstance(raw, SampleError):
         return raw.to_dropped(fallback_id)
+    if isinstance(raw, (TextRecord, Dropped)):  # WebDataset captions: built by their reader, with their ids
+        return raw
     sample_id = fallback_id
     try:
         if isinstance(raw, Mapping):
             sample_id = sample_id_of(raw, fallback_id)
+        if is_document(raw):
+            return build_document(raw, sample_id=sample_id, image_root=image_root)
         return build_record(raw, sample_id=sample_id, image_root=image_root)
     except SampleError as e:
         return e.to_dropped(sample_id)
@@ -131,7 +142,7 @@ def _read_parquet(p: Partition) -> Iterator[tuple[int, Raw]]:
     try:
         with open_input(p.path) if is_url(p.path) else contextlib.nullcontext(p.path) as where:
             pf = pq.ParquetFile(where)
-            columns = [c for c in pf.schema_arrow.names if c in COLUMNS]
+            columns = [c for c in pf.schema_arrow.names if c in _READ_COLUMNS]
             batches = pf.iter_batches(batch_size=_PARQUET_BATCH, row_groups=list(range(p.start, p.stop)),
                                       columns=columns)
             row = p.first_row
@@ -151,12 +162,18 @@ def _read_arrow(p: Partition) -> Iterator[tuple[int, Raw]]:
             break
         if row + n > p.start:
             lo, hi = max(p.start - row, 0), min(p.stop - row, n)
-            sub = batch.slice(lo, hi - lo).select([c for c in batch.schema.names if c in COLUMNS])
+            sub = batch.slice(lo, hi - lo).select([c for c in batch.schema.names if c in _READ_COLUMNS])
             for k, raw in enumerate(sub.to_pylist()):
                 yield row + lo + k, raw
         row += n
 
 
+def _read_wds(p: Partition) -> Iterator[tuple[int, Raw]]:
+    return read_captions(p.path, start=p.start, stop=p.stop, first_row=p.first_row,
+                         name=p.name or os.path.basename(p.path))
+
+
 _READERS: dict[str, Callable[[Partition], Iterator[tuple[int, Raw]]]] = {
     "jsonl": _read_jsonl, "json": _read_json, "parquet": _read_parquet, "arrow": _read_arrow,
+    "wds": _read_wds,
 }

@@ -1,0 +1,455 @@
+"""Pre-training sources: WebDataset caption shards, interleaved/plain-text documents, splitting.
+
+Real parts: the Pixtral tekken tokenizer, real tar files, Parquet, save_to_disk, a local S3 server.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from wdspack.cli import main
+from wdspack.errors import ConfigError, Dropped, SampleError
+from wdspack.pipeline import PackConfig, pack_dataset
+from wdspack.pretrain import PretrainConfig, build_samples, pack_documents
+from wdspack.samples import SampleConfig, get_builder
+from wdspack.sources import TextRecord, iter_records, list_partitions
+from wdspack.sources.documents import IMAGE, build_document, is_document
+from wdspack.sources.webdataset import split_member_name
+from wdspack.verify import _check_sources, verify_dataset
+
+TPI = 4  # tokens per image
+
+
+def _image(color: str, fmt: str = "PNG", size=(24, 16)) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", size, color).save(buf, fmt)
+    return buf.getvalue()
+
+
+def _write_tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), 0
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+class _Evil:
+    """Unpickling this writes a file: proof that a member was unpickled."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _caption_shard(path: Path, n: int, *, start: int = 0) -> Path:
+    members = []
+    for k in range(start, start + n):
+        key = f"{k:06d}"
+        members += [(f"{key}.jpg", _image("blue", "JPEG")), (f"{key}.txt", f"caption number {k}".encode()),
+                    (f"{key}.json", json.dumps({"key": key, "caption": "ignored when a txt exists"}).encode())]
+    return _write_tar(path, members)
+
+
+def _config(tekken_dir, **pretrain) -> SampleConfig:
+    return SampleConfig(str(tekken_dir), tokens_per_image=TPI, image_token="[IMG]",
+                        pretrain=PretrainConfig(eos_token="</s>", **pretrain))
+
+
+def _read(sources, **kw) -> list:
+    return [r for p in list_partitions([str(s) for s in sources], **kw) for r in iter_records(p)]
+
+
+# ---- WebDataset shards --------------------------------------------------------------------------
+
+
+def test_member_names_split_as_webdataset_splits_them():
+    assert split_member_name("000123.jpg") == ("000123", "jpg")
+    assert split_member_name("a/b/000123.seg.png") == ("a/b/000123", "seg.png")
+    assert split_member_name("x.y/000123.txt") == ("x.y/000123", "txt")
+    assert split_member_name("README") is None
+
+
+def test_caption_members_by_rule_and_corrupt_ones_dropped_with_reasons(tmp_path):
+    marker = tmp_path / "unpickled"
+    shard = _write_tar(tmp_path / "shard-000000.tar", [
+        ("a.jpg", _image("red", "JPEG")), ("a.txt", b"  A red square.\n"), ("a.cls", b"3"),
+        ("a.pyd", pickle.dumps(_Evil(str(marker)))), ("a.pickle", pickle.dumps(_Evil(str(marker)))),
+        ("b.png", _image("green")), ("b.json", json.dumps({"caption": "Green.", "url": "http://x"}).encode()),
+        ("c.webp", _image("blue", "WEBP")), ("c.json", json.dumps({"text": "Blue."}).encode()),
+        ("d.jpg", _image("red", "JPEG")),                                          # no caption
+        ("e.txt", b"no image"),                                                    # no image
+        ("f.jpg", _image("red", "JPEG")), ("f.png", _image("red")), ("f.txt", b"two images"),
+        ("g.jpg", _image("red", "JPEG")), ("g.txt", b"\xff\xfe not utf-8"),
+        ("h.jpg", _image("red", "JPEG")), ("h.json", b"{not json"),
+        ("i.jpg", _image("red", "JPEG")), ("i.txt", b"   "),
+    ])
+    got = {r.sample_id: r for r in _read([shard])}
+    assert list(got) == [f"shard-000000.tar:{k}" for k in "abcdefghi"]
+    a = got["shard-000000.tar:a"]
+    assert isinstance(a, TextRecord) and a.kind == "caption" and a.segments == (IMAGE, "A red square.")
+    assert a.images == (_image("red", "JPEG"),)
+    assert got["shard-000000.tar:b"].segments == (IMAGE, "Green.")
+    assert got["shard-000000.tar:c"].segments == (IMAGE, "Blue.")
+    reasons = {k[-1]: (r.reason, r.detail) for k, r in got.items() if isinstance(r, Dropped)}
+    assert reasons["d"][0] == "malformed_record" and "no caption" in reasons["d"][1]
+    assert reasons["e"][0] == "missing_image" and "'txt'" in reasons["e"][1]
+    assert reasons["f"][0] == "malformed_record" and "2 image members" in reasons["f"][1]
+    assert reasons["g"][0] == "malformed_record" and "UTF-8" in reasons["g"][1]
+    assert reasons["h"][0] == "malformed_record" and "not valid JSON" in reasons["h"][1]
+    assert reasons["i"][0] == "empty_conversation"
+    assert not marker.exists()  # .pyd/.pickle members were never decoded
+
+
+def test_partitions_of_a_shard_are_cut_at_samples_and_read_the_same(tmp_path):
+    shard = _caption_shard(tmp_path / "s.tar", 23)
+    parts = list_partitions([str(shard)], records_per_partition=5)
+    assert [p.kind for p in parts] == ["wds"] * 5 and [p.first_row for p in parts] == [0, 5, 10, 15, 20]
+    whole = [r.sample_id for r in _read([shard], records_per_partition=1000)]
+    cut = [r.sample_id for p in parts for r in iter_records(p)]
+    assert cut == whole == [f"s.tar:{k:06d}" for k in range(23)]
+
+
+def test_brace_patterns_and_folders_expand_to_the_shards_in_order(tmp_path):
+    for j in range(3):
+        _caption_shard(tmp_path / f"shard-{j:03d}.tar", 2, start=10 * j)
+    braces = _read([tmp_path / "shard-{000..002}.tar"])
+    assert [r.sample_id for r in braces] == [f"shard-{j:03d}.tar:{10 * j + k:06d}" for j in range(3) for k in range(2)]
+    assert [r.sample_id for r in _read([tmp_path])] == [r.sample_id for r in braces]
+    assert len(_read([tmp_path / "shard-{000,002}.tar"])) == 4
+
+
+def _offset_of(shard: Path, member: str) -> tuple[int, int]:
+    with tarfile.open(shard) as tar:
+        m = tar.getmember(member)
+        return m.offset, m.offset_data
+
+
+def test_a_truncated_or_garbled_shard_drops_what_it_cannot_read_with_reasons(tmp_path):
+    shard = _caption_shard(tmp_path / "cut.tar", 4)
+    data = shard.read_bytes()
+    _, inside_image = _offset_of(shard, "000003.jpg")
+    shard.write_bytes(data[:inside_image + 100])  # an interrupted download
+    got = _read([shard])
+    assert [type(r).__name__ for r in got] == ["TextRecord"] * 3 + ["Dropped"]
+    assert got[-1].sample_id == "cut.tar:000003" and got[-1].reason == "malformed_record"
+    assert "truncated" in got[-1].detail
+    header, _ = _offset_of(_caption_shard(tmp_path / "g.tar", 4), "000002.txt")
+    garbled = bytearray((tmp_path / "g.tar").read_bytes())
+    garbled[header:header + 512] = b"\x07" * 512
+    (tmp_path / "g.tar").write_bytes(bytes(garbled))
+    got = _read([tmp_path / "g.tar"])
+    assert [r.sample_id for r in got] == ["g.tar:000000", "g.tar:000001", "g.tar:000002", f"g.tar:@{header}"]
+    assert [type(r).__name__ for r in got] == ["TextRecord"] * 2 + ["Dropped"] * 2
+    for cut in (header, header + 100):  # cut at a header, or inside one
+        (tmp_path / "h.tar").write_bytes(bytes(garbled[:cut]))
+        assert [r.sample_id for r in _read([tmp_path / "h.tar"])][-2:] == ["h.tar:000002", f"h.tar:@{header}"]
+    (tmp_path / "bad.tar").write_bytes(b"not a tar at all" * 100)
+    with pytest.raises(Exception, match="not a"):
+        _read([tmp_path / "bad.tar"])
+
+
+# ---- documents ----------------------------------------------------------------------------------
+
+
+def test_documents_are_told_from_chats_and_checked(tmp_path):
+    assert is_document({"texts": ["a", None], "images": [None, "x.png"]})
+    assert is_document({"text": "plain"})
+    assert not is_document({"texts": [{"user": "q", "assistant": "a"}]})  # the_cauldron: a chat
+    assert not is_document({"messages": [], "text": "x"})
+    (tmp_path / "x.png").write_bytes(_image("red"))
+    rec = build_document({"texts": ["A cat.", None, "", "It sleeps."], "images": [None, "x.png", None, None]},
+                         sample_id="d", image_root=str(tmp_path))
+    assert rec.segments == ("A cat.", IMAGE, "It sleeps.") and rec.images == (_image("red"),)
+    with pytest.raises(SampleError, match="'texts' has 2 entries but 'images' has 1") as e:
+        build_document({"texts": ["a", None], "images": [None]}, sample_id="d", image_root=str(tmp_path))
+    assert e.value.reason == "malformed_record"
+    with pytest.raises(SampleError, match="position 0 has both"):
+        build_document({"texts": ["a"], "images": ["x.png"]}, sample_id="d", image_root=str(tmp_path))
+    with pytest.raises(SampleError, match="no text") as e:
+        build_document({"texts": [None], "images": ["x.png"]}, sample_id="d", image_root=str(tmp_path))
+    assert e.value.reason == "empty_conversation"
+    with pytest.raises(SampleError) as e:
+        build_document({"texts": ["a", None], "images": [None, "../x.png"]}, sample_id="d",
+                       image_root=str(tmp_path / "sub"))
+    assert e.value.reason in ("image_path_escape", "missing_image")
+
+
+def _documents(tmp_path: Path) -> dict[str, Path]:
+    red, green = _image("red"), _image("green")
+    rows = [
+        {"id": "doc-a", "texts": ["A red thing.", None, "Then green.", None], "images": [None, {"bytes": red, "path": None},
+                                                                                       None, {"bytes": green, "path": None}]},
+        {"id": "doc-b", "texts": ["Only text here.", None], "images": [None, None]},  # malformed: neither set
+        {"id": "doc-c", "texts": [None, "Caption after the image."], "images": [{"bytes": green, "path": None}, None]},
+    ]
+    table = pa.table({"id": [r["id"] for r in rows], "texts": [r["texts"] for r in rows],
+                      "images": [r["images"] for r in rows], "general_metadata": ["{}"] * 3})
+    pq.write_table(table, tmp_path / "obelics.parquet")
+    long_text = "\n\n".join(f"Paragraph {p}. " + " ".join(f"word{p}x{w}." for w in range(40)) for p in range(6))
+    with open(tmp_path / "web.jsonl", "w") as f:
+        for k, text in enumerate(["A short web page.", long_text, "x" * 3000]):
+            f.write(json.dumps({"text": text, "url": f"http://example/{k}"}) + "\n")
+    return {"parquet": tmp_path / "obelics.parquet", "jsonl": tmp_path / "web.jsonl"}
+
+
+def test_parquet_and_jsonl_documents_read_with_images_in_place(tmp_path):
+    files = _documents(tmp_path)
+    got = {r.sample_id: r for r in _read(files.values())}
+    a = got["doc-a"]
+    assert a.kind == "document" and a.segments == ("A red thing.", IMAGE, "Then green.", IMAGE)
+    assert a.images == (_image("red"), _image("green"))
+    assert isinstance(got["doc-b"], Dropped) and got["doc-b"].reason == "malformed_record"
+    assert got["web.jsonl:0"].segments == ("A short web page.",)
+
+
+def test_save_to_disk_documents(tmp_path):
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    ds = pytest.importorskip("datasets")
+    ds.disable_progress_bars()
+    features = ds.Features({"texts": ds.List(ds.Value("string")), "images": ds.List(ds.Image())})
+    data = {"texts": [["Hello", None], [None, "World"]],
+            "images": [[None, {"bytes": _image("red"), "path": None}], [{"bytes": _image("blue"), "path": None}, None]]}
+    ds.Dataset.from_dict(data, features=features).save_to_disk(str(tmp_path / "saved"))
+    got = _read([tmp_path / "saved"])
+    assert [r.segments for r in got] == [("Hello", IMAGE), (IMAGE, "World")]
+    assert Image.open(io.BytesIO(got[1].images[0])).getpixel((0, 0)) == (0, 0, 255)
+
+
+# ---- building -----------------------------------------------------------------------------------
+
+
+def test_caption_layouts_loss_on_the_caption_and_end_of_text_only(tekken_dir):
+    rec = TextRecord("s:0", "caption", (IMAGE, "A red square"), (_image("red"),))
+    tok = get_builder(_config(tekken_dir)).tokenizer
+    eos, img = tok.convert_tokens_to_ids(["</s>", "[IMG]"])
+    plain = get_builder(_config(tekken_dir)).build(rec)
+    caption = tok("A red square", add_special_tokens=False)["input_ids"]
+    assert plain.input_ids.tolist() == [img] * TPI + caption + [eos]
+    assert plain.loss_mask.tolist() == [0] * TPI + [1] * (len(caption) + 1)
+    assert plain.image_tokens == (TPI,) and plain.images == rec.images
+    prompted = get_builder(_config(tekken_dir, caption_template="Look: {image}A photo of {caption}",
+                                   bos_token="<s>")).build(rec)
+    text = tok.decode(prompted.input_ids.tolist())
+    assert text == "<s>Look: " + "[IMG]" * TPI + "A photo of A red square</s>"
+    assert tok.decode(prompted.input_ids[prompted.loss_mask == 1].tolist()) == "A red square</s>"
+    with pytest.raises(ConfigError, match=r"\{image\} and \{caption\} once each"):
+        PretrainConfig(caption_template="{caption} only")
+
+
+def test_a_tokenizer_without_eos_needs_one_named(tekken_dir):
+    b = get_builder(SampleConfig(str(tekken_dir), tokens_per_image=TPI, image_token="[IMG]",
+                                 pretrain=PretrainConfig()))
+    with pytest.raises(ConfigError, match="--eos-token"):
+        b.build(TextRecord("s:0", "caption", (IMAGE, "x"), (_image("red"),)))
+    with pytest.raises(ConfigError, match="no chat template, which chat records need"):
+        from wdspack.sources import Record
+        b.build(Record("c", ({"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}), ()))
+
+
+def test_document_loss_on_every_text_token_and_images_in_place(tekken_dir):
+    b = get_builder(_config(tekken_dir))
+    tok, img = b.tokenizer, b.image_token_id
+    rec = TextRecord("d", "document", ("A cat.", IMAGE, "It sleeps."), (_image("red"),))
+    s = b.build(rec)
+    assert tok.decode(s.input_ids.tolist()) == "A cat." + "[IMG]" * TPI + "It sleeps.</s>"
+    assert (s.loss_mask == (s.input_ids != img)).all()
+    bad = TextRecord("d", "document", ("A cat.", IMAGE), (b"not an image",))
+    with pytest.raises(SampleError) as e:
+        b.build(bad)
+    assert e.value.reason == "unreadable_image"
+
+
+def _long_document(paragraphs: int = 12) -> TextRecord:
+    text = "\n\n".join(f"Paragraph {p} starts. " + " ".join(f"w{p}_{w}" for w in range(12)) + "." for p in range(paragraphs))
+    return TextRecord("long", "document", (text, IMAGE, "After the image."), (_image("red"),))
+
+
+@pytest.mark.parametrize("seq_len", [64, 100, 250])
+def test_split_pieces_fit_lose_nothing_and_prefer_paragraphs(tekken_dir, seq_len):
+    b = get_builder(_config(tekken_dir, split_long_documents=True))
+    rec = _long_document()
+    whole = get_builder(_config(tekken_dir)).build(rec)
+    pieces = build_samples(b, rec, seq_len=seq_len, max_images=None)
+    assert len(pieces) > 1 and [p.sample_id for p in pieces] == [f"long#{k}" for k in range(len(pieces))]
+    assert all(p.token_count <= seq_len for p in pieces)
+    joined = np.concatenate([p.input_ids for p in pieces])
+    assert joined.tolist() == whole.input_ids.tolist()  # no <s> for tekken: pieces are the whole, cut
+    assert np.concatenate([p.loss_mask for p in pieces]).tolist() == whole.loss_mask.tolist()
+    assert sum(p.image_count for p in pieces) == 1
+    texts = [b.tokenizer.decode(p.input_ids.tolist()) for p in pieces]
+    assert all(t.endswith("</s>") == (k == len(texts) - 1) for k, t in enumerate(texts))
+    if seq_len >= 100:  # room for a paragraph: every cut is at a paragraph break or the image
+        assert all(t.endswith("\n\n") or t.endswith(".") or "[IMG]" in t for t in texts[:-1])
+
+
+def test_split_respects_max_images_and_bos(tekken_dir):
+    b = get_builder(_config(tekken_dir, split_long_documents=True, bos_token="<s>"))
+    rec = TextRecord("imgs", "document", ("one", IMAGE, "two", IMAGE, "three", IMAGE, "four"),
+                     tuple(_image(c) for c in ("red", "green", "blue")))
+    pieces = build_samples(b, rec, seq_len=4096, max_images=1)
+    assert [p.image_count for p in pieces] == [1, 1, 1] or [p.image_count for p in pieces] == [0, 1, 1, 1]
+    assert all(p.input_ids[0] == 1 and p.loss_mask[0] == 0 for p in pieces)  # <s> starts each piece
+
+
+def test_unsplittable_or_unsplit_documents_are_too_long(tekken_dir, tmp_path):
+    b = get_builder(_config(tekken_dir, split_long_documents=True))
+    no_space = TextRecord("blob", "document", ("x" * 4000,), ())
+    with pytest.raises(SampleError, match="no text boundary") as e:
+        build_samples(b, no_space, seq_len=64, max_images=None)
+    assert e.value.reason == "too_long"
+    with pytest.raises(ConfigError, match="pack_documents"):
+        b.build(_long_document())  # the one-sample path cannot split: loud, not a silent too_long
+
+
+# ---- end to end ---------------------------------------------------------------------------------
+
+
+def _pack_argv(tekken_dir, sources, out, *extra) -> list[str]:
+    return ["pack", *map(str, sources), "--output", str(out), "--tokenizer", str(tekken_dir), "--image-token",
+            "[IMG]", "--tokens-per-image", str(TPI), "--eos-token", "</s>", "--seq-len", "128", "--max-images", "4",
+            "--shard-packs", "3", "--max-drop-fraction", "1", "--quiet",
+            *extra]
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def test_pack_captions_and_documents_split_verify_and_repeat_byte_for_byte(tekken_dir, tmp_path, capsys):
+    for j in range(2):
+        _caption_shard(tmp_path / f"cap-{j}.tar", 7, start=100 * j)
+    files = _documents(tmp_path)
+    sources = [tmp_path / "cap-{0..1}.tar", files["parquet"], files["jsonl"]]
+    out = tmp_path / "packed"
+    assert main(_pack_argv(tekken_dir, sources, out, "--split-long-documents",
+                           "--caption-template", "{image}Caption: {caption}")) == 0
+    printed = capsys.readouterr().out
+    dropped = {json.loads(x)["id"]: json.loads(x)["reason"] for x in (out / "dropped.jsonl").read_text().splitlines()}
+    assert dropped == {"doc-b": "malformed_record", "web.jsonl:2": "too_long"}, printed
+    assert verify_dataset(str(out), sources=[str(s) for s in sources]) == []
+    from wdspack.stats import open_dataset
+    from wdspack.codec import decode_pack
+
+    manifest, _ = open_dataset(str(out))
+    ids = []
+    for shard in manifest.shards:
+        with tarfile.open(out / shard.name) as tar:
+            for m in tar:
+                pack = decode_pack(tar.extractfile(m).read())
+                ids += pack.sample_ids
+                assert pack.num_tokens <= 128 and pack.num_images <= 4
+    pieces = sorted(i for i in ids if i.startswith("web.jsonl:1#"))
+    assert len(pieces) >= 3 and "web.jsonl:1" not in ids
+    assert {f"cap-{j}.tar:{100 * j + k:06d}" for j in range(2) for k in range(7)} <= set(ids)
+    # same inputs, same bytes; and a run with two workers
+    again = tmp_path / "again"
+    assert main(_pack_argv(tekken_dir, sources, again, "--split-long-documents", "--workers", "2",
+                           "--caption-template", "{image}Caption: {caption}")) == 0
+    assert _files(again) == _files(out)
+    # without the option the long document is dropped whole, with its reason
+    plain = tmp_path / "plain"
+    assert main(_pack_argv(tekken_dir, sources, plain, "--caption-template", "{image}Caption: {caption}")) == 0
+    reasons = {json.loads(x)["id"]: json.loads(x)["reason"] for x in (plain / "dropped.jsonl").read_text().splitlines()}
+    assert reasons["web.jsonl:1"] == "too_long"
+    assert verify_dataset(str(plain), sources=[str(s) for s in sources]) == []
+
+
+def test_pack_documents_resumes_to_the_same_bytes(tekken_dir, tmp_path, monkeypatch):
+    import wdspack.pretrain as pretrain
+
+    files = _documents(tmp_path)
+    sources = [str(files["jsonl"]), str(files["parquet"])]
+    cfg = _config(tekken_dir, split_long_documents=True)
+    config = PackConfig(seq_len=128, max_images=4, shard_max_packs=2, records_per_partition=1, max_drop_fraction=1)
+    pack_documents(sources, tmp_path / "ok", sample_config=cfg, config=config)
+    real, calls = pretrain._measure_split, []
+
+    def crash_on_third(*args):
+        calls.append(args[0])
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(pretrain, "_measure_split", crash_on_third)
+    with pytest.raises(KeyboardInterrupt):
+        pack_documents(sources, tmp_path / "crashy", sample_config=cfg, config=config)
+    monkeypatch.setattr(pretrain, "_measure_split", real)
+    pack_documents(sources, tmp_path / "crashy", sample_config=cfg, config=config, resume=True)
+    assert _files(tmp_path / "crashy") == _files(tmp_path / "ok")
+    with pytest.raises(ConfigError, match="split_long_documents=True"):
+        pack_documents(sources, tmp_path / "x", sample_config=_config(tekken_dir), config=config)
+
+
+def test_verify_understands_pieces_and_finds_a_missing_one():
+    seen = {"doc": 1, "other": 1}
+    assert _check_sources_sets(seen, packed={"doc#0", "doc#2", "other"}, dropped={"doc#1"}) == []
+    missing = _check_sources_sets(seen, packed={"doc#0", "doc#2", "other"}, dropped=set())
+    assert len(missing) == 1 and "pieces" in missing[0] and "doc" in missing[0]
+    twice = _check_sources_sets(seen, packed={"doc#0", "doc", "other"}, dropped=set())
+    assert any("pieces" in p for p in twice)
+    stray = _check_sources_sets(seen, packed={"nodoc#0", "doc", "other"}, dropped=set())
+    assert any("not in the sources" in p for p in stray)
+
+
+def _check_sources_sets(seen, *, packed, dropped):
+    import wdspack.verify as verify
+    from unittest import mock
+
+    class _P:
+        pass
+
+    records = [TextRecord(sid, "document", ("x",)) for sid in seen]
+    with mock.patch("wdspack.sources.list_partitions", return_value=[_P()]), \
+            mock.patch("wdspack.sources.iter_records", return_value=records):
+        return verify._check_sources(["x"], None, set(packed), set(dropped))
+
+
+def test_pack_dataset_reads_captions_without_a_chat_template(tekken_dir, tmp_path):
+    _caption_shard(tmp_path / "c.tar", 5)
+    out = tmp_path / "out"
+    summary = pack_dataset([str(tmp_path / "c.tar")], out, sample_config=_config(tekken_dir),
+                           config=PackConfig(seq_len=256, max_images=8))
+    assert summary.samples_packed == 5 and summary.images == 5
+    assert verify_dataset(str(out), sources=[str(tmp_path / "c.tar")]) == []
+
+
+def test_caption_shards_on_s3_read_like_local(tmp_path):
+    pytest.importorskip("s3fs")
+    import s3fs
+
+    from s3server import start_s3
+
+    for j in range(2):
+        _caption_shard(tmp_path / f"s-{j}.tar", 3, start=10 * j)
+    local = [(r.sample_id, r.segments, r.images) for r in _read([tmp_path / "s-{0..1}.tar"])]
+    (tmp_path / "s3").mkdir()
+    server = start_s3(tmp_path / "s3")
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            for key, value in server.env().items():
+                mp.setenv(key, value)
+            s3fs.S3FileSystem.clear_instance_cache()
+            fs = s3fs.S3FileSystem()
+            fs.mkdir("wds")
+            for j in range(2):
+                fs.put_file(str(tmp_path / f"s-{j}.tar"), f"wds/caps/s-{j}.tar")
+            remote = [(r.sample_id, r.segments, r.images) for r in _read(["s3://wds/caps/s-{0..1}.tar"])]
+            s3fs.S3FileSystem.clear_instance_cache()
+    finally:
+        server.stop()
+    assert remote == local and len(local) == 6

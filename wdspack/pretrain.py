@@ -1,0 +1,438 @@
+"""Pre-training samples: image captions and interleaved documents, tokenized without a chat.
+
+A :class:`~wdspack.sources.documents.TextRecord` is not a conversation: there is no chat
+template and no assistant turn. Its segments are tokenized one by one (``add_special_tokens=False``)
+and laid end to end, each image as the span the model sees (the same image-token policy as
+chats: a fixed count, a processor's count, or a ``--processor`` family's layout)::
+
+    caption, no template ("{image}{caption}"), 2 tokens per image for the drawing:
+    tokens     <s> [IMG] [IMG]  A  cat  on  a  mat  </s>
+    loss_mask   0    0     0    1   1    1  1   1    1      the caption and end-of-text only
+
+    caption, --caption-template "{image}Caption: {caption}":
+    tokens     <s> [IMG] [IMG] Caption :  A  cat  </s>
+    loss_mask   0    0     0      0    0  1   1    1
+
+    document ("A cat.", IMAGE, "It sleeps."):
+    tokens     <s>  A  cat  .  [IMG] [IMG]  It  sleeps  .  </s>
+    loss_mask   0   1   1   1    0     0    1     1     1   1     every text token
+
+``<s>`` is the tokenizer's ``bos_token`` (none when it has none) and ``</s>`` its ``eos_token``;
+:class:`PretrainConfig` may name others. Image tokens are never targets.
+
+**Long documents.** A document longer than ``seq_len`` (or with more than ``max_images``
+images) is dropped as ``too_long`` / ``too_many_images`` with its reason, as any sample is,
+unless splitting is asked for (``PretrainConfig(split_long_documents=True)``, ``wdspack pack
+--split-long-documents``; the job is :func:`pack_documents`). It is then cut into pieces
+``{id}#0``, ``{id}#1``, ... that each fit both budgets, at the best text boundary in the second
+half of each piece's room, in this order: before or after an image, a paragraph break (blank
+line), a line break, a sentence end, a space. Tokens are never re-tokenized at a cut, nothing is
+lost, every piece starts with ``<s>`` and only the last ends with ``</s>``. A document with no
+boundary within ``seq_len`` tokens (or an image larger than ``seq_len``) is dropped whole as
+``too_long``. ``wdspack verify --source`` counts a document as present when its pieces
+``#0 … #n-1`` are each packed or dropped exactly once.
+
+Drop reasons these records can get (besides the image ones every sample can get):
+``malformed_record`` (a document's lists disagree, a shard member is corrupt or has no caption),
+``missing_image`` (a shard sample with no image), ``empty_conversation`` (an empty caption, a
+document without text), ``too_long``, ``too_many_images``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .errors import ConfigError, Dropped, SampleError
+from .samples import Sample, SampleConfig, get_builder
+from .sources.documents import IMAGE, TextRecord
+
+if TYPE_CHECKING:
+    from .pipeline import PackConfig, PackSummary
+    from .samples import SampleBuilder
+
+__all__ = ["DEFAULT_CAPTION_TEMPLATE", "PretrainConfig", "build_samples", "build_text_sample", "pack_documents"]
+
+DEFAULT_CAPTION_TEMPLATE = "{image}{caption}"
+_IMAGE_FIELD, _CAPTION_FIELD = "{image}", "{caption}"
+_NO_CUT = 9  # cut level of a place inside a word: never cut there
+_SENTENCE_END = ".!?"
+_CLOSERS = "\"')]»”’"
+
+
+@dataclass(frozen=True, slots=True)
+class PretrainConfig:
+    """How captions and documents are laid out (part of :class:`~wdspack.samples.SampleConfig`).
+
+    Attributes:
+        caption_template: the text around a caption, with ``{image}`` and ``{caption}`` each once
+            (other braces are literal); None for ``"{image}{caption}"``: the image tokens, then
+            the caption. Only the caption (and end-of-text) is a target.
+        bos_token: the token each sample starts with; None: the tokenizer's ``bos_token``, if any.
+        eos_token: the end-of-text token; None: the tokenizer's ``eos_token`` (required then).
+        split_long_documents: cut documents over the budgets into pieces (see the module).
+
+    Example:
+        >>> PretrainConfig(caption_template="{image}A photo of {caption}").caption_template
+        '{image}A photo of {caption}'
+    """
+
+    caption_template: str | None = None
+    bos_token: str | None = None
+    eos_token: str | None = None
+    split_long_documents: bool = False
+
+    def __post_init__(self) -> None:
+        t = self.caption_template
+        if t is not None and (t.count(_IMAGE_FIELD) != 1 or t.count(_CAPTION_FIELD) != 1):
+            raise ConfigError(f"--caption-template {t!r} must hold {_IMAGE_FIELD} and {_CAPTION_FIELD} once each, "
+                              f"e.g. '{{image}}A photo of {{caption}}'")
+
+
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """A run of tokens: text (a target or not, with its text and offsets for cutting) or one image."""
+
+    ids: np.ndarray
+    target: bool
+    image: bytes | None = None
+    image_tokens: int = 0
+    text: str = ""
+    offsets: np.ndarray | None = None
+
+
+def build_text_sample(builder: SampleBuilder, record: TextRecord) -> Sample:
+    """Tokenize a caption or a whole document as one sample (what ``SampleBuilder.build`` does for them).
+
+    Raises:
+        SampleError: a drop reason (an unreadable image, nothing to train on).
+        ConfigError: splitting was asked for (only :func:`build_samples` can return pieces), or
+            the tokenizer has no end-of-text token.
+
+    Example:
+        >>> b = get_builder(SampleConfig("./tok", image_token="[IMG]", pretrain=PretrainConfig(eos_token="</s>")))  # doctest: +SKIP
+        >>> build_text_sample(b, TextRecord("s:0", "caption", (IMAGE, "A cat"), (png,))).loss_mask  # doctest: +SKIP
+        array([0, 0, ..., 1, 1, 1], dtype=uint8)
+    """
+    config = _config(builder)
+    if record.kind == "document" and config.split_long_documents:
+        raise ConfigError("split_long_documents needs wdspack.pretrain.pack_documents (what `wdspack pack "
+                          "--split-long-documents` runs): pipeline.pack_dataset builds one sample per record")
+    bos, eos = _special_ids(builder, config)
+    return _assemble(record.sample_id, bos, _parts(builder, record, config, offsets=False), eos)
+
+
+def build_samples(builder: SampleBuilder, record: Any, *, seq_len: int, max_images: int | None) -> list[Sample]:
+    """The samples of any record: one for a chat, a caption or a document that fits; for a longer
+    document under ``split_long_documents``, its pieces ``{id}#0 …`` (see the module).
+
+    Raises:
+        SampleError: a drop reason for the whole record (``too_long``: no text boundary fits).
+
+    Example:
+        >>> [s.sample_id for s in build_samples(b, long_doc, seq_len=4096, max_images=16)]  # doctest: +SKIP
+        ['web.jsonl:7#0', 'web.jsonl:7#1']
+    """
+    if not isinstance(record, TextRecord):
+        return [builder.build(record)]
+    config = _config(builder)
+    if record.kind != "document" or not config.split_long_documents:
+        return [builder.build(record)]
+    bos, eos = _special_ids(builder, config)
+    parts = _parts(builder, record, config, offsets=True)
+    tokens = len(bos) + sum(p.ids.size for p in parts) + 1
+    images = sum(p.image is not None for p in parts)
+    if tokens <= seq_len and (max_images is None or images <= max_images):
+        return [_assemble(record.sample_id, bos, parts, eos)]
+    pieces = _split(parts, budget=seq_len - len(bos) - 1, max_images=max_images, sid=record.sample_id)
+    return [_assemble(f"{record.sample_id}#{k}", bos, piece, eos if k == len(pieces) - 1 else None)
+            for k, piece in enumerate(pieces)]
+
+
+# ---- parts -----------------------------------------------------------------------------------
+
+
+def _config(builder: SampleBuilder) -> PretrainConfig:
+    return builder.config.pretrain or PretrainConfig()
+
+
+def _special_ids(builder: SampleBuilder, config: PretrainConfig) -> tuple[list[int], int]:
+    tok = builder.tokenizer
+    bos_token = config.bos_token or tok.bos_token
+    eos_token = config.eos_token or tok.eos_token
+    if not eos_token:
+        raise ConfigError(f"tokenizer {builder.name!r} has no eos_token, which ends every caption and document; "
+                          "name the end-of-text token with --eos-token (e.g. '</s>')")
+    return ([_token_id(builder, bos_token, "--bos-token")] if bos_token else [],
+            _token_id(builder, eos_token, "--eos-token"))
+
+
+def _token_id(builder: SampleBuilder, token: str, option: str) -> int:
+    tok = builder.tokenizer
+    i = tok.convert_tokens_to_ids([token])[0]
+    if i is None or (i == tok.unk_token_id and token != tok.unk_token):
+        raise ConfigError(f"{option} {token!r} is not a single token in the vocabulary of {builder.name!r}; "
+                          "give one of its special tokens")
+    return int(i)
+
+
+def _parts(builder: SampleBuilder, record: TextRecord, config: PretrainConfig, *, offsets: bool) -> list[_Part]:
+    """The record's text and image runs in order, each text tokenized on its own."""
+    sid = record.sample_id
+    if record.segments.count(IMAGE) != len(record.images):
+        raise SampleError("placeholder_mismatch", f"{record.segments.count(IMAGE)} image segments for "
+                          f"{len(record.images)} images", sid)
+    images, counts = builder._prepare_images(record.images, sid)  # the checks every sample's images get
+    layout = _layout(record, config)  # (text or IMAGE, target)
+    texts = [t for t, _ in layout if t is not IMAGE]
+    enc = builder.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=offsets) if texts else None
+    spans = _image_spans(builder, images, counts, sid)
+    parts, t, k = [], 0, 0
+    for text, target in layout:
+        if text is IMAGE:
+            ids, n = spans[k]
+            parts.append(_Part(ids, False, images[k], n))
+            k += 1
+            continue
+        ids = np.asarray(enc["input_ids"][t], np.int64)
+        where = np.asarray(enc["offset_mapping"][t], np.int64).reshape(-1, 2) if offsets else None
+        if ids.size:
+            parts.append(_Part(ids, target, text=text, offsets=where))
+        t += 1
+    if not any(p.target for p in parts):
+        raise SampleError("empty_conversation", f"the {record.kind} has no text tokens to train on", sid)
+    return parts
+
+
+def _layout(record: TextRecord, config: PretrainConfig) -> list[tuple[str | None, bool]]:
+    if record.kind == "document":
+        return [(s, s is not IMAGE) for s in record.segments if s is IMAGE or s]
+    caption = next(s for s in record.segments if s is not IMAGE)
+    out: list[tuple[str | None, bool]] = []
+    template = config.caption_template or DEFAULT_CAPTION_TEMPLATE
+    for piece in _split_fields(template):
+        if piece == _IMAGE_FIELD:
+            out.append((IMAGE, False))
+        elif piece == _CAPTION_FIELD:
+            out.append((caption, True))
+        elif piece:
+            out.append((piece, False))
+    return out
+
+
+def _split_fields(template: str) -> list[str]:
+    out, rest = [], template
+    while rest:
+        at = [(rest.find(f), f) for f in (_IMAGE_FIELD, _CAPTION_FIELD) if f in rest]
+        if not at:
+            out.append(rest)
+            break
+        i, f = min(at)
+        out += [rest[:i], f]
+        rest = rest[i + len(f):]
+    return out
+
+
+def _image_spans(builder: SampleBuilder, images: list[bytes], counts: list, sid: str) -> list[tuple[np.ndarray, int]]:
+    """Each image's token ids and its count of feature tokens, under the builder's image policy."""
+    if builder.family is None:
+        return [(np.full(int(c), builder.image_token_id, np.int64), int(c)) for c in counts]
+    try:
+        reps = builder.family.replacements(builder.processor, counts) if images else []
+    except ConfigError:
+        raise
+    except Exception as e:  # the processor refusing a size
+        raise SampleError("unreadable_image", f"the processor cannot lay out images of sizes {counts}: {e}", sid) from None
+    out = []
+    for rep in reps:
+        ids = np.asarray(builder.tokenizer(rep, add_special_tokens=False)["input_ids"], np.int64)
+        out.append((ids, int((ids == builder.image_token_id).sum())))
+    return out
+
+
+def _assemble(sid: str, bos: list[int], parts: Sequence[_Part], eos: int | None) -> Sample:
+    tail = [eos] if eos is not None else []
+    ids = np.concatenate([np.asarray(bos, np.int64), *(p.ids for p in parts), np.asarray(tail, np.int64)])
+    mask = np.concatenate([np.zeros(len(bos), np.uint8), *(np.full(p.ids.size, p.target, np.uint8) for p in parts),
+                           np.ones(len(tail), np.uint8)])
+    images = tuple(p.image for p in parts if p.image is not None)
+    counts = tuple(p.image_tokens for p in parts if p.image is not None)
+    return Sample(sid, ids.astype(np.uint32), mask, images, counts)
+
+
+# ---- splitting -------------------------------------------------------------------------------
+
+
+def _split(parts: list[_Part], *, budget: int, max_images: int | None, sid: str) -> list[list[_Part]]:
+    """Cut the parts into pieces of at most ``budget`` tokens and ``max_images`` images.
+
+    Atoms are text tokens (cost 1) and whole images (cost: their span); ``level[j]`` says how good
+    a cut before atom ``j`` is (0 best, :data:`_NO_CUT` never).
+    """
+    cost, img, level, where = [], [], [], []  # where: (part index, token index) of each atom
+    for pi, p in enumerate(parts):
+        if p.image is not None:
+            cost.append(p.ids.size)
+            img.append(1)
+            level.append(0)
+            where.append((pi, 0))
+            continue
+        lv = _text_levels(p.text, p.offsets)
+        lv[0] = 0  # a part boundary: text meets an image or another text run
+        cost += [1] * p.ids.size
+        img += [0] * p.ids.size
+        level += lv.tolist()
+        where += [(pi, t) for t in range(p.ids.size)]
+    cum_cost = np.concatenate(([0], np.cumsum(cost)))
+    cum_img = np.concatenate(([0], np.cumsum(img)))
+    level_arr = np.asarray(level + [0])  # the end is always a cut
+    n, cap = len(cost), max_images if max_images is not None else len(cost) + 1
+    cuts, start = [0], 0
+    while start < n:
+        fit = min(int(np.searchsorted(cum_cost, cum_cost[start] + budget, "right")),
+                  int(np.searchsorted(cum_img, cum_img[start] + cap, "right"))) - 1
+        if fit >= n:
+            break
+        if fit <= start:
+            raise SampleError("too_long", f"{'an image of ' + str(cost[start]) + ' tokens' if img[start] else 'a token'} "
+                              f"at atom {start} does not fit a piece of {budget} tokens (seq_len less <s> and "
+                              "</s>); raise --seq-len to keep the document", sid)
+        end = _best_cut(level_arr, start, fit)
+        if end is None:
+            raise SampleError("too_long", f"the document has no text boundary (image, line break, sentence end "
+                              f"or space) within {budget} tokens after token {int(cum_cost[start])}; raise --seq-len "
+                              "to keep it", sid)
+        cuts.append(end)
+        start = end
+    cuts.append(n)
+    return [_slice(parts, where, a, b) for a, b in zip(cuts[:-1], cuts[1:])]
+
+
+def _best_cut(level: np.ndarray, start: int, fit: int) -> int | None:
+    """The cut in ``(start, fit]``: the best level in the window's second half, else any cut, latest first."""
+    window = level[start + 1:fit + 1]
+    half = (fit - start) // 2
+    for lv in range(_NO_CUT):
+        hits = np.flatnonzero(window[half:] == lv)
+        if hits.size:
+            return start + 1 + half + int(hits[-1])
+    hits = np.flatnonzero(window < _NO_CUT)
+    return start + 1 + int(hits[-1]) if hits.size else None
+
+
+def _text_levels(text: str, offsets: np.ndarray) -> np.ndarray:
+    """Cut level before each token of a text: 1 paragraph, 2 line, 3 sentence, 4 word, else never."""
+    out = np.full(len(offsets), _NO_CUT, np.int64)
+    for t in range(1, len(offsets)):
+        s, e = int(offsets[t, 0]), int(offsets[t, 1])
+        piece = text[s:e]
+        lead = len(piece) - len(piece.lstrip())
+        if lead == len(piece) or not (lead or (s > 0 and text[s - 1].isspace())):
+            continue  # whitespace only, or inside a word
+        q = s + lead
+        r = q
+        while r > 0 and text[r - 1].isspace():
+            r -= 1
+        run = text[r:q]
+        before = text[:r].rstrip(_CLOSERS)[-1:]
+        out[t] = 1 if run.count("\n") >= 2 else 2 if "\n" in run else 3 if before and before in _SENTENCE_END else 4
+    return out
+
+
+def _slice(parts: list[_Part], where: list[tuple[int, int]], a: int, b: int) -> list[_Part]:
+    """Atoms ``[a, b)`` as parts (a text part cut at its token index)."""
+    out: list[_Part] = []
+    last = where[b - 1]
+    for pi in range(where[a][0], last[0] + 1):
+        p = parts[pi]
+        if p.image is not None:
+            out.append(p)
+            continue
+        lo = where[a][1] if pi == where[a][0] else 0
+        hi = last[1] + 1 if pi == last[0] else p.ids.size
+        out.append(_Part(p.ids[lo:hi], p.target))
+    return out
+
+
+# ---- the job ---------------------------------------------------------------------------------
+
+
+def pack_documents(sources: Sequence[str], output: str, *, sample_config: SampleConfig, config: PackConfig,
+                   image_root: str | None = None, resume: bool = False, progress: bool = False) -> PackSummary:
+    """:func:`wdspack.pipeline.pack_dataset` with long documents split into pieces (``wdspack pack
+    --split-long-documents``): the same measure → plan → write job, resumable and deterministic,
+    whose measure step may turn one document into several samples.
+
+    Raises:
+        ConfigError: ``sample_config.pretrain`` does not ask for splitting.
+
+    Example:
+        >>> pack_documents(["web/*.parquet"], "out", config=PackConfig(seq_len=4096, max_images=16),
+        ...                sample_config=SampleConfig("tok/", pretrain=PretrainConfig(split_long_documents=True,
+        ...                                                                             eos_token="</s>")))  # doctest: +SKIP
+    """
+    from .pipeline import run_job
+    from .sources import list_partitions
+    from .storage import Location
+
+    if sample_config.pretrain is None or not sample_config.pretrain.split_long_documents:
+        raise ConfigError("pack_documents splits long documents: pass SampleConfig(pretrain=PretrainConfig("
+                          "split_long_documents=True)), or use pipeline.pack_dataset")
+    start = time.perf_counter()
+    partitions = list_partitions(list(sources), image_root=image_root,
+                                 records_per_partition=config.records_per_partition)
+    tasks = [(i, p, sample_config, config.on_error, config.seq_len, config.max_images)
+             for i, p in enumerate(partitions)]
+    provenance = {"image_root": image_root, "max_image_side": sample_config.max_image_side,
+                  "max_image_pixels": sample_config.max_image_pixels, "split_long_documents": True}
+    return run_job(Location(output), _fingerprint(partitions, sample_config, config), _measure_split, tasks, config,
+                   describe=lambda: get_builder(sample_config).describe(), sources=sources, provenance=provenance,
+                   resume=resume, progress=progress, start=start)
+
+
+def _measure_split(i: int, partition, sample_config: SampleConfig, on_error: str, seq_len: int,
+                   max_images: int | None, work: str) -> int:
+    """Tokenize one partition into the spool; a split document adds one sample per piece."""
+    from .pipeline import SpoolWriter
+    from .sources import iter_records
+
+    builder = get_builder(sample_config)
+    with SpoolWriter(work, i) as spool:
+        for item in iter_records(partition):
+            try:
+                if isinstance(item, Dropped):
+                    raise SampleError(item.reason, item.detail, item.sample_id)
+                samples = build_samples(builder, item, seq_len=seq_len, max_images=max_images)
+            except SampleError as e:
+                d = e.to_dropped(item.sample_id)
+                if on_error == "raise":
+                    raise SampleError(d.reason, f"{d.detail} (pass --on-error skip to drop such samples and go on)",
+                                      sample_id=d.sample_id) from None
+                spool.drop(d)
+                continue
+            for s in samples:
+                spool.add(s.sample_id, s.input_ids, s.loss_mask, s.images, s.image_tokens)
+        spool.finish(builder.describe())
+    return i
+
+
+def _fingerprint(partitions, sample_config: SampleConfig, config: PackConfig) -> str:
+    """A hash of everything that decides the output (the inputs as listed and stat-ed, the settings)."""
+    from . import __version__
+    from .storage import stat_tag
+
+    tags: dict[str, list[Any]] = {}
+    inputs = []
+    for p in partitions:
+        if p.path not in tags:
+            tags[p.path] = stat_tag(p.path)
+        inputs.append([p.path, p.kind, p.start, p.stop, p.first_row, p.image_root, *tags[p.path]])
+    blob = json.dumps({"job": "pack_documents", "inputs": inputs, "samples": asdict(sample_config),
+                       "config": config.output_fields(), "version": __version__}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()

@@ -1,0 +1,129 @@
+"""Pre-training records: interleaved documents, plain text, and image-caption pairs.
+
+These are not chats. A :class:`TextRecord` is a run of segments, each a text or an image, in
+the order the document gives them; :mod:`wdspack.pretrain` tokenizes it (no chat template, loss
+on text). Two row layouts are documents, whatever file they come from (JSON, JSONL, Parquet,
+``save_to_disk``):
+
+=============================  ===============================================================
+``texts`` + ``images``         OBELICS-style: two lists of the same length; at each position
+                               one is set and the other is null. ``texts`` entries are strings
+                               (or null), which is what tells it from the_cauldron's
+                               ``texts: [{user, assistant}]`` chats.
+``text``                       a plain string, text-only pre-training data (FineWeb, C4 ...);
+                               only when the row has no ``messages``/``conversations``/``texts``.
+=============================  ===============================================================
+
+Example::
+
+    {"texts": ["A cat.", null, "It sleeps."], "images": [null, {"bytes": ...}, null]}
+      → segments ("A cat.", IMAGE, "It sleeps."), one image
+
+Captions (image + caption pairs from WebDataset shards, :mod:`.webdataset`) are TextRecords of
+kind ``"caption"``: segments ``(IMAGE, caption)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import SampleError
+from .images import load_image
+
+__all__ = ["DOCUMENT_COLUMNS", "IMAGE", "TextRecord", "build_document", "is_document"]
+
+#: Columns read for documents besides the chat ones (``texts``, ``images``, ``id``).
+DOCUMENT_COLUMNS = ("text",)
+#: The segment that stands for the record's next image.
+IMAGE = None
+_CHAT_FIELDS = ("messages", "conversations")
+
+
+@dataclass(frozen=True, slots=True)
+class TextRecord:
+    """A pre-training record: text segments and images in document order.
+
+    ``kind`` is ``"document"`` (loss on every text token) or ``"caption"`` (segments
+    ``(IMAGE, caption)``: the caption layout decides the prompt, loss on the caption only).
+    Each :data:`IMAGE` segment takes the next entry of ``images``.
+
+    Example:
+        >>> r = TextRecord("doc.jsonl:0", "document", ("A cat.", IMAGE, "It sleeps."), (b"...",))
+        >>> r.segments.count(IMAGE) == len(r.images)
+        True
+    """
+
+    sample_id: str
+    kind: str
+    segments: tuple[str | None, ...]
+    images: tuple[bytes, ...] = ()
+
+
+def is_document(row: Any) -> bool:
+    """Whether a raw row is a document (see the module's table) rather than a chat.
+
+    Example:
+        >>> is_document({"texts": ["a", None], "images": [None, "x.png"]}), is_document({"text": "a"})
+        (True, True)
+        >>> is_document({"texts": [{"user": "q", "assistant": "a"}]})
+        False
+    """
+    if not isinstance(row, Mapping) or any(row.get(k) is not None for k in _CHAT_FIELDS):
+        return False
+    texts = row.get("texts")
+    if isinstance(texts, (list, tuple)):
+        return len(texts) > 0 and all(t is None or isinstance(t, str) for t in texts)
+    return texts is None and isinstance(row.get("text"), str)
+
+
+def build_document(row: Mapping[str, Any], *, sample_id: str, image_root: str) -> TextRecord:
+    """The :class:`TextRecord` of a document row; its images are read (bytes, or paths inside
+    ``image_root``).
+
+    Raises:
+        SampleError: ``malformed_record`` (lists of different lengths, a position with both or
+            neither set), ``empty_conversation`` (no text at all), or an image's
+            ``missing_image`` / ``image_path_escape``.
+
+    Example:
+        >>> build_document({"text": "Hello."}, sample_id="web.jsonl:0", image_root="/data").segments
+        ('Hello.',)
+    """
+    try:
+        if row.get("texts") is None:
+            segments, refs = [row["text"]], []
+        else:
+            segments, refs = _interleaved(row)
+        if not any(s and s.strip() for s in segments if s is not IMAGE):
+            raise SampleError("empty_conversation", f"the document has no text ({len(refs)} image(s) and "
+                              "empty or missing texts); there is nothing to train on, remove the record")
+        images = tuple(load_image(ref, image_root) for ref in refs)
+        return TextRecord(sample_id, "document", tuple(segments), images)
+    except SampleError as e:
+        raise SampleError(e.reason, e.detail, sample_id=sample_id) from None
+
+
+def _interleaved(row: Mapping[str, Any]) -> tuple[list[str | None], list[Any]]:
+    texts = list(row["texts"])
+    images = row.get("images")
+    if images is None:
+        images = [None] * len(texts)
+    if not isinstance(images, (list, tuple)) or len(images) != len(texts):
+        shown = len(images) if isinstance(images, (list, tuple)) else type(images).__name__
+        raise SampleError("malformed_record", f"'texts' has {len(texts)} entries but 'images' has {shown}; an "
+                          "interleaved document needs both lists of the same length, one set per position")
+    segments: list[str | None] = []
+    refs: list[Any] = []
+    for k, (text, image) in enumerate(zip(texts, images)):
+        if (text is None) == (image is None):
+            what = "both" if text is not None else "neither"
+            raise SampleError("malformed_record", f"position {k} has {what} of texts[{k}] and images[{k}] set; "
+                              "at each position exactly one of them must be non-null")
+        if text is None:
+            segments.append(IMAGE)
+            refs.append(image)
+        elif text:
+            segments.append(text)
+    return segments, refs
