@@ -3,7 +3,8 @@
     python examples/demo.py --workdir build/demo
 
 Uses the real Pixtral tokenizer (``tekken.json``) that ships inside the ``mistral_common``
-package, so nothing is downloaded.
+package, so nothing is downloaded; the Alpaca and tool-calling files are packed with Mistral-Nemo's
+tokenizer (also in ``mistral_common``) and its published chat template, which renders tool calls.
 """
 
 from __future__ import annotations
@@ -36,6 +37,21 @@ def prepare_tokenizer(folder: Path) -> Path:
     return folder
 
 
+def prepare_nemo_tokenizer(folder: Path) -> Path:
+    """Mistral-Nemo-Instruct-2407's tokenizer (``tekken_240718.json`` in mistral_common), with the special
+    tokens its published ``tokenizer_config.json`` names (its chat template needs ``eos_token``)."""
+    import json
+
+    import mistral_common
+
+    folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / "tekken.json").exists():
+        shutil.copyfile(Path(mistral_common.__file__).parent / "data" / "tekken_240718.json", folder / "tekken.json")
+    (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>",
+                                                              "unk_token": "<unk>"}))
+    return folder
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", default="build/demo")
@@ -53,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     data, packed = work / "data", work / "packed"
     shutil.rmtree(work / "data", ignore_errors=True)
     shutil.rmtree(packed, ignore_errors=True)
+    shutil.rmtree(work / "formats", ignore_errors=True)
     shutil.rmtree(work / "qwen" / "packed", ignore_errors=True)
 
     print(f"== 1. generate {args.records} demo records (Pillow images, long-tailed chats, a few bad ones)")
@@ -74,6 +91,21 @@ def main(argv: list[str] | None = None) -> int:
         return rc
     print(f"   (pack took {time.perf_counter() - t0:.1f} s, tokenizer load included)")
 
+    print("\n== 2b. wdspack pack  Alpaca (instruction/input/output) and tool calling (function_call/observation),")
+    print("       Mistral-Nemo's tokenizer and its own chat template: tool calls trained, tool results not")
+    formats = work / "formats"
+    cmd = [
+        str(data / "alpaca.json"), str(data / "tools.jsonl"), "--output", str(formats),
+        "--tokenizer", str(prepare_nemo_tokenizer(work / "nemo-tokenizer")),
+        "--chat-template", str(HERE / "chat_templates" / "mistral_nemo.jinja"),
+        "--image-token", "[IMG]", "--tokens-per-image", "64", "--seq-len", str(args.seq_len),
+        "--max-images", str(args.max_images), "--quiet",  # one process: one tokenizer load (~15 s)
+    ]
+    print("   wdspack pack " + " ".join(cmd))
+    if (rc := wdspack_main(["pack", *cmd])) != 0:
+        return rc
+    show_tool_sample(formats)
+
     print("\n== 3. wdspack inspect")
     wdspack_main(["inspect", str(packed), "--plot", str(work / "inspect.png")])
 
@@ -86,6 +118,34 @@ def main(argv: list[str] | None = None) -> int:
     from train_tiny_vlm import main as train_main
 
     return train_main([str(data / "messages.jsonl"), "--workdir", str(work / "qwen"), "--steps", str(args.steps)])
+
+
+def show_tool_sample(packed: Path) -> None:
+    """Print one packed tool-calling sample, the trained tokens in «…» (the tool list elided)."""
+    import itertools
+    import tarfile
+
+    from transformers import AutoTokenizer
+
+    from wdspack import decode_pack, read_manifest
+
+    tok = AutoTokenizer.from_pretrained(str(packed.parent / "nemo-tokenizer"))
+    for shard in read_manifest(packed).shards:
+        with tarfile.open(packed / shard.name) as tar:
+            for member in tar.getmembers():
+                pack = decode_pack(tar.extractfile(member).read())
+                starts = [0, *itertools.accumulate(pack.seq_lens)]
+                for k, sid in enumerate(pack.sample_ids):
+                    ids = pack.input_ids[starts[k]:starts[k + 1]].tolist()
+                    if sid.startswith("tools.jsonl") and tok.convert_tokens_to_ids("[TOOL_CALLS]") in ids:
+                        mask = pack.loss_mask[starts[k]:starts[k + 1]].tolist()
+                        runs = itertools.groupby(zip(ids, mask), key=lambda x: x[1])
+                        text = "".join(("«{}»" if m else "{}").format(tok.decode([t for t, _ in run]))
+                                       for m, run in runs)
+                        tools_end = text.find("[/AVAILABLE_TOOLS]")
+                        shown = text[:20] + "…" + text[tools_end:] if tools_end > 0 else text
+                        print(f"   {sid}, trained tokens in «»:\n     {shown}")
+                        return
 
 
 def stream(packed: Path, *, batches: int) -> None:

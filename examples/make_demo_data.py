@@ -7,7 +7,14 @@ Writes ``OUT_DIR/llava.jsonl`` (LLaVA / ShareGPT ``conversations``), ``OUT_DIR/m
 like real instruction data (most answers short, a lognormal tail, a few long text-only chats);
 some chats are multi-turn, some text-only, some multi-image. Deliberately bad records show how
 drops are reported: a missing image, corrupt image bytes, a truncated JPEG, an over-long chat, a
-malformed JSON line and an unknown role. Same seed, same bytes.
+malformed JSON line and an unknown role.
+
+Two more files in the layouts public instruction sets ship: ``OUT_DIR/alpaca.json`` (an Alpaca JSON
+array: ``instruction``, ``input``, ``output``, some with ``history`` and ``images``) and
+``OUT_DIR/tools.jsonl`` (LLaMA-Factory / Glaive tool calling: ShareGPT ``function_call`` and
+``observation`` turns, ``tools`` a JSON string), each with one deliberately bad record (an Alpaca
+record without ``output``; a ``function_call`` that is not JSON). They come from their own random
+stream, so the first two files are the same as before they existed. Same seed, same bytes.
 """
 
 from __future__ import annotations
@@ -31,6 +38,23 @@ WORDS = (
 QUESTIONS = ("Describe the image.", "What color is the largest shape?", "How many shapes are there?",
              "What is written in the picture?", "Explain what you see in detail.", "Compare the two images.")
 BAD_KINDS = ("missing_image", "corrupt_image", "truncated_image", "too_long", "malformed_json", "unknown_role")
+FORMAT_BAD_KINDS = ("alpaca_without_output", "function_call_not_json")
+TASKS = ("Summarize the text.", "Rewrite the sentence in plain words.", "List the key points.",
+         "Give a title for the text.", "Explain the idea to a child.", "Translate the text into simple English.")
+CITIES = ("Paris", "Oslo", "Lima", "Cairo", "Tokyo", "Quito", "Perth", "Accra")
+#: Function definitions as LLaMA-Factory's and Glaive's tool-calling sets write them.
+TOOLS = (
+    {"name": "get_weather", "description": "Get the current weather in a city",
+     "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city"},
+                                                     "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                    "required": ["city"]}},
+    {"name": "get_local_time", "description": "Get the local time in a city",
+     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}},
+    {"name": "convert_currency", "description": "Convert an amount from one currency to another",
+     "parameters": {"type": "object", "properties": {"amount": {"type": "number"}, "from": {"type": "string"},
+                                                     "to": {"type": "string"}},
+                    "required": ["amount", "from", "to"]}},
+)
 
 
 def _text(rng: np.random.Generator, n_words: int) -> str:
@@ -137,8 +161,72 @@ def generate(out: Path, *, records: int = 1500, seed: int = 0) -> dict[str, int]
         target.insert(int(rng.integers(0, len(target) + 1)), line)
     (out / "llava.jsonl").write_text("\n".join(lines_llava) + "\n", encoding="utf-8")
     (out / "messages.jsonl").write_text("\n".join(lines_msgs) + "\n", encoding="utf-8")
+    formats = generate_formats(out, records=records, seed=seed)
     total_bytes = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-    return {"records": len(lines_llava) + len(lines_msgs), "images": n_images, "bytes": total_bytes}
+    return {"records": len(lines_llava) + len(lines_msgs), "images": n_images, "bytes": total_bytes, **formats}
+
+
+def generate_formats(out: Path, *, records: int, seed: int) -> dict[str, int]:
+    """Write ``alpaca.json`` (about ``records / 8`` records) and ``tools.jsonl`` (``records / 10``)."""
+    rng = np.random.default_rng([seed, 1])  # its own stream: llava.jsonl and messages.jsonl stay as they were
+    alpaca = []
+    for k in range(max(2, records // 8)):
+        rec = {"instruction": str(rng.choice(TASKS)), "input": _text(rng, int(rng.integers(10, 60)))
+               if rng.random() < 0.6 else "", "output": _text(rng, max(3, _answer_words(rng) // 2))}
+        if rng.random() < 0.15:
+            rec["history"] = [[_text(rng, int(rng.integers(4, 20))), _text(rng, int(rng.integers(10, 80)))]
+                              for _ in range(int(rng.integers(1, 3)))]
+        if rng.random() < 0.2:
+            data, ext = _draw_image(rng, 50000 + k)
+            name = f"images/alpaca-{k:05d}.{ext}"
+            (out / name).write_bytes(data)
+            rec["instruction"] = "<image>\n" + str(rng.choice(QUESTIONS))
+            rec["images"] = [name]
+        alpaca.append(rec)
+    alpaca.insert(int(rng.integers(0, len(alpaca) + 1)), {"instruction": "Summarize the text.",
+                                                           "input": "A record without its output."})
+    (out / "alpaca.json").write_text(json.dumps(alpaca, indent=1) + "\n", encoding="utf-8")
+    tools = [json.dumps(_tool_record(rng)) for _ in range(max(2, records // 10))]
+    tools.insert(int(rng.integers(0, len(tools) + 1)), json.dumps({"conversations": [
+        {"from": "human", "value": "What is the weather in Paris?"},
+        {"from": "function_call", "value": "get_weather(city='Paris')"},  # not JSON
+        {"from": "observation", "value": "{\"temperature\": 18}"}, {"from": "gpt", "value": "18 degrees."}],
+        "tools": json.dumps(TOOLS[:1])}))
+    (out / "tools.jsonl").write_text("\n".join(tools) + "\n", encoding="utf-8")
+    return {"alpaca_records": len(alpaca), "tool_records": len(tools)}
+
+
+def _tool_record(rng: np.random.Generator) -> dict:
+    """One user question; the model calls one or two tools, reads the results, answers (or answers
+    directly when no tool fits)."""
+    city, other = (str(c) for c in rng.choice(CITIES, size=2, replace=False))
+    u = rng.random()
+    if u < 0.2:  # no tool needed
+        conv = [{"from": "human", "value": "Write one sentence about " + city + "."},
+                {"from": "gpt", "value": _text(rng, int(rng.integers(8, 30)))}]
+    elif u < 0.4:  # two calls at once
+        temp = int(rng.integers(-10, 35))
+        conv = [{"from": "human", "value": f"What are the weather and the local time in {city}?"},
+                {"from": "function_call", "value": json.dumps([
+                    {"name": "get_weather", "arguments": {"city": city}},
+                    {"name": "get_local_time", "arguments": {"city": city}}])},
+                {"from": "observation", "value": json.dumps([{"temperature": temp, "unit": "celsius"},
+                                                              {"time": f"{int(rng.integers(0, 24)):02d}:00"}])},
+                {"from": "gpt", "value": f"In {city} it is {temp} degrees. " + _text(rng, 12)}]
+    elif u < 0.7:
+        temp = int(rng.integers(-10, 35))
+        conv = [{"from": "human", "value": f"How warm is it in {city} today?"},
+                {"from": "function_call", "value": json.dumps({"name": "get_weather", "arguments": {"city": city}})},
+                {"from": "observation", "value": json.dumps({"temperature": temp, "unit": "celsius"})},
+                {"from": "gpt", "value": f"It is {temp} degrees in {city}."}]
+    else:
+        amount, rate = int(rng.integers(5, 500)), float(rng.uniform(0.5, 2.0))
+        conv = [{"from": "human", "value": f"How much is {amount} EUR in USD? I fly from {city} to {other}."},
+                {"from": "function_call", "value": json.dumps({
+                    "name": "convert_currency", "arguments": {"amount": amount, "from": "EUR", "to": "USD"}})},
+                {"from": "observation", "value": json.dumps({"converted": round(amount * rate, 2)})},
+                {"from": "gpt", "value": f"{amount} EUR is {amount * rate:.2f} USD."}]
+    return {"conversations": conv, "tools": json.dumps(list(TOOLS))}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,8 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     c = generate(args.out, records=args.records, seed=args.seed)
-    print(f"   {c['records']} records ({len(BAD_KINDS)} deliberately bad), {c['images']} images, "
+    print(f"   {c['records']} chat records ({len(BAD_KINDS)} deliberately bad), {c['images']} images, "
           f"{c['bytes'] / 1e6:.1f} MB in {args.out}")
+    print(f"   + alpaca.json: {c['alpaca_records']} Alpaca records, tools.jsonl: {c['tool_records']} tool-calling "
+          f"chats (1 deliberately bad each)")
     return 0
 
 

@@ -345,7 +345,8 @@ def test_pack_reads_sources_and_images_from_the_hub(hub, tmp_path, monkeypatch, 
     monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
                         hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
     HfFileSystem.clear_instance_cache()
-    config = PackConfig(seq_len=2048, max_images=6, shard_max_bytes=100_000, records_per_partition=1000)
+    config = PackConfig(seq_len=2048, max_images=6, shard_max_bytes=100_000, records_per_partition=1000,
+                        max_drop_fraction=1.0)  # 60 demo records hold its 6 deliberately bad ones
     pack_dataset(demo_sources(data), tmp_path / "local", sample_config=sample_config, config=config)
     seen = _new(hub)
     sources = ["hf://datasets/org/chats/llava.jsonl", "hf://datasets/org/chats@main/messages.jsonl"]

@@ -17,7 +17,7 @@ import pytest
 from demo_job import demo_sources, generate_demo, read_files
 from wdspack import pipeline
 from wdspack.codec import decode_pack
-from wdspack.errors import ConfigError, Dropped, OutputError, SampleError
+from wdspack.errors import ConfigError, Dropped, OutputError, SampleError, TooManyDropsError
 from wdspack.manifest import read_manifest
 from wdspack.pipeline import PackConfig, pack_dataset
 from wdspack.samples import get_builder
@@ -234,9 +234,12 @@ def test_on_error_raise_stops_at_the_first_bad_record(demo_data, sample_config, 
 
 
 def test_drop_tolerance(demo_data, sample_config, tmp_path):
-    with pytest.raises(SampleError, match="over the tolerance"):
+    """Over the tolerance: the job fails after writing dropped.jsonl, before any shard or manifest."""
+    with pytest.raises(TooManyDropsError, match="over the tolerance --max-drop-fraction 0.001"):
         pack_dataset(demo_sources(demo_data), tmp_path / "ds", sample_config=sample_config,
                      config=_config(max_drop_fraction=0.001))
+    assert (tmp_path / "ds" / "dropped.jsonl").read_text().count("\n") >= 6
+    assert not (tmp_path / "ds" / "manifest.json").exists() and not list((tmp_path / "ds").glob("*.tar"))
 
 
 @pytest.mark.parametrize("kw, match", [

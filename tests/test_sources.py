@@ -112,10 +112,10 @@ def test_role_aliases(root, user, assistant):
 
 
 def test_unknown_role_names_role_and_accepted_ones(root):
-    conv = [{"from": "human", "value": "q"}, {"from": "tool", "value": "x"}, {"from": "gpt", "value": "a"}]
+    conv = [{"from": "human", "value": "q"}, {"from": "narrator", "value": "x"}, {"from": "gpt", "value": "a"}]
     d = _one(root, {"conversations": conv})
     assert isinstance(d, Dropped) and d.reason == "unknown_role" and d.sample_id == "one.jsonl:0"
-    assert "'tool'" in d.detail and "system, user, assistant" in d.detail and "gpt" in d.detail
+    assert "'narrator'" in d.detail and "system, user, assistant" in d.detail and "gpt" in d.detail
 
 
 @pytest.mark.parametrize("question, images", [
@@ -225,7 +225,7 @@ def test_messages_typed_parts_without_image_parts_get_images_first(root):
 @pytest.mark.parametrize("record, reason", [
     ({"messages": [{"role": "user", "content": [IMG, IMG]}, {"role": "assistant", "content": "a"}],
       "images": ["imgs/a.png"]}, "placeholder_mismatch"),
-    ({"messages": [{"role": "tool", "content": "x"}, {"role": "assistant", "content": "a"}]}, "unknown_role"),
+    ({"messages": [{"role": "narrator", "content": "x"}, {"role": "assistant", "content": "a"}]}, "unknown_role"),
     ({"messages": [{"role": "user", "content": [{"type": "audio"}]}, {"role": "assistant", "content": "a"}]},
      "malformed_record"),
     ({"messages": [{"role": "user", "content": [{"type": "text"}]}, {"role": "assistant", "content": "a"}]},

@@ -18,6 +18,7 @@ from .errors import (
     OutputError,
     SampleError,
     SourceError,
+    TooManyDropsError,
     WdspackError,
 )
 from .manifest import Manifest, ShardInfo, read_manifest
@@ -40,7 +41,8 @@ _LAZY = {
 
 __all__ = [
     "ALGORITHMS", "FORMAT", "ConfigError", "Dropped", "FormatError", "Manifest", "ManifestError",
-    "OutputError", "Pack", "SampleError", "ShardInfo", "SourceError", "WdspackError", "__version__",
+    "OutputError", "Pack", "SampleError", "ShardInfo", "SourceError", "TooManyDropsError", "WdspackError",
+    "__version__",
     "decode_pack", "encode_pack", "lower_bound", "plan_packs", "read_manifest", *sorted(_LAZY),
 ]
 

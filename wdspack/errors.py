@@ -8,10 +8,14 @@ The tree::
     ├── SampleError              one record or sample is bad; carries a drop ``reason``
     ├── FormatError              bytes that do not follow pack format v1 (or an unknown version)
     ├── ManifestError            a manifest that is missing, unreadable or inconsistent
-    └── OutputError              the output folder cannot be written, or a resume does not match
+    ├── OutputError              the output folder cannot be written, or a resume does not match
+    └── TooManyDropsError        a pack job dropped more than its tolerance, or packed nothing
 
 A :class:`SampleError` never stops a job under ``on_error="skip"``: it becomes a
-:class:`Dropped` entry, counted by reason in the manifest and listed in ``dropped.jsonl``.
+:class:`Dropped` entry, counted by reason in the manifest and listed in ``dropped.jsonl``. The
+job as a whole still fails (:class:`TooManyDropsError`, after ``dropped.jsonl`` is written) when
+it packs nothing, or drops more than ``max_drop_fraction`` of what it read (5 % by default): a
+wrong ``--image-root`` or a layout wdspack does not read shows at once, not as a tiny dataset.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ __all__ = [
     "OutputError",
     "SampleError",
     "SourceError",
+    "TooManyDropsError",
     "WdspackError",
 ]
 
@@ -95,6 +100,13 @@ class ManifestError(WdspackError):
 
 class OutputError(WdspackError):
     """The output cannot be written, or a ``--resume`` does not match the earlier job."""
+
+
+class TooManyDropsError(WdspackError):
+    """A pack job packed nothing, or dropped more than its tolerance; ``dropped.jsonl`` is written.
+
+    The message counts the drops by reason with one example each and names the fix.
+    """
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
 from collections import Counter
@@ -45,7 +46,7 @@ import numpy as np
 
 from . import __version__
 from .codec import Pack, encode_pack
-from .errors import ConfigError, Dropped, OutputError, SampleError
+from .errors import ConfigError, Dropped, OutputError, SampleError, TooManyDropsError
 from .executors import EXECUTORS, check_executor, run_tasks
 from .manifest import DROPPED_NAME, MANIFEST_NAME, Manifest, ShardInfo
 from .pack_index import INDEX_NAME, build_index, encode_index, index_entry, member_offsets
@@ -55,12 +56,17 @@ from .sources import Partition, iter_records, list_partitions
 from .storage import Location, stat_tag
 from .writer import ShardWriter, shard_name
 
-__all__ = ["PackConfig", "PackSummary", "SpoolWriter", "pack_dataset", "run_job"]
+__all__ = ["DEFAULT_MAX_DROP_FRACTION", "PackConfig", "PackSummary", "SpoolWriter", "pack_dataset", "run_job"]
 
 WORK_DIR = ".wdspack-work"
 _PACK_OVERHEAD = 64  # msgpack framing per pack, bytes (for shard size estimates)
 _SAMPLE_OVERHEAD = 48  # per sub-sample: its id, length and image lists
-_EXECUTION_FIELDS = ("workers", "executor", "ray_address")  # where tasks run: never changes the output
+# Where tasks run, and whether the job may go on after its drops: never changes the output bytes (a
+# job stopped by the drop tolerance resumes with a new max_drop_fraction, its tokenized samples kept).
+_EXECUTION_FIELDS = ("workers", "executor", "ray_address", "max_drop_fraction")
+#: A job that drops more than this fraction of the samples it read fails (after writing dropped.jsonl).
+DEFAULT_MAX_DROP_FRACTION = 0.05
+_DROP_EXAMPLES = 5  # reasons shown, one example each, when a job fails on its drops
 #: The driver's peak memory per sample, besides the sample's id (a ``str``: ~50 B + its length, and
 #: an 8 B list slot): the integer columns, twice while they are joined, and the plan while it is
 #: built. Measured by ``tests/test_driver_memory.py`` (about 210 B on CPython 3.11).
@@ -73,6 +79,9 @@ class PackConfig:
 
     ``workers``, ``executor`` (``"local"`` or ``"ray"``) and ``ray_address`` say where the tasks
     run; they change nothing in the output, so a job may be resumed under other values.
+    ``max_drop_fraction``: the job fails, after writing ``dropped.jsonl`` and before planning, when
+    it drops more than this fraction of the samples it read (``1`` or ``None``: any); a job that would
+    pack nothing always fails. Resume it with a higher value to accept the drops.
     """
 
     seq_len: int
@@ -83,7 +92,7 @@ class PackConfig:
     shard_max_packs: int | None = None
     workers: int = 1
     on_error: str = "skip"
-    max_drop_fraction: float | None = None
+    max_drop_fraction: float | None = DEFAULT_MAX_DROP_FRACTION
     split: str = "train"
     records_per_partition: int = 1000
     executor: str = "local"
@@ -107,7 +116,8 @@ class PackConfig:
         if self.ray_address is not None and self.executor != "ray":
             raise ConfigError("--ray-address needs --executor ray")
         if self.max_drop_fraction is not None and not 0 <= self.max_drop_fraction <= 1:
-            raise ConfigError(f"max_drop_fraction must be in [0, 1], got {self.max_drop_fraction}")
+            raise ConfigError(f"--max-drop-fraction must be in [0, 1] (0.05 = 5 %; 1 accepts any drops), "
+                              f"got {self.max_drop_fraction}")
 
     def output_fields(self) -> dict[str, Any]:
         """The fields that decide the output (for resume fingerprints): all but where tasks run."""
@@ -224,6 +234,7 @@ def run_job(out: Location, fingerprint: str, measure: Callable[..., Any], tasks:
     measured = _measure(measure, tasks, work, config, progress=progress)
     info = measured.describe or describe()
     table = _select(measured, config)
+    _check_drops(out, measured, table, config, carried=carried)
     plan = _plan(table, config)
     shard_plans = _assign_shards(plan, table, config, token_itemsize=_itemsize(info))
     infos, offsets, kept = _write_shards(shard_plans, table, work, out, info, config, progress=progress)
@@ -442,19 +453,54 @@ def _select(m: _Measured, config: PackConfig) -> dict[str, Any]:
     if config.on_error == "raise" and dropped:
         d = dropped[0]
         raise SampleError(d.reason, f"{d.detail} (or pass --on-error skip)", sample_id=d.sample_id)
-    total = m.records
-    if config.max_drop_fraction is not None and total:
-        frac = (len(m.dropped) + len(dropped)) / total
-        if frac > config.max_drop_fraction:
-            reason = Counter(d.reason for d in m.dropped + dropped).most_common(1)[0][0]
-            raise SampleError(reason, f"{frac:.1%} of {total} samples were dropped (mostly {reason}), over "
-                              f"the tolerance {config.max_drop_fraction:.1%}; fix the data or raise the tolerance")
     table = {"ids": m.ids, "tokens": tok, "images": img, "part": cat(m.part), "offset": cat(m.offset),
              "length": cat(m.length), "image_bytes": cat(m.image_bytes), "image_tokens": cat(m.image_tokens),
              "targets": cat(m.targets), "keep": keep, "dropped": dropped}
     for column in (m.tokens, m.images, m.part, m.offset, m.length, m.image_bytes, m.image_tokens, m.targets):
         column.clear()  # the per-partition pieces: the table holds them now, once
     return table
+
+
+def _check_drops(out: Location, m: _Measured, table: dict[str, Any], config: PackConfig, *,
+                 carried: Sequence[Dropped]) -> None:
+    """Fail a job that packs nothing or drops more than its tolerance, after writing ``dropped.jsonl``.
+
+    Drops inherited from an earlier job (``carried``, reshard) were accepted there and do not count.
+    The work folder is kept: the same command with ``--resume`` and a higher ``--max-drop-fraction``
+    plans and writes from the samples already tokenized.
+    """
+    new = m.dropped + table["dropped"]
+    total, packed = m.records, int(table["keep"].sum())
+    limit = config.max_drop_fraction
+    fraction = len(new) / total if total else 0.0
+    if packed and (limit is None or fraction <= limit):
+        return
+    _write_dropped(out, [*carried, *new])
+    listing = out.join(DROPPED_NAME)
+    if not total:
+        raise TooManyDropsError("no samples were read from the sources, so nothing was packed; check the "
+                                "SOURCE paths or globs (and that the files are not empty)")
+    counts = Counter(d.reason for d in new)
+    example = {}
+    for d in new:
+        example.setdefault(d.reason, d)
+    top = counts.most_common(_DROP_EXAMPLES)
+    width = max(len(reason) for reason, _ in top)
+    lines = [f"  {reason:<{width}} {n:>7}  e.g. {example[reason].sample_id!r}: {example[reason].detail}"
+             for reason, n in top]
+    if len(counts) > _DROP_EXAMPLES:
+        lines.append(f"  ... and {len(counts) - _DROP_EXAMPLES} more reasons")
+    if not packed:
+        head = f"nothing was packed: all {total} samples read were dropped (listed in {listing}):"
+        fix = ("fix the inputs: a layout wdspack does not read (see the Sources table in the README), a wrong "
+               "--image-root, or a --seq-len / --max-images too small for every sample")
+    else:
+        accept = min(1.0, math.ceil(fraction * 100) / 100)
+        head = (f"{len(new)} of {total} samples read ({fraction:.1%}) were dropped, over the tolerance "
+                f"--max-drop-fraction {limit:g}; nothing was written but {listing}:")
+        fix = (f"fix the inputs (a wrong --image-root? a layout wdspack does not read?), or accept these drops: "
+               f"run the same command with --resume --max-drop-fraction {accept:g} (the tokenized samples are kept)")
+    raise TooManyDropsError("\n".join([head, *lines, fix]))
 
 
 def _plan(table: dict[str, Any], config: PackConfig) -> list[np.ndarray]:

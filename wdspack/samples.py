@@ -127,6 +127,7 @@ class SampleBuilder:
                               f"{self.name!r}; pass the model's image token with --image-token")
         self.feature_token, self.image_token_id = feature, int(ids[0])
         self.typed_images = self._template_renders_typed_images()
+        self.tool_support = self._template_renders_tools()
 
     @property
     def name(self) -> str:
@@ -153,7 +154,9 @@ class SampleBuilder:
             raise SampleError("empty_conversation", "the conversation has no turns", sid)
         if not any(m["role"] == "assistant" for m in messages):
             raise SampleError("no_assistant_turn", "the conversation has no assistant turn to train on", sid)
-        text, spans = self._render(messages, sid)
+        tools = [dict(t) for t in getattr(record, "tools", ())] or None
+        self._check_tool_support(messages, tools, sid)
+        text, spans = self._render(messages, sid, tools=tools)
         if self.family is not None:
             return self._build_expanded(sid, text, spans, images, counts)
         enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
@@ -202,36 +205,78 @@ class SampleBuilder:
     # ---- rendering -------------------------------------------------------------------------
 
     def _message(self, m: dict) -> dict:
+        """A record's message as the template takes it; tool calls and tool-result links kept,
+        a tool result always a string (templates print it as it is)."""
         parts = m["content"]
+        extra = {k: v for k, v in m.items() if k not in ("role", "content")}
         if isinstance(parts, str):
             parts = [{"type": "text", "text": parts}]
-        if self.typed_images:
-            return {"role": m["role"], "content": [dict(p) for p in parts]}
+        if self.typed_images and m["role"] != "tool":
+            return {"role": m["role"], "content": [dict(p) for p in parts], **extra}
         text = "".join(self.image_token if p.get("type") == "image" else p.get("text", "") for p in parts)
-        return {"role": m["role"], "content": text}
+        return {"role": m["role"], "content": text, **extra}
 
-    def _apply(self, messages: list[dict], *, generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, chat_template=self.template, tokenize=False,
-                                                  add_generation_prompt=generation_prompt)
+    def _apply(self, messages: list[dict], *, generation_prompt: bool, tools: list[dict] | None = None) -> str:
+        return self.tokenizer.apply_chat_template(messages, tools=tools, chat_template=self.template,
+                                                  tokenize=False, add_generation_prompt=generation_prompt)
 
-    def _render(self, messages: list[dict], sid: str) -> tuple[str, list[tuple[int, int]]]:
-        """The full text and the character spans of the assistant turns."""
+    def _render(self, messages: list[dict], sid: str, *,
+                tools: list[dict] | None = None) -> tuple[str, list[tuple[int, int]]]:
+        """The full text and the character spans of the assistant turns (tool calls included: they
+        are what the model says; tool results are not)."""
         try:
-            text = self._apply(messages, generation_prompt=False)
+            text = self._apply(messages, generation_prompt=False, tools=tools)
         except Exception as e:  # jinja raises on templates that reject a conversation shape
             raise SampleError("malformed_record", f"the chat template rejected the conversation: {e}", sid) from None
         spans = []
         for i, m in enumerate(messages):
             if m["role"] != "assistant":
                 continue
-            before = self._apply(messages[:i], generation_prompt=True) if i else ""
-            after = self._apply(messages[: i + 1], generation_prompt=False)
+            before = self._apply(messages[:i], generation_prompt=True, tools=tools) if i else ""
+            after = self._apply(messages[: i + 1], generation_prompt=False, tools=tools)
             if not (text.startswith(after) and after.startswith(before)):
                 raise ConfigError("the chat template is not prefix-stable (rendering the first turns of a "
                                   "conversation is not a prefix of rendering all of them), so assistant turns "
                                   "cannot be located; pass a prefix-stable template with --chat-template")
             spans.append((len(before), len(after)))
         return text, spans
+
+    def _template_renders_tools(self) -> dict[str, Any]:
+        """Which parts of tool calling the template renders: ``tools`` (the definitions), ``tool_calls``
+        (assistant calls), ``tool_results`` (tool turns); ``error`` when it raises on them."""
+        tool = {"type": "function", "function": {"name": "wdspack_probe", "description": "wdspack_probe_describes",
+                                                 "parameters": {"type": "object", "properties": {}}}}
+        call = {"type": "function", "id": "wdsprobe1",
+                "function": {"name": "wdspack_probe", "arguments": {"q": "wdspack_probe_argument"}}}
+        probe = [self._message(m) for m in (
+            {"role": "user", "content": [{"type": "text", "text": "x"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": ""}], "tool_calls": [call]},
+            {"role": "tool", "content": [{"type": "text", "text": "wdspack_probe_result"}],
+             "tool_call_id": "wdsprobe1", "name": "wdspack_probe"},
+            {"role": "assistant", "content": [{"type": "text", "text": "y"}]})]
+        try:
+            text = self._apply(probe, generation_prompt=False, tools=[tool])
+        except Exception as e:  # a template that refuses tool roles or keys raises
+            return {"tools": False, "tool_calls": False, "tool_results": False, "error": _error_text(e)}
+        return {"tools": "wdspack_probe_describes" in text, "tool_calls": "wdspack_probe_argument" in text,
+                "tool_results": "wdspack_probe_result" in text, "error": None}
+
+    def _check_tool_support(self, messages: list[dict], tools: list[dict] | None, sid: str) -> None:
+        """A record with tool calling needs a template that renders it. Not a per-sample drop: the
+        template, not the record, is at fault, and every such record would go the same way."""
+        used = {"tools": bool(tools), "tool_calls": any(m.get("tool_calls") for m in messages),
+                "tool_results": any(m["role"] == "tool" for m in messages)}
+        missing = [k for k, v in used.items() if v and not self.tool_support[k]]
+        if not missing:
+            return
+        names = {"tools": "tool definitions ('tools')", "tool_calls": "assistant tool calls ('tool_calls')",
+                 "tool_results": "tool results ('tool' turns)"}
+        how = (f"raises on them ({self.tool_support['error']})" if self.tool_support["error"]
+               else "leaves them out of the text")
+        raise ConfigError(f"sample {sid!r} has {', '.join(names[k] for k in missing)}, but the chat template of "
+                          f"{self.name!r} {how}; pass --chat-template FILE with one that renders tools, "
+                          "tool_calls and tool turns (the model's own, e.g. Qwen2.5's or Mistral's), or leave the "
+                          "tool-calling records out")
 
     def _template_renders_typed_images(self) -> bool:
         probe = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "x"}]},
