@@ -84,6 +84,28 @@ def test_member_names_split_as_webdataset_splits_them():
     assert split_member_name("README") is None
 
 
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_member_headers_read_like_tarfile_reads_them(tmp_path, fmt):
+    deep = "d" * 90 + "/" + "e" * 60 if fmt == tarfile.USTAR_FORMAT else "x" * 150 + "/ü"
+    path = tmp_path / "s.tar"
+    with tarfile.open(path, "w", format=fmt) as tar:
+        for k in range(3):
+            for ext, data in (("jpg", _image("red", "JPEG")), ("txt", f"caption {k}".encode())):
+                info = tarfile.TarInfo(f"{deep}/{k:04d}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        tar.addfile(_dir_info(f"{deep}/adir"[-90:]))  # a folder entry: not a member of any sample
+    got = _read([path])
+    assert [r.sample_id for r in got] == [f"s.tar:{deep}/{k:04d}" for k in range(3)]
+    assert [r.segments[1] for r in got] == [f"caption {k}" for k in range(3)]
+
+
+def _dir_info(name: str) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = tarfile.DIRTYPE
+    return info
+
+
 def test_caption_members_by_rule_and_corrupt_ones_dropped_with_reasons(tmp_path):
     marker = tmp_path / "unpickled"
     shard = _write_tar(tmp_path / "shard-000000.tar", [

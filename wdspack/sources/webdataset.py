@@ -73,25 +73,110 @@ def scan_groups(path: str, *, every: int) -> tuple[list[tuple[int, int]], int]:
     last_key: str | None = None
     with open(path, "rb") as f:
         try:
-            with tarfile.open(fileobj=f, mode="r:") as tar:
-                for m in _members(tar):
-                    parts = split_member_name(m.name) if m.isfile() else None
-                    if parts is None or parts[0] == last_key:
-                        continue
-                    if count % every == 0:
-                        out.append((m.offset, count))
-                    last_key = parts[0]
-                    count += 1
+            for m in _members(f, 0):
+                parts = split_member_name(m.name) if m.regular else None
+                if parts is None or parts[0] == last_key:
+                    continue
+                if count % every == 0:
+                    out.append((m.offset, count))
+                last_key = parts[0]
+                count += 1
         except tarfile.ReadError as e:
-            if count == 0 and f.tell() <= tarfile.BLOCKSIZE:
+            if count == 0:
                 raise SourceError(f"source {path!r} is not a tar file ({e}); WebDataset sources are .tar "
                                   "shards (uncompressed)") from None
     return out, count
 
 
-def _members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
-    while (m := tar.next()) is not None:
-        yield m
+@dataclass(frozen=True, slots=True)
+class _Member:
+    name: str
+    offset: int  # of its (first) header
+    offset_data: int
+    size: int
+    regular: bool
+
+
+def _members(f, start: int) -> Iterator[_Member]:
+    """The members of a tar from byte ``start``, from their headers alone (ustar, GNU long names, pax
+    ``path``/``size``); ends at the end-of-archive block. tarfile parses headers several times slower.
+
+    Raises:
+        _HeaderDamage: a header that is cut short or fails its checksum.
+    """
+    pos, long_name, pax = start, None, {}
+    first = start
+    while True:
+        f.seek(pos)
+        block = f.read(_BLOCK)
+        if len(block) < _BLOCK:
+            raise _HeaderDamage(pos, f"the header at byte {pos} is cut short ({len(block)} of {_BLOCK} bytes)")
+        if block == _ZEROS:
+            return
+        if _checksum(block) != _octal(block[148:156], pos):
+            raise _HeaderDamage(pos, f"the header at byte {pos} fails its checksum (garbled bytes)")
+        size = _octal(block[124:136], pos)
+        kind = block[156:157]
+        data = pos + _BLOCK
+        pos = data + -(-size // _BLOCK) * _BLOCK
+        if kind in (b"L", b"x", b"g"):
+            f.seek(data)
+            payload = f.read(size)
+            if kind == b"L":
+                long_name = payload.rstrip(b"\0").decode("utf-8", "replace")
+            elif kind == b"x":
+                pax = _pax(payload)
+            continue
+        name = long_name or pax.get("path") or _name(block)
+        size = int(pax.get("size", size))
+        pos = data + -(-size // _BLOCK) * _BLOCK
+        yield _Member(name, first, data, size, kind in (b"0", b"\0", b"7"))
+        long_name, pax, first = None, {}, pos
+
+
+_BLOCK = tarfile.BLOCKSIZE
+_ZEROS = bytes(_BLOCK)
+
+
+def _checksum(block: bytes) -> int:
+    return sum(block[:148]) + 8 * 32 + sum(block[156:])
+
+
+def _octal(field: bytes, pos: int) -> int:
+    if field[:1] in (b"\x80", b"\xff"):  # base-256, for sizes past 8 GB
+        return int.from_bytes(field[1:], "big") - (0 if field[:1] == b"\x80" else 1 << (8 * (len(field) - 1)))
+    text = field.split(b"\0", 1)[0].strip()
+    try:
+        return int(text, 8) if text else 0
+    except ValueError:
+        raise _HeaderDamage(pos, f"the header at byte {pos} has a number field {field!r} that is not octal") from None
+
+
+def _name(block: bytes) -> str:
+    name = block[0:100].split(b"\0", 1)[0]
+    if block[257:262] == b"ustar":
+        prefix = block[345:500].split(b"\0", 1)[0]
+        if prefix:
+            name = prefix + b"/" + name
+    return name.decode("utf-8", "replace")
+
+
+def _pax(payload: bytes) -> dict[str, str]:
+    out, i = {}, 0
+    while i < len(payload):
+        length = int(payload[i:payload.index(b" ", i)])
+        key, _, value = payload[payload.index(b" ", i) + 1:i + length - 1].partition(b"=")
+        out[key.decode()] = value.decode("utf-8", "replace")
+        i += length
+    return out
+
+
+class _HeaderDamage(tarfile.ReadError):
+    """A header that is cut or garbled: the members after it are out of reach."""
+
+    def __init__(self, offset: int, detail: str) -> None:
+        super().__init__(detail)
+        self.offset = offset
 
 
 @dataclass(slots=True)
@@ -106,36 +191,34 @@ def read_captions(path: str, *, start: int, stop: int, first_row: int,
                   name: str) -> Iterator[tuple[int, TextRecord | Dropped]]:
     """The samples of a shard whose first member lies in ``[start, stop)``, as caption records.
 
-    ``path`` is local or a URL; only headers and the members used are read (seeks over the rest).
+    ``path`` is local or a URL; only headers and the members used are read (seeks over the rest;
+    a remote file's read-ahead makes that one sequential stream).
 
     Raises:
         SourceError: the bytes at ``start`` are not a tar.
     """
     with open_input(path) as f:
-        f.seek(start)
         row = first_row
         group: _Group | None = None
         at = start
         try:
-            with tarfile.open(fileobj=f, mode="r:") as tar:
-                for m in _members(tar):
-                    at = m.offset
-                    parts = split_member_name(m.name) if m.isfile() else None
-                    if parts is None:
-                        continue
-                    key, ext = parts
-                    if group is None or key != group.key:
-                        if group is not None:
-                            yield row, _to_record(group, name)
-                            row += 1
-                            group = None
-                        if m.offset >= stop:
-                            return
-                        group = _Group(key)
-                    _add_member(group, ext.lower(), tar, m)
-                at = tar.offset
-            _check_end(f, at)  # tarfile ends quietly at a cut or garbled header: that is damage too
+            for m in _members(f, start):
+                at = m.offset
+                parts = split_member_name(m.name) if m.regular else None
+                if parts is None:
+                    continue
+                key, ext = parts
+                if group is None or key != group.key:
+                    if group is not None:
+                        yield row, _to_record(group, name)
+                        row += 1
+                        group = None
+                    if m.offset >= stop:
+                        return
+                    group = _Group(key)
+                _add_member(group, ext.lower(), f, m)
         except (tarfile.ReadError, EOFError) as e:
+            at = e.offset if isinstance(e, _HeaderDamage) else at
             if group is None and row == first_row and at == start:
                 raise SourceError(f"source {path!r} is not a readable tar at byte {start} ({e}); WebDataset "
                                   "sources are uncompressed .tar shards") from None
@@ -152,30 +235,19 @@ def read_captions(path: str, *, start: int, stop: int, first_row: int,
             yield row, _to_record(group, name)
 
 
-class _HeaderDamage(tarfile.ReadError):
-    """A header that is cut or garbled: the members after it are out of reach."""
-
-
-def _check_end(f, offset: int) -> None:
-    """A tar ends with a block of zeros where its last member ends; anything else is damage."""
-    f.seek(offset)
-    block = f.read(tarfile.BLOCKSIZE)
-    if len(block) < tarfile.BLOCKSIZE or block.strip(b"\0"):
-        raise _HeaderDamage(f"no readable member header or end-of-archive block at byte {offset}")
-
-
-def _add_member(group: _Group, ext: str, tar: tarfile.TarFile, m: tarfile.TarInfo) -> None:
+def _add_member(group: _Group, ext: str, f, m: _Member) -> None:
     """Read a member only when it is the image or a caption; every other member stays unread."""
     if ext in IMAGE_EXTENSIONS:
-        group.images.append((ext, _read(tar, m)))
+        group.images.append((ext, _read(f, m)))
     elif ext in CAPTION_EXTENSIONS and ext not in group.captions:
-        group.captions[ext] = _read(tar, m)
+        group.captions[ext] = _read(f, m)
     else:
         group.others.append(ext)
 
 
-def _read(tar: tarfile.TarFile, m: tarfile.TarInfo) -> bytes:
-    data = tar.extractfile(m).read()
+def _read(f, m: _Member) -> bytes:
+    f.seek(m.offset_data)
+    data = f.read(m.size)
     if len(data) != m.size:
         raise tarfile.ReadError(f"member {m.name!r} has {len(data)} of its {m.size} bytes")
     return data
