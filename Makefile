@@ -29,6 +29,7 @@ bench: env
 	$(BIN)/python tools/bench_processor.py --json docs/bench_processor.json
 	$(BIN)/python tools/bench_balance.py --json docs/bench_balance.json --plot docs/balance.png
 	$(BIN)/python -W ignore tools/bench_wds.py --json docs/bench_wds.json
+	$(BIN)/python tools/bench_sources.py --json docs/bench_sources.json
 
 clean:
 	rm -rf $(VENV) build .pytest_cache
