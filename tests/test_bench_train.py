@@ -1,0 +1,75 @@
+"""tools/bench_train.py: the on-the-fly planner's invariants, and a ``--quick`` run end to end.
+
+The run trains the same samples three ways (packed loader, pad-to-longest through the processor,
+on-the-fly packing); with fixed weights all three must see the same real tokens, the same
+targets and the same summed loss, whatever the timings.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "bench_train.py"
+MODES = ("packed", "pad_to_longest", "on_the_fly")
+
+
+@functools.cache
+def _tool():
+    spec = importlib.util.spec_from_file_location("bench_train", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_train"] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("open_rows", [1, 2, 5])
+def test_on_the_fly_plan_keeps_every_item_once_within_budgets(open_rows):
+    rng = np.random.default_rng(open_rows)
+    tokens = rng.integers(1, 300, 400).tolist()
+    images = rng.integers(0, 3, 400).tolist()
+    plan = _tool().plan_on_the_fly(tokens, images, seq_len=512, max_images=4, open_rows=open_rows)
+    assert sorted(i for row in plan for i in row) == list(range(400))
+    assert all(sum(tokens[i] for i in row) <= 512 and sum(images[i] for i in row) <= 4 for row in plan)
+    assert all(row == sorted(row) for row in plan), "arrival order kept within a row"
+
+
+def test_on_the_fly_plan_next_fit_and_first_fit():
+    plan = _tool().plan_on_the_fly
+    assert plan([6, 5, 3, 4], [0, 0, 0, 0], seq_len=10, max_images=1, open_rows=1) == [[0], [1, 2], [3]]
+    assert plan([6, 5, 3, 4], [0, 0, 0, 0], seq_len=10, max_images=1, open_rows=2) == [[0, 2], [1, 3]]
+    assert plan([2, 2, 2], [1, 1, 0], seq_len=10, max_images=1, open_rows=1) == [[0], [1, 2]]
+
+
+@pytest.mark.slow
+def test_quick_run_trains_the_same_tokens_three_ways(tmp_path):
+    out = tmp_path / "bench_train.json"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run([sys.executable, str(TOOL), "--quick", "--json", str(out)], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    res = json.loads(out.read_text())
+    modes = res["modes"]
+    assert set(MODES) <= set(modes)
+    packed = modes["packed"]
+    assert packed["samples"] > 1 and packed["real_tokens"] > 0
+    for name in MODES:
+        m = modes[name]
+        assert m["real_tokens"] == packed["real_tokens"], f"{name} trained other tokens than packed"
+        assert m["samples"] == packed["samples"] and m["targets"] == packed["targets"] > 0
+        assert m["loss_sum"] == pytest.approx(packed["loss_sum"], rel=1e-4), f"{name}: another loss, other work"
+        assert m["tokens_per_s"] > 0 and m["samples_per_s"] > 0 and all(s > 0 for s in m["seconds"])
+        assert 0 < m["fill"] <= 1 and m["computed_tokens"] >= m["real_tokens"]
+        assert m["tokens_per_s"] == pytest.approx(m["real_tokens"] / min(m["seconds"]), rel=0.01)
+    assert modes["pad_to_longest"]["fill"] < 1, "padding to the longest pads"
+    for r in res["ratios"].values():
+        assert 0.1 < r["min"] <= r["median"] <= r["max"] < 10
+    assert res["config"]["model"]["class"] == "Qwen2_5_VLForConditionalGeneration"

@@ -1,0 +1,446 @@
+"""Training-throughput benchmark: real tokens/s through forward + backward of a real VLM class.
+
+    python tools/bench_train.py --json docs/bench_train.json     # the default run: ~5 min on 2 idle CPU cores
+    python tools/bench_train.py --quick                           # a smoke run, well under a minute
+    python tools/bench_train.py --device cuda --records 2000 --seq-len 4096 --hidden 1024 --layers 8
+
+The same samples go through forward + backward of the same model, three ways:
+
+- **packed**: wdspack's shards (planned offline, best-fit decreasing) through
+  ``make_loader(dataset, batch_size=B, processor=...)`` and ``model(**wdspack.model_inputs(batch, model))``:
+  ``[B, L]`` rows of whole sub-samples, each attending only to itself (the model reads the
+  sub-sample boundaries from the restarting ``position_ids``).
+- **pad-to-longest**: the plain processor → model path, the standard collator: ``b`` samples per
+  step through ``processor.apply_chat_template(..., padding=True)`` (right padding, an attention
+  mask), ``b`` chosen so a step holds the same real tokens as a packed step on average.
+- **on-the-fly packing**: what an in-training packer does (nanoVLM / TRL style): the samples in
+  arrival order, each into the first of ``--otf-rows`` open rows of ``L`` tokens with room (tokens
+  and images), the oldest row sent off when none has; ``--otf-rows 1`` is next-fit. The rows go
+  through wdspack's own collate, so the forward is the packed one; only the plan differs.
+
+Data: the demo generator (``examples/make_demo_data.py``: long-tailed chats, 20 % text-only,
+Pillow images of 64-640 px), packed with the real ``Qwen2_5_VLProcessor`` (``examples/tiny_vlm``;
+4 to 64 tokens per image, so the vision tower stays small on a CPU). The samples are those of the
+packed loader's full batches (it drops fewer than ``B`` packs at the end of an epoch); pad-to-longest
+and on-the-fly packing take them in one seeded shuffled order (the arrival order).
+
+Model: ``Qwen2_5_VLForConditionalGeneration`` with random weights, ``--hidden``/``--layers`` deep,
+the tokenizer's 131k vocabulary. No optimizer step (the weights stay fixed, so every mode and round
+computes the same function, and its per-step cost is not per token); float32 and SDPA on a CPU,
+bfloat16 on CUDA. On CUDA with ``flash_attn`` installed a fourth mode runs: packed, padding-free
+(``[1, B·L]``) with FlashAttention-2's varlen kernel.
+
+Counting: a mode's real tokens are the tokens of the samples it trained (padding never counts),
+the same number for every mode, and so are the trained targets and, with fixed weights, the summed
+loss (checked). Timing: batches are built before the clock starts (the loader's cost is
+``bench_loader.py``'s subject); each round runs every mode over all its batches, interleaved step by
+step (the mode furthest behind goes next), so the host's drift (±20 % here) falls on all modes
+alike. Ratios are taken within a round; the report gives the median and the spread over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import io
+import json
+import platform
+import resource
+import shutil
+import statistics
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+
+#: ``--quick``: a smoke run (tiny data and model, one round).
+QUICK = {"records": 12, "seq_len": 512, "batch_size": 2, "hidden": 32, "layers": 1, "rounds": 1}
+DEFAULT = {"records": 40, "seq_len": 1024, "batch_size": 1, "hidden": 256, "layers": 4, "rounds": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One prepared training step: the model's keyword arguments and what it holds."""
+
+    kwargs: dict[str, Any]
+    samples: int
+    real_tokens: int  # the samples' tokens; padding excluded
+    slots: int  # token positions computed (rows × width), padding included
+    targets: int  # trained tokens (labels after the shift)
+
+
+@dataclass(frozen=True, slots=True)
+class SubSample:
+    input_ids: np.ndarray
+    loss_mask: np.ndarray
+    images: tuple[bytes, ...]
+    image_tokens: tuple[int, ...]
+
+
+# ---------------------------------------------------------------------------------------------- data
+
+
+def build_model(processor: Any, *, hidden: int, layers: int, seed: int = 0) -> Any:
+    """A random-init ``Qwen2_5_VLForConditionalGeneration`` (the real class), ``hidden`` wide."""
+    import transformers
+
+    tok = processor.tokenizer
+    ids = {name: tok.convert_tokens_to_ids(t) for name, t in (
+        ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
+        ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"))}
+    heads = 4
+    half = hidden // heads // 2  # mRoPE splits half the head dimension into (t, h, w)
+    text = dict(vocab_size=len(tok), hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
+                num_attention_heads=heads, num_key_value_heads=2, max_position_embeddings=32768,
+                rope_parameters={"rope_type": "default", "rope_theta": 1e6,
+                                 "mrope_section": [half - 2 * (half // 4), half // 4, half // 4]},
+                pad_token_id=tok.pad_token_id, bos_token_id=None, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"))
+    vision = dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=2, patch_size=14, spatial_merge_size=2,
+                  temporal_patch_size=2, out_hidden_size=hidden, window_size=56, fullatt_block_indexes=[1])
+    config = transformers.Qwen2_5_VLConfig(text_config=text, vision_config=vision, **ids)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return transformers.Qwen2_5_VLForConditionalGeneration(config)
+
+
+def read_packs(dataset: Path) -> list[Any]:
+    """Every pack of the dataset, shard by shard, in stored order (the unshuffled loader's order)."""
+    from wdspack.codec import decode_pack
+
+    packs = []
+    for shard in sorted(dataset.glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            packs += [decode_pack(tar.extractfile(m).read()) for m in tar.getmembers() if m.name.endswith(".mp")]
+    return packs
+
+
+def sub_samples(packs: list[Any]) -> dict[str, SubSample]:
+    """``id -> SubSample``: the packs split at their stored boundaries."""
+    out = {}
+    for pack in packs:
+        starts = np.cumsum((0,) + pack.seq_lens)
+        for s, sid in enumerate(pack.sample_ids):
+            own = [j for j, o in enumerate(pack.image_sample) if o == s]
+            span = slice(int(starts[s]), int(starts[s + 1]))
+            out[sid] = SubSample(pack.input_ids[span].astype(np.int64), pack.loss_mask[span],
+                                 tuple(pack.images[j] for j in own), tuple(pack.image_tokens[j] for j in own))
+    return out
+
+
+def read_records(sources: list[str]) -> dict[str, Any]:
+    from wdspack.errors import Dropped
+    from wdspack.sources import iter_records, list_partitions
+
+    return {r.sample_id: r for part in list_partitions(sources) for r in iter_records(part)
+            if not isinstance(r, Dropped)}
+
+
+# ---------------------------------------------------------------------------------------------- the three feeds
+
+
+def _targets(labels: torch.Tensor) -> int:
+    return int((labels[..., 1:] != -100).sum())
+
+
+def packed_steps(dataset: Path, processor_dir: Path, model: Any, *, batch_size: int, packs: list[Any],
+                 padding_free: bool = False) -> tuple[list[Step], list[str]]:
+    """The loader's batches of one epoch (unshuffled, in this process) as model inputs, and the
+    ids of the sub-samples they hold (checked against the stored packs, batch by batch)."""
+    import wdspack
+
+    loader = wdspack.make_loader(str(dataset), batch_size=batch_size, num_workers=0, shuffle=False,
+                                 processor=str(processor_dir), padding_free=padding_free, pin_memory=False)
+    steps, ids = [], []
+    for k, batch in enumerate(loader):
+        mine = packs[k * batch_size:(k + 1) * batch_size]
+        if batch["num_tokens"].tolist() != [p.num_tokens for p in mine]:
+            raise AssertionError(f"batch {k}: the loader's packs are not the stored packs {k * batch_size}...")
+        ids += [sid for p in mine for sid in p.sample_ids]
+        kwargs = wdspack.model_inputs(batch, model)
+        steps.append(Step(kwargs, int(batch["num_samples"].sum()), int(batch["num_tokens"].sum()),
+                          int(batch["input_ids"].numel()), _targets(kwargs["labels"])))
+    return steps, ids
+
+
+def plan_on_the_fly(tokens: list[int], images: list[int], *, seq_len: int, max_images: int,
+                    open_rows: int) -> list[list[int]]:
+    """An in-training packer: items in arrival order, each into the first of ``open_rows`` open rows
+    with room for its tokens and images; with none, the oldest row is sent off and a new one opened.
+
+    Example:
+        >>> plan_on_the_fly([6, 5, 3, 4], [0, 0, 0, 0], seq_len=10, max_images=1, open_rows=1)
+        [[0], [1, 2], [3]]
+        >>> plan_on_the_fly([6, 5, 3, 4], [0, 0, 0, 0], seq_len=10, max_images=1, open_rows=2)
+        [[0, 2], [1, 3]]
+    """
+    done: list[list[int]] = []
+    rows: list[tuple[list[int], int, int]] = []  # (items, tokens, images)
+    for i, (t, m) in enumerate(zip(tokens, images)):
+        for r, (items, used_t, used_m) in enumerate(rows):
+            if used_t + t <= seq_len and used_m + m <= max_images:
+                rows[r] = (items + [i], used_t + t, used_m + m)
+                break
+        else:
+            if len(rows) == open_rows:
+                done.append(rows.pop(0)[0])
+            rows.append(([i], t, m))
+    return done + [items for items, _, _ in rows]
+
+
+def on_the_fly_steps(subs: dict[str, SubSample], order: list[str], processor_dir: Path, model: Any, *,
+                     batch_size: int, seq_len: int, max_images: int, pad_token_id: int, open_rows: int
+                     ) -> tuple[list[Step], list[list[str]]]:
+    """Rows from :func:`plan_on_the_fly`, ``batch_size`` per step (the last step may hold fewer),
+    through wdspack's own collate (what its loader does per batch), then ``model_inputs``."""
+    import wdspack
+    from wdspack.codec import Pack
+    from wdspack.collate import collate_packs, pack_to_example
+    from wdspack.models.batching import ModelBatcher
+
+    plan = plan_on_the_fly([len(subs[s].input_ids) for s in order], [len(subs[s].images) for s in order],
+                           seq_len=seq_len, max_images=max_images, open_rows=open_rows)
+    rows = [[order[i] for i in group] for group in plan]
+    packs = [_pack_of(Pack, [subs[s] for s in row], row) for row in rows]
+    batcher = ModelBatcher(str(processor_dir), seq_len=seq_len, max_images=max_images,
+                           max_image_tokens=max(sum(p.image_tokens) for p in packs))
+    steps = []
+    for k in range(0, len(packs), batch_size):
+        examples, parts = [], []
+        for pack in packs[k:k + batch_size]:
+            examples.append(pack_to_example(pack, seq_len=seq_len, max_images=max_images, pad_token_id=pad_token_id))
+            parts.append(batcher.pack_parts(pack, examples[-1]["input_ids"]))
+        batch, _ = batcher.collate(dict(collate_packs(examples)), parts)
+        kwargs = wdspack.model_inputs(batch, model)
+        steps.append(Step(kwargs, int(batch["num_samples"].sum()), int(batch["num_tokens"].sum()),
+                          int(batch["input_ids"].numel()), _targets(kwargs["labels"])))
+    return steps, rows
+
+
+def _pack_of(pack_cls: Any, parts: list[SubSample], ids: list[str]) -> Any:
+    owners = tuple(j for j, s in enumerate(parts) for _ in s.images)
+    return pack_cls(np.concatenate([s.input_ids for s in parts]), np.concatenate([s.loss_mask for s in parts]),
+                    tuple(len(s.input_ids) for s in parts), tuple(ids),
+                    tuple(im for s in parts for im in s.images), owners,
+                    tuple(n for s in parts for n in s.image_tokens))
+
+
+def padded_steps(records: dict[str, Any], subs: dict[str, SubSample], order: list[str], processor: Any,
+                 model: Any, *, batch_size: int) -> list[Step]:
+    """``batch_size`` samples per step through the processor's own batched ``apply_chat_template``
+    (padded to the longest, right side); labels are the samples' assistant turns, as packed."""
+    from PIL import Image
+
+    processor.tokenizer.padding_side = "right"
+    device = next(model.parameters()).device
+    steps = []
+    for k in range(0, len(order), batch_size):
+        names = order[k:k + batch_size]
+        chats = []
+        for sid in names:
+            pool = iter([Image.open(io.BytesIO(b)) for b in records[sid].images])
+            chats.append([{"role": m["role"], "content": m["content"] if isinstance(m["content"], str) else
+                           [dict(p, image=next(pool)) if p["type"] == "image" else p for p in m["content"]]}
+                          for m in records[sid].messages])
+        inputs = dict(processor.apply_chat_template(chats, tokenize=True, return_dict=True, padding=True,
+                                                    return_tensors="pt"))
+        labels = torch.full_like(inputs["input_ids"], -100)
+        for row, sid in enumerate(names):
+            s = subs[sid]
+            n = len(s.input_ids)
+            if inputs["input_ids"][row, :n].tolist() != s.input_ids.tolist() or int(inputs["attention_mask"][row].sum()) != n:
+                raise AssertionError(f"{sid}: the processor's tokens differ from the packed sub-sample's")
+            mask = torch.from_numpy(s.loss_mask.astype(bool))
+            mask[0] = False
+            labels[row, :n] = torch.where(mask, torch.from_numpy(s.input_ids), -100)
+        kwargs = {k: v.to(device) for k, v in inputs.items()} | {"labels": labels.to(device), "use_cache": False}
+        steps.append(Step(kwargs, len(names), int(inputs["attention_mask"].sum()), int(inputs["input_ids"].numel()),
+                          _targets(labels)))
+    return steps
+
+
+# ---------------------------------------------------------------------------------------------- timing
+
+
+def train_step(model: Any, kwargs: dict[str, Any], *, sync: bool) -> tuple[float, float]:
+    """Forward + backward (no optimizer step); ``(seconds, loss × targets)``."""
+    t0 = time.perf_counter()
+    model.zero_grad(set_to_none=True)
+    loss = model(**kwargs).loss
+    loss.backward()
+    if sync:
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    return seconds, float(loss.detach())
+
+
+def run_rounds(modes: dict[str, tuple[Any, list[Step]]], *, rounds: int, sync: bool) -> dict[str, dict]:
+    """``rounds`` passes over every mode's steps, interleaved step by step (the mode with the
+    smallest share done goes next); per mode and round the seconds, and the summed loss."""
+    for model, steps in modes.values():  # warm-up, untimed: allocator, thread pools
+        train_step(model, steps[0].kwargs, sync=sync)
+    out = {name: {"seconds": [], "loss_sum": []} for name in modes}
+    for r in range(rounds):
+        done = dict.fromkeys(modes, 0)
+        seconds = dict.fromkeys(modes, 0.0)
+        loss = dict.fromkeys(modes, 0.0)
+        while any(done[m] < len(modes[m][1]) for m in modes):
+            name = min((m for m in modes if done[m] < len(modes[m][1])), key=lambda m: done[m] / len(modes[m][1]))
+            model, steps = modes[name]
+            step = steps[done[name]]
+            s, mean = train_step(model, step.kwargs, sync=sync)
+            seconds[name] += s
+            loss[name] += mean * step.targets
+            done[name] += 1
+        for name in modes:
+            out[name]["seconds"].append(seconds[name])
+            out[name]["loss_sum"].append(loss[name])
+        print(f"round {r + 1}/{rounds}: " + ", ".join(f"{m} {seconds[m]:.1f} s" for m in modes), flush=True)
+    return out
+
+
+def summarize(modes: dict[str, tuple[Any, list[Step]]], timing: dict[str, dict]) -> dict[str, dict]:
+    res = {}
+    for name, (_, steps) in modes.items():
+        real, samples = sum(s.real_tokens for s in steps), sum(s.samples for s in steps)
+        secs = timing[name]["seconds"]
+        res[name] = {"steps": len(steps), "samples": samples, "real_tokens": real,
+                     "targets": sum(s.targets for s in steps), "computed_tokens": sum(s.slots for s in steps),
+                     "fill": round(real / sum(s.slots for s in steps), 4),
+                     "tokens_per_s": round(real / min(secs), 1), "tokens_per_s_median": round(real / statistics.median(secs), 1),
+                     "samples_per_s": round(samples / min(secs), 3), "seconds": [round(s, 2) for s in secs],
+                     "loss_sum": timing[name]["loss_sum"][0]}
+    return res
+
+
+def ratio(timing: dict[str, dict], a: str, b: str) -> dict[str, Any]:
+    """Tokens/s of ``a`` over ``b`` per round (same real tokens, so the inverse ratio of seconds)."""
+    per = [tb / ta for ta, tb in zip(timing[a]["seconds"], timing[b]["seconds"])]
+    return {"median": round(statistics.median(per), 3), "min": round(min(per), 3), "max": round(max(per), 3),
+            "per_round": [round(x, 3) for x in per]}
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def prepare(args: argparse.Namespace, work: Path, device: torch.device) -> tuple[dict, dict]:
+    """Data, processor, model and every mode's steps; the configuration record."""
+    from make_demo_data import generate
+    from tiny_vlm import qwen2_5_vl
+
+    from wdspack.models import save_processor
+    from wdspack.pipeline import PackConfig, pack_dataset
+    from wdspack.samples import SampleConfig
+
+    generate(work / "data", records=args.records, seed=args.seed)
+    sources = [str(work / "data" / "llava.jsonl"), str(work / "data" / "messages.jsonl")]
+    processor = qwen2_5_vl.processor(work / "tok")
+    folder = save_processor(processor, work / "processor")
+    summary = pack_dataset(sources, str(work / "packed"), sample_config=SampleConfig(processor=str(folder)),
+                           config=PackConfig(seq_len=args.seq_len, max_images=args.max_images, max_drop_fraction=1.0),
+                           progress=False)  # the demo's deliberately bad records, and chats over seq_len
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    model = build_model(processor, hidden=args.hidden, layers=args.layers).to(device, dtype).train()
+    model.set_attn_implementation("sdpa")
+    packs = read_packs(work / "packed")
+    subs = sub_samples(packs)
+    steps, ids = packed_steps(work / "packed", folder, model, batch_size=args.batch_size, packs=packs)
+    order = [ids[i] for i in np.random.default_rng(args.seed).permutation(len(ids))]  # the arrival order
+    lens = np.array([len(subs[s].input_ids) for s in ids])
+    fill = sum(s.real_tokens for s in steps) / sum(s.slots for s in steps)
+    b = args.padded_batch_size or max(1, round(args.batch_size * args.seq_len * fill / lens.mean()))
+    modes = {"packed": (model, steps),
+             "pad_to_longest": (model, padded_steps(read_records(sources), subs, order, processor, model, batch_size=b))}
+    otf, rows = on_the_fly_steps(subs, order, folder, model, batch_size=args.batch_size, seq_len=args.seq_len,
+                                 max_images=args.max_images, pad_token_id=processor.tokenizer.pad_token_id,
+                                 open_rows=args.otf_rows)
+    modes["on_the_fly"] = (model, otf)
+    if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+        fa2 = copy.deepcopy(model)
+        fa2.set_attn_implementation("flash_attention_2")
+        modes["packed_padding_free_fa2"] = (fa2, packed_steps(work / "packed", folder, fa2, batch_size=args.batch_size,
+                                                              packs=packs, padding_free=True)[0])
+    images = sum(len(subs[s].images) for s in ids)
+    params = sum(p.numel() for p in model.parameters())
+    config = {
+        "device": str(device), "dtype": str(dtype).removeprefix("torch."), "attention": "sdpa",
+        "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
+        "torch": torch.__version__, "transformers": __import__("transformers").__version__,
+        "model": {"class": type(model).__name__, "params": params, "hidden": args.hidden, "layers": args.layers,
+                  "vocab": model.config.text_config.vocab_size,
+                  "vision": "depth 2, hidden 64; 4-64 tokens per image"},
+        "data": {"records": args.records, "samples": len(ids), "dropped_by_packer": summary.samples_read - summary.samples_packed,
+                 "real_tokens": int(lens.sum()), "images": images,
+                 "text_only_share": round(sum(not subs[s].images for s in ids) / len(ids), 3),
+                 "tokens_mean": round(float(lens.mean()), 1), "tokens_median": int(np.median(lens)),
+                 "tokens_p90": int(np.percentile(lens, 90)), "tokens_max": int(lens.max())},
+        "seq_len": args.seq_len, "max_images": args.max_images, "batch_size": args.batch_size,
+        "padded_batch_size": b, "otf_rows": args.otf_rows, "rounds": args.rounds, "seed": args.seed,
+        "optimizer_step": False,
+    }
+    return modes, config
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="a smoke run: " + json.dumps(QUICK))
+    ap.add_argument("--records", type=int, help=f"demo records to generate (default {DEFAULT['records']})")
+    ap.add_argument("--seq-len", type=int, help=f"L (default {DEFAULT['seq_len']})")
+    ap.add_argument("--max-images", type=int, default=16)
+    ap.add_argument("--batch-size", type=int, help=f"packs per packed step, B (default {DEFAULT['batch_size']})")
+    ap.add_argument("--padded-batch-size", type=int, help="samples per padded step (default: the same real tokens "
+                                                          "per step as a packed step, on average)")
+    ap.add_argument("--otf-rows", type=int, default=4, help="open rows of the on-the-fly packer (1: next-fit)")
+    ap.add_argument("--hidden", type=int, help=f"text model width (default {DEFAULT['hidden']})")
+    ap.add_argument("--layers", type=int, help=f"text model layers (default {DEFAULT['layers']})")
+    ap.add_argument("--rounds", type=int, help=f"timed passes over every mode (default {DEFAULT['rounds']})")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", help="write the figures here")
+    args = ap.parse_args(argv)
+    for key, value in (QUICK if args.quick else DEFAULT).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    device = torch.device(args.device)
+    work = Path(tempfile.mkdtemp(prefix="bench-train-"))
+    try:
+        t0 = time.perf_counter()
+        modes, config = prepare(args, work, device)
+        print(f"prepared in {time.perf_counter() - t0:.0f} s: " + json.dumps(config), flush=True)
+        timing = run_rounds(modes, rounds=args.rounds, sync=device.type == "cuda")
+        res = {"config": config, "modes": summarize(modes, timing),
+               "ratios": {"packed_vs_pad_to_longest": ratio(timing, "packed", "pad_to_longest"),
+                          "packed_vs_on_the_fly": ratio(timing, "packed", "on_the_fly")},
+               "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+               "seconds_total": round(time.perf_counter() - t0, 1)}
+        if "packed_padding_free_fa2" in modes:
+            res["ratios"]["fa2_padding_free_vs_pad_to_longest"] = ratio(timing, "packed_padding_free_fa2",
+                                                                        "pad_to_longest")
+        print_table(res)
+        if args.json:
+            Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def print_table(res: dict) -> None:
+    print("\n| mode | steps | real tokens | fill | real tokens/s | samples/s |\n|---|---:|---:|---:|---:|---:|")
+    for name, m in res["modes"].items():
+        print(f"| {name} | {m['steps']} | {m['real_tokens']:,} | {m['fill']:.1%} | {m['tokens_per_s']:,.0f} | "
+              f"{m['samples_per_s']:.2f} |")
+    for name, r in res["ratios"].items():
+        print(f"{name}: {r['median']:.2f}× (rounds {r['min']:.2f}-{r['max']:.2f})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
