@@ -1,4 +1,4 @@
-"""Sequential byte streams over local files and HTTP(S), resumable at any byte.
+"""Sequential byte streams over local files, HTTP(S) and fsspec stores, resumable at any byte.
 
 A stream is read front to back in reads of at most ``block_size``; :meth:`skip` jumps forward (a seek
 locally; over HTTP a new ``Range`` request when the jump is long and the server honours ranges).
@@ -9,12 +9,23 @@ that ignores ``Range`` (answers 200) is handled by discarding the bytes already 
 
 Headers (a Hub token among them) are sent to the URL's host only: a redirect to another host drops
 ``Authorization``. No header value ever reaches a log line, an error message or a ``repr``.
+
+Any other ``scheme://`` (``s3://``, ``gs://``, ``az://``, ``memory://``) is an fsspec store, read by
+:class:`FsspecStream` with the same contract. On S3 (s3fs) a stream is one streaming ``GetObject``
+(``Range: bytes={offset}-`` past byte 0), read a block at a time, with no cache and no read-ahead
+beyond the socket's; botocore's own retries are switched off (``max_attempts=1``) and s3fs's
+retrying wrapper is not used, so every retry is this module's: counted, logged, and resumed at the
+exact byte. Other stores are opened with ``fs.open(cache_type="none")`` and seeked to the byte.
+The storage options (keys, tokens) travel in the ``headers`` argument and are never printed either.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import http.client
 import logging
+import os
 import random
 import re
 import socket
@@ -23,11 +34,12 @@ import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import SourceError
 
-__all__ = ["HttpStream", "LocalStream", "NotFoundError", "open_stream", "read_all"]
+__all__ = ["FsspecStream", "HttpStream", "LocalStream", "NotFoundError", "is_fsspec", "open_stream", "read_all"]
 
 logger = logging.getLogger("wdspack.loader")
 
@@ -40,17 +52,42 @@ class NotFoundError(SourceError):
     """The file is not there (HTTP 404, or no such local file)."""
 
 
-def is_remote(url: str) -> bool:
+_SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
+
+
+def is_http(url: str) -> bool:
     return url.startswith(("http://", "https://"))
 
 
+def is_fsspec(url: str) -> bool:
+    """True for a URL fsspec opens: a ``scheme://`` other than http(s), ``hf://`` and ``file://``.
+
+    Example:
+        >>> is_fsspec("s3://bucket/ds/"), is_fsspec("https://host/ds/"), is_fsspec("/data/ds")
+        (True, False, False)
+    """
+    m = _SCHEME.match(url)
+    return m is not None and m.group(1).lower() not in ("http", "https", "hf", "file")
+
+
+def is_remote(url: str) -> bool:
+    """Read over the network (http(s) or an fsspec store): joined with ``/``, never listed."""
+    return is_http(url) or is_fsspec(url)
+
+
 def open_stream(url: str, *, offset: int = 0, block_size: int = 1 << 20, retries: int = 5, backoff: float = 0.5,
-                headers: Mapping[str, str] | None = None, stats: Counter | None = None,
-                timeout: float = 60.0) -> LocalStream | HttpStream:
-    """Open ``url`` (a local path or an http(s) URL) for sequential reading from ``offset``."""
-    if is_remote(url):
+                headers: Mapping[str, Any] | None = None, stats: Counter | None = None,
+                timeout: float = 60.0) -> LocalStream | HttpStream | FsspecStream:
+    """Open ``url`` (a local path, an http(s) URL or an fsspec URL) for sequential reading from ``offset``.
+
+    ``headers`` are the request headers of an http(s) URL, or the storage options of an fsspec URL.
+    """
+    if is_http(url):
         return HttpStream(url, offset=offset, block_size=block_size, retries=retries, backoff=backoff,
                           headers=headers, stats=stats, timeout=timeout)
+    if is_fsspec(url):
+        return FsspecStream(url, offset=offset, block_size=block_size, retries=retries, backoff=backoff,
+                            storage_options=headers, stats=stats, timeout=timeout)
     return LocalStream(url, offset=offset, block_size=block_size)
 
 
@@ -149,31 +186,11 @@ class HttpStream:
 
     def read(self, n: int) -> bytes:
         """Up to ``n`` bytes; fewer only at the end of the resource."""
-        while len(self._buf) < n and not self._eof:
-            self._fill()
-        out = bytes(self._buf[:n])
-        del self._buf[:n]
-        self.offset += len(out)
-        return out
+        return _read_buffered(self, n)
 
     def skip(self, n: int) -> None:
         """Move ``n`` bytes forward: drop buffered bytes, read through short gaps, re-request long ones."""
-        if n <= len(self._buf):
-            del self._buf[:n]
-            self.offset += n
-            return
-        n -= len(self._buf)
-        self.offset += len(self._buf)
-        self._buf.clear()
-        if self._ranges and n > 4 * self._block and not self._eof:
-            self._close_response()
-            self.offset += n
-            return
-        while n > 0:
-            chunk = self.read(min(n, self._block))
-            if not chunk:
-                break
-            n -= len(chunk)
+        _skip_buffered(self, n, self._close_response)
 
     def close(self) -> None:
         self._close_response()
@@ -213,18 +230,7 @@ class HttpStream:
             except (_Transient, *_TRANSIENT_ERRORS) as e:
                 self._close_response()
                 attempt += 1
-                if attempt > self._retries:
-                    raise SourceError(f"reading {self.url} failed at byte {self._net_offset()} after "
-                                      f"{self._retries} retries: {_describe(e)}; check the network or raise "
-                                      "retries=") from None
-                wait = getattr(e, "wait", None)
-                if wait is None:
-                    wait = self._backoff * 2 ** (attempt - 1) * (0.5 + self._jitter.random())
-                wait = min(wait, MAX_WAIT_S)
-                self._stats["retries"] += 1
-                logger.warning("%s: %s; retry %d/%d at byte %d in %.1fs", self.url, _describe(e), attempt,
-                               self._retries, self._net_offset(), wait)
-                time.sleep(wait)
+                _wait_to_retry(self, e, attempt)
 
     def _net_offset(self) -> int:
         return self.offset + len(self._buf)
@@ -281,6 +287,349 @@ class HttpStream:
                 pass
             self._resp = None
             self._remaining = None
+
+
+# -- fsspec stores ----------------------------------------------------------------------------------
+
+#: S3 error codes that mean "try again later" whatever the status (throttling, a busy or failing node).
+TRANSIENT_S3_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
+                                "RequestTimeout", "InternalError", "ServiceUnavailable", "OperationAborted"})
+_MISSING_S3_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "NoSuchVersion", "404"})
+
+
+class FsspecStream:
+    """One object in an fsspec store (``s3://``, ``gs://``, ...) read front to back; survives dropped connections.
+
+    ``storage_options`` go to the store's fsspec filesystem and are never printed. See the module
+    doc for how S3 is read (one streaming request per stream, our retries only).
+
+    Example:
+        >>> with FsspecStream("s3://bucket/ds/train-000000.tar", storage_options={"profile": "data"}) as s:  # doctest: +SKIP
+        ...     header = s.read(512)
+    """
+
+    def __init__(self, url: str, *, offset: int = 0, block_size: int = 1 << 20, retries: int = 5,
+                 backoff: float = 0.5, storage_options: Mapping[str, Any] | None = None,
+                 stats: Counter | None = None, timeout: float = 60.0) -> None:
+        self.url = url
+        self.offset = offset  # next byte the caller gets
+        self._block = max(512, int(block_size))
+        self._retries = retries
+        self._backoff = backoff
+        self._options = dict(storage_options or {})
+        self._stats = stats if stats is not None else Counter()
+        self._timeout = timeout
+        self._buf = bytearray()
+        self._body: _S3Body | _FileBody | None = None
+        self._eof = False
+        self._ranges = True  # every body opens at any byte
+        self._jitter = random.Random()  # back-off jitter only
+
+    def __repr__(self) -> str:
+        return f"FsspecStream({self.url!r}, offset={self.offset})"
+
+    def read(self, n: int) -> bytes:
+        """Up to ``n`` bytes; fewer only at the end of the object."""
+        return _read_buffered(self, n)
+
+    def skip(self, n: int) -> None:
+        """Move ``n`` bytes forward: drop buffered bytes, read through short gaps, reopen at the byte past long ones."""
+        _skip_buffered(self, n, self._close_body)
+
+    def close(self) -> None:
+        self._close_body()
+        self._eof = True
+
+    def __enter__(self) -> FsspecStream:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _fill(self) -> None:
+        attempt = 0
+        while True:
+            try:
+                if self._body is None:
+                    self._body = self._open_body()
+                    if self._body is None:  # nothing past the offset
+                        self._eof = True
+                        return
+                chunk = self._body.read(self._block)
+                if not chunk:
+                    self._eof = True
+                    self._close_body()
+                    return
+                self._buf += chunk
+                self._stats["bytes_read"] += len(chunk)
+                return
+            except Exception as e:  # sorted below into transient (retried) and the rest (raised)
+                self._close_body()
+                if isinstance(e, SourceError):
+                    raise
+                if not _is_transient(e):
+                    raise SourceError(f"reading {self.url} failed at byte {self.offset + len(self._buf)}: "
+                                      f"{_describe(e)}; check the URL and the storage options") from None
+                attempt += 1
+                _wait_to_retry(self, e, attempt)
+
+    def _open_body(self) -> _S3Body | _FileBody | None:
+        start = self.offset + len(self._buf)
+        fs, path = _store(self.url, self._options, self._timeout)
+        if "s3" in _protocols(fs) and hasattr(fs, "split_path") and hasattr(fs, "get_s3"):
+            body = _S3Body.open(fs, path, start=start, url=self.url)
+        else:
+            body = _FileBody.open(fs, path, start=start, block_size=self._block, url=self.url)
+        if body is not None:
+            self._stats["requests"] += 1
+        return body
+
+    def _close_body(self) -> None:
+        if self._body is not None:
+            body, self._body = self._body, None
+            body.close()
+
+
+_STORES: dict[tuple[int, str], Any] = {}  # (pid, options token) -> filesystem; never emptied (see _store)
+_INHERITED: list[Any] = []
+
+
+def _store(url: str, options: dict[str, Any], timeout: float) -> tuple[Any, str]:
+    """``(filesystem, path)`` for ``url``: one filesystem per process and options, reused by its streams.
+
+    A forked process (a DataLoader worker) makes its own, and keeps the parent's alive rather than
+    letting them be collected: collecting one runs s3fs's finalizer, which closes the parent's
+    connections through the parent's event loop, whose epoll set the child shares, so the parent
+    stops hearing from those sockets and its next request on one hangs until the read timeout.
+    fsspec's own instance cache drops the parent's instances in a new process; ours are made with
+    ``skip_instance_cache`` and the ones fsspec drops are held here first.
+    """
+    import fsspec
+    from fsspec.utils import tokenize
+
+    from ..storage import filesystem
+
+    options = _store_options(url, options, timeout)
+    scheme = url.split("://", 1)[0].lower()
+    pid = os.getpid()
+    key = (pid, tokenize(scheme, options))
+    fs = _STORES.get(key)
+    if fs is None:
+        try:
+            cls = fsspec.get_filesystem_class(scheme)
+            if getattr(cls, "_pid", pid) != pid:  # the first filesystem of its class in this (forked) process
+                _INHERITED.extend(getattr(cls, "_cache", {}).values())
+        except (ImportError, ValueError):
+            pass  # filesystem() says which backend to install
+        fs, _ = filesystem(url, **options, skip_instance_cache=True)
+        _STORES[key] = fs
+    return fs, fs._strip_protocol(url)
+
+
+def _protocols(fs) -> tuple[str, ...]:
+    p = fs.protocol
+    return (p,) if isinstance(p, str) else tuple(p)
+
+
+def _store_options(url: str, options: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """The filesystem's options: for S3, botocore's retries off (ours are counted and resume at the byte)
+    and the read's ``timeout`` as its connect and read timeouts unless the options name their own."""
+    scheme = url.split("://", 1)[0].lower()
+    if scheme not in ("s3", "s3a"):
+        return options
+    config = dict(options.get("config_kwargs") or {})
+    config["retries"] = {"total_max_attempts": 1, "mode": "standard"}  # botocore reads max_attempts as retries
+    config.setdefault("connect_timeout", timeout)
+    config.setdefault("read_timeout", timeout)
+    return {**options, "config_kwargs": config}
+
+
+class _S3Body:
+    """One streaming ``GetObject`` from a byte on (s3fs's client; none of its caches or retries)."""
+
+    def __init__(self, fs, response: dict[str, Any]) -> None:
+        self._fs = fs
+        self._stream = response["Body"]
+
+    @classmethod
+    def open(cls, fs, path: str, *, start: int, url: str) -> _S3Body | None:
+        from botocore.exceptions import ClientError
+        from fsspec.asyn import sync
+
+        bucket, key, version = fs.split_path(path)
+        try:
+            response = sync(fs.loop, _get_object, fs, bucket, key, version, start)
+        except ClientError as e:
+            status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            code = str(e.response.get("Error", {}).get("Code", ""))
+            if (status == 416 or code == "InvalidRange") and start > 0:
+                return None
+            if status in TRANSIENT_STATUS or code in TRANSIENT_S3_CODES:
+                raise _Transient(f"HTTP {status} {code}".strip()) from None
+            if status == 404 or code in _MISSING_S3_CODES:
+                raise NotFoundError(f"{url}: not found ({code or status}); the manifest lists it, so the dataset "
+                                    "is incomplete at this location (copy the whole dataset folder) or the bucket "
+                                    "or prefix is wrong") from None
+            if status in (401, 403):
+                raise SourceError(f"{url}: HTTP {status} ({code}), not authorised; give credentials through "
+                                  "storage_options (key/secret, profile) or the environment (AWS_PROFILE, "
+                                  "AWS_ACCESS_KEY_ID)") from None
+            raise SourceError(f"{url}: S3 error {code} (HTTP {status})") from None
+        body = cls(fs, response)
+        got = _content_range_start(response.get("ContentRange"))
+        if start > 0 and got is None:  # a store that ignores Range sends it all: drop what was read already
+            logger.info("%s: the store ignores ranged reads; re-reading %d bytes", url, start)
+            try:
+                while start > 0:
+                    chunk = body.read(min(start, 1 << 20))
+                    if not chunk:
+                        raise _Transient("connection closed while skipping to the resume offset")
+                    start -= len(chunk)
+            except BaseException:
+                body.close()
+                raise
+        elif start > 0 and got != start:
+            body.close()
+            raise SourceError(f"{url}: asked for bytes from {start}, the store sent {got}; the object changed "
+                              "while reading it")
+        return body
+
+    def read(self, n: int) -> bytes:
+        from fsspec.asyn import sync
+
+        return sync(self._fs.loop, self._stream.read, n)
+
+    def close(self) -> None:
+        from fsspec.asyn import sync
+
+        # Drops the connection (not drained): the rest of the object is not wanted. Closing a broken
+        # connection may fail; it is gone either way.
+        with contextlib.suppress(Exception):
+            sync(self._fs.loop, _close_async, self._stream)
+
+
+async def _get_object(fs, bucket: str, key: str, version: str | None, start: int) -> dict[str, Any]:
+    await fs.set_session()
+    client = await fs.get_s3(bucket)
+    kwargs = {"Bucket": bucket, "Key": key, **fs.req_kw}
+    if version:
+        kwargs["VersionId"] = version
+    if start > 0:
+        kwargs["Range"] = f"bytes={start}-"
+    return await client.get_object(**kwargs)
+
+
+async def _close_async(stream) -> None:
+    stream.close()
+
+
+class _FileBody:
+    """Any other fsspec store: ``fs.open`` without a cache, seeked to the byte."""
+
+    def __init__(self, f) -> None:
+        self._f = f
+
+    @classmethod
+    def open(cls, fs, path: str, *, start: int, block_size: int, url: str) -> _FileBody:
+        try:
+            f = fs.open(path, "rb", block_size=block_size, cache_type="none")
+        except FileNotFoundError:
+            raise NotFoundError(f"{url}: not found; the manifest lists it, so the dataset is incomplete at this "
+                                "location (copy the whole dataset folder) or the URL is wrong") from None
+        except PermissionError:
+            raise SourceError(f"{url}: not authorised; give credentials through storage_options or the "
+                              "environment the store's fsspec backend reads") from None
+        if start:
+            f.seek(start)
+        return cls(f)
+
+    def read(self, n: int) -> bytes:
+        return self._f.read(n)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._f.close()
+
+
+def _is_transient(e: BaseException) -> bool:
+    """Worth retrying: resets, timeouts, short bodies, throttling; not a missing object or a refusal."""
+    if isinstance(e, _Transient):
+        return True
+    if isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        return False
+    return isinstance(e, (OSError, TimeoutError, http.client.HTTPException, *_network_errors()))
+
+
+@functools.cache
+def _network_errors() -> tuple[type[BaseException], ...]:
+    """The network error types of the optional fsspec backends that are installed."""
+    out: list[type[BaseException]] = []
+    try:
+        from fsspec.exceptions import FSTimeoutError
+
+        out.append(FSTimeoutError)
+    except ImportError:
+        pass
+    try:
+        import aiohttp
+
+        out.append(aiohttp.ClientError)  # ClientPayloadError (a short body), ServerDisconnectedError, ...
+    except ImportError:
+        pass
+    try:
+        from botocore import exceptions as bx
+        from botocore.parsers import ResponseParserError  # throttling can answer with broken XML
+
+        out += [bx.HTTPClientError, bx.ConnectionError, bx.IncompleteReadError, ResponseParserError]
+    except ImportError:
+        pass
+    return tuple(out)
+
+
+def _read_buffered(stream, n: int) -> bytes:
+    """``stream.read``: fill its buffer until it holds ``n`` bytes or the resource ends."""
+    while len(stream._buf) < n and not stream._eof:
+        stream._fill()
+    out = bytes(stream._buf[:n])
+    del stream._buf[:n]
+    stream.offset += len(out)
+    return out
+
+
+def _skip_buffered(stream, n: int, drop_connection) -> None:
+    """``stream.skip``: a long jump drops the connection and the next read asks from the new byte."""
+    if n <= len(stream._buf):
+        del stream._buf[:n]
+        stream.offset += n
+        return
+    n -= len(stream._buf)
+    stream.offset += len(stream._buf)
+    stream._buf.clear()
+    if stream._ranges and n > 4 * stream._block and not stream._eof:
+        drop_connection()
+        stream.offset += n
+        return
+    while n > 0:
+        chunk = stream.read(min(n, stream._block))
+        if not chunk:
+            break
+        n -= len(chunk)
+
+
+def _wait_to_retry(stream, e: BaseException, attempt: int) -> None:
+    """Count and log retry ``attempt`` and sleep its back-off, or raise once the retries are spent."""
+    at = stream.offset + len(stream._buf)
+    if attempt > stream._retries:
+        raise SourceError(f"reading {stream.url} failed at byte {at} after {stream._retries} retries: "
+                          f"{_describe(e)}; check the network or raise retries=") from None
+    wait = getattr(e, "wait", None)
+    if wait is None:
+        wait = stream._backoff * 2 ** (attempt - 1) * (0.5 + stream._jitter.random())
+    wait = min(wait, MAX_WAIT_S)
+    stream._stats["retries"] += 1
+    logger.warning("%s: %s; retry %d/%d at byte %d in %.1fs", stream.url, _describe(e), attempt, stream._retries,
+                   at, wait)
+    time.sleep(wait)
 
 
 def _describe(e: BaseException) -> str:

@@ -8,6 +8,9 @@ Accepted sources::
     hf://datasets/ORG/NAME@main[/sub/folder]   a Hub dataset (resolved with HfFileSystem); the
                                                revision is a branch, a tag or a commit, ``@main``
                                                when left out (always asked for by name)
+    s3://bucket/packed/  gs://…  az://…         a dataset root in any fsspec store (its backend,
+                                               e.g. s3fs, installed); ``storage_options`` go to
+                                               the store's filesystem
     packed/train-{000000..000009}.tar          a brace pattern (local or remote)
     packed/train-*.tar                         a glob (local only: remote folders are never listed)
     ["a/train-000000.tar", "a/train-000001.tar"]  an explicit list
@@ -19,7 +22,8 @@ are refused (counting them would download them).
 
 A Hub revision is pinned to its commit when resolved, so every worker and rank reads the same
 snapshot even if the branch moves during training. Shard bytes are then streamed from the
-revision's ``resolve`` URL with one ranged GET per shard (see :mod:`.streams`).
+revision's ``resolve`` URL with one ranged GET per shard (see :mod:`.streams`). An fsspec store's
+shards are read the same way, one streaming (ranged) ``GetObject`` per shard on S3.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from ..errors import ConfigError, ManifestError, SourceError
 from ..manifest import MANIFEST_NAME, Manifest
 from ..storage import with_hub_revision
 from .stages import ShardError, shard_packs
-from .streams import LocalStream, NotFoundError, is_remote, read_all
+from .streams import LocalStream, NotFoundError, is_fsspec, is_remote, read_all
 
 __all__ = ["ResolvedSource", "ShardRef", "expand_braces", "resolve_source"]
 
@@ -58,7 +62,12 @@ class ShardRef:
 
 @dataclass(frozen=True)
 class ResolvedSource:
-    """The shard list, read once; ``headers`` (a Hub token) is never printed."""
+    """The shard list, read once.
+
+    ``headers`` is what every shard request needs besides its URL, and is never printed: the HTTP
+    headers of an http(s) or Hub source (a token), or the storage options of an fsspec source
+    (keys, an endpoint), which each worker's stream hands to the store's filesystem.
+    """
 
     display: str
     shards: tuple[ShardRef, ...]
@@ -92,7 +101,6 @@ def resolve_source(source: str | os.PathLike[str] | Sequence[str], *, storage_op
                    **read_kwargs: Any) -> ResolvedSource:
     """Resolve ``source`` (see the module docstring) to shard URLs and counts; reads the manifest once."""
     options = dict(storage_options or {})
-    headers = dict(options.pop("headers", {}) or {})
     if isinstance(source, (str, os.PathLike)):
         text, urls = os.fspath(source), None
     else:
@@ -101,6 +109,10 @@ def resolve_source(source: str | os.PathLike[str] | Sequence[str], *, storage_op
             raise ConfigError("source is an empty list of shards; pass shard URLs, a dataset folder or a manifest")
         text = urls[0]
     display = text if urls is None else f"{len(urls)} shards from {posixpath.dirname(text) or '.'}"
+    if is_fsspec(text):
+        headers, options = options, {}  # the store's options, for every stream (see ResolvedSource)
+    else:
+        headers = dict(options.pop("headers", {}) or {})
     if text.startswith("hf://"):
         named = [u for pattern in (urls or [text]) for u in expand_braces(pattern)]
         resolved, headers = _hf_to_http(named, options, headers)
@@ -109,8 +121,8 @@ def resolve_source(source: str | os.PathLike[str] | Sequence[str], *, storage_op
         else:
             urls = resolved
     elif options:
-        raise ConfigError(f"storage_options keys {sorted(options)} only apply to hf:// sources "
-                          "(use storage_options={'headers': {...}} for https)")
+        raise ConfigError(f"storage_options keys {sorted(options)} only apply to hf:// and fsspec (s3://, gs://, "
+                          "...) sources (use storage_options={'headers': {...}} for https)")
     read_kwargs = {**read_kwargs, "headers": headers}
     if urls is None:
         urls = _expand(text)
@@ -197,8 +209,8 @@ def _expand(text: str) -> list[str] | None:
         return None
     if is_remote(text):
         if any(glob.has_magic(c) for c in candidates):
-            raise ConfigError(f"{text}: globs cannot be expanded over HTTP (folders are never listed); use a brace "
-                              "pattern like train-{000000..000009}.tar or the dataset root")
+            raise ConfigError(f"{text}: globs cannot be expanded on a remote store (folders are never listed); use "
+                              "a brace pattern like train-{000000..000009}.tar or the dataset root")
         return candidates
     urls: list[str] = []
     for c in candidates:
