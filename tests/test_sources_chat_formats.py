@@ -546,3 +546,9 @@ def test_cli_exit_status_for_drops(tmp_path, tekken_dir, capsys):
     assert rc == 0 and "dropped 2 (malformed_record 2)" in out
     rc, out, err = run(1, "at-the-limit")  # 1 of 20 = 5 %: within the default tolerance
     assert rc == 0 and "dropped 1 (malformed_record 1)" in out
+
+
+def test_demo_template_is_the_published_one():
+    """``make demo`` packs its tool-calling file with examples/chat_templates/mistral_nemo.jinja: this one."""
+    path = Path(__file__).resolve().parents[1] / "examples" / "chat_templates" / "mistral_nemo.jinja"
+    assert path.read_text(encoding="utf-8") == MISTRAL_NEMO_TEMPLATE
