@@ -228,6 +228,13 @@ def test_alpaca_record_becomes_a_chat(tmp_path):
     assert _texts(no_input.messages[0]) == "Name a prime."
 
 
+def test_alpaca_rows_with_a_rendered_text_column_stay_alpaca(tmp_path):
+    # tatsu-lab/alpaca ships each row's prompt rendered in `text` too: still a chat, not a document
+    rec = _one(tmp_path, {"instruction": "Add.", "input": "2 + 2", "output": "4",
+                          "text": "Below is an instruction ... ### Response:\n4"})
+    assert isinstance(rec, Record) and _texts(rec.messages[1]) == "4"
+
+
 def test_alpaca_system_history_and_images(tmp_path):
     (tmp_path / "a.png").write_bytes(_png())
     rec = _one(tmp_path, {"system": "Be brief.", "history": [["Hi", "Hello!"], ["2+2?", "4"]],

@@ -21,11 +21,12 @@ from PIL import Image
 from wdspack.cli import main
 from wdspack.errors import ConfigError, Dropped, SampleError
 from wdspack.pipeline import PackConfig, pack_dataset
-from wdspack.pretrain import PretrainConfig, build_samples, pack_documents
+from wdspack.pretrain import PretrainConfig, build_samples
 from wdspack.samples import SampleConfig, get_builder
 from wdspack.sources import TextRecord, iter_records, list_partitions
 from wdspack.sources.documents import IMAGE, build_document, is_document
 from wdspack.sources.webdataset import split_member_name
+from wdspack.stats import open_dataset
 from wdspack.verify import _check_sources, verify_dataset
 
 TPI = 4  # tokens per image
@@ -334,7 +335,7 @@ def test_unsplittable_or_unsplit_documents_are_too_long(tekken_dir, tmp_path):
     with pytest.raises(SampleError, match="no text boundary") as e:
         build_samples(b, no_space, seq_len=64, max_images=None)
     assert e.value.reason == "too_long"
-    with pytest.raises(ConfigError, match="pack_documents"):
+    with pytest.raises(ConfigError, match="only wdspack.pretrain.build_samples returns"):
         b.build(_long_document())  # the one-sample path cannot split: loud, not a silent too_long
 
 
@@ -346,6 +347,13 @@ def _pack_argv(tekken_dir, sources, out, *extra) -> list[str]:
             "[IMG]", "--tokens-per-image", str(TPI), "--eos-token", "</s>", "--seq-len", "128", "--max-images", "4",
             "--shard-packs", "3", "--max-drop-fraction", "1", "--quiet",
             *extra]
+
+
+def _packed_ids(folder: Path) -> list[str]:
+    from wdspack.stats import iter_dataset_packs
+
+    manifest, root = open_dataset(str(folder))
+    return [sid for _, pack in iter_dataset_packs(manifest, root) for sid in pack.sample_ids]
 
 
 def _files(folder: Path) -> dict[str, bytes]:
@@ -391,15 +399,16 @@ def test_pack_captions_and_documents_split_verify_and_repeat_byte_for_byte(tekke
     assert verify_dataset(str(plain), sources=[str(s) for s in sources]) == []
 
 
-def test_pack_documents_resumes_to_the_same_bytes(tekken_dir, tmp_path, monkeypatch):
-    import wdspack.pretrain as pretrain
+def test_splitting_jobs_resume_to_the_same_bytes(tekken_dir, tmp_path, monkeypatch):
+    import wdspack.pipeline as pipeline
 
     files = _documents(tmp_path)
     sources = [str(files["jsonl"]), str(files["parquet"])]
     cfg = _config(tekken_dir, split_long_documents=True)
     config = PackConfig(seq_len=128, max_images=4, shard_max_packs=2, records_per_partition=1, max_drop_fraction=1)
-    pack_documents(sources, tmp_path / "ok", sample_config=cfg, config=config)
-    real, calls = pretrain._measure_split, []
+    pack_dataset(sources, tmp_path / "ok", sample_config=cfg, config=config)
+    assert any("#1" in sid for sid in _packed_ids(tmp_path / "ok")), "a document was split"
+    real, calls = pipeline._measure_partition, []
 
     def crash_on_third(*args):
         calls.append(args[0])
@@ -407,14 +416,12 @@ def test_pack_documents_resumes_to_the_same_bytes(tekken_dir, tmp_path, monkeypa
             raise KeyboardInterrupt
         return real(*args)
 
-    monkeypatch.setattr(pretrain, "_measure_split", crash_on_third)
+    monkeypatch.setattr(pipeline, "_measure_partition", crash_on_third)
     with pytest.raises(KeyboardInterrupt):
-        pack_documents(sources, tmp_path / "crashy", sample_config=cfg, config=config)
-    monkeypatch.setattr(pretrain, "_measure_split", real)
-    pack_documents(sources, tmp_path / "crashy", sample_config=cfg, config=config, resume=True)
+        pack_dataset(sources, tmp_path / "crashy", sample_config=cfg, config=config)
+    monkeypatch.setattr(pipeline, "_measure_partition", real)
+    pack_dataset(sources, tmp_path / "crashy", sample_config=cfg, config=config, resume=True)
     assert _files(tmp_path / "crashy") == _files(tmp_path / "ok")
-    with pytest.raises(ConfigError, match="split_long_documents=True"):
-        pack_documents(sources, tmp_path / "x", sample_config=_config(tekken_dir), config=config)
 
 
 def test_verify_understands_pieces_and_finds_a_missing_one():

@@ -197,10 +197,7 @@ def _run_pack(args: argparse.Namespace) -> int:
                         shard_max_packs=args.shard_packs, workers=args.workers, on_error=args.on_error,
                         max_drop_fraction=_drop_fraction(args), split=args.split, executor=args.executor,
                         ray_address=args.ray_address)
-    pack = pack_dataset
-    if args.split_long_documents:  # one document may become several samples: wdspack.pretrain's job
-        from .pretrain import pack_documents as pack
-    summary = pack(args.sources, args.output, sample_config=sample_config, config=config,
+    summary = pack_dataset(args.sources, args.output, sample_config=sample_config, config=config,
                    image_root=args.image_root, resume=args.resume,
                    progress=not args.quiet and sys.stderr.isatty())
     for line in summary.lines():

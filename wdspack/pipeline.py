@@ -209,7 +209,8 @@ def pack_dataset(
     partitions = list_partitions(list(sources), image_root=image_root,
                                  records_per_partition=config.records_per_partition)
     fingerprint = _fingerprint(partitions, sample_config, config)
-    tasks = [(i, p, sample_config, config.on_error) for i, p in enumerate(partitions)]
+    tasks = [(i, p, sample_config, config.on_error, config.seq_len, config.max_images)
+             for i, p in enumerate(partitions)]
     provenance = {"image_root": image_root, "max_image_side": sample_config.max_image_side,
                   "max_image_pixels": sample_config.max_image_pixels}
     return run_job(Location(output), fingerprint, _measure_partition, tasks, config,
@@ -337,9 +338,11 @@ def _bin_name(i: int) -> str:
     return f"{i:06d}.bin"
 
 
-def _measure_partition(i: int, partition: Partition, sample_config: SampleConfig, on_error: str,
-                       work: str) -> int:
-    """Tokenize one partition into the spool."""
+def _measure_partition(i: int, partition: Partition, sample_config: SampleConfig, on_error: str, seq_len: int,
+                       max_images: int | None, work: str) -> int:
+    """Tokenize one partition into the spool (a document split by ``split_long_documents``: one sample per piece)."""
+    from .pretrain import build_samples
+
     builder = get_builder(sample_config)
     with SpoolWriter(work, i) as spool:
         for item in iter_records(partition):
@@ -348,13 +351,14 @@ def _measure_partition(i: int, partition: Partition, sample_config: SampleConfig
                 spool.drop(item)
                 continue
             try:
-                s = builder.build(item)
+                samples = build_samples(builder, item, seq_len=seq_len, max_images=max_images)
             except SampleError as e:
                 d = e.to_dropped(item.sample_id)
                 _on_drop(d, on_error)
                 spool.drop(d)
                 continue
-            spool.add(s.sample_id, s.input_ids, s.loss_mask, s.images, s.image_tokens)
+            for s in samples:
+                spool.add(s.sample_id, s.input_ids, s.loss_mask, s.images, s.image_tokens)
         spool.finish(builder.describe())
     return i
 

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from .pipeline import PackConfig, PackSummary
     from .samples import SampleBuilder
 
-__all__ = ["DEFAULT_CAPTION_TEMPLATE", "PretrainConfig", "build_samples", "build_text_sample", "pack_documents"]
+__all__ = ["DEFAULT_CAPTION_TEMPLATE", "PretrainConfig", "build_samples", "build_text_sample"]
 
 DEFAULT_CAPTION_TEMPLATE = "{image}{caption}"
 _IMAGE_FIELD, _CAPTION_FIELD = "{image}", "{caption}"
@@ -112,7 +112,7 @@ def build_text_sample(builder: SampleBuilder, record: TextRecord) -> Sample:
 
     Raises:
         SampleError: a drop reason (an unreadable image, nothing to train on).
-        ConfigError: splitting was asked for (only :func:`build_samples` can return pieces), or
+        ConfigError: splitting was asked for (only :func:`build_samples` returns pieces), or
             the tokenizer has no end-of-text token.
 
     Example:
@@ -122,8 +122,8 @@ def build_text_sample(builder: SampleBuilder, record: TextRecord) -> Sample:
     """
     config = _config(builder)
     if record.kind == "document" and config.split_long_documents:
-        raise ConfigError("split_long_documents needs wdspack.pretrain.pack_documents (what `wdspack pack "
-                          "--split-long-documents` runs): pipeline.pack_dataset builds one sample per record")
+        raise ConfigError("split_long_documents: a document may become several samples, which only "
+                          "wdspack.pretrain.build_samples returns (as pack_dataset's measure step calls it)")
     bos, eos = _special_ids(builder, config)
     return _assemble(record.sample_id, bos, _parts(builder, record, config, offsets=False), eos)
 
@@ -358,81 +358,3 @@ def _slice(parts: list[_Part], where: list[tuple[int, int]], a: int, b: int) -> 
         hi = last[1] + 1 if pi == last[0] else p.ids.size
         out.append(_Part(p.ids[lo:hi], p.target))
     return out
-
-
-# ---- the job ---------------------------------------------------------------------------------
-
-
-def pack_documents(sources: Sequence[str], output: str, *, sample_config: SampleConfig, config: PackConfig,
-                   image_root: str | None = None, resume: bool = False, progress: bool = False) -> PackSummary:
-    """:func:`wdspack.pipeline.pack_dataset` with long documents split into pieces (``wdspack pack
-    --split-long-documents``): the same measure → plan → write job, resumable and deterministic,
-    whose measure step may turn one document into several samples.
-
-    Raises:
-        ConfigError: ``sample_config.pretrain`` does not ask for splitting.
-
-    Example:
-        >>> pack_documents(["web/*.parquet"], "out", config=PackConfig(seq_len=4096, max_images=16),
-        ...                sample_config=SampleConfig("tok/", pretrain=PretrainConfig(split_long_documents=True,
-        ...                                                                             eos_token="</s>")))  # doctest: +SKIP
-    """
-    from .pipeline import run_job
-    from .sources import list_partitions
-    from .storage import Location
-
-    if sample_config.pretrain is None or not sample_config.pretrain.split_long_documents:
-        raise ConfigError("pack_documents splits long documents: pass SampleConfig(pretrain=PretrainConfig("
-                          "split_long_documents=True)), or use pipeline.pack_dataset")
-    start = time.perf_counter()
-    partitions = list_partitions(list(sources), image_root=image_root,
-                                 records_per_partition=config.records_per_partition)
-    tasks = [(i, p, sample_config, config.on_error, config.seq_len, config.max_images)
-             for i, p in enumerate(partitions)]
-    provenance = {"image_root": image_root, "max_image_side": sample_config.max_image_side,
-                  "max_image_pixels": sample_config.max_image_pixels, "split_long_documents": True}
-    return run_job(Location(output), _fingerprint(partitions, sample_config, config), _measure_split, tasks, config,
-                   describe=lambda: get_builder(sample_config).describe(), sources=sources, provenance=provenance,
-                   resume=resume, progress=progress, start=start)
-
-
-def _measure_split(i: int, partition, sample_config: SampleConfig, on_error: str, seq_len: int,
-                   max_images: int | None, work: str) -> int:
-    """Tokenize one partition into the spool; a split document adds one sample per piece."""
-    from .pipeline import SpoolWriter
-    from .sources import iter_records
-
-    builder = get_builder(sample_config)
-    with SpoolWriter(work, i) as spool:
-        for item in iter_records(partition):
-            try:
-                if isinstance(item, Dropped):
-                    raise SampleError(item.reason, item.detail, item.sample_id)
-                samples = build_samples(builder, item, seq_len=seq_len, max_images=max_images)
-            except SampleError as e:
-                d = e.to_dropped(item.sample_id)
-                if on_error == "raise":
-                    raise SampleError(d.reason, f"{d.detail} (pass --on-error skip to drop such samples and go on)",
-                                      sample_id=d.sample_id) from None
-                spool.drop(d)
-                continue
-            for s in samples:
-                spool.add(s.sample_id, s.input_ids, s.loss_mask, s.images, s.image_tokens)
-        spool.finish(builder.describe())
-    return i
-
-
-def _fingerprint(partitions, sample_config: SampleConfig, config: PackConfig) -> str:
-    """A hash of everything that decides the output (the inputs as listed and stat-ed, the settings)."""
-    from . import __version__
-    from .storage import stat_tag
-
-    tags: dict[str, list[Any]] = {}
-    inputs = []
-    for p in partitions:
-        if p.path not in tags:
-            tags[p.path] = stat_tag(p.path)
-        inputs.append([p.path, p.kind, p.start, p.stop, p.first_row, p.image_root, *tags[p.path]])
-    blob = json.dumps({"job": "pack_documents", "inputs": inputs, "samples": asdict(sample_config),
-                       "config": config.output_fields(), "version": __version__}, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()

@@ -38,7 +38,7 @@ __all__ = ["DOCUMENT_COLUMNS", "IMAGE", "TextRecord", "build_document", "is_docu
 DOCUMENT_COLUMNS = ("text",)
 #: The segment that stands for the record's next image.
 IMAGE = None
-_CHAT_FIELDS = ("messages", "conversations")
+_CHAT_FIELDS = ("messages", "conversations", "instruction")  # a chat, or Alpaca (whose rows may carry a `text` too)
 
 
 @dataclass(frozen=True, slots=True)
