@@ -76,14 +76,15 @@ def test_ray_equals_local_byte_for_byte(ray_cluster, local_files, demo_data, sam
 # --- a worker dies mid-job ------------------------------------------------------------------------
 
 
-def _measure_dies_once(i, partition, sample_config, on_error, work):
+def _measure_dies_once(i, partition, sample_config, on_error, seq_len, max_images, work):
     """Measure, except that the first attempt at VICTIM_PART spools half a sample and dies."""
     marker = Path(work).parents[1] / f"measure-{i}.died"
     if i == VICTIM_PART and not marker.exists():
         marker.write_text(str(os.getpid()))
         (Path(work) / "spool" / f"{i:06d}.bin").write_bytes(b"\x95\xa9half a sample")
         os._exit(1)
-    return pipeline._measure_partition(i, partition, sample_config, on_error, work)  # the real one, in a worker
+    return pipeline._measure_partition(i, partition, sample_config, on_error, seq_len, max_images,
+                                       work)  # the real one, in a worker
 
 
 def _write_dies_once(j, refs, work, path, token_dtype):
