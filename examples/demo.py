@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     show_tool_sample(formats)
 
     print("\n== 3. wdspack inspect")
-    wdspack_main(["inspect", str(packed), "--plot", str(work / "inspect.png")])
+    wdspack_main(["inspect", str(packed), "--plot", str(work / "inspect.png"), "--ranks", "8"])
 
     print("\n== 4. stream batches (make_loader: 2 workers, 4 packs per batch, images decoded to 224 px)")
     stream(packed, batches=args.batches)
