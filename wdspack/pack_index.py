@@ -211,18 +211,21 @@ def index_dataset(root: str | os.PathLike[str]) -> dict:
 
 
 class FileStream:
-    """``read`` / ``skip`` / ``offset`` over an open binary file (for :func:`member_offsets`)."""
+    """``read`` / ``skip`` / ``offset`` over an open, seekable binary file, for the tar reader
+    (:func:`wdspack.loader.stages.tar_entries`). Positions are absolute, so others may seek ``f``
+    between calls."""
 
-    def __init__(self, f) -> None:
-        self._f, self.offset = f, 0
+    def __init__(self, f, *, offset: int = 0) -> None:
+        self._f, self.offset = f, offset
+        f.seek(offset)
 
     def read(self, n: int) -> bytes:
+        self._f.seek(self.offset)
         data = self._f.read(n)
         self.offset += len(data)
         return data
 
     def skip(self, n: int) -> None:
-        self._f.seek(n, 1)
         self.offset += n
 
 

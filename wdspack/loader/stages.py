@@ -54,7 +54,14 @@ class TarEntry:
 
 
 class ShardError(FormatError):
-    """A shard that ends early or has a garbled header; the packs after the damage are lost."""
+    """A shard that ends early or has a garbled header; the packs after the damage are lost.
+
+    ``offset``: where the damage starts (the damaged header, or the start of the read that came short).
+    """
+
+    def __init__(self, message: str, *, offset: int | None = None) -> None:
+        super().__init__(message)
+        self.offset = offset
 
 
 def tar_entries(stream, *, where: str) -> Iterator[TarEntry]:
@@ -76,7 +83,8 @@ def tar_entries(stream, *, where: str) -> Iterator[TarEntry]:
         size = _parse_size(header[124:136], where=where, offset=stream.offset - BLOCK)
         if kind in _META:
             if size > _MAX_META:
-                raise ShardError(f"{where}: a {size}-byte tar meta header at byte {stream.offset - BLOCK}")
+                raise ShardError(f"{where}: a {size}-byte tar meta header at byte {stream.offset - BLOCK}",
+                                 offset=stream.offset - BLOCK)
             data = _read_exact(stream, size, where=where, what="a tar meta header")
             stream.skip(_pad(size))
             if kind == b"L":
@@ -90,8 +98,9 @@ def tar_entries(stream, *, where: str) -> Iterator[TarEntry]:
         name = pending_name or _header_name(header)
         size = pending_size if pending_size is not None else size
         if size > _MAX_MEMBER:
-            raise ShardError(f"{where}: the tar header at byte {stream.offset - BLOCK} claims a {size}-byte member; "
-                             "the header is garbled")
+            at = stream.offset - BLOCK
+            raise ShardError(f"{where}: the tar header at byte {at} claims a {size}-byte member; the header is garbled",
+                             offset=at)
         pending_name = pending_size = None
         yield TarEntry(name=name, size=size, regular=kind in _REGULAR, offset=start)
         start = None
@@ -226,14 +235,14 @@ def _raise_if_other_version(data: bytes) -> None:
 def _read_exact(stream, n: int, *, where: str, what: str) -> bytes:
     """Exactly ``n`` bytes, read in pieces: a header claiming gigabytes in a short shard costs no more
     memory than the bytes that are really there (``read(n)`` would allocate ``n`` up front)."""
-    pieces, got = [], 0
+    pieces, got, start = [], 0, stream.offset
     while got < n and (piece := stream.read(min(n - got, _READ_PIECE))):
         pieces.append(piece)
         got += len(piece)
     data = b"".join(pieces)  # one piece is returned as it is, not copied
     if len(data) != n:
         raise ShardError(f"{where}: truncated at byte {stream.offset} while reading {what} "
-                         f"({len(data)} of {n} bytes)")
+                         f"({len(data)} of {n} bytes)", offset=start)
     return data
 
 
@@ -249,7 +258,8 @@ def _check_header(header: bytes, *, where: str, offset: int) -> None:
         expected = -1
     actual = sum(header[:148]) + 8 * 32 + sum(header[156:])
     if expected != actual:
-        raise ShardError(f"{where}: damaged tar header at byte {offset} (checksum {expected} != {actual})")
+        raise ShardError(f"{where}: damaged tar header at byte {offset} (checksum {expected} != {actual})",
+                         offset=offset)
 
 
 def _parse_size(field: bytes, *, where: str, offset: int) -> int:
@@ -261,7 +271,7 @@ def _parse_size(field: bytes, *, where: str, offset: int) -> int:
     except ValueError:
         size = -1
     if size < 0:
-        raise ShardError(f"{where}: the tar header at byte {offset} has a malformed size {field!r}")
+        raise ShardError(f"{where}: the tar header at byte {offset} has a malformed size {field!r}", offset=offset)
     return size
 
 
