@@ -49,6 +49,7 @@ import torch
 
 from .codec import Pack, decode_pack
 from .errors import ConfigError, FormatError, WdspackError
+from .loader.dataloader import _insert_after
 
 __all__ = ["DatasetInfo", "batched", "collate", "decode_packs", "read_dataset", "to_examples"]
 
@@ -400,17 +401,6 @@ def _where(sample: Any) -> str:
 
 def _reraise(exn: Exception) -> bool:
     raise exn
-
-
-def _insert_after(batch: dict[str, Any], anchor: str, key: str, value: Any) -> dict[str, Any]:
-    """``batch`` with ``key`` right after ``anchor`` (where ``make_loader`` puts ``pixel_values``)."""
-    out = {}
-    for k, v in batch.items():
-        out[k] = v
-        if k == anchor:
-            out[key] = value
-    out.setdefault(key, value)
-    return out
 
 
 def _pinned_hf_url(source: str, resolved: str) -> str:
