@@ -156,11 +156,11 @@ def test_uneven_shards_give_every_rank_the_same_number_of_batches(uneven, remain
 
 
 def test_plan_epoch_literal_split():
-    # largest shards first into the emptiest slot; the last shard does not fit whole and is split
+    # the shards back to back, cut where a slot's share ends: one split shard, in two pieces
     plan = plan_epoch([9, 3, 7, 2, 5], slots=2, epoch=0, seed=0, shuffle=False, remainder="drop")
     assert plan.per_slot == 13
     assert [[(r.shard, r.start, r.stop) for r in s] for s in plan.slots] == [
-        [(0, 0, 9), (1, 0, 3), (3, 0, 1)], [(2, 0, 7), (3, 1, 2), (4, 0, 5)]]
+        [(0, 0, 9), (1, 0, 3), (2, 0, 1)], [(2, 1, 7), (3, 0, 2), (4, 0, 5)]]
 
 
 @settings(max_examples=60, deadline=None)
@@ -192,6 +192,10 @@ def test_plan_epoch_properties(counts, slots, batch, epoch, remainder, shuffle):
         for r in plan.slots[s]:
             owners.setdefault(r.shard, set()).add(s)
     assert sum(len(o) - 1 for o in owners.values()) <= slots - 1
+    # and a shard is split only at slot boundaries: no more pieces than the shares it spans
+    share = plan.per_slot if remainder == "drop" else total // slots  # the smallest slot's share
+    for shard, o in owners.items():
+        assert len(o) <= 2 + (counts[shard] - 1) // share
 
 
 @settings(max_examples=40, deadline=None)
@@ -399,6 +403,9 @@ def test_restore_refuses_another_setup(even):
     state = first.state_dict()
     with pytest.raises(ConfigError, match=r"batch_size: saved 2, now 4"):
         make_loader(even, batch_size=4, num_workers=2, seed=1).load_state_dict(state)
+    older = {**state, "config": {k: v for k, v in state["config"].items() if k != "plan"}}  # before plan 2
+    with pytest.raises(ConfigError, match=r"plan 1, this one 2.*loader.set_epoch\(1\)"):
+        make_loader(even, batch_size=2, num_workers=2, seed=1).load_state_dict(older)
     fewer = make_loader(even, batch_size=2, num_workers=1, seed=1)  # another layout resumes elastically
     fewer.load_state_dict(state)
     assert len(fewer) == len(first) - 3  # the rest of the epoch: 3 batches were read

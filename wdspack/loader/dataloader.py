@@ -50,6 +50,9 @@ from .dataset import META_KEY, MODEL_KEY, PIXELS_KEY, STAT_KEYS, PackedDataset
 __all__ = ["PackedLoader", "make_loader"]
 
 logger = logging.getLogger("wdspack.loader")
+#: How shards are split over slots (:mod:`.plan`); a state saved under another split is refused.
+#: 2: McNaughton's wrap-around (shards back to back, cut at slot boundaries).
+PLAN_VERSION = 2
 STATE_VERSION = 1
 
 
@@ -240,6 +243,11 @@ class PackedLoader:
                                   "by another wdspack version")
         layout = ("rank", "world_size", "num_workers")
         saved, now = states[0]["config"], self._config()
+        if saved.get("plan") != now["plan"]:
+            raise ConfigError(f"the state was saved by a wdspack that splits shards over ranks and workers another way "
+                              f"(plan {saved.get('plan', 1)}, this one {now['plan']}), so its positions mean other "
+                              f"packs here; finish epoch {states[0]['epoch']} with that version, or start the next one "
+                              f"with loader.set_epoch({int(states[0]['epoch']) + 1})")
         diff = [f"{k}: saved {saved.get(k)!r}, now {now.get(k)!r}" for k in (*now, *(k for k in saved if k not in now))
                 if k not in layout and saved.get(k) != now.get(k)]
         if diff:
@@ -324,7 +332,7 @@ class PackedLoader:
         shards = [(os.path.basename(u), n) for u, n in zip(ds.shards, (s.packs for s in ds._source.shards))]
         m = ds.manifest
         digest = hashlib.sha256(json.dumps([shards, [s.sha256 for s in m.shards] if m else None]).encode()).hexdigest()
-        config = {"dataset": digest[:16], "seed": ds.seed, "shuffle": ds.shuffle, "shuffle_buffer": ds.shuffle_buffer,
+        config = {"plan": PLAN_VERSION, "dataset": digest[:16], "seed": ds.seed, "shuffle": ds.shuffle, "shuffle_buffer": ds.shuffle_buffer,
                   "remainder": ds.remainder, "batch_size": self.batch_size, "rank": ds.rank,
                   "world_size": ds.world_size, "num_workers": self.num_workers}
         if ds.balance is not None:  # only then: states saved without balance stay loadable

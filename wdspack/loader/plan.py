@@ -5,12 +5,14 @@ no process talks to another and none lists a directory. For 4 shards of 6 packs 
 worker with ``remainder="drop"``::
 
     shards (epoch order)   s2:6   s0:6   s3:6   s1:6
-    slot 0 (rank 0)        s2[0:6] s3[0:6]           12 packs
-    slot 1 (rank 1)        s0[0:6] s1[0:6]           12 packs
+    slot 0 (rank 0)        s2[0:6] s0[0:6]           12 packs
+    slot 1 (rank 1)        s3[0:6] s1[0:6]           12 packs
 
-Whole shards go to the slot with the most room, largest first, so a shard is opened by one slot
-only; what does not fit whole is split into pack ranges (``s4[0:57]``, ``s4[57:100]``) to fill
-the last gaps. Every slot then yields exactly ``per_slot`` packs, a multiple of the batch size:
+The epoch's shards, back to back, are cut into consecutive runs of each slot's share (McNaughton's
+wrap-around rule): a shard is split only where one slot's share ends, into pack ranges
+(``s4[0:57]``, ``s4[57:100]``) that are each one ranged read, so at most ``slots - 1`` shards are
+split and a shard no larger than a share is read in two pieces at most; shards that divide evenly
+are never split. Every slot then yields exactly ``per_slot`` packs, a multiple of the batch size:
 
 * ``remainder="drop"``: ``per_slot = floor(total / slots / batch) * batch``; the packs past the
   slots' capacity are not read this epoch (fewer than ``slots * batch``; which ones changes with
@@ -77,7 +79,7 @@ def plan_epoch(counts: Sequence[int], *, slots: int, epoch: int, seed: int, shuf
     Example:
         >>> p = plan_epoch([6, 6, 6, 6], slots=2, epoch=0, seed=0, shuffle=False, remainder="drop")
         >>> p.per_slot, [[(r.shard, r.start, r.stop) for r in s] for s in p.slots]
-        (12, [[(0, 0, 6), (2, 0, 6)], [(1, 0, 6), (3, 0, 6)]])
+        (12, [[(0, 0, 6), (1, 0, 6)], [(2, 0, 6), (3, 0, 6)]])
     """
     if remainder not in REMAINDER_POLICIES:
         raise ConfigError(f"remainder={remainder!r} is not one of {REMAINDER_POLICIES}")
@@ -108,31 +110,26 @@ def plan_epoch(counts: Sequence[int], *, slots: int, epoch: int, seed: int, shuf
 
 
 def _assign(counts: Sequence[int], capacities: list[int], order: np.ndarray) -> list[list[PackRange]]:
-    """Whole shards first (largest first, into the slot with the most room), then split the rest."""
-    room = list(capacities)
-    out: list[list[PackRange]] = [[] for _ in room]
-    deferred = []
-    for s in sorted((int(s) for s in order), key=lambda s: -counts[s]):  # stable: ties keep the epoch order
-        n = int(counts[s])
-        if n == 0:
-            continue
-        best = max(range(len(room)), key=lambda i: room[i])
-        if n <= room[best]:
-            out[best].append(PackRange(s, 0, n))
-            room[best] -= n
-        else:
-            deferred.append(s)
-    slot = 0
-    for s in deferred:
+    """The shards in ``order``, back to back, cut into consecutive runs of ``capacities`` packs.
+
+    McNaughton's wrap-around rule: a cut falls inside a shard only at a slot boundary, so at most
+    ``slots - 1`` shards are split, and a shard no larger than a slot's share is split in two
+    pieces at most (one extra ranged read); shards that divide evenly are never split. What lies
+    past the last slot's capacity is not read (``remainder="drop"``).
+    """
+    out: list[list[PackRange]] = [[] for _ in capacities]
+    slot, room = 0, capacities[0] if capacities else 0
+    for s in (int(s) for s in order):
         start, n = 0, int(counts[s])
         while start < n:
-            while slot < len(room) and room[slot] == 0:
+            while room == 0:
                 slot += 1
-            if slot == len(room):
-                return out  # drop: the rest of the packs are not read this epoch
-            take = min(room[slot], n - start)
+                if slot == len(capacities):
+                    return out
+                room = capacities[slot]
+            take = min(room, n - start)
             out[slot].append(PackRange(s, start, start + take))
-            room[slot] -= take
+            room -= take
             start += take
     return out
 
