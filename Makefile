@@ -27,7 +27,7 @@ bench: env
 	$(BIN)/python tools/bench_packing.py
 	$(BIN)/python tools/bench_loader.py --json docs/bench_loader.json
 	$(BIN)/python tools/bench_processor.py --json docs/bench_processor.json
-	$(BIN)/python tools/bench_train.py --json docs/bench_train.json
+	$(BIN)/python tools/bench_train.py --records 120 --json docs/bench_train.json
 	$(BIN)/python tools/bench_balance.py --json docs/bench_balance.json --plot docs/balance.png
 	$(BIN)/python -W ignore tools/bench_wds.py --json docs/bench_wds.json
 	$(BIN)/python tools/bench_sources.py --json docs/bench_sources.json
