@@ -124,3 +124,39 @@ def test_save_processor_round_trips_the_options(qwen, tmp_path):
     config = json.loads((saved / "processor_config.json").read_text())
     assert config["processor_class"] == "Qwen2_5_VLProcessor"
     assert (saved / "chat_template.jinja").read_text() == processor.chat_template
+
+
+def test_captions_and_documents_pack_for_the_processor_and_feed_its_model(qwen, tmp_path):
+    """Pre-training records in processor mode: each image laid out as the processor lays it out
+    (the real model checks that its image features and image tokens agree), caption and document
+    text trained, image tokens never."""
+    from test_sources_pretrain import _caption_shard, _documents
+    from tiny_vlm import qwen2_5_vl
+
+    from wdspack.pretrain import PretrainConfig
+    from wdspack.samples import SampleConfig
+    from wdspack.stats import iter_dataset_packs, open_dataset
+
+    processor, folder, _ = qwen
+    shard = _caption_shard(tmp_path / "caps.tar", 4)
+    docs = _documents(tmp_path)
+    config = SampleConfig(processor=str(folder / "processor"), pretrain=PretrainConfig(eos_token="<|endoftext|>",
+                                                                          caption_template="{image}A photo of {caption}"))
+    out = tmp_path / "out"
+    wdspack.pack_dataset([str(shard), str(docs["parquet"])], out, sample_config=config,
+                         config=wdspack.PackConfig(seq_len=512, max_images=8, max_drop_fraction=1))
+    pad = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    manifest, root = open_dataset(str(out))
+    kinds = set()
+    for _, pack in iter_dataset_packs(manifest, root):
+        ids, mask = pack.input_ids, pack.loss_mask
+        assert int((ids == pad).sum()) == sum(pack.image_tokens) and not mask[ids == pad].any()
+        assert mask.any()  # captions and document text are targets
+        kinds.update(sid.split(":")[0] for sid in pack.sample_ids)
+    assert {"caps.tar", "doc-a", "doc-c"} <= kinds
+    model = qwen2_5_vl.model(processor, seed=0)
+    batches = list(wdspack.make_loader(out, batch_size=1, num_workers=0, processor=processor, shuffle=False))
+    assert batches and all(b["image_grid_thw"].shape[0] > 0 for b in batches)
+    for batch in batches:
+        loss = model(**wdspack.model_inputs(batch, model)).loss  # raises if features and tokens disagree
+        assert torch.isfinite(loss)
