@@ -11,6 +11,8 @@ and over HTTP reads each run with one request starting at the pack's own offset.
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -81,21 +83,13 @@ def test_every_pack_read_at_most_once_in_runs_within_the_window(remainder, ranks
     assert other.slots != plan.slots
 
 
-def _llava_like_costs(n: int = 200_000, seed: int = 0) -> list[np.ndarray]:
-    """The issue's workload (as ``tools/bench_balance.py``): LLaVA-like samples, bfd at 4096 tokens and
-    16 images, packs in the pipeline's shuffled order, shards of 1,000 packs, default cost model."""
-    from wdspack import plan_packs
+def _llava_like_costs() -> list[np.ndarray]:
+    """The issue's workload, exactly as ``tools/bench_balance.py`` builds it (200k LLaVA-like samples,
+    bfd at 4096 tokens and 16 images, the pipeline's shuffled pack order, shards of 1,000 packs)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from bench_balance import workload
 
-    rng = np.random.default_rng(seed)
-    u = rng.random(n)
-    text = np.clip(rng.lognormal(np.log(300), 0.9, n), 10, 3000).astype(np.int64)
-    images = np.where(u > 0.96, 0, np.where(u < 0.08, rng.integers(2, 7, n), 1))
-    tokens = np.where(u > 0.96, rng.integers(1000, 4001, n), text + 64 * images)
-    packs = plan_packs(tokens, images, seq_len=4096, max_images=16, algorithm="bfd", seed=seed)
-    packs = [packs[k] for k in np.random.default_rng(seed).permutation(len(packs))]
-    rows = np.array([[0, tokens[p].sum(), (tokens[p] ** 2).sum(), len(p), images[p].sum(), 0, 0] for p in packs])
-    costs = CostModel().costs(rows)
-    return [costs[a:a + 1000] for a in range(0, len(costs), 1000)]
+    return [CostModel().costs(rows) for rows in workload(200_000, 1000)]
 
 
 @pytest.mark.parametrize("ranks", [8, 64])

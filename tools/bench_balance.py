@@ -35,8 +35,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 from bench_packing import llava_like  # noqa: E402
 
 from wdspack import CostModel, plan_packs  # noqa: E402
-from wdspack.loader.plan import plan_epoch, plan_epoch_balanced  # noqa: E402
-from wdspack.loader.plan import step_costs as plan_step_costs  # noqa: E402
+from wdspack.loader.plan import plan_epoch, plan_epoch_balanced, step_costs  # noqa: E402
 from wdspack.pack_index import COLUMNS  # noqa: E402
 
 
@@ -50,11 +49,6 @@ def workload(n: int, shard_packs: int, seed: int = 0) -> list[np.ndarray]:
         t = w.tokens[p]
         rows[i, 1:6] = [t.sum(), (t * t).sum(), len(p), w.images[p].sum(), 64 * w.images[p].sum()]
     return [rows[a:a + shard_packs] for a in range(0, len(rows), shard_packs)]
-
-
-def step_costs(plan, costs: list[np.ndarray], *, ranks: int, workers: int, batch_size: int, seed: int) -> np.ndarray:
-    """``[steps, ranks]`` cost of what each rank runs at each step, as the loader would emit it."""
-    return plan_step_costs(plan, costs, ranks=ranks, workers=workers, batch_size=batch_size, seed=seed)
 
 
 def waiting(steps: np.ndarray) -> float:

@@ -36,7 +36,7 @@ import numpy as np
 from .errors import ConfigError, ManifestError
 
 __all__ = ["COLUMNS", "INDEX_NAME", "CostModel", "build_index", "decode_index", "encode_index", "index_dataset",
-           "index_entry", "member_offsets", "pack_row"]
+           "index_entry", "member_offsets", "pack_row", "read_index"]
 
 INDEX_NAME = "pack_index.npy"
 COLUMNS = ("offset", "tokens", "attention", "samples", "images", "image_tokens", "targets")
@@ -122,6 +122,22 @@ def decode_index(data: bytes, entry: dict, *, packs: int, where: str) -> np.ndar
     return index[:, [columns.index(c) for c in COLUMNS]]
 
 
+def read_index(root: str, manifest) -> np.ndarray:
+    """The checked ``[packs, columns]`` index of the dataset at ``root`` (a folder or an fsspec URL).
+
+    Raises:
+        FileNotFoundError: the manifest names a file that is not there.
+        ManifestError: the manifest names none, or the file fails its checks.
+    """
+    import fsspec
+
+    if not manifest.pack_index:
+        raise ManifestError(f"{root} has no pack index; add one with `wdspack index DATASET`")
+    name = manifest.pack_index["file"]
+    with fsspec.open(f"{root}/{name}", "rb") as f:
+        return decode_index(f.read(), manifest.pack_index, packs=manifest.num_packs, where=name)
+
+
 @dataclass(frozen=True)
 class CostModel:
     """What a pack costs a training step: a weighted sum of its index columns.
@@ -183,6 +199,7 @@ def index_dataset(root: str | os.PathLike[str]) -> dict:
     """
     from .codec import decode_pack
     from .loader.stages import tar_entries
+    from .loader.streams import FileStream
     from .manifest import MANIFEST_NAME, read_manifest, write_json_atomic
 
     folder = Path(root)
@@ -210,28 +227,10 @@ def index_dataset(root: str | os.PathLike[str]) -> dict:
     return entry
 
 
-class FileStream:
-    """``read`` / ``skip`` / ``offset`` over an open, seekable binary file, for the tar reader
-    (:func:`wdspack.loader.stages.tar_entries`). Positions are absolute, so others may seek ``f``
-    between calls."""
-
-    def __init__(self, f, *, offset: int = 0) -> None:
-        self._f, self.offset = f, offset
-        f.seek(offset)
-
-    def read(self, n: int) -> bytes:
-        self._f.seek(self.offset)
-        data = self._f.read(n)
-        self.offset += len(data)
-        return data
-
-    def skip(self, n: int) -> None:
-        self.offset += n
-
-
 def member_offsets(f, *, where: str) -> list[int]:
     """Where each ``*.mp`` member's header starts in an open shard file (for shards already written)."""
     from .loader.stages import tar_entries
+    from .loader.streams import FileStream
 
     stream = FileStream(f)
     out = []

@@ -116,18 +116,14 @@ def dataset_stats(source: str, *, deep: bool = False, batch_size: int = 8,
 
 
 def _balance_stats(manifest: Manifest, root: str, ranks: int) -> dict[str, Any]:
-    import fsspec
-
     from .loader.plan import plan_epoch, plan_epoch_balanced, step_costs
-    from .pack_index import CostModel, decode_index
+    from .pack_index import CostModel, read_index
 
     if ranks < 1:
         raise ConfigError(f"ranks={ranks} must be >= 1")
     if not manifest.pack_index:
         return {"ranks": ranks, "error": "no pack index; add one with `wdspack index DATASET`"}
-    name = manifest.pack_index["file"]
-    with fsspec.open(f"{root}/{name}", "rb") as f:
-        index = decode_index(f.read(), manifest.pack_index, packs=manifest.num_packs, where=name)
+    index = read_index(root, manifest)
     counts = [s.packs for s in manifest.shards]
     if sum(counts) < ranks:
         return {"ranks": ranks, "error": f"{sum(counts)} packs are too few for {ranks} ranks"}

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from .codec import decode_pack
 from .errors import FormatError, WdspackError
 from .loader.stages import FOREIGN_RULE
-from .pack_index import COLUMNS, decode_index, pack_row
+from .pack_index import COLUMNS, pack_row, read_index
 from .stats import open_dataset
 
 __all__ = ["verify_dataset"]
@@ -154,13 +154,9 @@ def _document_pieces(seen, present: set[str]) -> tuple[set[str], list[str]]:
 
 
 def _check_index(root: str, manifest, rows: list[list[int] | None]) -> list[str]:
-    import fsspec
-
-
     name = manifest.pack_index.get("file", "")
     try:
-        with fsspec.open(f"{root}/{name}", "rb") as f:
-            index = decode_index(f.read(), manifest.pack_index, packs=manifest.num_packs, where=name)
+        index = read_index(root, manifest)
     except FileNotFoundError:
         return [f"{name}: missing (named by the manifest)"]
     except WdspackError as e:

@@ -148,7 +148,7 @@ class PackedDataset(IterableDataset):
         self._stats_live: Counter = Counter()
         self._progress: dict[int, tuple[int, int, int]] = {}
         self._elastic_buf = torch.zeros(_ELASTIC_BYTES, dtype=torch.uint8).share_memory_()
-        self._elastic_cache: dict[Any, Any] = {}
+        self._plans: dict[tuple[int, int, str], EpochPlan] = {}  # the last balanced or elastic plan
         self._count_plan(1, 0)  # fail now, not in a worker, when there are too few packs for the ranks
 
     # -- what it holds --------------------------------------------------------------------------
@@ -327,22 +327,15 @@ class PackedDataset(IterableDataset):
                           seed=self.seed, shuffle=self.shuffle, remainder=self.remainder, batch_size=self.batch_size)
 
     def _plan(self, workers: int, epoch: int) -> EpochPlan:
+        """This layout's plan of ``epoch``: the rest of an elastically resumed epoch, balanced, or by count."""
         elastic = self.elastic()
-        if elastic is not None and elastic["epoch"] == epoch:
-            key = (workers, json.dumps(elastic, sort_keys=True))
-            if key not in self._elastic_cache:
-                done = self.consumed(epoch, elastic["basis"])
-                self._elastic_cache = {key: self._layout_plan(self.world_size, workers, epoch, done)}
-            return self._elastic_cache[key]
-        if self.balance is None:
-            return self._count_plan(workers, epoch)
-        key = (workers, epoch)
+        basis = elastic["basis"] if elastic is not None and elastic["epoch"] == epoch else None
+        if basis is None and self.balance is None:
+            return self._count_plan(workers, epoch)  # cheap: not cached
+        key = (workers, epoch, json.dumps(basis, sort_keys=True))
         if key not in self._plans:
-            self._plans = {key: plan_epoch_balanced(
-                [s.packs for s in self._source.shards], self._costs, ranks=self.world_size, workers=workers,
-                epoch=epoch, seed=self.seed, shuffle=self.shuffle, remainder=self.remainder,
-                batch_size=self.batch_size, window=self.balance_window, run=self.balance_run,
-                heaviest_first=self.heaviest_first)}
+            done = self.consumed(epoch, basis) if basis is not None else None
+            self._plans = {key: self._layout_plan(self.world_size, workers, epoch, done)}
         return self._plans[key]
 
     def load_offsets_if_split(self, workers: int, epochs: int = 4, *, force: bool = False) -> bool:
@@ -375,7 +368,6 @@ class PackedDataset(IterableDataset):
         self.heaviest_first = bool(heaviest_first)
         self.balance_window = int(self.shuffle_buffer if window is None else window)
         self.balance_run = int(run)
-        self._plans: dict[tuple[int, int], EpochPlan] = {}
         self._costs: list[np.ndarray] | None = None
         self._offsets: list[np.ndarray] | None = None
         if balance is None:

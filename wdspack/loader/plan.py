@@ -81,23 +81,7 @@ def plan_epoch(counts: Sequence[int], *, slots: int, epoch: int, seed: int, shuf
         >>> p.per_slot, [[(r.shard, r.start, r.stop) for r in s] for s in p.slots]
         (12, [[(0, 0, 6), (1, 0, 6)], [(2, 0, 6), (3, 0, 6)]])
     """
-    if remainder not in REMAINDER_POLICIES:
-        raise ConfigError(f"remainder={remainder!r} is not one of {REMAINDER_POLICIES}")
-    if slots < 1 or batch_size < 1:
-        raise ConfigError(f"slots ({slots}) and batch_size ({batch_size}) must be >= 1")
-    total = int(sum(counts))
-    if remainder == "drop":
-        per_slot = total // slots // batch_size * batch_size
-        capacities = [per_slot] * slots
-    else:
-        per_slot = -(-total // (slots * batch_size)) * batch_size
-        q, extra = divmod(total, slots)
-        capacities = [q + (1 if s < extra else 0) for s in range(slots)]
-    if per_slot == 0 or total < slots:
-        need = batch_size if remainder == "drop" else 1
-        raise ConfigError(f"the dataset has {total} packs, too few for {slots} rank×worker slots with batch_size "
-                          f"{batch_size} (each slot needs at least {need} of its own); use fewer workers or a "
-                          "smaller batch")
+    per_slot, capacities = _epoch_shares(counts, slots=slots, remainder=remainder, batch_size=batch_size)
     rng = np.random.default_rng([seed, epoch, 0x5EED])
     order = rng.permutation(len(counts)) if shuffle else np.arange(len(counts))
     assignment = _assign(counts, capacities, order)
@@ -107,6 +91,31 @@ def plan_epoch(counts: Sequence[int], *, slots: int, epoch: int, seed: int, shuf
     else:
         assignment = [sorted(ranges, key=lambda r: (r.shard, r.start)) for ranges in assignment]
     return EpochPlan(slots=tuple(tuple(r) for r in assignment), per_slot=per_slot)
+
+
+def _epoch_shares(counts: Sequence[int], *, slots: int, remainder: str, batch_size: int) -> tuple[int, list[int]]:
+    """A whole epoch's ``per_slot`` and each slot's share; raises when the packs are too few."""
+    if remainder not in REMAINDER_POLICIES:
+        raise ConfigError(f"remainder={remainder!r} is not one of {REMAINDER_POLICIES}")
+    if slots < 1 or batch_size < 1:
+        raise ConfigError(f"slots ({slots}) and batch_size ({batch_size}) must be >= 1")
+    total = int(sum(counts))
+    per_slot, capacities = _shares(total, slots=slots, remainder=remainder, batch_size=batch_size)
+    if per_slot == 0 or total < slots:
+        need = batch_size if remainder == "drop" else 1
+        raise ConfigError(f"the dataset has {total} packs, too few for {slots} rank×worker slots with batch_size "
+                          f"{batch_size} (each slot needs at least {need} of its own); use fewer workers or a "
+                          "smaller batch")
+    return per_slot, capacities
+
+
+def _shares(total: int, *, slots: int, remainder: str, batch_size: int) -> tuple[int, list[int]]:
+    """``per_slot`` (a multiple of ``batch_size``) and the packs each slot is given (see the module doc)."""
+    if remainder == "drop":
+        per_slot = total // slots // batch_size * batch_size
+        return per_slot, [per_slot] * slots
+    q, extra = divmod(total, slots)
+    return -(-total // (slots * batch_size)) * batch_size, [q + (1 if s < extra else 0) for s in range(slots)]
 
 
 def _assign(counts: Sequence[int], capacities: list[int], order: np.ndarray) -> list[list[PackRange]]:
@@ -212,17 +221,10 @@ def plan_epoch_balanced(counts: Sequence[int], costs: Sequence[np.ndarray], *, r
     """
     workers = int(workers)
     slots = ranks * workers
-    base = plan_epoch([int(n) for n in counts], slots=slots, epoch=epoch, seed=seed, shuffle=shuffle,
-                      remainder=remainder, batch_size=batch_size)
+    per_slot, capacity = _epoch_shares(counts, slots=slots, remainder=remainder, batch_size=batch_size)
     if window < batch_size or run < 1:
         raise ConfigError(f"balance window ({window}) must be >= batch_size ({batch_size}) and run ({run}) >= 1")
     window = window // batch_size * batch_size
-    total = int(sum(counts))
-    if remainder == "drop":
-        capacity = [base.per_slot] * slots
-    else:
-        q, extra = divmod(total, slots)
-        capacity = [q + (1 if s < extra else 0) for s in range(slots)]
     rng = np.random.default_rng([seed, epoch, 0x5EED])
     shard_order = rng.permutation(len(counts)) if shuffle else np.arange(len(counts))
     runs = [(int(s), a, min(a + run, int(counts[s]))) for s in shard_order for a in range(0, int(counts[s]), run)]
@@ -277,7 +279,7 @@ def plan_epoch_balanced(counts: Sequence[int], costs: Sequence[np.ndarray], *, r
             pos += len(c)
         slots_out.append(tuple(ranges))
         orders.append(np.asarray(order, np.int64))
-    return EpochPlan(slots=tuple(slots_out), per_slot=base.per_slot, orders=tuple(orders))
+    return EpochPlan(slots=tuple(slots_out), per_slot=per_slot, orders=tuple(orders))
 
 
 def _deal(pool, costs, room: list[int], *, first: list[int] | None, top: set[tuple[int, int]]) -> list[list]:
@@ -362,13 +364,8 @@ def plan_remainder(counts: Sequence[int], consumed: Sequence[np.ndarray], *, slo
             for a, b in zip(np.r_[0, breaks + 1], np.r_[breaks, left.size - 1]):
                 runs.append((s, int(left[a]), int(left[b]) + 1))
     total = sum(b - a for _, a, b in runs)
-    if remainder == "wrap" and total >= slots:
-        per_slot = -(-total // (slots * batch_size)) * batch_size
-        q, extra = divmod(total, slots)
-        capacities = [q + (1 if s < extra else 0) for s in range(slots)]
-    else:
-        per_slot = total // slots // batch_size * batch_size
-        capacities = [per_slot] * slots
+    per_slot, capacities = _shares(total, slots=slots, batch_size=batch_size,
+                                   remainder="wrap" if remainder == "wrap" and total >= slots else "drop")
     rng = np.random.default_rng([seed, epoch, 0xE1A])
     order = rng.permutation(len(runs)) if shuffle else np.arange(len(runs))
     assigned = _assign([b - a for _, a, b in runs], capacities, order) if per_slot else [[] for _ in range(slots)]

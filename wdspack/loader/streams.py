@@ -39,7 +39,7 @@ from urllib.parse import urlsplit
 
 from ..errors import SourceError
 
-__all__ = ["FsspecStream", "HttpStream", "LocalStream", "NotFoundError", "is_fsspec", "open_stream", "read_all"]
+__all__ = ["FileStream", "FsspecStream", "HttpStream", "LocalStream", "NotFoundError", "is_fsspec", "open_stream", "read_all"]
 
 logger = logging.getLogger("wdspack.loader")
 
@@ -134,6 +134,25 @@ class LocalStream:
         self.close()
 
 
+class FileStream:
+    """``read`` / ``skip`` / ``offset`` over an open, seekable binary file, for the tar reader
+    (:func:`wdspack.loader.stages.tar_entries`). Positions are absolute, so others may seek ``f``
+    between calls."""
+
+    def __init__(self, f, *, offset: int = 0) -> None:
+        self._f, self.offset = f, offset
+        f.seek(offset)
+
+    def read(self, n: int) -> bytes:
+        self._f.seek(self.offset)
+        data = self._f.read(n)
+        self.offset += len(data)
+        return data
+
+    def skip(self, n: int) -> None:
+        self.offset += n
+
+
 class _SameHostAuth(urllib.request.HTTPRedirectHandler):
     """Follow redirects, but never carry ``Authorization`` to another host (a CDN)."""
 
@@ -153,7 +172,90 @@ class _Transient(Exception):
         self.wait = wait
 
 
-class HttpStream:
+class _RetryingStream:
+    """What the network streams share: a block buffer the caller reads and skips through, and
+    retries with back-off. A subclass fills the buffer (``_fill``) and drops its transport
+    (``_drop``: a response, a body); the next ``_fill`` reopens at ``offset + len(_buf)``."""
+
+    _ranges = True  # False once a server showed it ignores Range: long skips then read through
+
+    def __init__(self, url: str, *, offset: int, block_size: int, retries: int, backoff: float,
+                 stats: Counter | None, timeout: float) -> None:
+        self.url = url
+        self.offset = offset  # next byte the caller gets
+        self._block = max(512, int(block_size))
+        self._retries = retries
+        self._backoff = backoff
+        self._stats = stats if stats is not None else Counter()
+        self._timeout = timeout
+        self._buf = bytearray()
+        self._eof = False
+        self._jitter = random.Random()  # back-off jitter only; never touches the data order
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r}, offset={self.offset})"
+
+    def read(self, n: int) -> bytes:
+        """Up to ``n`` bytes; fewer only at the end of the resource."""
+        while len(self._buf) < n and not self._eof:
+            self._fill()
+        out = bytes(self._buf[:n])
+        del self._buf[:n]
+        self.offset += len(out)
+        return out
+
+    def skip(self, n: int) -> None:
+        """Move ``n`` bytes forward: drop buffered bytes, read through short gaps, reopen at the byte past long ones."""
+        if n <= len(self._buf):
+            del self._buf[:n]
+            self.offset += n
+            return
+        n -= len(self._buf)
+        self.offset += len(self._buf)
+        self._buf.clear()
+        if self._ranges and n > 4 * self._block and not self._eof:
+            self._drop()
+            self.offset += n
+            return
+        while n > 0:
+            chunk = self.read(min(n, self._block))
+            if not chunk:
+                break
+            n -= len(chunk)
+
+    def close(self) -> None:
+        self._drop()
+        self._eof = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _fill(self) -> None:
+        raise NotImplementedError
+
+    def _drop(self) -> None:
+        raise NotImplementedError
+
+    def _wait_to_retry(self, e: BaseException, attempt: int) -> None:
+        """Count and log retry ``attempt`` and sleep its back-off, or raise once the retries are spent."""
+        at = self.offset + len(self._buf)
+        if attempt > self._retries:
+            raise SourceError(f"reading {self.url} failed at byte {at} after {self._retries} retries: "
+                              f"{_describe(e)}; check the network or raise retries=") from None
+        wait = getattr(e, "wait", None)
+        if wait is None:
+            wait = self._backoff * 2 ** (attempt - 1) * (0.5 + self._jitter.random())
+        wait = min(wait, MAX_WAIT_S)
+        self._stats["retries"] += 1
+        logger.warning("%s: %s; retry %d/%d at byte %d in %.1fs", self.url, _describe(e), attempt, self._retries,
+                       at, wait)
+        time.sleep(wait)
+
+
+class HttpStream(_RetryingStream):
     """One HTTP(S) resource read front to back; survives dropped connections (see the module doc).
 
     Example:
@@ -164,43 +266,11 @@ class HttpStream:
     def __init__(self, url: str, *, offset: int = 0, block_size: int = 1 << 20, retries: int = 5,
                  backoff: float = 0.5, headers: Mapping[str, str] | None = None, stats: Counter | None = None,
                  timeout: float = 60.0) -> None:
-        self.url = url
-        self.offset = offset  # next byte the caller gets
-        self._block = max(512, int(block_size))
-        self._retries = retries
-        self._backoff = backoff
+        super().__init__(url, offset=offset, block_size=block_size, retries=retries, backoff=backoff, stats=stats,
+                         timeout=timeout)
         self._headers = dict(headers or {})
-        self._stats = stats if stats is not None else Counter()
-        self._timeout = timeout
-        self._buf = bytearray()
         self._resp = None
         self._remaining: int | None = None  # body bytes the open response still owes
-        self._eof = False
-        self._ranges = True  # False once the server answered 200 to a Range request
-        self._jitter = random.Random()  # back-off jitter only; never touches the data order
-
-    def __repr__(self) -> str:
-        return f"HttpStream({self.url!r}, offset={self.offset})"
-
-    # -- reading --------------------------------------------------------------------------------
-
-    def read(self, n: int) -> bytes:
-        """Up to ``n`` bytes; fewer only at the end of the resource."""
-        return _read_buffered(self, n)
-
-    def skip(self, n: int) -> None:
-        """Move ``n`` bytes forward: drop buffered bytes, read through short gaps, re-request long ones."""
-        _skip_buffered(self, n, self._close_response)
-
-    def close(self) -> None:
-        self._close_response()
-        self._eof = True
-
-    def __enter__(self) -> HttpStream:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     # -- network --------------------------------------------------------------------------------
 
@@ -220,7 +290,7 @@ class HttpStream:
                     if self._remaining:
                         raise _Transient(f"connection closed {self._remaining} bytes early")
                     self._eof = True
-                    self._close_response()
+                    self._drop()
                     return
                 if self._remaining is not None:
                     self._remaining -= len(chunk)
@@ -228,9 +298,9 @@ class HttpStream:
                 self._stats["bytes_read"] += len(chunk)
                 return
             except (_Transient, *_TRANSIENT_ERRORS) as e:
-                self._close_response()
+                self._drop()
                 attempt += 1
-                _wait_to_retry(self, e, attempt)
+                self._wait_to_retry(e, attempt)
 
     def _net_offset(self) -> int:
         return self.offset + len(self._buf)
@@ -279,7 +349,7 @@ class HttpStream:
             if self._remaining is not None:
                 self._remaining -= len(chunk)
 
-    def _close_response(self) -> None:
+    def _drop(self) -> None:
         if self._resp is not None:
             try:
                 self._resp.close()
@@ -297,7 +367,7 @@ TRANSIENT_S3_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException",
 _MISSING_S3_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "NoSuchVersion", "404"})
 
 
-class FsspecStream:
+class FsspecStream(_RetryingStream):
     """One object in an fsspec store (``s3://``, ``gs://``, ...) read front to back; survives dropped connections.
 
     ``storage_options`` go to the store's fsspec filesystem and are never printed. See the module
@@ -311,40 +381,10 @@ class FsspecStream:
     def __init__(self, url: str, *, offset: int = 0, block_size: int = 1 << 20, retries: int = 5,
                  backoff: float = 0.5, storage_options: Mapping[str, Any] | None = None,
                  stats: Counter | None = None, timeout: float = 60.0) -> None:
-        self.url = url
-        self.offset = offset  # next byte the caller gets
-        self._block = max(512, int(block_size))
-        self._retries = retries
-        self._backoff = backoff
+        super().__init__(url, offset=offset, block_size=block_size, retries=retries, backoff=backoff, stats=stats,
+                         timeout=timeout)
         self._options = dict(storage_options or {})
-        self._stats = stats if stats is not None else Counter()
-        self._timeout = timeout
-        self._buf = bytearray()
         self._body: _S3Body | _FileBody | None = None
-        self._eof = False
-        self._ranges = True  # every body opens at any byte
-        self._jitter = random.Random()  # back-off jitter only
-
-    def __repr__(self) -> str:
-        return f"FsspecStream({self.url!r}, offset={self.offset})"
-
-    def read(self, n: int) -> bytes:
-        """Up to ``n`` bytes; fewer only at the end of the object."""
-        return _read_buffered(self, n)
-
-    def skip(self, n: int) -> None:
-        """Move ``n`` bytes forward: drop buffered bytes, read through short gaps, reopen at the byte past long ones."""
-        _skip_buffered(self, n, self._close_body)
-
-    def close(self) -> None:
-        self._close_body()
-        self._eof = True
-
-    def __enter__(self) -> FsspecStream:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def _fill(self) -> None:
         attempt = 0
@@ -358,20 +398,20 @@ class FsspecStream:
                 chunk = self._body.read(self._block)
                 if not chunk:
                     self._eof = True
-                    self._close_body()
+                    self._drop()
                     return
                 self._buf += chunk
                 self._stats["bytes_read"] += len(chunk)
                 return
             except Exception as e:  # sorted below into transient (retried) and the rest (raised)
-                self._close_body()
+                self._drop()
                 if isinstance(e, SourceError):
                     raise
                 if not _is_transient(e):
                     raise SourceError(f"reading {self.url} failed at byte {self.offset + len(self._buf)}: "
                                       f"{_describe(e)}; check the URL and the storage options") from None
                 attempt += 1
-                _wait_to_retry(self, e, attempt)
+                self._wait_to_retry(e, attempt)
 
     def _open_body(self) -> _S3Body | _FileBody | None:
         start = self.offset + len(self._buf)
@@ -384,7 +424,7 @@ class FsspecStream:
             self._stats["requests"] += 1
         return body
 
-    def _close_body(self) -> None:
+    def _drop(self) -> None:
         if self._body is not None:
             body, self._body = self._body, None
             body.close()
@@ -584,52 +624,6 @@ def _network_errors() -> tuple[type[BaseException], ...]:
     except ImportError:
         pass
     return tuple(out)
-
-
-def _read_buffered(stream, n: int) -> bytes:
-    """``stream.read``: fill its buffer until it holds ``n`` bytes or the resource ends."""
-    while len(stream._buf) < n and not stream._eof:
-        stream._fill()
-    out = bytes(stream._buf[:n])
-    del stream._buf[:n]
-    stream.offset += len(out)
-    return out
-
-
-def _skip_buffered(stream, n: int, drop_connection) -> None:
-    """``stream.skip``: a long jump drops the connection and the next read asks from the new byte."""
-    if n <= len(stream._buf):
-        del stream._buf[:n]
-        stream.offset += n
-        return
-    n -= len(stream._buf)
-    stream.offset += len(stream._buf)
-    stream._buf.clear()
-    if stream._ranges and n > 4 * stream._block and not stream._eof:
-        drop_connection()
-        stream.offset += n
-        return
-    while n > 0:
-        chunk = stream.read(min(n, stream._block))
-        if not chunk:
-            break
-        n -= len(chunk)
-
-
-def _wait_to_retry(stream, e: BaseException, attempt: int) -> None:
-    """Count and log retry ``attempt`` and sleep its back-off, or raise once the retries are spent."""
-    at = stream.offset + len(stream._buf)
-    if attempt > stream._retries:
-        raise SourceError(f"reading {stream.url} failed at byte {at} after {stream._retries} retries: "
-                          f"{_describe(e)}; check the network or raise retries=") from None
-    wait = getattr(e, "wait", None)
-    if wait is None:
-        wait = stream._backoff * 2 ** (attempt - 1) * (0.5 + stream._jitter.random())
-    wait = min(wait, MAX_WAIT_S)
-    stream._stats["retries"] += 1
-    logger.warning("%s: %s; retry %d/%d at byte %d in %.1fs", stream.url, _describe(e), attempt, stream._retries,
-                   at, wait)
-    time.sleep(wait)
 
 
 def _describe(e: BaseException) -> str:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 from ..errors import Dropped, SampleError, SourceError
 from ..loader.stages import ShardError, tar_entries
-from ..pack_index import FileStream
+from ..loader.streams import FileStream
 from ..storage import open_input
 from .documents import IMAGE, TextRecord
 
