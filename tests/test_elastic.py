@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from synthetic import pack_numbers, write_dataset

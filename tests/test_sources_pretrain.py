@@ -27,7 +27,7 @@ from wdspack.sources import TextRecord, iter_records, list_partitions
 from wdspack.sources.documents import IMAGE, build_document, is_document
 from wdspack.sources.webdataset import split_member_name
 from wdspack.stats import open_dataset
-from wdspack.verify import _check_sources, verify_dataset
+from wdspack.verify import verify_dataset
 
 TPI = 4  # tokens per image
 

@@ -23,9 +23,9 @@ chats: a fixed count, a processor's count, or a ``--processor`` family's layout)
 **Long documents.** A document longer than ``seq_len`` (or with more than ``max_images``
 images) is dropped as ``too_long`` / ``too_many_images`` with its reason, as any sample is,
 unless splitting is asked for (``PretrainConfig(split_long_documents=True)``, ``wdspack pack
---split-long-documents``; the job is :func:`pack_documents`). It is then cut into pieces
-``{id}#0``, ``{id}#1``, ... that each fit both budgets, at the best text boundary in the second
-half of each piece's room, in this order: before or after an image, a paragraph break (blank
+--split-long-documents``; ``pack_dataset`` calls :func:`build_samples` per record). It is then
+cut into pieces ``{id}#0``, ``{id}#1``, ... that each fit both budgets, at the best text
+boundary in the second half of each piece's room, in this order: before or after an image, a paragraph break (blank
 line), a line break, a sentence end, a space. Tokens are never re-tokenized at a cut, nothing is
 lost, every piece starts with ``<s>`` and only the last ends with ``</s>``. A document with no
 boundary within ``seq_len`` tokens (or an image larger than ``seq_len``) is dropped whole as
@@ -40,21 +40,17 @@ document without text), ``too_long``, ``too_many_images``.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import ConfigError, Dropped, SampleError
-from .samples import Sample, SampleConfig, get_builder
+from .errors import ConfigError, SampleError
+from .samples import Sample
 from .sources.documents import IMAGE, TextRecord
 
 if TYPE_CHECKING:
-    from .pipeline import PackConfig, PackSummary
     from .samples import SampleBuilder
 
 __all__ = ["DEFAULT_CAPTION_TEMPLATE", "PretrainConfig", "build_samples", "build_text_sample"]
