@@ -113,6 +113,28 @@ def test_packed_loss_and_gradients_equal_one_by_one(gemma, attn):
     h.assert_same(model, got, want, **GRAD_TOLERANCE)
 
 
+def test_flex_attention_loss_equals_one_by_one(gemma, monkeypatch):
+    """The ``BlockMask`` pair ``packed_masks`` builds for FlexAttention gives the one-by-one loss: forward
+    on CPU in float64 (torch has no CPU FlexAttention backward); gradients in the ``gpu`` test below."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    processor, model, dataset = gemma
+    (batch,) = h.loader_batches(dataset, processor)
+    model.set_attn_implementation("flex_attention")
+    try:
+        masks = wdspack.model_inputs(batch, model)["attention_mask"]
+    finally:
+        model.set_attn_implementation("sdpa")
+    assert all(isinstance(m, BlockMask) for m in masks.values()) and set(masks) == {"full_attention", "sliding_attention"}
+    h.check_flex(model, processor, dataset, seq_len=SEQ_LEN, monkeypatch=monkeypatch, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.gpu
+def test_flex_attention_gradients_equal_one_by_one(gemma):
+    processor, model, dataset = gemma
+    h.check_flex_gradients(model, processor, dataset, seq_len=SEQ_LEN)
+
+
 def _loss(model, kwargs) -> torch.Tensor:
     with torch.no_grad():
         return model(**kwargs).loss

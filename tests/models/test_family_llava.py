@@ -149,6 +149,19 @@ def test_packed_loss_and_gradients_equal_one_by_one(llava, attn, monkeypatch):
     h.assert_same(model, got, want)
 
 
+def test_flex_attention_loss_equals_one_by_one(llava, monkeypatch):
+    """Under FlexAttention (the class supports it) the packed loss is the one-by-one loss: forward on
+    CPU in float64 (torch has no CPU FlexAttention backward); gradients in the ``gpu`` test below."""
+    processor, model, dataset = llava
+    h.check_flex(model, processor, dataset, seq_len=SEQ_LEN, chats=CHATS, monkeypatch=monkeypatch)
+
+
+@pytest.mark.gpu
+def test_flex_attention_gradients_equal_one_by_one(llava):
+    processor, model, dataset = llava
+    h.check_flex_gradients(model, processor, dataset, seq_len=SEQ_LEN, chats=CHATS)
+
+
 def test_unbroken_positions_are_not_exact(llava):
     """The check above can fail: positions that do not restart per sub-sample (one causal mask over
     the whole pack) give another loss."""

@@ -117,6 +117,19 @@ def test_packed_loss_and_gradients_equal_one_by_one(mistral, attn):
     h.assert_same(model, got, want, **TOLERANCE[attn])
 
 
+def test_flex_attention_loss_equals_one_by_one(mistral, monkeypatch):
+    """Under FlexAttention (the class supports it) the packed loss is the one-by-one loss: forward on
+    CPU in float64 (torch has no CPU FlexAttention backward); gradients in the ``gpu`` test below."""
+    processor, model, dataset = mistral
+    h.check_flex(model, processor, dataset, seq_len=SEQ_LEN, monkeypatch=monkeypatch)
+
+
+@pytest.mark.gpu
+def test_flex_attention_gradients_equal_one_by_one(mistral):
+    processor, model, dataset = mistral
+    h.check_flex_gradients(model, processor, dataset, seq_len=SEQ_LEN)
+
+
 def test_one_causal_sequence_per_pack_is_not_exact(mistral):
     """The check above can fail: positions that do not restart per sub-sample (no block mask) give another loss."""
     processor, model, dataset = mistral

@@ -99,6 +99,25 @@ def test_packed_loss_and_gradients_equal_one_by_one(qwen3, attn):
     assert deepstack and all(g.abs().sum() > 0 for g in deepstack)
 
 
+def test_flex_attention_loss_equals_one_by_one(qwen3, monkeypatch):
+    """Qwen3-VL MoE supports FlexAttention: the packed loss is the one-by-one loss (forward on CPU in
+    float64; torch has no CPU FlexAttention backward). The dense class refuses FlexAttention itself."""
+    processor, model, dataset = qwen3
+    if not type(model)._supports_flex_attn:
+        with pytest.raises(ValueError, match="flex_attention"):
+            model.set_attn_implementation("flex_attention")
+        return
+    h.check_flex(model, processor, dataset, seq_len=SEQ_LEN, monkeypatch=monkeypatch)
+
+
+@pytest.mark.gpu
+def test_flex_attention_gradients_equal_one_by_one(qwen3):
+    processor, model, dataset = qwen3
+    if not type(model)._supports_flex_attn:
+        pytest.skip(f"{type(model).__name__} does not support FlexAttention")
+    h.check_flex_gradients(model, processor, dataset, seq_len=SEQ_LEN)
+
+
 def test_two_d_positions_are_not_exact(qwen3):
     """The check above can fail: the loader's plain [B, L] positions give another loss."""
     processor, model, dataset = qwen3

@@ -73,6 +73,15 @@ def test_packed_loss_and_gradients_equal_one_by_one(qwen, attn):
     h.assert_same(model, got, want)
 
 
+def test_flex_attention_is_refused_by_the_class(qwen):
+    """Qwen2-VL and Qwen2.5-VL do not support FlexAttention in transformers (so the README's family
+    table lists SDPA and eager for them); the day they do, this fails and a flex check belongs here."""
+    _, model, _ = qwen
+    assert not type(model)._supports_flex_attn
+    with pytest.raises(ValueError, match="flex_attention"):
+        model.set_attn_implementation("flex_attention")
+
+
 def test_two_d_positions_are_not_exact(qwen):
     """The check above can fail: the loader's plain [B, L] positions give another loss (the issue's bug)."""
     processor, model, dataset = qwen

@@ -113,6 +113,19 @@ def test_packed_loss_and_gradients_equal_one_by_one(smol, long_chats, attn):
     h.assert_same(model, got, want)
 
 
+def test_flex_attention_loss_equals_one_by_one(smol, monkeypatch):
+    """Under FlexAttention (the class supports it) the packed loss is the one-by-one loss: forward on
+    CPU in float64 (torch has no CPU FlexAttention backward); gradients in the ``gpu`` test below."""
+    processor, model, dataset = smol
+    h.check_flex(model, processor, dataset, seq_len=SEQ_LEN, monkeypatch=monkeypatch)
+
+
+@pytest.mark.gpu
+def test_flex_attention_gradients_equal_one_by_one(smol):
+    processor, model, dataset = smol
+    h.check_flex_gradients(model, processor, dataset, seq_len=SEQ_LEN)
+
+
 def test_padding_free_row_gives_the_same_loss(smol):
     """``padding_free=True`` (one ``[1, N]`` row, the packs' tiles concatenated the same way) = the padded batch."""
     processor, model, dataset = smol

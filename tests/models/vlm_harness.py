@@ -14,6 +14,7 @@ A family's test module builds its real processor and a tiny random-init model of
   (float64; the loss is recomputed in float64 from the logits, since transformers' own loss upcasts
   to float32 only).
 * :func:`train_steps`: a few AdamW steps on loader batches; the loss falls.
+* :func:`check_flex`: the same comparison under FlexAttention, for the classes that support it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import io
 import json
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,8 +40,9 @@ import wdspack  # noqa: E402
 from wdspack.codec import decode_pack  # noqa: E402
 from wdspack.models import save_processor  # noqa: E402
 
-__all__ = ["CHATS", "assert_same", "check_tokens", "dataset_sub_samples", "oracle", "pack_chats", "pack_sample_ids", "packed",
-           "reference", "train_steps", "packed_and_reference", "check_training"]
+__all__ = ["CHATS", "assert_same", "check_flex", "check_flex_gradients", "check_tokens", "check_training",
+           "dataset_sub_samples", "oracle", "pack_chats", "pack_sample_ids", "packed", "packed_and_reference",
+           "reference", "train_steps"]
 
 #: (id, turns, image sizes (width, height)). A turn is (role, text); "<image>" in a user text marks
 #: where an image goes.
@@ -182,8 +185,10 @@ def _token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def reference(model: Any, processor: Any, dataset: Path, chats: Sequence = CHATS,
-              extra: Callable[[dict], dict] | None = None) -> tuple[torch.Tensor, int, list[torch.Tensor]]:
-    """Loss sum, target count and gradients of the sub-samples one by one (processor → model)."""
+              extra: Callable[[dict], dict] | None = None, *, backward: bool = True
+              ) -> tuple[torch.Tensor, int, list[torch.Tensor] | None]:
+    """Loss sum, target count and gradients (``None`` without ``backward``) of the sub-samples one by
+    one (processor → model)."""
     subs = dataset_sub_samples(dataset)
     model.zero_grad()
     device = next(model.parameters()).device
@@ -196,37 +201,47 @@ def reference(model: Any, processor: Any, dataset: Path, chats: Sequence = CHATS
         inputs = {k: v.to(device) for k, v in inputs.items() if k != "attention_mask"}
         if extra is not None:
             inputs = extra(inputs)
-        logits = model(**inputs, use_cache=False).logits
+        with torch.set_grad_enabled(backward):
+            logits = model(**inputs, use_cache=False).logits
         loss = _token_losses(logits, labels)
-        loss.backward()
+        if backward:
+            loss.backward()
         total, count = total + loss.detach(), count + int((labels[:, 1:] != -100).sum())
+    return total, count, _gradients(model) if backward else None
+
+
+def _gradients(model: Any) -> list[torch.Tensor]:
     grads = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
     model.zero_grad()
-    return total, count, grads
+    return grads
 
 
-def packed(model: Any, batches: Sequence[dict]) -> tuple[torch.Tensor, int, list[torch.Tensor]]:
+def packed(model: Any, batches: Sequence[dict], *, backward: bool = True
+           ) -> tuple[torch.Tensor, int, list[torch.Tensor] | None]:
     """The same from loader batches through ``model(**wdspack.model_inputs(batch, model))``."""
     model.zero_grad()
     total, count = torch.zeros((), dtype=torch.float64, device=next(model.parameters()).device), 0
     for batch in batches:
         kwargs = wdspack.model_inputs(batch, model)
-        out = model(**kwargs)
+        with torch.set_grad_enabled(backward):
+            out = model(**kwargs)
         loss = _token_losses(out.logits, kwargs["labels"])
-        loss.backward()
+        if backward:
+            loss.backward()
         total, count = total + loss.detach(), count + int((kwargs["labels"][:, 1:] != -100).sum())
         own = out.loss.detach().double()  # the model's own (float32) loss over the same targets
         torch.testing.assert_close(own, loss.detach() / int((kwargs["labels"][:, 1:] != -100).sum()),
                                    rtol=1e-5, atol=1e-5)
-    grads = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
-    model.zero_grad()
-    return total, count, grads
+    return total, count, _gradients(model) if backward else None
 
 
 def assert_same(model: Any, got, want, *, rtol: float = 1e-9, atol: float = 1e-11) -> None:
+    """Equal mean loss and, where both carry them, equal mean gradients of every parameter."""
     (g_total, g_count, g_grads), (w_total, w_count, w_grads) = got, want
     assert g_count == w_count > 0
     torch.testing.assert_close(g_total / g_count, w_total / w_count, rtol=rtol, atol=atol)
+    if g_grads is None and w_grads is None:
+        return
     seen = 0
     for (name, _), g, w in zip(model.named_parameters(), g_grads, w_grads):
         torch.testing.assert_close(g / g_count, w / w_count, rtol=rtol, atol=atol, msg=lambda m: f"gradient of {name}: {m}")
@@ -243,17 +258,50 @@ def loader_batches(dataset: Path, processor: Any, **kw: Any) -> list[dict]:
 
 
 def packed_and_reference(model: Any, processor: Any, dataset: Path, *, attn: str, seq_len: int,
-                         chats: Sequence = CHATS) -> tuple[tuple, tuple]:
+                         chats: Sequence = CHATS, backward: bool = True) -> tuple[tuple, tuple]:
     """``(packed, reference)`` of :func:`packed` / :func:`reference` under attention ``attn``
     (the loader's batches must hold padding: a pack shorter than ``seq_len``)."""
     model.set_attn_implementation(attn)
     try:
-        want = reference(model, processor, dataset, chats=chats)
+        want = reference(model, processor, dataset, chats=chats, backward=backward)
         batches = loader_batches(dataset, processor)
         assert any(int(n) < seq_len for b in batches for n in b["num_tokens"]), "a pack has padding"
-        return packed(model, batches), want
+        return packed(model, batches, backward=backward), want
     finally:
         model.set_attn_implementation("sdpa")
+
+
+def check_flex(model: Any, processor: Any, dataset: Path, *, seq_len: int, monkeypatch: Any,
+               chats: Sequence = CHATS, rtol: float = 1e-9, atol: float = 1e-11) -> None:
+    """Packed and one-by-one losses agree under FlexAttention (the model's ``flex_attention``
+    implementation fed the ``BlockMask`` built from the batch), on CPU in float64, forward only.
+
+    On CPU, torch's FlexAttention has no backward (``NotImplementedError``) and its compiled kernel
+    takes no float64, so transformers' compiled wrapper is swapped for the uncompiled
+    ``flex_attention`` (same mask, same math, materialised scores); on CUDA (tests marked ``gpu``)
+    the model's own compiled path runs with gradients, see :func:`check_flex_gradients`.
+    """
+    import transformers.integrations.flex_attention as tfa
+    from torch.nn.attention.flex_attention import flex_attention
+
+    def uncompiled(query, key, value, training=False, **kwargs):
+        with warnings.catch_warnings():  # "called without torch.compile()": on purpose here
+            warnings.simplefilter("ignore", UserWarning)
+            return flex_attention(query, key, value, **kwargs)
+
+    monkeypatch.setattr(tfa, "compile_friendly_flex_attention", uncompiled)
+    got, want = packed_and_reference(model, processor, dataset, attn="flex_attention", seq_len=seq_len, chats=chats,
+                                     backward=False)
+    assert_same(model, got, want, rtol=rtol, atol=atol)
+
+
+def check_flex_gradients(model: Any, processor: Any, dataset: Path, *, seq_len: int, chats: Sequence = CHATS) -> None:
+    """Loss and gradients under the model's compiled FlexAttention on CUDA, float32."""
+    import copy
+
+    gpu = copy.deepcopy(model).to("cuda", torch.float32)
+    got, want = packed_and_reference(gpu, processor, dataset, attn="flex_attention", seq_len=seq_len, chats=chats)
+    assert_same(gpu, got, want, rtol=1e-4, atol=1e-5)
 
 
 def check_training(model: Any, dataset: Path, processor: Any, *, dtype: torch.dtype | None = None) -> list[float]:

@@ -28,8 +28,9 @@ the model its masks: ``attention_mask`` is the dict ``{"full_attention": ..., "s
 ...}`` Gemma 3 accepts in place of building its own, made by transformers' own mask builder for the
 model's attention implementation (bool for SDPA, additive float for eager, a ``BlockMask`` for flex)
 from the pack's ``seq_idx`` and ``token_type_ids``. The dict costs ``2·B·L²`` mask elements.
-FlashAttention cannot take such a mask and is refused. The flex ``BlockMask`` is built but not
-checked numerically here (CPU FlexAttention has no backward).
+FlashAttention cannot take such a mask and is refused. Under flex the packed loss equals the
+one-by-one loss (forward on CPU; torch has no CPU FlexAttention backward, so its gradients are a
+``gpu`` test).
 """
 
 from __future__ import annotations
