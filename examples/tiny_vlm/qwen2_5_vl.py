@@ -50,7 +50,8 @@ def model(processor: Any, *, seed: int = 0, cls: str = "Qwen2_5_VLForConditional
     text = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]},
-                pad_token_id=tok.pad_token_id)
+                pad_token_id=tok.pad_token_id, bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
+                eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"))  # Qwen's own, in this vocabulary
     vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=14, spatial_merge_size=2,
                   temporal_patch_size=2, out_hidden_size=32, window_size=56, fullatt_block_indexes=[1])
     if cls.startswith("Qwen2VL"):
