@@ -81,11 +81,19 @@ from .errors import ConfigError, FormatError
 if TYPE_CHECKING:
     from .images import ImageTransform, PatchLayout
 
-__all__ = ["IGNORE_INDEX", "DecodedImages", "collate_packs", "decode_pack_images", "pack_to_example",
-           "write_pixel_slots"]
+__all__ = ["IGNORE_INDEX", "MODEL_KEY", "PIXELS_KEY", "DecodedImages", "collate_packs", "collate_staged",
+           "decode_pack_images", "pack_to_example", "staged_example", "write_pixel_slots"]
 
 #: The label of a token that is not a target (PyTorch's and transformers' ``ignore_index``).
 IGNORE_INDEX = -100
+#: Private example key (:func:`staged_example`): the pack's images decoded to uint8, not yet normalised.
+PIXELS_KEY = "__wdspack_pixels__"
+#: Private example key (:func:`staged_example`): ``(batcher, pixels, rows)``, the processor's parts of the pack.
+MODEL_KEY = "__wdspack_model__"
+_STAGED_KEYS = (PIXELS_KEY, MODEL_KEY)
+#: ``take(shape, packs) -> (tensor, dirty)``: float32 memory for a batch's pixels and, per pack, how many
+#: leading slots (or rows) may hold non-zero bytes from earlier use (``None``: unknown, zero them all).
+Take = Callable[[tuple[int, ...], int], tuple[torch.Tensor, "list[int] | None"]]
 
 _TEXT_KEYS = ("input_ids", "labels", "position_ids", "seq_idx")
 _COUNT_KEYS = ("num_tokens", "num_samples")
@@ -325,6 +333,91 @@ def write_pixel_slots(images: Sequence[DecodedImages], out: torch.Tensor, *, slo
         if stale > k:
             out[b * slots + k: b * slots + stale] = 0
     return counts
+
+
+def staged_example(pack: Pack, *, seq_len: int, max_images: int, pad_token_id: int, image_transform: Any = None,
+                   batcher: Any = None) -> dict[str, Any]:
+    """:func:`pack_to_example` with the pixels left for :func:`collate_staged` to place in the batch.
+
+    With a processor's ``batcher`` (:class:`~wdspack.models.batching.ModelBatcher`) the pack's parts
+    go under :data:`MODEL_KEY`; with the built-in transform the images are only decoded and resized
+    (:data:`PIXELS_KEY`, uint8); any other transform runs here as in :func:`pack_to_example`. Decode
+    errors surface here, where a bad pack can still be skipped, and name the sub-sample.
+    """
+    from .images import ImageTransform
+
+    if batcher is not None:
+        example = pack_to_example(pack, seq_len=seq_len, max_images=max_images, pad_token_id=pad_token_id)
+        with _naming_sample(pack):
+            pixels, rows = batcher.pack_parts(pack, example["input_ids"])
+        example[MODEL_KEY] = (batcher, pixels, rows)
+        return example
+    staged = isinstance(image_transform, ImageTransform) and image_transform.writes_into
+    example = pack_to_example(pack, seq_len=seq_len, max_images=max_images, pad_token_id=pad_token_id,
+                              image_transform=None if staged else image_transform, pad_images=False)
+    if staged:
+        example[PIXELS_KEY] = decode_pack_images(pack, image_transform)
+    return example
+
+
+def collate_staged(examples: Sequence[dict[str, Any]], *, attention_mask: str | None = None,
+                   padding_free: bool = False, max_segments: int | None = None, take: Take | None = None,
+                   share_memory: bool | None = None) -> tuple[dict[str, Any], list[int] | None]:
+    """:func:`staged_example` outputs → one batch: :func:`collate_packs`, then the pixels written once.
+
+    A processor's parts are joined by its batcher (the family's keys and last rewrite); decoded
+    images are normalised straight into their slots of ``pixel_values`` ``[B·M, 3, S, S]``. Both
+    write into the float32 memory ``take`` gives (default :func:`fresh_pixels`). The examples are
+    not changed.
+
+    Returns:
+        The batch, and per pack the slots (rows) written into ``take``'s tensor, or ``None`` when
+        none was taken.
+    """
+    if not examples:
+        raise ConfigError("a batch needs at least one example")
+    first, packs = examples[0], len(examples)
+    images = [ex[PIXELS_KEY] for ex in examples] if PIXELS_KEY in first else None
+    parts = [ex[MODEL_KEY] for ex in examples] if MODEL_KEY in first else None
+    plain = [{k: v for k, v in ex.items() if k not in _STAGED_KEYS} for ex in examples]
+    take = take or fresh_pixels
+    batch: dict[str, Any] = dict(collate_packs(plain, attention_mask=attention_mask, padding_free=padding_free,
+                                               max_segments=max_segments, share_memory=share_memory))
+    counts = None
+    if parts is not None:
+        batch, counts = parts[0][0].collate(batch, [(pixels, rows) for _, pixels, rows in parts],
+                                            padding_free=padding_free, take=lambda shape: take(shape, packs))
+    if images is not None:
+        M, size = plain[0]["image_mask"].shape[0], images[0].transform.size
+        out, dirty = take((packs * M, 3, size, size), packs)
+        counts = write_pixel_slots(images, out, slots=M, dirty=dirty)
+        batch = _insert_after(batch, "image_token_counts", "pixel_values", out)
+    return batch, counts
+
+
+def fresh_pixels(shape: tuple[int, ...], packs: int) -> tuple[torch.Tensor, list[int] | None]:
+    """New float32 memory (a :data:`Take`): in a DataLoader worker a new shared-memory segment, which
+    the OS zero-fills and the DataLoader passes on without copying; elsewhere plain memory."""
+    if torch.utils.data.get_worker_info() is not None:
+        return new_shared(shape), [0] * packs
+    return torch.empty(shape), None
+
+
+def new_shared(shape: tuple[int, ...]) -> torch.Tensor:
+    """A new float32 tensor in shared memory; its bytes are zero (a new file, which the OS zero-fills)."""
+    storage = torch.UntypedStorage._new_shared(4 * math.prod(shape))
+    return torch.empty(0, dtype=torch.float32).set_(storage, 0, shape)
+
+
+def _insert_after(batch: dict[str, Any], anchor: str, key: str, value: Any) -> dict[str, Any]:
+    """``batch`` with ``key`` right after ``anchor`` (where :func:`collate_packs` puts ``pixel_values``)."""
+    out = {}
+    for k, v in batch.items():
+        out[k] = v
+        if k == anchor:
+            out[key] = value
+    out.setdefault(key, value)
+    return out
 
 
 def _names(pack: Pack) -> str:

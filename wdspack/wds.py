@@ -49,7 +49,6 @@ import torch
 
 from .codec import Pack, decode_pack
 from .errors import ConfigError, FormatError, WdspackError
-from .loader.dataloader import _insert_after
 
 __all__ = ["DatasetInfo", "batched", "collate", "decode_packs", "read_dataset", "to_examples"]
 
@@ -59,10 +58,6 @@ logger = logging.getLogger("wdspack.wds")
 Handler = Callable[[Exception], bool]
 #: The member extension of a pack (DESIGN.md §2): ``{key}.mp``.
 PACK_KEY = "mp"
-# Private per-example keys, consumed by :func:`collate`: images decoded to uint8 (normalised straight
-# into the batch tensor), and the processor's per-pack parts with the batcher that made them.
-_PIXELS_KEY = "__wdspack_pixels__"
-_MODEL_KEY = "__wdspack_model__"
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,32 +200,10 @@ def collate(examples: Sequence[dict[str, Any]], *, attention_mask: str | None = 
         examples: ``B`` examples from :func:`to_examples` (not changed).
         attention_mask, padding_free, max_segments: as :func:`wdspack.collate_packs`.
     """
-    from .collate import collate_packs, write_pixel_slots
+    from .collate import collate_staged
 
-    if not examples:
-        raise ConfigError("collate needs at least one example")
-    private = (_PIXELS_KEY, _MODEL_KEY)
-    images = [ex[_PIXELS_KEY] for ex in examples] if _PIXELS_KEY in examples[0] else None
-    parts = [ex[_MODEL_KEY] for ex in examples] if _MODEL_KEY in examples[0] else None
-    plain = [{k: v for k, v in ex.items() if k not in private} for ex in examples]
-    batch: dict[str, Any] = dict(collate_packs(plain, attention_mask=attention_mask, padding_free=padding_free,
-                                               max_segments=max_segments))
-    if parts is not None:
-        batcher = parts[0][0]
-        batch, _ = batcher.collate(batch, [(pixels, rows) for _, pixels, rows in parts], padding_free=padding_free)
-    if images is not None:
-        M, size = plain[0]["image_mask"].shape[0], images[0].transform.size
-        shape = (len(examples) * M, 3, size, size)
-        if torch.utils.data.get_worker_info() is not None:
-            # in a DataLoader worker: straight into a new shared-memory segment (zero-filled by the OS), which
-            # the DataLoader then passes on as it is instead of copying the tensor into one
-            storage = torch.UntypedStorage._new_shared(4 * len(examples) * M * 3 * size * size)
-            out, dirty = torch.empty(0, dtype=torch.float32).set_(storage, 0, shape), [0] * len(examples)
-        else:
-            out, dirty = torch.empty(shape), None
-        write_pixel_slots(images, out, slots=M, dirty=dirty)
-        batch = _insert_after(batch, "image_token_counts", "pixel_values", out)
-    return batch
+    return collate_staged(examples, attention_mask=attention_mask, padding_free=padding_free,
+                          max_segments=max_segments)[0]
 
 
 def batched(batch_size: int, *, dataset: DatasetInfo | None = None, attention_mask: str | None = None,
@@ -350,23 +323,12 @@ def _pack_of(sample: Any, *, seq_len: int, max_images: int, handler: Handler) ->
 
 def _example(pack: Pack, *, seq_len: int, max_images: int, pad_token_id: int, image_transform: Any, batcher: Any,
              where: str) -> dict[str, Any]:
-    """``pack_to_example`` as the loader makes it (images kept per pack for :func:`collate`)."""
-    from .collate import _naming_sample, decode_pack_images, pack_to_example
-    from .images import ImageTransform
+    """``collate.staged_example``, as the loader makes it (images kept per pack for :func:`collate`)."""
+    from .collate import staged_example
 
     try:
-        if batcher is not None:
-            example = pack_to_example(pack, seq_len=seq_len, max_images=max_images, pad_token_id=pad_token_id)
-            with _naming_sample(pack):
-                pixels, rows = batcher.pack_parts(pack, example["input_ids"])
-            example[_MODEL_KEY] = (batcher, pixels, rows)
-            return example
-        staged = isinstance(image_transform, ImageTransform) and image_transform.writes_into
-        example = pack_to_example(pack, seq_len=seq_len, max_images=max_images, pad_token_id=pad_token_id,
-                                  image_transform=None if staged else image_transform, pad_images=False)
-        if staged:
-            example[_PIXELS_KEY] = decode_pack_images(pack, image_transform)
-        return example
+        return staged_example(pack, seq_len=seq_len, max_images=max_images, pad_token_id=pad_token_id,
+                              image_transform=image_transform, batcher=batcher)
     except ConfigError:
         raise
     except (WdspackError, OSError, ValueError) as e:

@@ -33,7 +33,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import os
 import weakref
 from collections import Counter
@@ -44,8 +43,9 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, get_worker_info
 
+from ..collate import new_shared
 from ..errors import ConfigError
-from .dataset import META_KEY, MODEL_KEY, PIXELS_KEY, STAT_KEYS, PackedDataset
+from .dataset import META_KEY, STAT_KEYS, PackedDataset
 
 __all__ = ["PackedLoader", "make_loader"]
 
@@ -143,7 +143,7 @@ class PackedLoader:
         self.dataloader = DataLoader(
             dataset, batch_size=self.batch_size, num_workers=self.num_workers, drop_last=True, timeout=timeout,
             collate_fn=_Collate(attention_mask=attention_mask, padding_free=padding_free,
-                                max_segments=self.max_segments, buffers=buffers, model=dataset.model_batcher),
+                                max_segments=self.max_segments, buffers=buffers),
             pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory, **extra)
         self._epoch = dataset.epoch
         self._positions: list[tuple[int, int, int]] = [(0, 0, 0)] * self._workers
@@ -357,75 +357,40 @@ def _max_segments(value: int | str | None, dataset: PackedDataset, batch_size: i
 
 
 class _Collate:
-    """The loader's ``collate_fn``: ``collate_packs``, the pixels, and each batch's position.
+    """The loader's ``collate_fn``: ``collate.collate_staged`` and each batch's position.
 
-    Images arrive per pack decoded to uint8 (``PIXELS_KEY``) and are normalised straight into the
-    batch's ``pixel_values`` ``[B·M, 3, S, S]``: in a worker into one of its recycled buffers
-    (:class:`_PixelBuffers`), in-process into new memory with the empty slots zeroed. A worker
-    with buffers returns a :class:`_Shipment`, which unpickles in the main process as the batch.
+    The pixels of the packs (decoded uint8 images, or a processor's parts) are written once, straight
+    into the batch's ``pixel_values``: in a worker into one of its recycled buffers
+    (:class:`_PixelBuffers`), otherwise into new memory. A worker with buffers returns a
+    :class:`_Shipment`, which unpickles in the main process as the batch.
     """
 
     def __init__(self, *, attention_mask: str | None, padding_free: bool, max_segments: int | None,
-                 buffers: _PixelBuffers | None, model: Any = None) -> None:
+                 buffers: _PixelBuffers | None) -> None:
         self.options = {"attention_mask": attention_mask, "padding_free": padding_free, "max_segments": max_segments}
         self.buffers = buffers
-        self.model = model
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any] | _Shipment:
-        from ..collate import collate_packs, write_pixel_slots
+        from ..collate import collate_staged, fresh_pixels
 
         info = get_worker_info()
         recycle = self.buffers is not None and info is not None
         meta = torch.stack([ex.pop(META_KEY) for ex in examples])
-        images = [ex.pop(PIXELS_KEY) for ex in examples] if PIXELS_KEY in examples[0] else None
-        parts = [ex.pop(MODEL_KEY) for ex in examples] if MODEL_KEY in examples[0] else None
-        batch = dict(collate_packs(examples, **self.options, share_memory=info is not None and not recycle))
         lease = None
-        if parts is not None:
-            def take(shape: tuple[int, ...]) -> tuple[torch.Tensor, list[int] | None]:
-                nonlocal lease
-                if recycle:
-                    out, dirty, lease = self.buffers.take(shape, worker=info.id, packs=len(examples))
-                    return out, dirty
-                if info is not None:
-                    return _new_shared(shape), [0] * len(examples)  # zero-filled by the OS
-                return torch.empty(shape), None
 
-            batch, counts = self.model.collate(batch, parts, padding_free=self.options["padding_free"], take=take)
-            if lease is not None:
-                self.buffers.ship(lease, counts)
-        if images is not None:
-            M, size = examples[0]["image_mask"].shape[0], images[0].transform.size
-            shape = (len(examples) * M, 3, size, size)
-            if recycle:
-                out, dirty, lease = self.buffers.take(shape, worker=info.id, packs=len(examples))
-            elif info is not None:
-                out, dirty = _new_shared(shape), [0] * len(examples)  # zero-filled by the OS
-            else:
-                out, dirty = torch.empty(shape), None
-            counts = write_pixel_slots(images, out, slots=M, dirty=dirty)
-            if lease is not None:
-                self.buffers.ship(lease, counts)
-            batch = _insert_after(batch, "image_token_counts", "pixel_values", out)
+        def take(shape: tuple[int, ...], packs: int) -> tuple[torch.Tensor, list[int] | None]:
+            nonlocal lease
+            if not recycle:
+                return fresh_pixels(shape, packs)
+            out, dirty, lease = self.buffers.take(shape, worker=info.id, packs=packs)
+            return out, dirty
+
+        batch, counts = collate_staged(examples, **self.options, take=take,
+                                       share_memory=info is not None and not recycle)
+        if lease is not None:
+            self.buffers.ship(lease, counts)
         batch[META_KEY] = meta
         return _Shipment(batch, lease) if recycle else batch
-
-
-def _insert_after(batch: dict[str, Any], anchor: str, key: str, value: Any) -> dict[str, Any]:
-    """``batch`` with ``key`` right after ``anchor`` (where ``collate_packs`` puts ``pixel_values``)."""
-    out = {}
-    for k, v in batch.items():
-        out[k] = v
-        if k == anchor:
-            out[key] = value
-    out.setdefault(key, value)
-    return out
-
-
-def _new_shared(shape: tuple[int, ...]) -> torch.Tensor:
-    """A new float32 tensor in shared memory; its bytes are zero (a new file, which the OS zero-fills)."""
-    storage = torch.UntypedStorage._new_shared(4 * math.prod(shape))
-    return torch.empty(0, dtype=torch.float32).set_(storage, 0, shape)
 
 
 class _PixelBuffers:
@@ -467,7 +432,7 @@ class _PixelBuffers:
                     and int(self.released[worker, i]) == lease.number):
                 self._held[i] = (tensor, None, filled)  # taken: not handed out again before it ships
                 return tensor, filled, self._lease(worker, i)
-        tensor = _new_shared(shape)
+        tensor = new_shared(shape)
         if len(self._held) >= self.size:
             return tensor, [0] * packs, None
         self._held.append((tensor, None, []))

@@ -10,7 +10,7 @@ shuffle buffer's order (runs of packs dealt by cost, windows sorted into shared 
 ``lap_source`` opens each run at its pack's byte offset from the pack index.
 
 Under :class:`~wdspack.loader.PackedLoader` the built-in image transform runs only its first half
-here (decode and resize to uint8, ``PIXELS_KEY``); the loader's collate function normalises the
+here (decode and resize to uint8, ``collate.PIXELS_KEY``); the loader's collate function normalises the
 pixels straight into the batch tensor.
 
 The whole stream of a slot is a pure function of ``(manifest, seed, epoch, slot)``, so the
@@ -39,7 +39,7 @@ from .stages import Handler, decode_packs, lap_source, reorder
 from .streams import is_remote, open_stream
 from .urls import ResolvedSource, read_pack_index, resolve_source
 
-__all__ = ["META_KEY", "MODEL_KEY", "PackedDataset", "STAT_KEYS"]
+__all__ = ["META_KEY", "PackedDataset", "STAT_KEYS"]
 
 logger = logging.getLogger("wdspack.loader")
 
@@ -47,10 +47,6 @@ logger = logging.getLogger("wdspack.loader")
 STAT_KEYS = ("corrupt_packs", "truncated_shards", "ignored_members", "retries", "requests", "bytes_read")
 #: Private per-example key that carries a slot's position to :class:`~wdspack.loader.PackedLoader`.
 META_KEY = "__wdspack_position__"
-#: Private per-example key: the pack's decoded images (``collate.DecodedImages``) for the loader's collate.
-PIXELS_KEY = "__wdspack_pixels__"
-#: Private per-example key: the pack's model parts (``ModelBatcher.pack_parts``) for the loader's collate.
-MODEL_KEY = "__wdspack_model__"
 _META_HEAD = ("worker", "epoch", "lap", "emitted", "yielded")
 MAX_WORKERS = 256
 _HEAD = 3  # epoch, has_resume, shift; then (lap, emitted, yielded) per worker
@@ -405,33 +401,23 @@ class PackedDataset(IterableDataset):
         return batcher
 
     def _to_example(self, pack) -> dict[str, Any]:
-        """``pack_to_example``; under the loader, images stay per pack for its collate to place.
+        """``pack_to_example``; under the loader, ``collate.staged_example``: the pixels stay per pack
+        for its collate to write straight into the batch (decode errors still surface here, where a
+        bad pack can be skipped)."""
+        from ..collate import _naming_sample, pack_to_example, staged_example
 
-        With the built-in transform they are only decoded and resized here (``PIXELS_KEY``, uint8):
-        the loader's collate normalises them straight into the batch tensor. Decode errors still
-        surface here, where a bad pack can be skipped.
-        """
-        from ..collate import _naming_sample, decode_pack_images, pack_to_example
-        from ..images import ImageTransform
-
+        if self.with_position:
+            return staged_example(pack, seq_len=self.seq_len, max_images=self.max_images,
+                                  pad_token_id=self.pad_token_id, image_transform=self.image_transform,
+                                  batcher=self.model_batcher)
+        example = pack_to_example(pack, seq_len=self.seq_len, max_images=self.max_images,
+                                  pad_token_id=self.pad_token_id,
+                                  image_transform=None if self.model_batcher is not None else self.image_transform)
         if self.model_batcher is not None:
-            example = pack_to_example(pack, seq_len=self.seq_len, max_images=self.max_images,
-                                      pad_token_id=self.pad_token_id)
             with _naming_sample(pack):
                 pixels, rows = self.model_batcher.pack_parts(pack, example["input_ids"])
-            if self.with_position:
-                example[MODEL_KEY] = (pixels, rows)
-            else:
-                example.update(self.model_batcher.padded(pixels))
-                example.update(rows)
-            return example
-        transform = self.image_transform
-        staged = self.with_position and isinstance(transform, ImageTransform) and transform.writes_into
-        example: dict[str, Any] = pack_to_example(
-            pack, seq_len=self.seq_len, max_images=self.max_images, pad_token_id=self.pad_token_id,
-            image_transform=None if staged else transform, pad_images=not self.with_position)
-        if staged:
-            example[PIXELS_KEY] = decode_pack_images(pack, transform)
+            example.update(self.model_batcher.padded(pixels))
+            example.update(rows)
         return example
 
     def _iter_slot(self, plan: EpochPlan, slot: int, epoch: int, position: tuple[int, int, int], stats: Counter
