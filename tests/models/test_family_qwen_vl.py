@@ -11,6 +11,7 @@ import torch
 import vlm_harness as h
 
 import wdspack
+from wdspack.errors import ConfigError
 from wdspack.models.qwen_vl import mrope_positions
 
 SEQ_LEN = 96
@@ -105,6 +106,19 @@ def test_mrope_positions_drawn_in_the_docstring():
     assert rope[:, :9].tolist() == [[0, 1, 2, 3, 3, 3, 3, 5, 6], [0, 1, 2, 3, 3, 4, 4, 5, 6],
                                     [0, 1, 2, 3, 4, 3, 4, 5, 6]]
     assert rope[:, 9].tolist() == [0, 0, 0]
+
+
+def test_mrope_positions_of_images_back_to_back_and_sub_samples():
+    """Two images in one run (A: 2×2 merged, B: 1×2), text after them, a second sub-sample that starts
+    again at 0, and padding: each image starts where the one before it ends (``max(h, w)`` on)."""
+    ids = torch.tensor([1, 9, 9, 9, 9, 9, 9, 5, 2, 9, 0, 0])
+    rope = mrope_positions(ids, [8, 2], torch.tensor([[1, 4, 4], [1, 2, 4], [1, 2, 2]]), image_token_id=9,
+                           merge_size=2)
+    assert rope.tolist() == [[0, 1, 1, 1, 1, 3, 3, 5, 0, 1, 0, 1],
+                             [0, 1, 1, 2, 2, 3, 3, 5, 0, 1, 0, 1],
+                             [0, 1, 2, 1, 2, 3, 4, 5, 0, 1, 0, 1]]
+    with pytest.raises(ConfigError, match="image tokens but its grids give"):
+        mrope_positions(ids, [8, 2], torch.tensor([[1, 4, 4]]), image_token_id=9, merge_size=2)
 
 
 @pytest.mark.gpu

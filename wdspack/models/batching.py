@@ -102,7 +102,7 @@ class ModelBatcher:
         for key in parts[0][0]:
             values = [p[0][key] for p in parts]
             if isinstance(values[0], Rows):
-                use = take if key == "pixel_values" and values[0].tensor.dtype == torch.float32 else None
+                use = take if key == "pixel_values" and values[0].pieces[0].dtype == torch.float32 else None
                 batch[key], counts = _join_rows(values, use)
                 written = counts if use is not None else written
             else:
@@ -123,14 +123,18 @@ class ModelBatcher:
 
 def _join_rows(values: Sequence[Rows], take: Take | None) -> tuple[torch.Tensor, list[int]]:
     """Pack ``b``'s rows into ``out[b·rows : b·rows + n_b]``, zeros after them; every byte written once."""
-    rows, first = values[0].rows, values[0].tensor
-    counts = [int(v.tensor.shape[0]) for v in values]
+    rows, first = values[0].rows, values[0].pieces[0]
+    pieces = [v.pieces for v in values]
+    counts = [sum(int(t.shape[0]) for t in ps) for ps in pieces]
     if any(n > rows for n in counts):
         raise ConfigError(f"a pack has {max(counts)} rows of pixels > the {rows} rows the budgets give it")
     shape = (len(values) * rows, *first.shape[1:])
     out, dirty = take(shape) if take is not None else (first.new_empty(shape), None)
-    for b, (v, n) in enumerate(zip(values, counts)):
-        out[b * rows: b * rows + n] = v.tensor
+    for b, (ps, n) in enumerate(zip(pieces, counts)):
+        at = b * rows
+        for t in ps:
+            out[at: at + t.shape[0]] = t
+            at += t.shape[0]
         stale = rows if dirty is None else dirty[b]
         if stale > n:
             out[b * rows + n: b * rows + stale] = 0

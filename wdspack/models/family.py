@@ -52,8 +52,12 @@ class Rows:
     it instead of a padded tensor): the loader then writes the real rows straight into the batch
     tensor, reusing its shared-memory buffers, and zeroes only rows that held data before."""
 
-    tensor: torch.Tensor
+    tensor: torch.Tensor | tuple[torch.Tensor, ...]  #: the real rows, or pieces of them in order (written once each)
     rows: int
+
+    @property
+    def pieces(self) -> tuple[torch.Tensor, ...]:
+        return (self.tensor,) if isinstance(self.tensor, torch.Tensor) else self.tensor
 
 
 def run_image_processor(processor: Any, images: Sequence[Any], **kwargs: Any) -> dict[str, torch.Tensor]:

@@ -39,11 +39,13 @@ def _replacements(processor: Any, sizes: Sequence[tuple[int, int]]) -> list[str]
     return [processor.replace_image_token(grids, image_idx=i) for i in range(len(sizes))]
 
 
-def _pixels(processor: Any, images: Sequence[Any]) -> dict[str, torch.Tensor]:
-    """The image processor image by image, concatenated: the same bytes as one call over the list
-    (each image's patches are independent), and about a tenth faster than the batched call."""
+def _pixels(processor: Any, images: Sequence[Any]) -> dict[str, Any]:
+    """The image processor image by image: the same bytes as one call over the list (each image's
+    patches are independent), and about a tenth faster than the batched call. ``pixel_values`` stays
+    a tuple of the images' patch blocks (the batch writes each once, no concatenated copy)."""
     outs = [run_image_processor(processor, [image]) for image in images]
-    return {key: torch.cat([o[key] for o in outs]) for key in outs[0]}
+    return {"pixel_values": tuple(o["pixel_values"] for o in outs),
+            "image_grid_thw": torch.cat([o["image_grid_thw"] for o in outs])}
 
 
 def patch_rows(processor: Any, budgets: Budgets) -> int:
@@ -68,12 +70,12 @@ def _pad_pixels(out: Mapping[str, torch.Tensor], processor: Any, budgets: Budget
         if tokens != list(image_tokens):
             raise ConfigError(f"the image processor gives {tokens} tokens for these images but the pack reserved "
                               f"{list(image_tokens)}; load with the processor (and settings) the dataset was packed with")
-    width = pv.shape[1] if pv is not None and pv.ndim == 2 else _patch_width(processor)
-    n = 0 if pv is None or not k else pv.shape[0]
+    blocks = (pv,) if isinstance(pv, torch.Tensor) else tuple(pv or ())
+    n = sum(int(b.shape[0]) for b in blocks) if k else 0
     if n > rows:
         raise ConfigError(f"{n} image patches > the {rows} patch rows a pack has room for; the dataset's manifest "
                           "and the processor disagree: load with the processor it was packed with")
-    real = pv.to(torch.float32) if n else torch.zeros(0, width)
+    real = tuple(b.to(torch.float32) for b in blocks) if n else torch.zeros(0, _patch_width(processor))
     grids = torch.zeros(M, 3, dtype=torch.int64)
     grids[:k] = grid[:k]
     return {"pixel_values": Rows(real, rows), "patch_mask": torch.arange(rows) < n, "image_grid_thw": grids}
@@ -93,27 +95,32 @@ def mrope_positions(input_ids: torch.Tensor, seq_lens: Sequence[int], grids: tor
     ``start + max(h, w) / merge``. Padding after the sub-samples counts ``0, 1, 2, …``.
     """
     L = input_ids.shape[0]
+    lens = np.asarray(seq_lens, dtype=np.int64)
+    real = int(lens.sum())
+    where = np.flatnonzero(input_ids[:real].numpy() == image_token_id)  # image tokens, in image order
+    g = grids.numpy().astype(np.int64).reshape(-1, 3)
+    t, h, w = g[:, 0], g[:, 1] // merge_size, g[:, 2] // merge_size
+    sizes = t * h * w
+    if int(sizes.sum()) != len(where):
+        raise ConfigError(f"the pack has {len(where)} image tokens but its grids give {int(sizes.sum())}; load with "
+                          "the processor the dataset was packed with")
+    # Each text token advances the position by 1, each image by max(h, w) (counted at its first token);
+    # a token's base is what the units before it in its own sub-sample advanced.
+    firsts = where[np.cumsum(sizes) - sizes] if len(sizes) else where[:0]
+    width = np.ones(real, np.int64)
+    width[where] = 0
+    width[firsts] = np.maximum(h, w)
+    before = np.cumsum(width) - width
+    base = before - np.repeat(before[np.cumsum(lens) - lens], lens)
+    base[where] = base[np.repeat(firsts, sizes)]  # an image's tokens all start where the image does
     out = np.empty((3, L), np.int64)
-    is_image = (input_ids == image_token_id).numpy()
-    g = iter(grids.tolist())
-    start = 0
-    for n in seq_lens:
-        edges = np.diff(np.r_[0, is_image[start:start + n].astype(np.int8), 0])
-        pos, i = 0, 0  # next position; next token (within the sub-sample) not yet placed
-        for run, stop in zip(np.flatnonzero(edges == 1).tolist(), np.flatnonzero(edges == -1).tolist()):
-            out[:, start + i:start + run] = pos + np.arange(run - i)  # text before the image run
-            pos, i = pos + run - i, run
-            while i < stop:  # one run may hold images back to back
-                t, h, w = next(g)
-                h, w = h // merge_size, w // merge_size
-                size = t * h * w
-                out[0, start + i:start + i + size] = pos + np.arange(t).repeat(h * w)
-                out[1, start + i:start + i + size] = pos + np.tile(np.arange(h).repeat(w), t)
-                out[2, start + i:start + i + size] = pos + np.tile(np.arange(w), t * h)
-                pos, i = pos + max(h, w), i + size
-        out[:, start + i:start + n] = pos + np.arange(n - i)
-        start += n
-    out[:, start:] = np.arange(L - start)
+    out[:, :real] = base
+    image = np.repeat(np.arange(len(sizes)), sizes)  # each image token's image, and its index inside it
+    j = np.arange(len(where)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    out[0, where] += j // (h * w)[image]
+    out[1, where] += (j // w[image]) % h[image]
+    out[2, where] += j % w[image]
+    out[:, real:] = np.arange(L - real)
     return torch.from_numpy(out)
 
 
