@@ -55,10 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     if (rc := wdspack_main(["pack", *cmd])) != 0:
         return rc
-    totals = wdspack.read_manifest(packed / "manifest.json").totals
-    reasons = ", ".join(f"{n} {r}" for r, n in sorted(totals["dropped_by_reason"].items(), key=lambda kv: -kv[1]))
-    print(f"   (pack took {time.perf_counter() - t0:.1f} s: {totals['samples_packed']} of {totals['samples_read']} "
-          f"samples packed, dropped: {reasons or 'none'})")
+    print(f"   (pack took {time.perf_counter() - t0:.1f} s; the dropped samples and why: {packed / 'dropped.jsonl'})")
 
     model = qwen2_5_vl.model(processor, seed=0)
     params = sum(p.numel() for p in model.parameters())
