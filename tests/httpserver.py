@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 __all__ = ["Fault", "Request", "Server", "cut", "ignore_range", "redirect", "serve", "stall", "status"]
 
@@ -87,39 +88,30 @@ class Request:
     headers: dict[str, str] = field(repr=False)
 
 
-class Server:
-    """The serving thread, the per-path scripts and the request log (see the module docstring)."""
+class ScriptedServer:
+    """A threaded HTTP server on ``127.0.0.1`` (a free port) with per-path fault scripts and a request
+    log; ``handler`` is a ``BaseHTTPRequestHandler`` subclass that reads them through ``owner``."""
 
-    def __init__(self, root: str | Path) -> None:
-        self.root = Path(root)
-        self.log: list[Request] = []
-        self._scripts: dict[str, tuple[list[Fault | None], Fault | None]] = {}
+    def __init__(self, handler: type[http.server.BaseHTTPRequestHandler], name: str) -> None:
+        self.log: list[Any] = []
+        self._scripts: dict[str, tuple[list[Any], Any]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        handler = type("Handler", (_Handler,), {"owner": self})
-        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), type("Handler", (handler,), {"owner": self}))
         self._httpd.daemon_threads = True
         self.port = self._httpd.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}/"
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name=f"httpserver-{self.port}", daemon=True)
+                                        name=f"{name}-{self.port}", daemon=True)
 
-    def script(self, path: str, *faults: Fault | None, then: Fault | None = None) -> None:
+    def script(self, path: str, *faults: Any, then: Any = None) -> None:
         """The k-th next request for ``path`` gets ``faults[k]``; every later one gets ``then``."""
         with self._lock:
             self._scripts[path] = (list(faults), then)
-
-    def requests(self, path: str | None = None) -> list[Request]:
-        return [r for r in list(self.log) if path is None or r.path == path]
 
     def clear(self) -> None:
         with self._lock:
             self.log.clear()
             self._scripts.clear()
-
-    def start(self) -> Server:
-        self._thread.start()
-        return self
 
     def close(self) -> None:
         self._stop.set()  # wakes stalled handlers
@@ -127,14 +119,30 @@ class Server:
         self._httpd.server_close()
         self._thread.join(timeout=5)
 
-    def _next_fault(self, path: str) -> Fault | None:
+    def _next_fault(self, path: str) -> Any:
         with self._lock:
             faults, then = self._scripts.get(path, ([], None))
             return faults.pop(0) if faults else then
 
-    def _record(self, request: Request) -> None:
+    def _record(self, request: Any) -> None:
         with self._lock:
             self.log.append(request)
+
+
+class Server(ScriptedServer):
+    """Serves the files under ``root`` (see the module docstring)."""
+
+    def __init__(self, root: str | Path) -> None:
+        super().__init__(_Handler, "httpserver")
+        self.root = Path(root)
+        self.url = f"http://127.0.0.1:{self.port}/"
+
+    def requests(self, path: str | None = None) -> list[Request]:
+        return [r for r in list(self.log) if path is None or r.path == path]
+
+    def start(self) -> Server:
+        self._thread.start()
+        return self
 
 
 @contextmanager

@@ -90,3 +90,24 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_s3(workdir: Path, bucket: str):
+    """A moto server with ``bucket`` made, its endpoint and keys in the environment (as a user points
+    s3fs at an endpoint) for the ``with`` block: yields ``(server, s3fs filesystem)``."""
+    import pytest
+    import s3fs
+
+    server = start_s3(workdir)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            for key, value in server.env().items():
+                mp.setenv(key, value)
+            s3fs.S3FileSystem.clear_instance_cache()
+            fs = s3fs.S3FileSystem()
+            fs.mkdir(bucket)
+            yield server, fs
+            s3fs.S3FileSystem.clear_instance_cache()
+    finally:
+        server.stop()

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from demo_job import demo_sources, generate_demo, read_files
-from s3server import start_s3, upload_folder
+from s3server import running_s3, upload_folder
 from wdspack import pipeline
 from wdspack.errors import ConfigError, OutputError, SourceError, TooManyDropsError
 from wdspack.manifest import Manifest
@@ -27,18 +27,8 @@ BUCKET = "wds"
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
-    import s3fs
-
-    server = start_s3(tmp_path_factory.mktemp("s3"))
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in server.env().items():  # as a user points s3fs at an endpoint
-            mp.setenv(key, value)
-        s3fs.S3FileSystem.clear_instance_cache()
-        fs = s3fs.S3FileSystem()
-        fs.mkdir(BUCKET)
-        yield server, fs
-        s3fs.S3FileSystem.clear_instance_cache()
-    server.stop()
+    with running_s3(tmp_path_factory.mktemp("s3"), BUCKET) as server_and_fs:
+        yield server_and_fs
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,6 @@ import logging
 import re
 import socket
 import struct
-import threading
 import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -28,7 +27,8 @@ import numpy as np
 import pytest
 import torch
 
-from s3server import start_s3, upload_folder
+from httpserver import ScriptedServer
+from s3server import running_s3, upload_folder
 from synthetic import pack_numbers, write_dataset
 from wdspack.errors import ConfigError, ManifestError, SourceError
 from wdspack.loader import PackedDataset, make_loader, resolve_source
@@ -66,47 +66,18 @@ class Seen:
     status: int
 
 
-class FaultProxy:
+class FaultProxy(ScriptedServer):
     """Forwards to ``upstream``; the k-th next GET of a scripted path gets that path's k-th fault."""
 
     def __init__(self, upstream: str) -> None:
+        super().__init__(_ProxyHandler, "s3-proxy")
         self.upstream = urlsplit(upstream)
-        self.log: list[Seen] = []
-        self._scripts: dict[str, tuple[list[Fault | None], Fault | None]] = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        handler = type("Handler", (_ProxyHandler,), {"owner": self})
-        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self._httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        daemon=True)
+        self.url = f"http://127.0.0.1:{self.port}"
         self._thread.start()
-
-    def script(self, path: str, *faults: Fault | None, then: Fault | None = None) -> None:
-        with self._lock:
-            self._scripts[path] = (list(faults), then)
 
     def gets(self, path: str) -> list[tuple[int | None, int]]:
         """``(range start, status)`` of each GET of ``path``."""
         return [(r.range_start, r.status) for r in list(self.log) if r.method == "GET" and r.path == path]
-
-    def clear(self) -> None:
-        with self._lock:
-            self.log.clear()
-            self._scripts.clear()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._httpd.shutdown()
-        self._httpd.server_close()
-
-    def _next_fault(self, method: str, path: str) -> Fault | None:
-        with self._lock:
-            if method != "GET":
-                return None
-            faults, then = self._scripts.get(path, ([], None))
-            return faults.pop(0) if faults else then
 
 
 class _ProxyHandler(http.server.BaseHTTPRequestHandler):
@@ -128,7 +99,7 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
         path = urlsplit(self.path).path
         m = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range", ""))
         start = int(m.group(1)) if m else None
-        fault = self.owner._next_fault(self.command, path) or Fault()
+        fault = (self.owner._next_fault(path) if self.command == "GET" else None) or Fault()
         if fault.status is not None:
             self._record(path, start, fault.status)
             body = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{fault.code}</Code>'
@@ -175,26 +146,15 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
             pass
 
     def _record(self, path: str, start: int | None, status: int) -> None:
-        with self.owner._lock:
-            self.owner.log.append(Seen(self.command, path, start, status))
+        self.owner._record(Seen(self.command, path, start, status))
 
 
 # -- fixtures -----------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
-    import s3fs
-
-    server = start_s3(tmp_path_factory.mktemp("s3"))
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in server.env().items():  # writes and uploads find the endpoint as a user's would
-            mp.setenv(key, value)
-        s3fs.S3FileSystem.clear_instance_cache()
-        fs = s3fs.S3FileSystem()
-        fs.mkdir(BUCKET)
-        yield server, fs
-        s3fs.S3FileSystem.clear_instance_cache()
-    server.stop()
+    with running_s3(tmp_path_factory.mktemp("s3"), BUCKET) as server_and_fs:
+        yield server_and_fs
 
 
 @pytest.fixture(scope="module")

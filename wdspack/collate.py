@@ -93,7 +93,7 @@ MODEL_KEY = "__wdspack_model__"
 _STAGED_KEYS = (PIXELS_KEY, MODEL_KEY)
 #: ``take(shape, packs) -> (tensor, dirty)``: float32 memory for a batch's pixels and, per pack, how many
 #: leading slots (or rows) may hold non-zero bytes from earlier use (``None``: unknown, zero them all).
-Take = Callable[[tuple[int, ...], int], tuple[torch.Tensor, "list[int] | None"]]
+TakePixels = Callable[[tuple[int, ...], int], tuple[torch.Tensor, "list[int] | None"]]
 
 _TEXT_KEYS = ("input_ids", "labels", "position_ids", "seq_idx")
 _COUNT_KEYS = ("num_tokens", "num_samples")
@@ -361,7 +361,7 @@ def staged_example(pack: Pack, *, seq_len: int, max_images: int, pad_token_id: i
 
 
 def collate_staged(examples: Sequence[dict[str, Any]], *, attention_mask: str | None = None,
-                   padding_free: bool = False, max_segments: int | None = None, take: Take | None = None,
+                   padding_free: bool = False, max_segments: int | None = None, take: TakePixels | None = None,
                    share_memory: bool | None = None) -> tuple[dict[str, Any], list[int] | None]:
     """:func:`staged_example` outputs → one batch: :func:`collate_packs`, then the pixels written once.
 
@@ -396,7 +396,7 @@ def collate_staged(examples: Sequence[dict[str, Any]], *, attention_mask: str | 
 
 
 def fresh_pixels(shape: tuple[int, ...], packs: int) -> tuple[torch.Tensor, list[int] | None]:
-    """New float32 memory (a :data:`Take`): in a DataLoader worker a new shared-memory segment, which
+    """New float32 memory (a :data:`TakePixels`): in a DataLoader worker a new shared-memory segment, which
     the OS zero-fills and the DataLoader passes on without copying; elsewhere plain memory."""
     if torch.utils.data.get_worker_info() is not None:
         return new_shared(shape), [0] * packs

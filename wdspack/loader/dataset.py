@@ -404,21 +404,19 @@ class PackedDataset(IterableDataset):
         """``pack_to_example``; under the loader, ``collate.staged_example``: the pixels stay per pack
         for its collate to write straight into the batch (decode errors still surface here, where a
         bad pack can be skipped)."""
-        from ..collate import _naming_sample, pack_to_example, staged_example
+        from ..collate import MODEL_KEY, pack_to_example, staged_example
 
-        if self.with_position:
-            return staged_example(pack, seq_len=self.seq_len, max_images=self.max_images,
-                                  pad_token_id=self.pad_token_id, image_transform=self.image_transform,
-                                  batcher=self.model_batcher)
-        example = pack_to_example(pack, seq_len=self.seq_len, max_images=self.max_images,
-                                  pad_token_id=self.pad_token_id,
-                                  image_transform=None if self.model_batcher is not None else self.image_transform)
-        if self.model_batcher is not None:
-            with _naming_sample(pack):
-                pixels, rows = self.model_batcher.pack_parts(pack, example["input_ids"])
-            example.update(self.model_batcher.padded(pixels))
-            example.update(rows)
-        return example
+        if self.with_position or self.model_batcher is not None:
+            example = staged_example(pack, seq_len=self.seq_len, max_images=self.max_images,
+                                     pad_token_id=self.pad_token_id, image_transform=self.image_transform,
+                                     batcher=self.model_batcher)
+            if not self.with_position:  # used without the loader: the processor's parts as plain tensors
+                _, pixels, rows = example.pop(MODEL_KEY)
+                example.update(self.model_batcher.padded(pixels))
+                example.update(rows)
+            return example
+        return pack_to_example(pack, seq_len=self.seq_len, max_images=self.max_images,
+                               pad_token_id=self.pad_token_id, image_transform=self.image_transform)
 
     def _iter_slot(self, plan: EpochPlan, slot: int, epoch: int, position: tuple[int, int, int], stats: Counter
                    ) -> Iterator[tuple[dict[str, torch.Tensor], tuple[int, int, int]]]:

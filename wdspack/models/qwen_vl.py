@@ -70,7 +70,7 @@ def _pad_pixels(out: Mapping[str, torch.Tensor], processor: Any, budgets: Budget
         if tokens != list(image_tokens):
             raise ConfigError(f"the image processor gives {tokens} tokens for these images but the pack reserved "
                               f"{list(image_tokens)}; load with the processor (and settings) the dataset was packed with")
-    blocks = (pv,) if isinstance(pv, torch.Tensor) else tuple(pv or ())
+    blocks = tuple(pv or ())  # one patch block per image (``_pixels``)
     n = sum(int(b.shape[0]) for b in blocks) if k else 0
     if n > rows:
         raise ConfigError(f"{n} image patches > the {rows} patch rows a pack has room for; the dataset's manifest "
@@ -106,7 +106,8 @@ def mrope_positions(input_ids: torch.Tensor, seq_lens: Sequence[int], grids: tor
                           "the processor the dataset was packed with")
     # Each text token advances the position by 1, each image by max(h, w) (counted at its first token);
     # a token's base is what the units before it in its own sub-sample advanced.
-    firsts = where[np.cumsum(sizes) - sizes] if len(sizes) else where[:0]
+    offsets = np.cumsum(sizes) - sizes  # each image's first token among the image tokens
+    firsts = where[offsets]
     width = np.ones(real, np.int64)
     width[where] = 0
     width[firsts] = np.maximum(h, w)
@@ -116,7 +117,7 @@ def mrope_positions(input_ids: torch.Tensor, seq_lens: Sequence[int], grids: tor
     out = np.empty((3, L), np.int64)
     out[:, :real] = base
     image = np.repeat(np.arange(len(sizes)), sizes)  # each image token's image, and its index inside it
-    j = np.arange(len(where)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    j = np.arange(len(where)) - np.repeat(offsets, sizes)
     out[0, where] += j // (h * w)[image]
     out[1, where] += (j // w[image]) % h[image]
     out[2, where] += j % w[image]
