@@ -224,10 +224,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
 
     def _end_early(self, fault: Fault) -> None:
-        if fault.stall_s:
-            self.owner._stop.wait(fault.stall_s)
-        if fault.reset:
-            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            self.connection.close()
-        else:
-            self.connection.shutdown(socket.SHUT_WR)
+        end_early(self, fault)
+
+
+def end_early(handler: http.server.BaseHTTPRequestHandler, fault: Any) -> None:
+    """End ``handler``'s answer before its body is complete: after ``fault.stall_s`` seconds of silence
+    (cut short by the server's close), with RST if ``fault.reset`` else FIN."""
+    if fault.stall_s:
+        handler.owner._stop.wait(fault.stall_s)
+    if fault.reset:
+        handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        handler.connection.close()
+    else:
+        handler.connection.shutdown(socket.SHUT_WR)

@@ -17,8 +17,6 @@ import http.server
 import importlib.util
 import logging
 import re
-import socket
-import struct
 import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -27,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 
-from httpserver import ScriptedServer
+from httpserver import ScriptedServer, end_early
 from s3server import running_s3, upload_folder
 from synthetic import pack_numbers, write_dataset
 from wdspack.errors import ConfigError, ManifestError, SourceError
@@ -135,13 +133,7 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
             self.wfile.write(data if fault.cut_after is None else data[:fault.cut_after])
             self.wfile.flush()
             if fault.cut_after is not None:
-                if fault.stall_s:
-                    self.owner._stop.wait(fault.stall_s)
-                if fault.reset:
-                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                    self.connection.close()
-                else:
-                    self.connection.shutdown(socket.SHUT_WR)
+                end_early(self, fault)
         except OSError:  # the client hung up first (a stream closed before its end)
             pass
 

@@ -459,26 +459,14 @@ def test_pack_dataset_reads_captions_without_a_chat_template(tekken_dir, tmp_pat
 
 def test_caption_shards_on_s3_read_like_local(tmp_path):
     pytest.importorskip("s3fs")
-    import s3fs
-
-    from s3server import start_s3
+    from s3server import running_s3
 
     for j in range(2):
         _caption_shard(tmp_path / f"s-{j}.tar", 3, start=10 * j)
     local = [(r.sample_id, r.segments, r.images) for r in _read([tmp_path / "s-{0..1}.tar"])]
     (tmp_path / "s3").mkdir()
-    server = start_s3(tmp_path / "s3")
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            for key, value in server.env().items():
-                mp.setenv(key, value)
-            s3fs.S3FileSystem.clear_instance_cache()
-            fs = s3fs.S3FileSystem()
-            fs.mkdir("wds")
-            for j in range(2):
-                fs.put_file(str(tmp_path / f"s-{j}.tar"), f"wds/caps/s-{j}.tar")
-            remote = [(r.sample_id, r.segments, r.images) for r in _read(["s3://wds/caps/s-{0..1}.tar"])]
-            s3fs.S3FileSystem.clear_instance_cache()
-    finally:
-        server.stop()
+    with running_s3(tmp_path / "s3", "wds") as (_, fs):
+        for j in range(2):
+            fs.put_file(str(tmp_path / f"s-{j}.tar"), f"wds/caps/s-{j}.tar")
+        remote = [(r.sample_id, r.segments, r.images) for r in _read(["s3://wds/caps/s-{0..1}.tar"])]
     assert remote == local and len(local) == 6
