@@ -139,7 +139,7 @@ def pack_to_example(pack: Pack, *, seq_len: int, max_images: int, pad_token_id: 
                           "seq_len the dataset was packed for (its manifest), or reshard it")
     if k > max_images:
         raise FormatError(f"pack with samples {_names(pack)} has {k} images > max_images {max_images}; load with "
-                          "the max_images the dataset was packed for (its manifest)")
+                          "max_images at least the images of the dataset's fullest pack (the loader's default)")
     lens = np.asarray(pack.seq_lens, np.int64)
     starts = np.cumsum(lens) - lens
     ids = np.full(seq_len, pad_token_id, np.int64)

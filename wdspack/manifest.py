@@ -43,7 +43,9 @@ class Manifest:
     chat_template_sha256 and token_dtype. ``image_policy`` says how image token counts were
     decided (``{"kind": "fixed", "tokens_per_image": 64}`` or ``{"kind": "processor", ...}``).
     ``totals`` holds samples_read / samples_packed / samples_dropped / dropped_by_reason /
-    packs / tokens / images / fill_ratio.
+    packs / tokens / images / fill_ratio, and the fullest pack's max_samples_per_pack /
+    max_images_per_pack / max_image_tokens_per_pack (what static batch shapes are sized from;
+    ``max_images`` is None when packed without an image limit).
     """
 
     seq_len: int
@@ -66,6 +68,16 @@ class Manifest:
     @property
     def num_packs(self) -> int:
         return sum(s.packs for s in self.shards)
+
+    @property
+    def max_images_per_pack(self) -> int | None:
+        """The images of the fullest pack: ``totals["max_images_per_pack"]``, 0 for a dataset without
+        images, None when unknown (a manifest written before the packer recorded it; the pack
+        index's ``images`` column has it)."""
+        recorded = self.totals.get("max_images_per_pack")
+        if recorded is not None:
+            return int(recorded)
+        return 0 if not any(s.images for s in self.shards) else None
 
     def to_json(self) -> str:
         d = asdict(self)

@@ -247,6 +247,7 @@ def run_job(out: Location, fingerprint: str, measure: Callable[..., Any], tasks:
     read = measured.records if samples_read is None else samples_read
     manifest = _build_manifest(sources, config, info, infos, read, dropped, provenance,
                                pack_index=index_entry(index), max_samples_per_pack=max((len(p) for p in plan), default=0),
+                               max_images_per_pack=max((int(table["images"][p].sum()) for p in plan), default=0),
                                max_image_tokens_per_pack=max((int(table["image_tokens"][p].sum()) for p in plan),
                                                              default=0))
     out.write_atomic(MANIFEST_NAME, manifest.to_json().encode())
@@ -649,7 +650,7 @@ def _write_dropped(out: Location, dropped: Iterable[Dropped]) -> None:
 
 def _build_manifest(sources, config: PackConfig, describe, infos, records: int, dropped: list[Dropped],
                     extra: dict[str, Any], *, pack_index: dict[str, Any], max_samples_per_pack: int,
-                    max_image_tokens_per_pack: int) -> Manifest:
+                    max_images_per_pack: int, max_image_tokens_per_pack: int) -> Manifest:
     packs = sum(i.packs for i in infos)
     tokens = sum(i.tokens for i in infos)
     by_reason = dict(sorted(Counter(d.reason for d in dropped).items()))
@@ -661,6 +662,8 @@ def _build_manifest(sources, config: PackConfig, describe, infos, records: int, 
         "bytes": sum(i.bytes for i in infos),
         # the loader sizes cu_seqlens from it (static shapes): B × (this + 1) segments at most
         "max_samples_per_pack": max_samples_per_pack,
+        # the loader's image slots when packed without --max-images (max_images None): no limit, no waste
+        "max_images_per_pack": max_images_per_pack,
         # model-ready loaders size their pixel tensors from it (static shapes, no more than needed)
         "max_image_tokens_per_pack": max_image_tokens_per_pack,
     }

@@ -80,6 +80,7 @@ def dataset_stats(source: str, *, deep: bool = False, batch_size: int = 8,
     t = manifest.totals
     stats: dict[str, Any] = {
         "source": source, "seq_len": manifest.seq_len, "max_images": manifest.max_images,
+        "max_images_per_pack": manifest.max_images_per_pack,
         "algorithm": manifest.algorithm, "shards": len(manifest.shards), "packs": t["packs"],
         "samples": t["samples_packed"], "samples_read": t["samples_read"], "tokens": t["tokens"],
         "images": t["images"], "fill_ratio": t["fill_ratio"], "bytes": sum(s.bytes for s in manifest.shards),
@@ -149,9 +150,11 @@ def _describe(x: np.ndarray) -> dict[str, float]:
 def format_stats(stats: dict[str, Any]) -> list[str]:
     """Human-readable lines for ``wdspack inspect``."""
     dropped = ", ".join(f"{k} {v}" for k, v in stats["dropped_by_reason"].items()) or "none"
+    limit = "unlimited" if stats["max_images"] is None else stats["max_images"]
+    fullest = stats.get("max_images_per_pack")
     lines = [
-        f"dataset   {stats['source']}  (seq_len {stats['seq_len']}, max_images {stats['max_images']}, "
-        f"{stats['algorithm']})",
+        f"dataset   {stats['source']}  (seq_len {stats['seq_len']}, max_images {limit}"
+        f"{'' if fullest is None else f' (fullest pack {fullest})'}, {stats['algorithm']})",
         f"packs     {stats['packs']} in {stats['shards']} shards, {stats['bytes'] / 1e6:.1f} MB",
         f"samples   {stats['samples']} packed of {stats['samples_read']} read; dropped: {dropped}",
         f"tokens    {stats['tokens']}  images {stats['images']}  fill {stats['fill_ratio']:.2%}",

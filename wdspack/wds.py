@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import numbers
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -67,6 +68,9 @@ class DatasetInfo:
     ``urls`` are the shards in the manifest's order, ready for ``wds.SimpleShardList``: local
     paths, ``https://`` URLs, or for a Hub source ``hf://datasets/ORG/NAME@COMMIT/...`` pinned to
     the commit the revision pointed to (webdataset's own ``hf://`` opener reads them).
+    ``max_images`` is the image slots of each example: the manifest's ``max_images``, or for a
+    dataset packed without an image limit the images of its fullest pack (``max_images_per_pack``,
+    the fewest slots any stage may be given); ``images`` counts the dataset's images.
     """
 
     urls: tuple[str, ...]
@@ -78,6 +82,8 @@ class DatasetInfo:
     max_samples_per_pack: int | None = None
     image_policy: Mapping[str, Any] = field(default_factory=dict)
     display: str = ""
+    max_images_per_pack: int | None = None
+    images: int = 0
 
     @property
     def num_packs(self) -> int:
@@ -101,6 +107,7 @@ def read_dataset(source: str | os.PathLike[str], *, storage_options: Mapping[str
         >>> info.urls[0], info.seq_len, info.max_images, info.pad_token_id  # doctest: +SKIP
         ('packed/train-000000.tar', 4096, 16, 0)
     """
+    from .loader.budgets import image_budget
     from .loader.urls import resolve_source
 
     text = os.fspath(source)
@@ -113,14 +120,16 @@ def read_dataset(source: str | os.PathLike[str], *, storage_options: Mapping[str
     if pad is None:
         raise ConfigError(f"the manifest of {resolved.display} names no pad_token_id; pass pad_token_id= to "
                           "to_examples")
+    slots, least = image_budget(resolved)
     urls = tuple(s.url for s in resolved.shards)
     if text.startswith("hf://") and hf_urls:
         urls = tuple(_pinned_hf_url(text, u) for u in urls)
     return DatasetInfo(urls=urls, packs=tuple(s.packs for s in resolved.shards), seq_len=int(m.seq_len),
-                       max_images=int(m.max_images or 0), pad_token_id=int(pad),
+                       max_images=slots, pad_token_id=int(pad),
                        max_image_tokens=m.totals.get("max_image_tokens_per_pack"),
                        max_samples_per_pack=m.totals.get("max_samples_per_pack"),
-                       image_policy=dict(m.image_policy), display=resolved.display)
+                       image_policy=dict(m.image_policy), display=resolved.display, max_images_per_pack=least,
+                       images=sum(s.images for s in m.shards))
 
 
 def decode_packs(dataset: DatasetInfo | None = None, *, seq_len: int | None = None, max_images: int | None = None,
@@ -142,8 +151,8 @@ def decode_packs(dataset: DatasetInfo | None = None, *, seq_len: int | None = No
 def to_examples(dataset: DatasetInfo | None = None, *, seq_len: int | None = None, max_images: int | None = None,
                 pad_token_id: int | None = None,
                 image_transform: Callable[[Sequence[bytes]], dict[str, torch.Tensor]] | None = None,
-                processor: Any = None, max_image_tokens: int | None = None,
-                handler: Handler | None = None) -> Callable[[Iterable[Any]], Iterator[dict[str, Any]]]:
+                processor: Any = None, max_image_tokens: int | None = None, handler: Handler | None = None,
+                text_only: bool = False) -> Callable[[Iterable[Any]], Iterator[dict[str, Any]]]:
     """A stage: samples (or :class:`~wdspack.Pack` records) → one fixed-shape example per pack.
 
     The examples are for :func:`collate` / :func:`batched`: with the built-in image transform the
@@ -153,14 +162,18 @@ def to_examples(dataset: DatasetInfo | None = None, *, seq_len: int | None = Non
 
     Args:
         dataset: the dataset's :class:`DatasetInfo`; its budgets and pad id are the defaults, and a
-            different value raises :class:`ConfigError`. Without it pass the three numbers.
+            different value raises :class:`ConfigError` (``max_images`` may be larger: extra slots
+            stay empty). Without it pass the three numbers.
         seq_len, max_images, pad_token_id: ``L``, ``M`` and the padding id.
-        image_transform: bytes → tensors (:func:`wdspack.make_image_transform`).
+        image_transform: bytes → tensors (:func:`wdspack.make_image_transform`). Without it (or
+            ``processor``) an image dataset's examples carry no pixels: a warning, or for a dataset
+            packed with a processor a :class:`ConfigError`, as ``make_loader`` does.
         processor: the model's processor (object, folder or cached name) for model-ready keys, as
             ``make_loader(..., processor=...)``; the one the dataset was packed with.
         max_image_tokens: the most image tokens in a pack (default the manifest's); sizes the
             processor's pixel tensors.
         handler: webdataset's ``handler(exn)`` for bad samples; default: raise.
+        text_only: the text of an image dataset without pixels, on purpose (no warning).
 
     Example:
         >>> info = read_dataset("packed/")  # doctest: +SKIP
@@ -173,6 +186,11 @@ def to_examples(dataset: DatasetInfo | None = None, *, seq_len: int | None = Non
         raise ConfigError("pad_token_id is needed (the id written into padding); pass it, or dataset=read_dataset(...)")
     if processor is not None and image_transform is not None:
         raise ConfigError("give processor= or image_transform=, not both: the processor lays out the pixels")
+    from .loader.budgets import check_pixels
+
+    check_pixels(dataset.display if dataset is not None else "the dataset",
+                 dataset.image_policy if dataset is not None else {}, dataset.images if dataset is not None else 0,
+                 processor=processor, image_transform=image_transform, text_only=text_only)
     batcher = None
     if processor is not None:
         from .models.batching import ModelBatcher
@@ -345,13 +363,23 @@ def _budgets(dataset: DatasetInfo | None, seq_len, max_images, pad_token_id) -> 
             raise ConfigError(f"pass {' and '.join(missing)} (or dataset=read_dataset(...) to take them from the "
                               "manifest)")
         return int(seq_len), int(max_images), None if pad_token_id is None else int(pad_token_id)
-    have = {"seq_len": dataset.seq_len, "max_images": dataset.max_images, "pad_token_id": dataset.pad_token_id}
-    given = {"seq_len": seq_len, "max_images": max_images, "pad_token_id": pad_token_id}
+    have = {"seq_len": dataset.seq_len, "pad_token_id": dataset.pad_token_id}
+    given = {"seq_len": seq_len, "pad_token_id": pad_token_id}
     for name, value in given.items():
         if value is not None and int(value) != int(have[name]):
+            fix = f" or re-pack with `wdspack reshard --seq-len {value}`" if name == "seq_len" else ""
             raise ConfigError(f"{name}={value} does not match the dataset's {name} {have[name]} ({dataset.display}); "
-                              f"drop the argument or re-pack with `wdspack reshard --{name.replace('_', '-')} {value}`")
-    return dataset.seq_len, dataset.max_images, dataset.pad_token_id
+                              f"drop the argument{fix}")
+    if max_images is None:
+        return dataset.seq_len, dataset.max_images, dataset.pad_token_id
+    least = dataset.max_images_per_pack if dataset.max_images_per_pack is not None else dataset.max_images
+    if isinstance(max_images, bool) or not isinstance(max_images, numbers.Integral):
+        raise ConfigError(f"max_images={max_images!r} must be a non-negative integer (image slots per example)")
+    if max_images < least:
+        raise ConfigError(f"max_images={max_images!r} is too few image slots for {dataset.display}: its fullest pack "
+                          f"holds {least} images; pass max_images >= {least} (extra slots stay empty) or leave it "
+                          f"out (default {dataset.max_images})")
+    return dataset.seq_len, int(max_images), dataset.pad_token_id
 
 
 def _where(sample: Any) -> str:

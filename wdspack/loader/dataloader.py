@@ -80,7 +80,7 @@ def make_loader(source: str | os.PathLike[str] | Sequence[str] | PackedDataset, 
             time). Pass False if batches go on to *other* processes uncopied (the main process
             cannot see when those let go).
         **dataset_kwargs: :class:`PackedDataset` options (``seed``, ``shuffle``, ``remainder``,
-            ``processor`` for model-ready batches, ...);
+            ``max_images``, ``image_transform`` or ``processor`` for pixels, ``text_only`` for none, ...);
             ``read_timeout`` is the dataset's ``timeout`` (network reads), which ``timeout`` here is not.
 
     Example:

@@ -34,6 +34,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..errors import ConfigError, FormatError, WdspackError
+from .budgets import check_pixels, dataset_budgets
 from .plan import REMAINDER_POLICIES, EpochPlan, plan_epoch, plan_epoch_balanced, plan_remainder, slot_order
 from .stages import Handler, decode_packs, lap_source, reorder
 from .streams import is_remote, open_stream
@@ -64,7 +65,10 @@ class PackedDataset(IterableDataset):
             ``hf://datasets/ORG/NAME@REV[/path]``, or shards (a list, a local glob, a brace pattern);
             see :mod:`wdspack.loader.urls`.
         seq_len: tokens per example; default the manifest's. A different value raises :class:`ConfigError`.
-        max_images: image slots per example; default the manifest's; must match it as well.
+        max_images: image slots per example (``M``); default the manifest's ``max_images``, or for a
+            dataset packed without an image limit the images of its fullest pack. More slots than
+            that are allowed (they stay empty: one static shape across datasets); fewer raise
+            :class:`ConfigError`.
         pad_token_id: default the manifest tokenizer's; needed only for shards without a manifest.
         shuffle: shuffle shard order per epoch and packs through a buffer (both seeded).
         seed: the shuffling seed (the same on every rank).
@@ -73,6 +77,11 @@ class PackedDataset(IterableDataset):
         remainder: ``"drop"`` or ``"wrap"``: how ranks are evened out (see :mod:`wdspack.loader.plan`).
         on_corrupt: ``"skip"`` (count, warn, go on) or ``"raise"`` for corrupt packs and truncated shards.
         image_transform: bytes → tensors (``wdspack.images.make_image_transform``); picklable.
+            Without it (or ``processor``) an image dataset streams no pixels: the loader warns once,
+            and refuses a dataset packed with a processor (its batches are useless without them).
+        text_only: stream an image dataset's text without pixels on purpose (no warning, no
+            refusal); ``input_ids`` keep the image tokens, ``image_mask`` / ``image_sample_idx`` say
+            where the images were.
         processor: the model's processor (an object, a folder or a cached model name): examples then
             carry what the model's ``forward`` takes, in the processor's pixel layout, padded to static
             shapes (see :mod:`wdspack.models`; feed a batch with :func:`wdspack.model_inputs`). Use the
@@ -115,7 +124,7 @@ class PackedDataset(IterableDataset):
                  retries: int = 5, backoff: float = 0.5, timeout: float = 60.0, batch_size: int = 1,
                  storage_options: Mapping[str, Any] | None = None, processor: Any = None,
                  balance: str | None = None, cost_model: Any = None, heaviest_first: bool = False,
-                 balance_window: int | None = None, balance_run: int = 32) -> None:
+                 balance_window: int | None = None, balance_run: int = 32, text_only: bool = False) -> None:
         super().__init__()
         if remainder not in REMAINDER_POLICIES:
             raise ConfigError(f"remainder={remainder!r} is not one of {REMAINDER_POLICIES}")
@@ -129,13 +138,18 @@ class PackedDataset(IterableDataset):
         self._read = {"block_size": int(block_size), "retries": int(retries), "backoff": float(backoff),
                       "timeout": float(timeout)}
         self._source: ResolvedSource = resolve_source(source, storage_options=storage_options, **self._read)
-        self.seq_len, self.max_images, self.pad_token_id = _budgets(self._source, seq_len, max_images, pad_token_id)
+        self.seq_len, self.max_images, self.pad_token_id = dataset_budgets(self._source, seq_len, max_images,
+                                                                           pad_token_id, read=self._read)
         if expect_tokenizer is not None:
             check_tokenizer(self._source, expect_tokenizer)
         self.rank, self.world_size = _rank_and_world(rank, world_size)
         self.shuffle, self.seed, self.shuffle_buffer = bool(shuffle), int(seed), int(shuffle_buffer)
         self.remainder, self.on_corrupt, self.batch_size = remainder, on_corrupt, int(batch_size)
         self.image_transform = image_transform
+        m = self.manifest  # shards without one: their images are unknown, so only text_only's conflicts are checked
+        check_pixels(self._source.display, m.image_policy if m is not None else {},
+                     sum(s.images for s in m.shards) if m is not None else 0,
+                     processor=processor, image_transform=image_transform, text_only=text_only)
         self.model_batcher = self._model_batcher(processor)
         self._balance(balance, cost_model, heaviest_first, balance_window, balance_run)
         self.with_position = False  # PackedLoader turns it on: each example carries META_KEY
@@ -501,28 +515,6 @@ def check_tokenizer(source: ResolvedSource, expected: str | Mapping[str, Any]) -
         raise ConfigError(f"{source.display} was packed with tokenizer {have.get('name')!r}, the training expects "
                           f"{want.get('name', have.get('name'))!r} ({detail}); re-pack with the training tokenizer "
                           "(`wdspack pack --tokenizer ...`) or fix expect_tokenizer")
-
-
-def _budgets(source: ResolvedSource, seq_len, max_images, pad_token_id) -> tuple[int, int, int]:
-    m = source.manifest
-    if m is None:
-        missing = [n for n, v in (("seq_len", seq_len), ("max_images", max_images), ("pad_token_id", pad_token_id))
-                   if v is None]
-        if missing:
-            raise ConfigError(f"{source.display} has no manifest, so pass {', '.join(missing)} explicitly")
-        return int(seq_len), int(max_images), int(pad_token_id)
-    have = {"seq_len": m.seq_len, "max_images": m.max_images if m.max_images is not None else 0,
-            "pad_token_id": m.tokenizer.get("pad_token_id")}
-    given = {"seq_len": seq_len, "max_images": max_images, "pad_token_id": pad_token_id}
-    for name, value in given.items():
-        if value is not None and have[name] is not None and int(value) != int(have[name]):
-            raise ConfigError(f"{name}={value} does not match the dataset's {name} {have[name]} "
-                              f"({source.display} was packed for {have[name]}); drop the argument or re-pack with "
-                              f"`wdspack reshard --{name.replace('_', '-')} {value}`")
-    if have["pad_token_id"] is None and pad_token_id is None:
-        raise ConfigError(f"the manifest of {source.display} names no pad_token_id; pass pad_token_id=")
-    return int(have["seq_len"]), int(have["max_images"]), int(have["pad_token_id"] if pad_token_id is None
-                                                               else pad_token_id)
 
 
 def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
