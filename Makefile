@@ -1,18 +1,21 @@
-# `make demo` and `make test` each build the environment from scratch when it is missing.
+# `make demo` and `make test` each build the environment from scratch when it is missing, from the
+# lock file: exact versions and hashes of every package (requirements/dev.lock, made by `make lock`).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
+LOCK   := requirements/dev.lock
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: env demo test bench clean
+.PHONY: env demo test test-latest lock bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): $(LOCK) pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	# The CPU build of torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev,plot]'
+	# Everything from the lock, hashes checked; torch is its CPU build (2.13.0+cpu), never a CUDA one.
+	$(BIN)/pip install --quiet --require-hashes --no-deps -r $(LOCK)
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
+	$(BIN)/pip check
 	touch $(STAMP)
 
 env: $(STAMP)
@@ -22,6 +25,20 @@ demo: env
 
 test: env
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# Re-resolve the lock from pyproject.toml's ranges (newest releases that fit; run the suite after).
+lock:
+	$(PYTHON) -m venv build/piptools && build/piptools/bin/pip install --quiet pip-tools
+	build/piptools/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras --extra dev \
+	  --extra plot --extra models -c requirements/torch-cpu.txt -o $(LOCK) pyproject.toml
+
+# The suite on the newest releases pyproject.toml admits (not in CI: it tells what the next lock will meet).
+test-latest:
+	$(PYTHON) -m venv build/venv-latest
+	build/venv-latest/bin/pip install --quiet torch==2.13.0
+	build/venv-latest/bin/pip install --quiet --upgrade --upgrade-strategy eager -e '.[dev,plot,models]'
+	build/venv-latest/bin/pip list 2>/dev/null | grep -iE '^(transformers|tokenizers|huggingface.hub|torch) '
+	build/venv-latest/bin/python -m pytest -q -p no:cacheprovider
 
 bench: env
 	$(BIN)/python tools/bench_packing.py

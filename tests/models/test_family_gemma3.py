@@ -15,6 +15,8 @@ tolerance and the gradients at float32's; the negative controls below differ by 
 
 from __future__ import annotations
 
+import inspect
+
 
 import pytest
 import torch
@@ -69,6 +71,10 @@ def test_masks_are_the_models_per_sub_sample(gemma):
     from transformers.models.gemma3.modeling_gemma3 import (create_masks_for_vision_model,
                                                              get_block_sequence_ids_for_mask)
 
+    # The model's own builder names its cache argument `cache` from transformers 5.24 on (before: past_key_values).
+    no_cache = {"cache" if "cache" in inspect.signature(create_masks_for_vision_model).parameters
+                else "past_key_values": None}
+
     processor, model, dataset = gemma
     (batch,) = h.loader_batches(dataset, processor)
     masks = wdspack.model_inputs(batch, model)["attention_mask"]
@@ -81,7 +87,7 @@ def test_masks_are_the_models_per_sub_sample(gemma):
             lo, hi = int(where[0]), int(where[-1]) + 1
             types = batch["token_type_ids"][b, lo:hi][None]
             own = create_masks_for_vision_model(config=text, inputs_embeds=torch.zeros(1, hi - lo, 1),
-                                                attention_mask=None, past_key_values=None, position_ids=None,
+                                                attention_mask=None, position_ids=None, **no_cache,
                                                 block_sequence_ids=get_block_sequence_ids_for_mask(types))
             for name, mask in masks.items():
                 assert torch.equal(mask[b, 0, lo:hi, lo:hi], own[name][0, 0]), (b, s, name)

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
+from .compat import call_private, private
 from .family import Budgets, Family
 
 __all__ = ["GEMMA3", "packed_masks"]
@@ -108,22 +109,23 @@ def packed_masks(token_type_ids: torch.Tensor, seq_idx: torch.Tensor, *, sliding
     Raises:
         ConfigError: an attention implementation that takes no such mask (FlashAttention).
     """
-    from transformers.masking_utils import (ALL_MASK_ATTENTION_FUNCTIONS, and_masks, blockwise_overlay,
-                                            causal_mask_function, or_masks, packed_sequence_mask_function,
-                                            sliding_window_overlay)
-    from transformers.models.gemma3.modeling_gemma3 import get_block_sequence_ids_for_mask
+    (build_functions, and_masks, blockwise_overlay, causal_mask_function, or_masks, packed_sequence_mask_function,
+     sliding_window_overlay) = private("transformers.masking_utils", "ALL_MASK_ATTENTION_FUNCTIONS", "and_masks",
+                                       "blockwise_overlay", "causal_mask_function", "or_masks",
+                                       "packed_sequence_mask_function", "sliding_window_overlay")
+    block_ids = private("transformers.models.gemma3.modeling_gemma3", "get_block_sequence_ids_for_mask")
 
     if implementation not in _MASKED:
         raise ConfigError(f"Gemma 3 packs need a 4-D attention mask (bidirectional image spans), which "
                           f"attn_implementation {implementation!r} does not take; use one of {', '.join(_MASKED)}")
-    blocks = get_block_sequence_ids_for_mask(token_type_ids)  # the model's own image-run numbering
-    full = and_masks(packed_sequence_mask_function(seq_idx),
-                     or_masks(causal_mask_function, blockwise_overlay(blocks)))
-    sliding = and_masks(full, sliding_window_overlay(sliding_window))
-    build = ALL_MASK_ATTENTION_FUNCTIONS[implementation]
+    blocks = call_private(block_ids, token_type_ids=token_type_ids)  # the model's own image-run numbering
+    full = and_masks(call_private(packed_sequence_mask_function, packed_sequence_mask=seq_idx),
+                     or_masks(causal_mask_function, call_private(blockwise_overlay, block_sequence_ids=blocks)))
+    sliding = and_masks(full, call_private(sliding_window_overlay, sliding_window=sliding_window))
+    build = build_functions[implementation]
     B, L = token_type_ids.shape
-    return {name: build(batch_size=B, q_length=L, kv_length=L, mask_function=fn, allow_is_causal_skip=False,
-                        dtype=dtype, device=token_type_ids.device)
+    return {name: call_private(build, batch_size=B, q_length=L, kv_length=L, mask_function=fn,
+                               allow_is_causal_skip=False, dtype=dtype, device=token_type_ids.device)
             for name, fn in (("full_attention", full), ("sliding_attention", sliding))}
 
 
