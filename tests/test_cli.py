@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from demo_job import generate_demo
-from wdspack.cli import main, parse_size
+from wdspack.cli import _parser, main, parse_size
 from wdspack.errors import ConfigError
+from wdspack.pipeline import WORK_DIR, PackSummary
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,6 +41,7 @@ def test_pack_prints_the_summary(demo_data, tekken_dir, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "samples  read " in out and "dropped" in out and "too_long" in out
     assert "packs " in out and "fill " in out and "shards " in out and "time " in out
+    assert "images   fixed 16 tokens each (--tokens-per-image)" in out  # the image policy, said once
     assert (tmp_path / "out" / "manifest.json").exists()
     # Packing again into the same folder is refused with exit code 1 and a one-line reason;
     # --resume on a finished dataset is a no-op that succeeds.
@@ -55,7 +64,7 @@ def test_bad_arguments_exit_2_with_one_line(demo_data, tekken_dir, tmp_path, cap
 
 def test_missing_source_is_exit_1(tekken_dir, tmp_path, capsys):
     rc = main(["pack", str(tmp_path / "nope.jsonl"), "--output", str(tmp_path / "o"),
-               "--tokenizer", str(tekken_dir), "--seq-len", "128"])
+               "--tokenizer", str(tekken_dir), "--tokens-per-image", "16", "--seq-len", "128"])
     assert rc == 1
     assert "nope.jsonl" in capsys.readouterr().err
 
@@ -74,3 +83,139 @@ def test_parse_size():
     assert parse_size("100000") == 100_000
     with pytest.raises(ConfigError):
         parse_size("-1MB")
+
+
+# ---- item 12 of issue #19: the image policy is explicit, help that can be pasted, quiet pipes ----
+
+
+def test_fixed_mode_needs_tokens_per_image(demo_data, tekken_dir, tmp_path, capsys):
+    argv = _argv(demo_data, tekken_dir, tmp_path / "out")
+    k = argv.index("--tokens-per-image")
+    del argv[k:k + 2]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "needs --tokens-per-image N" in err and "--processor" in err, err
+    assert not (tmp_path / "out").exists()  # refused before the output is touched
+    # the library has no silent default either
+    from wdspack.samples import SampleConfig, SampleBuilder
+
+    with pytest.raises(ConfigError, match="tokens_per_image=N"):
+        SampleBuilder(SampleConfig(str(tekken_dir), chat_template="{{ messages }}", image_token="[IMG]"))
+
+
+def test_summary_names_the_image_policy():
+    base = dict(output="out", samples_read=3, samples_packed=3, dropped_by_reason={}, packs=1, tokens=90,
+                images=2, fill_ratio=0.9, shards=1, bytes=1000, seconds=1.0)
+    fixed = PackSummary(**base, image_policy={"kind": "fixed", "tokens_per_image": 64}).lines()
+    assert "images   fixed 64 tokens each (--tokens-per-image)" in fixed
+    qwen = PackSummary(**base, image_policy={"kind": "processor", "name": "proc/", "family": "qwen2_5_vl",
+                                             "processor_class": "Qwen2_5_VLProcessor"}).lines()
+    assert "images   processor qwen2_5_vl (Qwen2_5_VLProcessor), tokens from each image's size" in qwen
+    dynamic = PackSummary(**base, image_policy={"kind": "processor", "name": "Qwen/Qwen2-VL-2B"}).lines()
+    assert "images   image processor Qwen/Qwen2-VL-2B, tokens from each image's size" in dynamic
+    assert not any(line.startswith("images") for line in PackSummary(**base).lines())
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = _parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def test_every_option_of_every_subcommand_has_help():
+    missing = [f"{name} {'/'.join(a.option_strings) or a.dest}" for name, p in _subcommands().items()
+               for a in p._actions if not isinstance(a, argparse._HelpAction) and not (a.help or "").strip()]
+    assert missing == []
+    assert set(_subcommands()) >= {"pack", "inspect", "verify", "index", "reshard", "upload"}
+
+
+def _example_commands(help_text: str) -> list[tuple[list[str], list[str]]]:
+    """The example commands of a help text: (the lines as shown, the command as a shell reads them)."""
+    commands, shown = [], []
+    for line in help_text.splitlines():
+        text = line.strip()
+        if not shown and not re.match(r"(\w+=\S+ )*wdspack ", text):
+            continue
+        shown.append(line)
+        if not text.endswith("\\"):
+            commands.append((shown, shlex.split(" ".join(s.strip().rstrip("\\") for s in shown), comments=True)))
+            shown = []
+    assert not shown, f"a continued line ends the help: {shown}"
+    return commands
+
+
+@pytest.mark.parametrize("command", [None, "pack", "inspect", "verify", "index", "reshard", "upload"])
+def test_help_examples_are_copy_pasteable(command, capsys):
+    assert main(["--help"] if command is None else [command, "--help"]) == 0
+    examples = _example_commands(re.split(r"\nexamples?:\n", capsys.readouterr().out, maxsplit=1)[1])
+    assert examples, "every help has worked examples"
+    for shown, argv in examples:
+        for line in shown:  # one command per line or continued with a backslash, never two run together
+            assert len(line) <= 110 and "   " not in line.split("#")[0].strip(), line
+        while "=" in argv[0]:
+            argv = argv[1:]  # HF_TOKEN=... in front
+        assert argv[0] == "wdspack"
+        try:
+            args = _parser().parse_args(argv[1:])
+        except SystemExit:
+            pytest.fail(f"the example does not parse: {' '.join(argv)}")
+        if args.command == "pack" and args.tokenizer:
+            assert args.tokens_per_image, f"fixed mode needs --tokens-per-image: {' '.join(argv)}"
+
+
+def test_document_too_long_names_split_long_documents(tekken_dir, tmp_path, capsys):
+    src = tmp_path / "web.jsonl"
+    rows = [{"id": "short", "text": "A short page."}, {"id": "long", "text": "A long page. " * 80}]
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text(json.dumps({"id": "chat", "messages": [{"role": "user", "content": "Hi " * 80},
+                                                            {"role": "assistant", "content": "Yo"}]}) + "\n")
+    template = str(ROOT / "examples" / "chat_templates" / "pixtral.jinja")
+    argv = ["pack", str(src), str(chats), "--output", str(tmp_path / "out"), "--tokenizer", str(tekken_dir),
+            "--chat-template", template, "--image-token", "[IMG]", "--tokens-per-image", "16",
+            "--eos-token", "</s>", "--seq-len", "64", "--max-drop-fraction", "1", "--quiet"]
+    assert main(argv) == 0, capsys.readouterr().err
+    dropped = {d["id"]: d for d in map(json.loads, (tmp_path / "out" / "dropped.jsonl").read_text().splitlines())}
+    assert dropped["long"]["reason"] == "too_long"
+    assert "raise --seq-len or pass --split-long-documents" in dropped["long"]["detail"]
+    assert dropped["chat"]["reason"] == "too_long"  # a chat cannot be split: only --seq-len helps it
+    assert "--split-long-documents" not in dropped["chat"]["detail"] and "raise --seq-len" in dropped["chat"]["detail"]
+    # with the option the document is packed in pieces and nothing of it is dropped
+    argv[argv.index("--output") + 1] = str(tmp_path / "split")
+    assert main([*argv, "--split-long-documents"]) == 0
+    again = {d["id"] for d in map(json.loads, (tmp_path / "split" / "dropped.jsonl").read_text().splitlines())}
+    assert again == {"chat"}
+
+
+def test_broken_template_is_refused_before_the_output(demo_data, tekken_dir, tmp_path, capsys):
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% for m in messages %}\n[{{ m.role }}] {{ m.content }}\n")  # no endfor
+    argv = _argv(demo_data, tekken_dir, tmp_path / "out")
+    argv[argv.index("--chat-template") + 1] = str(broken)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "broken.jinja" in err and "line" in err and "endfor" in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture(scope="module")
+def packed_demo(demo_data, tekken_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("packed") / "ds"
+    assert main(_argv(demo_data, tekken_dir, out)) == 0
+    return out
+
+
+def test_inspect_into_a_pipe_closed_early_exits_quietly(packed_demo):
+    """`wdspack inspect DS | head`: the reader goes away; no traceback, the exit status of SIGPIPE."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "wdspack.cli", "inspect", str(packed_demo)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before the child writes a byte: every write it makes hits a closed pipe
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert err == ""
+    # the same command into a reader that stays is unaffected
+    done = subprocess.run([sys.executable, "-m", "wdspack.cli", "inspect", str(packed_demo)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "fill" in done.stdout and done.stderr == ""
+    assert not (packed_demo / WORK_DIR).exists()

@@ -155,7 +155,7 @@ def test_cli_without_ray_names_the_extra(monkeypatch, demo_data, tekken_dir, tmp
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails as if not installed
     out = tmp_path / "ds"
     rc = main(["pack", *demo_sources(demo_data), "--output", str(out), "--tokenizer", str(tekken_dir),
-               "--seq-len", "2048", "--executor", "ray", "--ray-address", "auto", "-q"])
+               "--tokens-per-image", "16", "--seq-len", "2048", "--executor", "ray", "--ray-address", "auto", "-q"])
     err = capsys.readouterr().err
     assert rc == 2
     assert "pip install wdspack[ray]" in err and "--executor ray" in err

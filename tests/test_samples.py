@@ -138,13 +138,14 @@ def test_record_level_reasons(builder):
 
 def test_config_errors(tekken_dir, pixtral_template):
     with pytest.raises(ConfigError, match="no chat template; pass --chat-template"):
-        SampleBuilder(SampleConfig(str(tekken_dir), image_token="[IMG]"))
+        SampleBuilder(SampleConfig(str(tekken_dir), tokens_per_image=16, image_token="[IMG]"))
     with pytest.raises(ConfigError, match="'<nope>' is not a single token"):
-        SampleBuilder(SampleConfig(str(tekken_dir), chat_template=pixtral_template, image_token="<nope>"))
+        SampleBuilder(SampleConfig(str(tekken_dir), chat_template=pixtral_template, tokens_per_image=16,
+                                   image_token="<nope>"))
     with pytest.raises(ConfigError, match="cannot load tokenizer"):
         SampleBuilder(SampleConfig("/nonexistent/tokenizer", chat_template=pixtral_template))
     unstable = "{{ messages | length }} turns:{% for m in messages %}[INST]{{ m.content }}{% endfor %}"
-    b = SampleBuilder(SampleConfig(str(tekken_dir), chat_template=unstable, image_token="[IMG]"))
+    b = SampleBuilder(SampleConfig(str(tekken_dir), chat_template=unstable, tokens_per_image=16, image_token="[IMG]"))
     with pytest.raises(ConfigError, match="not prefix-stable"):
         b.build(Rec("u", ({"role": "user", "content": [{"type": "text", "text": "a"}]}, _asst("b"))))
 

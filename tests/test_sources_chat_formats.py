@@ -411,7 +411,8 @@ def test_template_that_raises_on_tools_is_a_config_error(tmp_path, tekken_dir):
     raising = ("{%- for m in messages %}{%- if m.role not in ['user', 'assistant', 'system'] %}"
                "{{ raise_exception('Only user and assistant roles are supported!') }}{%- endif %}"
                "[{{ m.role }}]{{ m.content }}{%- endfor %}")
-    builder = get_builder(SampleConfig(tokenizer=str(tekken_dir), chat_template=raising, image_token="[IMG]"))
+    builder = get_builder(SampleConfig(tokenizer=str(tekken_dir), chat_template=raising, tokens_per_image=16,
+                                       image_token="[IMG]"))
     assert builder.tool_support["error"] and "Only user and assistant roles" in builder.tool_support["error"]
     with pytest.raises(ConfigError, match="raises on them .*Only user and assistant roles"):
         builder.build(_one(tmp_path, _sharegpt_tool_row(2)))
@@ -475,7 +476,8 @@ def test_tool_records_under_a_template_without_tools_fail_the_cli_with_the_fix(t
     srcs = _write_formats(tmp_path / "data", n=4)
     template = Path(__file__).resolve().parents[1] / "examples" / "chat_templates" / "pixtral.jinja"
     rc = main(["pack", srcs[1], "--output", str(tmp_path / "out"), "--tokenizer", str(tekken_dir),
-               "--chat-template", str(template), "--image-token", "[IMG]", "--seq-len", "1024", "--quiet"])
+               "--chat-template", str(template), "--image-token", "[IMG]", "--tokens-per-image", "16",
+               "--seq-len", "1024", "--quiet"])
     err = capsys.readouterr().err
     assert rc == 2
     assert "leaves them out of the text; pass --chat-template FILE" in err and "tools.jsonl:0" in err
@@ -541,7 +543,8 @@ def test_cli_exit_status_for_drops(tmp_path, tekken_dir, capsys):
         good = [{"instruction": f"q{k}", "output": f"a{k}"} for k in range(10 - bad)]
         Path(srcs[0]).write_text(json.dumps(good + [{"instruction": "no output"}] * bad))
         rc = main(["pack", *srcs, "--output", str(tmp_path / out), "--tokenizer", str(tekken_dir),
-                   "--chat-template", str(tmp_path / "qwen.jinja"), "--seq-len", "1024", "--quiet", *extra])
+                   "--chat-template", str(tmp_path / "qwen.jinja"), "--tokens-per-image", "16", "--seq-len",
+                   "1024", "--quiet", *extra])
         captured = capsys.readouterr()
         return rc, captured.out, captured.err
 

@@ -29,7 +29,7 @@ run `wdspack COMMAND --help` for the options of each command.
 
 _PACK_EPILOG = """\
 examples:
-  # LLaVA JSONL with images next to it, a fixed 64 tokens per image (SmolVLM / nanoVLM):
+  # LLaVA JSONL with images next to it, a fixed 64 tokens per image (nanoVLM-style models):
   wdspack pack llava.jsonl --output packed/ --tokenizer ./tok --chat-template tmpl.jinja \\
       --image-token '<image>' --seq-len 4096 --max-images 16 --tokens-per-image 64
 
@@ -40,20 +40,26 @@ examples:
   # The job was killed: run the same command again with --resume.
 
   # img2dataset WebDataset shards (image + .txt/.json caption), a prompt before each caption:
-  wdspack pack 'laion/{00000..00099}.tar' --output packed/ --tokenizer ./tok --image-token '[IMG]' \
-      --eos-token '</s>' --caption-template '{image}A photo of {caption}' --seq-len 4096 --max-images 16
+  wdspack pack 'laion/{00000..00099}.tar' --output packed/ --tokenizer ./tok --image-token '[IMG]' \\
+      --tokens-per-image 64 --eos-token '</s>' --caption-template '{image}A photo of {caption}' \\
+      --seq-len 4096 --max-images 16
 
   # OBELICS-style documents (texts + images lists) and plain-text rows, long ones cut into pieces:
-  wdspack pack 'obelics/*.parquet' 'fineweb/*.parquet' --output packed/ --tokenizer ./tok \
-      --image-token '[IMG]' --eos-token '</s>' --seq-len 8192 --max-images 16 --split-long-documents
+  wdspack pack 'obelics/*.parquet' 'fineweb/*.parquet' --output packed/ --tokenizer ./tok \\
+      --image-token '[IMG]' --tokens-per-image 64 --eos-token '</s>' --seq-len 8192 --max-images 16 \\
+      --split-long-documents
 
   # On a running Ray cluster (`ray start --head` on one node, `ray start --address HEAD:6379` on
   # the others; inputs and --output on storage every node mounts, wdspack installed everywhere):
-  wdspack pack /shared/llava.jsonl --output /shared/packed/ --tokenizer ./tok --seq-len 4096 \\
-      --executor ray --ray-address auto
+  wdspack pack /shared/llava.jsonl --output /shared/packed/ --tokenizer ./tok --tokens-per-image 64 \\
+      --seq-len 4096 --executor ray --ray-address auto
 
   # Inputs and output on object storage (pip install s3fs; credentials from the AWS environment):
-  wdspack pack 's3://bucket/llava/*.jsonl' --output s3://bucket/packed/ --tokenizer ./tok --seq-len 4096
+  wdspack pack 's3://bucket/llava/*.jsonl' --output s3://bucket/packed/ --tokenizer ./tok \\
+      --tokens-per-image 64 --seq-len 4096
+
+  # Not on a terminal (Slurm, nohup, CI), progress is a line on stderr every 30 s; change it with
+  # WDSPACK_PROGRESS_INTERVAL=SECONDS, or pass --quiet for none.
 """
 
 
@@ -68,7 +74,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return args.run(args)
+        code = args.run(args)
+        sys.stdout.flush()  # a reader that went away (`| head`) shows here, not as a traceback at exit
+        return code
+    except BrokenPipeError:
+        _quiet_stdout()
+        return 141  # 128 + SIGPIPE: what a shell reports for a command whose reader went away
     except ConfigError as e:
         print(f"wdspack {args.command}: error: {e}", file=sys.stderr)
         return 2
@@ -81,6 +92,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"wdspack {args.command}: interrupted; re-run with --resume to continue", file=sys.stderr)
         return 130
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush at exit does not raise again
+    (the way the Python docs handle SIGPIPE)."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout replaced by an object without a file (tests)
+        pass
 
 
 def _os_error_text(e: OSError, output: str | None) -> str:
@@ -110,6 +133,10 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+_QUIET_HELP = ("no progress (default: bars on a terminal; elsewhere a line on stderr every 30 s, "
+               "WDSPACK_PROGRESS_INTERVAL=SECONDS to change it)")
+
+
 def _add_pack(sub) -> None:
     p = sub.add_parser("pack", help="tokenize, plan and write packed shards",
                        description="Tokenize chat data once, plan packs under a token and an image budget, "
@@ -128,8 +155,9 @@ def _add_pack(sub) -> None:
     p.add_argument("--seq-len", type=int, required=True, help="tokens per pack")
     p.add_argument("--max-images", type=int, default=None, help="images per pack (default: unlimited)")
     p.add_argument("--tokens-per-image", default=None, metavar="N|processor:NAME",
-                   help="without --processor: image tokens per image, a fixed count, or processor:NAME_OR_PATH for "
-                        "a dynamic-resolution image processor's count (default 64)")
+                   help="required with --tokenizer: the tokens one image takes in the model, a fixed count (64 for "
+                        "nanoVLM, 576 for LLaVA-1.5; any, e.g. 0, for data without images), or "
+                        "processor:NAME_OR_PATH for a dynamic-resolution image processor's count")
     p.add_argument("--image-token", help="the tokenizer's image token placeholders expand to, e.g. '<image>'")
     p.add_argument("--image-root", help="folder (or URL) image paths are relative to (default: each source's folder)")
     p.add_argument("--max-image-side", type=int, help="downscale larger images to this longest side at pack time")
@@ -165,7 +193,7 @@ def _add_pack(sub) -> None:
                         "tokenized samples")
     p.add_argument("--split", default="train", help="shard name prefix (default train)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted job in --output")
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
+    p.add_argument("--quiet", "-q", action="store_true", help=_QUIET_HELP)
     p.set_defaults(run=_run_pack)
 
 
@@ -179,15 +207,16 @@ def _run_pack(args: argparse.Namespace) -> int:
         if not path.is_file():
             raise ConfigError(f"--chat-template {args.chat_template!r} is not a file")
         template = path.read_text(encoding="utf-8")
+        _check_template_syntax(template, args.chat_template)
     if args.processor and (args.tokenizer or args.tokens_per_image or args.image_token):
         raise ConfigError("--processor supplies the tokenizer, the image token and the tokens per image; drop "
                           "--tokenizer, --tokens-per-image and --image-token")
     if not args.processor and not args.tokenizer:
         raise ConfigError("give --tokenizer (fixed image tokens) or --processor (the model's own layout)")
-    tpi: int | str = args.tokens_per_image or 64
-    if re.fullmatch(r"\d+", str(tpi)):
+    tpi: int | str | None = args.tokens_per_image  # None without --processor: refused when the tokenizer loads
+    if tpi is not None and re.fullmatch(r"\d+", tpi):
         tpi = int(tpi)
-    elif not str(tpi).startswith("processor:"):
+    elif tpi is not None and not tpi.startswith("processor:"):
         raise ConfigError(f"--tokens-per-image {tpi!r}: give a number (e.g. 64) or processor:NAME_OR_PATH")
     sample_config = SampleConfig(tokenizer=args.tokenizer, chat_template=template, tokens_per_image=tpi,
                                  image_token=args.image_token, max_image_side=args.max_image_side,
@@ -198,11 +227,24 @@ def _run_pack(args: argparse.Namespace) -> int:
                         max_drop_fraction=_drop_fraction(args), split=args.split, executor=args.executor,
                         ray_address=args.ray_address)
     summary = pack_dataset(args.sources, args.output, sample_config=sample_config, config=config,
-                   image_root=args.image_root, resume=args.resume,
-                   progress=not args.quiet and sys.stderr.isatty())
+                   image_root=args.image_root, resume=args.resume, progress=not args.quiet)
     for line in summary.lines():
         print(line)
     return 0
+
+
+def _check_template_syntax(template: str, path: str) -> None:
+    """Refuse a chat template with a Jinja syntax error now, naming the line: at pack time every record
+    would be dropped with it, after tokenizing the whole input."""
+    import jinja2
+    import jinja2.ext
+
+    try:  # the extensions transformers renders with; its own {% generation %} tag is not Jinja's
+        jinja2.Environment(extensions=[jinja2.ext.loopcontrols]).parse(template)
+    except jinja2.TemplateSyntaxError as e:
+        if "generation" not in e.message:
+            raise ConfigError(f"--chat-template {path!r}, line {e.lineno}: {e.message}; fix the template's "
+                              "Jinja syntax") from None
 
 
 def _drop_fraction(args: argparse.Namespace) -> float:
@@ -266,7 +308,7 @@ def _add_verify(sub) -> None:
                        epilog="examples:\n  wdspack verify packed/\n"
                               "  wdspack verify packed/ --source data/llava.jsonl",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("dataset")
+    p.add_argument("dataset", help="dataset folder, https:// or hf://datasets/ORG/NAME[@REV]")
     p.add_argument("--source", nargs="+", metavar="SOURCE", help="the original inputs")
     p.add_argument("--image-root", help="as given to pack")
     p.set_defaults(run=_run_verify)
@@ -313,20 +355,20 @@ def _add_reshard(sub) -> None:
                               "  wdspack reshard hf://datasets/org/name@main packed-8k/ --seq-len 8192 "
                               "--max-images 32",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("source", help="dataset folder, https:// or hf://datasets/ORG/NAME[@REV]")
-    p.add_argument("output")
-    p.add_argument("--seq-len", type=int, required=True)
-    p.add_argument("--max-images", type=int)
-    p.add_argument("--algorithm", default="bfd")
-    p.add_argument("--shard-size", default="512MB")
-    p.add_argument("--shard-packs", type=int)
-    p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("source", help="the packed dataset to re-pack: a folder, https:// or hf://datasets/ORG/NAME[@REV]")
+    p.add_argument("output", help="dataset folder to create (a path or an fsspec URL)")
+    p.add_argument("--seq-len", type=int, required=True, help="tokens per pack in the new dataset")
+    p.add_argument("--max-images", type=int, help="images per pack in the new dataset (default: unlimited)")
+    p.add_argument("--algorithm", default="bfd", help="greedy | shuffle | ffd | bfd | balanced (default bfd)")
+    p.add_argument("--shard-size", default="512MB", help="roll over shards at this size (default 512MB)")
+    p.add_argument("--shard-packs", type=int, help="roll over shards at this many packs")
+    p.add_argument("--workers", type=int, default=1, help="processes for splitting and writing (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed for shuffles (default 0)")
     p.add_argument("--max-drop-fraction", type=float, metavar="F",
                    help="fail when more than this fraction of the samples is dropped at the new budgets "
                         "(default 0.05; 1 accepts any)")
-    p.add_argument("--resume", action="store_true")
-    p.add_argument("--quiet", "-q", action="store_true")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted reshard in OUTPUT")
+    p.add_argument("--quiet", "-q", action="store_true", help=_QUIET_HELP)
     p.set_defaults(run=_run_reshard)
 
 
@@ -338,8 +380,7 @@ def _run_reshard(args: argparse.Namespace) -> int:
                         seed=args.seed, shard_max_bytes=parse_size(args.shard_size),
                         shard_max_packs=args.shard_packs, workers=args.workers,
                         max_drop_fraction=_drop_fraction(args))
-    summary = reshard_dataset(args.source, args.output, config=config, resume=args.resume,
-                              progress=not args.quiet and sys.stderr.isatty())
+    summary = reshard_dataset(args.source, args.output, config=config, resume=args.resume, progress=not args.quiet)
     for line in summary.lines():
         print(line)
     return 0
@@ -353,9 +394,10 @@ def _add_upload(sub) -> None:
                                    "the secret on the command line.",
                        epilog="examples:\n  HF_TOKEN=... wdspack upload packed/ my-org/llava-packed-4096 --private",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("dataset")
-    p.add_argument("repo_id", metavar="ORG/NAME")
-    p.add_argument("--private", action="store_true")
+    p.add_argument("dataset", help="the local dataset folder to publish")
+    p.add_argument("repo_id", metavar="ORG/NAME", help="the Hub dataset repository (created if missing)")
+    p.add_argument("--private", action="store_true",
+                   help="create the repository as private (an existing one keeps its visibility)")
     p.add_argument("--revision", help="branch to commit to")
     p.add_argument("--token", help="a Hub token; prefer HF_TOKEN (a token on the command line is visible to other users)")
     p.set_defaults(run=_run_upload)

@@ -33,8 +33,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -47,7 +49,7 @@ import numpy as np
 from . import __version__
 from .codec import Pack, encode_pack
 from .errors import ConfigError, Dropped, OutputError, SampleError, TooManyDropsError
-from .executors import EXECUTORS, check_executor, run_tasks
+from .executors import EXECUTORS, ProgressLog, check_executor, progress_interval, run_tasks
 from .manifest import DROPPED_NAME, MANIFEST_NAME, Manifest, ShardInfo
 from .pack_index import INDEX_NAME, build_index, encode_index, index_entry, member_offsets
 from .packing import ALGORITHMS, plan_packs
@@ -57,6 +59,8 @@ from .storage import Location, stat_tag
 from .writer import ShardWriter, shard_name
 
 __all__ = ["DEFAULT_MAX_DROP_FRACTION", "PackConfig", "PackSummary", "SpoolWriter", "pack_dataset", "run_job"]
+
+logger = logging.getLogger("wdspack.pipeline")
 
 WORK_DIR = ".wdspack-work"
 _PACK_OVERHEAD = 64  # msgpack framing per pack, bytes (for shard size estimates)
@@ -140,6 +144,8 @@ class PackSummary:
     bytes: int
     seconds: float
     resumed_shards: int = 0
+    #: how image tokens were counted (the manifest's ``image_policy``)
+    image_policy: dict[str, Any] | None = None
 
     @property
     def samples_dropped(self) -> int:
@@ -151,10 +157,20 @@ class PackSummary:
         return [
             f"samples  read {self.samples_read}  packed {self.samples_packed}  dropped {self.samples_dropped} ({dropped})",
             f"packs    {self.packs}  fill {self.fill_ratio:.2%}  tokens {self.tokens}  images {self.images}",
+            *([f"images   {_policy_text(self.image_policy)}"] if self.image_policy else []),
             f"shards   {self.shards}  {_human_bytes(self.bytes)}  in {self.output}",
             f"time     {self.seconds:.1f} s  ({rate:.0f} samples/s)"
             + (f"  resumed: {self.resumed_shards} shards kept" if self.resumed_shards else ""),
         ]
+
+
+def _policy_text(policy: dict[str, Any]) -> str:
+    """``fixed 64 tokens each`` or ``processor qwen2_5_vl (Qwen2_5_VLProcessor), tokens from each image's size``."""
+    if policy.get("kind") == "fixed":
+        return f"fixed {policy['tokens_per_image']} tokens each (--tokens-per-image)"
+    if policy.get("family"):
+        return f"processor {policy['family']} ({policy.get('processor_class')}), tokens from each image's size"
+    return f"image processor {policy.get('name')}, tokens from each image's size"
 
 
 @dataclass(slots=True)
@@ -227,13 +243,21 @@ def run_job(out: Location, fingerprint: str, measure: Callable[..., Any], tasks:
     Shared by :func:`pack_dataset` (tasks read and tokenize source partitions) and
     :func:`wdspack.reshard.reshard_dataset` (tasks split existing packs back into samples).
     ``carried`` are drops inherited from an earlier job; ``samples_read`` overrides the count.
+
+    Everything that can be checked without reading the records is checked before the output is
+    touched: the executor, and ``describe()``, which builds the tokenizer, processor and chat
+    template (a path that does not load fails here, leaving no work folder to block the corrected
+    re-run).
     """
     check_executor(config.executor)  # before touching the output: a missing Ray is a usage error
+    if progress and not sys.stderr.isatty():
+        progress_interval()  # a bad WDSPACK_PROGRESS_INTERVAL is a usage error too
+    info = describe()
     work = _prepare_output(out, fingerprint, resume=resume)
     if work is None:  # already complete
         return _summary_from_manifest(out, time.perf_counter() - start)
     measured = _measure(measure, tasks, work, config, progress=progress)
-    info = measured.describe or describe()
+    info = measured.describe or info
     table = _select(measured, config)
     _check_drops(out, measured, table, config, carried=carried)
     plan = _plan(table, config)
@@ -258,6 +282,7 @@ def run_job(out: Location, fingerprint: str, measure: Callable[..., Any], tasks:
         dropped_by_reason=totals["dropped_by_reason"], packs=totals["packs"], tokens=totals["tokens"],
         images=totals["images"], fill_ratio=totals["fill_ratio"], shards=len(infos),
         bytes=sum(i.bytes for i in infos), seconds=time.perf_counter() - start, resumed_shards=kept,
+        image_policy=manifest.image_policy,
     )
 
 
@@ -279,7 +304,13 @@ def _fingerprint(partitions: Sequence[Partition], sample_config: SampleConfig, c
 
 
 def _prepare_output(out: Location, fingerprint: str, *, resume: bool) -> Location | None:
-    """Create or check the output folder; return the work folder, or None if already complete."""
+    """Create or check the output folder; return the work folder, or None if already complete.
+
+    An unfinished job that wrote nothing (no tokenized unit of work, no shard: it failed on its first
+    record, or was stopped at once) holds nothing to keep, so it is started over, whatever its
+    arguments: its corrected re-run needs no ``--resume`` and no deleting. One with finished work is
+    kept for ``--resume`` with the same arguments.
+    """
     work = out.child(WORK_DIR)
     job = json.loads(work.read_bytes("job.json")) if work.exists("job.json") else None
     if out.exists(MANIFEST_NAME):
@@ -287,7 +318,13 @@ def _prepare_output(out: Location, fingerprint: str, *, resume: bool) -> Locatio
             out.remove(WORK_DIR)
             return None
         raise OutputError(f"{out} already holds a packed dataset; choose another --output or delete it")
-    if work.exists() and (job is not None or not out.remote):
+    unfinished = work.exists() and (job is not None or not out.remote)
+    if unfinished and not _wrote_anything(out, work):
+        logger.warning("wdspack: %s holds an unfinished pack job that wrote nothing yet (no tokenized partition, "
+                       "no shard); starting it over", out)
+        out.remove(WORK_DIR)
+        unfinished, job = False, None
+    if unfinished:
         if not resume:
             raise OutputError(f"{out} holds an unfinished pack job; pass --resume to continue it, "
                               "or delete the folder to start over")
@@ -300,6 +337,13 @@ def _prepare_output(out: Location, fingerprint: str, *, resume: bool) -> Locatio
     if job is None:
         work.write_atomic("job.json", json.dumps({"fingerprint": fingerprint}).encode())
     return work
+
+
+def _wrote_anything(out: Location, work: Location) -> bool:
+    """Whether an unfinished job left work worth resuming: a finished spool unit (its ``.meta`` appears
+    last) or anything in the output besides the work folder (shards, ``dropped.jsonl``)."""
+    return (any(name.endswith(".meta") for name in work.listdir("spool"))
+            or bool(out.listdir("") - {WORK_DIR}))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -359,9 +403,30 @@ def _measure_partition(i: int, partition: Partition, sample_config: SampleConfig
                 spool.drop(d)
                 continue
             for s in samples:
+                over = _whole_document_over_budget(item, s, seq_len=seq_len, max_images=max_images)
+                if over is not None:
+                    _on_drop(over, on_error)
+                    spool.drop(over)
+                    continue
                 spool.add(s.sample_id, s.input_ids, s.loss_mask, s.images, s.image_tokens)
         spool.finish(builder.describe())
     return i
+
+
+def _whole_document_over_budget(record: Any, sample: Any, *, seq_len: int, max_images: int | None) -> Dropped | None:
+    """A document left whole (no ``--split-long-documents``) that is over a budget, dropped here because
+    its fix differs: it could be cut into pieces. :func:`_select` drops every other sample over a budget."""
+    from .sources import TextRecord
+
+    if not (isinstance(record, TextRecord) and record.kind == "document"):
+        return None
+    if sample.token_count > seq_len:
+        return Dropped(sample.sample_id, "too_long", f"{sample.token_count} tokens > seq_len {seq_len}; raise "
+                       "--seq-len or pass --split-long-documents to cut it into pieces")
+    if max_images is not None and sample.image_count > max_images:
+        return Dropped(sample.sample_id, "too_many_images", f"{sample.image_count} images > max_images "
+                       f"{max_images}; raise --max-images or pass --split-long-documents to cut it into pieces")
+    return None
 
 
 class SpoolWriter:
@@ -683,7 +748,8 @@ def _summary_from_manifest(out: Location, seconds: float) -> PackSummary:
     return PackSummary(output=str(out), samples_read=t["samples_read"], samples_packed=t["samples_packed"],
                        dropped_by_reason=t["dropped_by_reason"], packs=t["packs"], tokens=t["tokens"],
                        images=t["images"], fill_ratio=t["fill_ratio"], shards=len(m.shards),
-                       bytes=sum(s.bytes for s in m.shards), seconds=seconds, resumed_shards=len(m.shards))
+                       bytes=sum(s.bytes for s in m.shards), seconds=seconds, resumed_shards=len(m.shards),
+                       image_policy=m.image_policy)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -692,16 +758,27 @@ def _summary_from_manifest(out: Location, seconds: float) -> PackSummary:
 
 def _run(fn: Callable[..., Any], tasks: Iterable[tuple], config: PackConfig, *, total: int, desc: str,
          unit: str, progress: bool) -> Iterable[Any]:
-    """Run ``fn(*task)`` for each task where ``config`` says, yielding results in order; the
-    progress bar moves as tasks complete."""
+    """Run ``fn(*task)`` for each task where ``config`` says, yielding results in order; progress moves
+    as tasks complete: a bar on a terminal, elsewhere (Slurm, nohup, CI) a plain line every
+    ``WDSPACK_PROGRESS_INTERVAL`` seconds (:class:`~wdspack.executors.ProgressLog`)."""
     from tqdm import tqdm
 
-    bar = tqdm(total=total, desc=desc, unit=unit, disable=not progress, leave=False)
+    terminal = sys.stderr.isatty()
+    bar = tqdm(total=total, desc=desc, unit=unit, disable=not (progress and terminal), leave=False)
+    log = ProgressLog(desc, unit, total=total, interval=progress_interval()) if progress and not terminal else None
+
+    def done() -> None:
+        bar.update()
+        if log is not None:
+            log.update()
+
     try:
         yield from run_tasks(fn, tasks, executor=config.executor, workers=config.workers,
-                             ray_address=config.ray_address, on_done=bar.update)
+                             ray_address=config.ray_address, on_done=done)
     finally:
         bar.close()
+        if log is not None:
+            log.close()
 
 
 def _human_bytes(n: int) -> str:

@@ -64,7 +64,7 @@ class SampleConfig:
 
     tokenizer: str | None = None
     chat_template: str | None = None
-    tokens_per_image: int | str = 64
+    tokens_per_image: int | str | None = None  # required without a processor: no count fits every model
     image_token: str | None = None
     max_image_side: int | None = None
     max_image_pixels: int = 64_000_000
@@ -410,6 +410,12 @@ def _error_text(e: BaseException) -> str:
 
 
 def _load_processor(tokens_per_image: int | str | Any):
+    if tokens_per_image is None:  # a silent default trained models on the wrong number of image tokens
+        raise ConfigError("a tokenizer without --processor (fixed image tokens) needs --tokens-per-image N "
+                          "(tokens_per_image=N): the tokens one image takes in your model, e.g. 64 for nanoVLM, "
+                          "576 for LLaVA-1.5, any number (0) for data without images; or processor:NAME_OR_PATH "
+                          "for a dynamic-resolution image processor's count; or pass --processor NAME_OR_PATH "
+                          "for the model's own layout")
     if isinstance(tokens_per_image, int):
         if tokens_per_image < 0:
             raise ConfigError(f"--tokens-per-image must be >= 0, got {tokens_per_image}")
