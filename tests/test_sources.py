@@ -78,7 +78,8 @@ def test_llava_json_array_with_placeholder(root):
             {"id": 7, "conversations": _chat("Hi")}]
     (root / "llava.json").write_text(json.dumps(recs, indent=2))
     a, b = _read_all([root / "llava.json"])
-    assert a == Record("q-1", ({"role": "user", "content": [IMG, _text("What is it?")]},
+    # the newline after <image> is the source's text (LLaVA trains on "<image>\n"); kept in the record
+    assert a == Record("q-1", ({"role": "user", "content": [IMG, _text("\nWhat is it?")]},
                                {"role": "assistant", "content": [_text("A thing.")]}), (PNG,))
     assert b.sample_id == "7" and b.images == ()  # int id stringified; text-only is first-class
     assert b.messages[0] == {"role": "user", "content": [_text("Hi")]}
@@ -88,7 +89,7 @@ def test_llava_multi_image_order_and_text_kept_as_is(root):
     conv = [{"from": "human", "value": "First <image> then\n<image>\nand  <image>"},
             {"from": "gpt", "value": "  three  \n"}]
     rec = _one(root, {"image": ["imgs/b.jpg", "imgs/a.png", "imgs/c.png"], "conversations": conv})
-    assert rec.messages[0]["content"] == [_text("First "), IMG, _text(" then\n"), IMG, _text("and  "), IMG]
+    assert rec.messages[0]["content"] == [_text("First "), IMG, _text(" then\n"), IMG, _text("\nand  "), IMG]
     assert rec.messages[1]["content"] == [_text("  three  \n")]
     assert rec.images == (JPEG, PNG, PNG2)
 
@@ -167,8 +168,8 @@ def test_image_path_escape(root, tmp_path_factory):
     (outside / "secret.png").write_bytes(PNG)
     (root / "imgs" / "link.png").symlink_to(outside / "secret.png")
     (root / "imgs" / "dirlink").symlink_to(outside)
-    for path in ["../outside.png", "sub/../../x.png", str(outside / "secret.png"), "link.png",
-                 "dirlink/secret.png"]:
+    # an explicit root: the path as written must stay inside it (`..` out, absolute paths elsewhere)
+    for path in ["../outside.png", "sub/../../x.png", str(outside / "secret.png"), "dirlink/../../x.png"]:
         d = _one(root, {"image": path, "conversations": _chat()}, image_root=str(root / "imgs"))
         assert isinstance(d, Dropped) and d.reason == "image_path_escape", path
         assert str(root / "imgs") in d.detail
@@ -176,6 +177,24 @@ def test_image_path_escape(root, tmp_path_factory):
     ok = _one(root, {"image": [str(root / "imgs" / "a.png"), "sub/../b.jpg"],
                      "conversations": _chat("<image><image>")}, image_root=str(root / "imgs"))
     assert ok.images == (PNG, JPEG)
+    # symlinks are followed, not judged: where a link inside the root points is not an escape (#19)
+    ok = _one(root, {"image": ["link.png", "dirlink/secret.png"], "conversations": _chat("<image><image>")},
+              image_root=str(root / "imgs"))
+    assert ok.images == (PNG, PNG)
+
+
+def test_absolute_image_paths_need_no_root_unless_one_is_given(root, tmp_path_factory):
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    (elsewhere / "x.jpg").write_bytes(JPEG)
+    (root / "data").mkdir()
+    path = root / "data" / "abs.jsonl"
+    path.write_text(json.dumps({"image": str(elsewhere / "x.jpg"), "conversations": _chat()}) + "\n"
+                    + json.dumps({"image": "../imgs/a.png", "conversations": _chat()}) + "\n")
+    rec, rel = _read_all([path])  # no --image-root: an absolute path means what it says
+    assert rec.images == (JPEG,) and rec.image_names == (str(elsewhere / "x.jpg"),)
+    assert rel.reason == "image_path_escape" and "data" in rel.detail  # relative paths stay in the file's folder
+    d, _ = _read_all([path], image_root=str(root / "imgs"))  # an explicit root confines them too
+    assert d.reason == "image_path_escape" and "--image-root" in d.detail
 
 
 def test_image_root_defaults_to_the_files_folder_and_can_be_given(root):
@@ -198,7 +217,7 @@ def test_messages_string_content_with_placeholders(root):
                                    {"role": "user", "content": "<image>\nCompare with <image>"},
                                    {"role": "assistant", "content": "Same."}],
                       "images": ["imgs/a.png", "imgs/b.jpg"]})
-    assert rec.messages[1]["content"] == [IMG, _text("Compare with "), IMG]
+    assert rec.messages[1]["content"] == [IMG, _text("\nCompare with "), IMG]
     assert rec.images == (PNG, JPEG)
 
 
@@ -227,6 +246,8 @@ def test_messages_typed_parts_without_image_parts_get_images_first(root):
       "images": ["imgs/a.png"]}, "placeholder_mismatch"),
     ({"messages": [{"role": "narrator", "content": "x"}, {"role": "assistant", "content": "a"}]}, "unknown_role"),
     ({"messages": [{"role": "user", "content": [{"type": "audio"}]}, {"role": "assistant", "content": "a"}]},
+     "unsupported_media"),
+    ({"messages": [{"role": "user", "content": [{"type": "chart"}]}, {"role": "assistant", "content": "a"}]},
      "malformed_record"),
     ({"messages": [{"role": "user", "content": [{"type": "text"}]}, {"role": "assistant", "content": "a"}]},
      "malformed_record"),
@@ -328,7 +349,7 @@ def test_parquet_llava_conversations_with_image_struct(root):
                       "conversations": [_chat("<image>\nQ"), _chat("text only")]})
     pq.write_table(table, root / "ov.parquet")
     x, y = _read_all([root / "ov.parquet"])
-    assert x.images == (PNG,) and x.messages[0]["content"] == [IMG, _text("Q")]
+    assert x.images == (PNG,) and x.messages[0]["content"] == [IMG, _text("\nQ")]
     assert y.images == () and y.sample_id == "y"
 
 

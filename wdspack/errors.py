@@ -49,6 +49,7 @@ DROP_REASONS: dict[str, str] = {
     "too_long": "the sample has more tokens than seq_len",
     "too_many_images": "the sample has more images than max_images",
     "duplicate_id": "another sample already has this id",
+    "unsupported_media": "the record has video, audio or grounding objects, which are not supported yet",
 }
 
 

@@ -148,7 +148,7 @@ class SampleBuilder:
             raise ConfigError(f"{self.name!r} has no chat template, which chat records need; pass --chat-template FILE")
         # ---- end of the pre-training hook
         sid = record.sample_id
-        images, counts = self._prepare_images(record.images, sid)
+        images, counts = self._prepare_images(record.images, sid, getattr(record, "image_names", ()))
         messages = [self._message(m) for m in record.messages]
         if not messages:
             raise SampleError("empty_conversation", "the conversation has no turns", sid)
@@ -212,7 +212,8 @@ class SampleBuilder:
         if isinstance(parts, str):
             parts = [{"type": "text", "text": parts}]
         if self.typed_images and m["role"] != "tool":
-            return {"role": m["role"], "content": [dict(p) for p in parts], **extra}
+            return {"role": m["role"], "content": _typed_content(parts), **extra}
+        # String form: the text keeps what the source wrote around each image (LLaVA's "<image>\n").
         text = "".join(self.image_token if p.get("type") == "image" else p.get("text", "") for p in parts)
         return {"role": m["role"], "content": text, **extra}
 
@@ -288,21 +289,23 @@ class SampleBuilder:
 
     # ---- images ----------------------------------------------------------------------------
 
-    def _prepare_images(self, images: tuple[bytes, ...], sid: str) -> tuple[list[bytes], list[int]]:
+    def _prepare_images(self, images: tuple[bytes, ...], sid: str,
+                        names: tuple[str, ...] = ()) -> tuple[list[bytes], list[int]]:
         out, counts = [], []
         for k, data in enumerate(images):
-            data, (w, h) = self._check_image(data, sid, k)
+            data, (w, h) = self._check_image(data, sid, k, names[k] if k < len(names) else "")
             out.append(data)
             counts.append(self._tokens_for(w, h))
         return out, counts
 
-    def _check_image(self, data: bytes, sid: str, k: int) -> tuple[bytes, tuple[int, int]]:
+    def _check_image(self, data: bytes, sid: str, k: int, name: str = "") -> tuple[bytes, tuple[int, int]]:
         limit = self.config.max_image_pixels
+        which = f"image {k} ({name!r})" if name else f"image {k}"  # the file, so the user can find it
         try:
             with Image.open(io.BytesIO(data)) as img:
                 w, h = img.size
                 if w * h > limit:
-                    raise SampleError("image_too_large", f"image {k} is {w}x{h} = {w * h} pixels > the limit "
+                    raise SampleError("image_too_large", f"{which} is {w}x{h} = {w * h} pixels > the limit "
                                       f"{limit}; downscale it or raise max_image_pixels", sid)
                 fmt = img.format
                 img.draft("RGB", (max(1, w // 8), max(1, h // 8)))  # cheap full decode of JPEGs
@@ -310,9 +313,9 @@ class SampleBuilder:
         except SampleError:
             raise
         except Image.DecompressionBombError as e:
-            raise SampleError("image_too_large", f"image {k}: {e}", sid) from None
+            raise SampleError("image_too_large", f"{which}: {e}", sid) from None
         except Exception as e:  # PIL raises many types for bad bytes
-            raise SampleError("unreadable_image", f"image {k} cannot be decoded ({_error_text(e)}); "
+            raise SampleError("unreadable_image", f"{which} cannot be decoded ({_error_text(e)}); "
                               "fix or remove the file", sid) from None
         side = self.config.max_image_side
         if side and max(w, h) > side:
@@ -390,6 +393,25 @@ class SampleBuilder:
         if not mask.any():
             raise SampleError("no_assistant_turn", "no token is a training target after templating", sid)
         return Sample(sid, ids.astype(np.uint32), mask, tuple(images), tuple(counts))
+
+
+def _typed_content(parts: list[dict]) -> list[dict]:
+    """Typed parts for a template that renders images itself (many print their own newline after
+    one): the newline the source wrote right after an image (``<image>\\n``) is left to it, not doubled.
+
+    Example:
+        >>> _typed_content([{"type": "image"}, {"type": "text", "text": "\\nWhat is it?"}])
+        [{'type': 'image'}, {'type': 'text', 'text': 'What is it?'}]
+    """
+    out: list[dict] = []
+    for p in parts:
+        p = dict(p)
+        if out and out[-1].get("type") == "image" and p.get("type") == "text" and p.get("text", "").startswith("\n"):
+            p["text"] = p["text"][1:]
+            if not p["text"]:
+                continue
+        out.append(p)
+    return out
 
 
 def _load_tokenizer(name: str | None):

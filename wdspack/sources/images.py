@@ -2,10 +2,15 @@
 
 A reference is what a record holds for an image: a path relative to the image root, raw bytes,
 a Hugging Face ``{"bytes": ..., "path": ...}`` struct, an ``image_url`` dict, or a
-``data:image/...;base64,`` URL. Paths are confined to the image root: after resolving ``..``
-and symlinks the file must lie inside it. The root may be a URL (``s3://…``, ``hf://…``): paths
-are then joined to it, ``..`` resolved, and read through fsspec. Bytes are returned as they are; whether they decode
-is checked later, when samples are built.
+``data:image/...;base64,`` URL. Paths are confined to the image root *as written*: joined to
+the root and normalised (``..`` resolved lexically), the path must stay inside it. Symlinks are
+followed, not judged: a Hugging Face hub-cache snapshot (``snapshots/REV/x.png`` links into
+``../../blobs/…``) and a folder of links into other folders are read like plain files, while
+``../x.png`` and an absolute path outside an explicitly given root are refused. With no root
+given (the root is then just the data file's folder), absolute paths are read where they point.
+The root may be a URL (``s3://…``, ``hf://…``): paths are then joined to it, ``..`` resolved,
+and read through fsspec. Bytes are returned as they are; whether they decode is checked later,
+when samples are built.
 """
 
 from __future__ import annotations
@@ -19,16 +24,17 @@ from typing import Any
 from ..errors import SampleError
 from ..storage import filesystem, is_url
 
-__all__ = ["load_image", "resolve_image_path"]
+__all__ = ["image_name", "load_image", "resolve_image_path"]
 
 
-def load_image(ref: Any, image_root: str) -> bytes:
+def load_image(ref: Any, image_root: str, *, absolute_ok: bool = False) -> bytes:
     """The encoded bytes an image reference stands for.
 
     Args:
         ref: bytes, a path (relative to ``image_root``, or absolute inside it), a
             ``data:`` URL, a ``{"bytes", "path"}`` dict or an ``image_url`` dict.
         image_root: the folder image paths are relative to (already resolved).
+        absolute_ok: read absolute paths wherever they point (no image root was given).
 
     Raises:
         SampleError: ``missing_image``, ``image_path_escape`` or ``malformed_record``.
@@ -40,7 +46,7 @@ def load_image(ref: Any, image_root: str) -> bytes:
     if isinstance(ref, (bytes, bytearray, memoryview)):
         return bytes(ref)
     if isinstance(ref, dict):
-        return _load_dict(ref, image_root)
+        return _load_dict(ref, image_root, absolute_ok)
     if isinstance(ref, str):
         if ref.startswith("data:"):
             return _decode_data_url(ref)
@@ -52,12 +58,28 @@ def load_image(ref: Any, image_root: str) -> bytes:
             ref = ref[len("file://"):]
         if is_url(image_root):
             return _read_file(_resolve_url(ref, image_root), ref)
-        return _read_file(resolve_image_path(ref, image_root), ref)
+        return _read_file(resolve_image_path(ref, image_root, absolute_ok=absolute_ok), ref)
     raise SampleError("malformed_record", f"an image reference is {type(ref).__name__} {_short(ref)}; "
                       "expected a path string, bytes, or a {'bytes', 'path'} object")
 
 
-def _load_dict(ref: dict, image_root: str) -> bytes:
+def image_name(ref: Any) -> str:
+    """How a drop detail names an image: its path, or ``""`` for inline bytes.
+
+    Example:
+        >>> image_name("imgs/a.png"), image_name({"bytes": b"...", "path": "a.png"}), image_name(b"...")
+        ('imgs/a.png', 'a.png', '')
+    """
+    if isinstance(ref, str):
+        return "a data: URL" if ref.startswith("data:") else ref
+    if isinstance(ref, dict):
+        for key in ("path", "url", "image_url", "image"):
+            if ref.get(key) is not None:
+                return image_name(ref[key])
+    return ""
+
+
+def _load_dict(ref: dict, image_root: str, absolute_ok: bool) -> bytes:
     if ref.get("bytes") is not None:
         return load_image(ref["bytes"], image_root)
     url = ref.get("url")
@@ -70,11 +92,16 @@ def _load_dict(ref: dict, image_root: str) -> bytes:
     if url is None:
         raise SampleError("malformed_record", f"an image object {_short(ref)} has no bytes, path or url; "
                           "give each image as a path string or a {'bytes', 'path'} object")
-    return load_image(url, image_root)
+    return load_image(url, image_root, absolute_ok=absolute_ok)
 
 
-def resolve_image_path(path: str, image_root: str) -> str:
-    """The real path of an image file, checked to lie inside ``image_root``.
+def resolve_image_path(path: str, image_root: str, *, absolute_ok: bool = False) -> str:
+    """The path of an image file, checked to lie inside ``image_root`` as written.
+
+    Containment is judged on the path joined to the root and normalised, not on where symlinks
+    lead (a hub-cache snapshot's files are links into ``blobs/``); a path whose link target lies
+    inside the root is accepted too (a root reached through a symlink). ``absolute_ok`` accepts
+    any absolute path (no image root was given).
 
     Raises:
         SampleError: ``image_path_escape`` when the path leaves the root, ``malformed_record``
@@ -86,12 +113,20 @@ def resolve_image_path(path: str, image_root: str) -> str:
     """
     if not path:
         raise SampleError("malformed_record", "an image path is the empty string; name the image file")
-    real = os.path.realpath(os.path.join(image_root, path))
-    if os.path.commonpath([real, image_root]) != image_root:
-        raise SampleError("image_path_escape", f"image path {path!r} resolves to {real!r}, outside the "
-                          f"image root {image_root!r}; keep image paths inside the root (or pass a "
-                          "wider --image-root)")
-    return real
+    written = os.path.normpath(os.path.join(image_root, path))
+    if (absolute_ok and os.path.isabs(path)) or _inside(written, image_root):
+        return written
+    real = os.path.realpath(written)
+    if _inside(real, image_root):
+        return real
+    fix = ("give the folder that holds such paths as --image-root (or --image-root / for absolute paths "
+           "anywhere)" if os.path.isabs(path) else "keep image paths inside the root (or pass a wider --image-root)")
+    raise SampleError("image_path_escape", f"image path {path!r} resolves to {written!r}, outside the "
+                      f"image root {image_root!r}; {fix}")
+
+
+def _inside(path: str, root: str) -> bool:
+    return os.path.commonpath([path, root]) == root
 
 
 def _read_file(where: str, shown: str) -> bytes:

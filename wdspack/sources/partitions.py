@@ -25,7 +25,7 @@ import re
 import os
 import posixpath
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -61,6 +61,8 @@ class Partition:
         image_root: the resolved folder (or URL) image paths are relative to.
         name: the file's name relative to the source root (the basename for a file named
             directly); it prefixes the ids of records without an ``id`` field.
+        absolute_images: absolute image paths are read where they point (no image root was
+            given, so ``image_root`` is only the file's folder); relative paths stay confined.
 
     Example:
         >>> p = Partition("/data/llava.jsonl", "jsonl", 0, 52_311, 0, "/data", "llava.jsonl")
@@ -75,6 +77,7 @@ class Partition:
     first_row: int
     image_root: str
     name: str = ""
+    absolute_images: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +125,9 @@ def list_partitions(sources: Sequence[str], *, image_root: str | None = None,
                 continue
             seen.add(real)
             folder = root or _folder_of(f.path)
-            out.extend(_partition_file(f, folder, records_per_partition))
+            parts = _partition_file(f, folder, records_per_partition)
+            # No root given: an absolute image path means what it says (LLaVA-style files often hold them).
+            out.extend(parts if root else [replace(p, absolute_images=True) for p in parts])
     return out
 
 

@@ -61,12 +61,13 @@ def iter_records(partition: Partition) -> Iterator[Record | TextRecord | Dropped
     name = partition.name or os.path.basename(partition.path)
     try:
         for row, raw in read(partition):
-            yield _to_record(raw, f"{name}:{row}", partition.image_root)
+            yield _to_record(raw, f"{name}:{row}", partition.image_root, partition.absolute_images)
     except OSError as e:
         raise SourceError(f"source {partition.path!r} cannot be read: {e.strerror or e}") from None
 
 
-def _to_record(raw: Raw, fallback_id: str, image_root: str) -> Record | TextRecord | Dropped:
+def _to_record(raw: Raw, fallback_id: str, image_root: str,
+               absolute_images: bool = False) -> Record | TextRecord | Dropped:
     if isinstance(raw, SampleError):
         return raw.to_dropped(fallback_id)
     if isinstance(raw, (TextRecord, Dropped)):  # WebDataset captions: built by their reader, with their ids
@@ -77,7 +78,7 @@ def _to_record(raw: Raw, fallback_id: str, image_root: str) -> Record | TextReco
             sample_id = sample_id_of(raw, fallback_id)
         if is_document(raw):
             return build_document(raw, sample_id=sample_id, image_root=image_root)
-        return build_record(raw, sample_id=sample_id, image_root=image_root)
+        return build_record(raw, sample_id=sample_id, image_root=image_root, absolute_images=absolute_images)
     except SampleError as e:
         return e.to_dropped(sample_id)
     except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError) as e:

@@ -1,22 +1,37 @@
 """Normalize one raw record (a dict from JSON, JSONL, Parquet or Arrow) into a :class:`Record`.
 
-Four record layouts are understood, whatever file they come from:
+These record layouts are understood, whatever file they come from:
 
 =================  ===========================================================================
 ``conversations``  LLaVA / ShareGPT: ``[{"from": "human", "value": "<image>\\nWhat is it?"}, ...]``
                    with ``image`` (a path or a list of paths); tool calling as LLaMA-Factory and
                    Glaive write it: ``function_call`` turns (a JSON object ``{"name", "arguments"}``
                    or a list of them) and ``observation`` turns (the tool's result), ``tools`` a
-                   JSON string or a list of function definitions
+                   JSON string or a list of function definitions. MiniCPM-V's ``image`` dict
+                   ``{"<image_00>": "a.jpg", "<image_01>": "b.jpg"}`` places each image where the
+                   text names it (``<image_00>``); named nowhere, they all go first
 ``messages``       OpenAI / Hugging Face: ``[{"role": "user", "content": ...}]``, content a string
                    with ``<image>`` placeholders or typed parts, with an ``images`` list; assistant
-                   turns may carry ``tool_calls``, ``tool`` turns carry results, ``tools`` on the record
+                   turns may carry ``tool_calls``, ``tool`` turns carry results, ``tools`` on the
+                   record. LLaMA-Factory's v1 parts are read too: ``{"type": "text", "value": ...}``,
+                   ``{"type": "image_url", "value": "a.jpg"}``, ``{"type": "tool_call", "value":
+                   "{JSON call}"}`` (``loss_weight`` is not read: assistant turns are the targets)
+``prompt``         TRL prompt-completion, conversational: ``prompt`` and ``completion`` lists of
+                   messages (as ``messages``), with an ``images`` list
+``conversation``   ms-swift ShareGPT: ``[{"human": ..., "assistant": ...}, ...]``
 ``texts``          the_cauldron / FineVision: ``[{"user": ..., "assistant": ...}, ...]`` with an
                    ``images`` list; the images go at the start of the first user turn
+``query``          ms-swift query-response: ``query``, ``response``, ``history`` (optional
+                   ``[[query, response], ...]`` before it)
 ``instruction``    Alpaca: ``instruction``, ``input`` (optional), ``output``, ``history`` (optional
                    ``[[instruction, response], ...]`` before it, LLaMA-Factory's convention) and an
                    ``images`` list; the user turn is ``instruction + "\\n" + input``
 =================  ===========================================================================
+
+Videos, audio and grounding objects are not supported yet: a record with a non-empty ``videos``,
+``video``, ``audios``, ``audio`` or ``objects`` field (ms-swift, LLaMA-Factory, InternVL, the
+Qwen2-VL fine-tuning repos), a ``<video>``/``<audio>`` placeholder or a video/audio part is
+dropped as ``unsupported_media`` (never packed as text around a literal ``<video>``).
 
 A ``system`` string on the record (LLaMA-Factory's ShareGPT and Alpaca) becomes the first turn.
 Every layout becomes the Hugging Face typed chat format, roles ``system | user | assistant | tool``::
@@ -32,31 +47,38 @@ parsed), each call with an ``id`` (a deterministic 9-character hex id where the 
 Mistral's templates require one), each tool turn linked to the call it answers (``tool_call_id``,
 ``name``), each tool definition wrapped as ``{"type": "function", "function": {...}}``.
 
-Images: each ``<image>`` placeholder (with the newline right after it) and each bare
-``{"type": "image"}`` part takes the next entry of the record's image list; their counts must
-match. With images but no placeholder at all, the images go at the start of the first user
-turn (the LLaVA convention). A part may also carry its own image (``{"type": "image",
-"image": "a.png"}``, ``image_url`` parts); such parts take nothing from the list.
+Images: each ``<image>`` placeholder and each bare ``{"type": "image"}`` part takes the next
+entry of the record's image list; their counts must match. The text around a placeholder is kept
+as written: ``<image>\\nWhat is it?`` keeps its newline (LLaVA and InternVL train on
+``<image>\\n``; templates that render typed image parts place the image themselves, and the
+sample builder leaves the newline right after it to them). With images but no placeholder at
+all, the images go at the start of the first user turn (the LLaVA convention). A part may also
+carry its own image (``{"type": "image", "image": "a.png"}``, ``image_url`` parts); such parts
+take nothing from the list.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import SampleError
-from .images import load_image
+from .images import image_name, load_image
+from .toolcalls import Turn, json_value, link_tool_calls, tool_calls, tools_of
 
-__all__ = ["COLUMNS", "ROLE_ALIASES", "Record", "TEXT_COLUMNS", "build_record", "sample_id_of"]
+__all__ = ["COLUMNS", "MEDIA_FIELDS", "ROLE_ALIASES", "Record", "TEXT_COLUMNS", "build_record", "sample_id_of"]
 
-#: The fields a record may hold a conversation in (one of them is required).
-TEXT_COLUMNS = ("messages", "conversations", "texts", "instruction")
+#: The fields a record may hold a conversation in (one of them is required), in the order they are tried.
+TEXT_COLUMNS = ("messages", "conversations", "conversation", "texts", "prompt", "query", "instruction")
+#: Fields of media wdspack does not pack yet, with what each holds: a record that fills one is dropped.
+MEDIA_FIELDS = {"videos": "video", "video": "video", "audios": "audio", "audio": "audio",
+                "objects": "grounding objects"}
 #: Every field that is read; other fields (and Parquet/Arrow columns) are ignored.
-COLUMNS = ("id", *TEXT_COLUMNS, "input", "output", "history", "system", "tools", "images", "image")
+COLUMNS = ("id", *TEXT_COLUMNS, "completion", "response", "input", "output", "history", "system", "tools",
+           "images", "image", *MEDIA_FIELDS)
 
 #: Accepted spellings of each role (compared case-insensitively).
 ROLE_ALIASES: dict[str, str] = {
@@ -68,9 +90,14 @@ ROLE_ALIASES: dict[str, str] = {
     "tool": "tool", "observation": "tool", "function": "tool", "ipython": "tool",
 }
 PLACEHOLDER = "<image>"
-_PLACEHOLDER_RE = re.compile(re.escape(PLACEHOLDER) + "\n?")
+_PLACEHOLDER_RE = re.compile(re.escape(PLACEHOLDER))  # the newline after it stays in the text
+_NAMED_RE = re.compile(r"<image_(\d+)>")  # MiniCPM-V: "<image_00>", keys of the record's image dict
+_MEDIA_PLACEHOLDER_RE = re.compile(r"<(video|audio)>")
 _IMAGE_PART_TYPES = ("image", "image_url", "input_image")
 _TEXT_PART_TYPES = ("text", "input_text")
+_MEDIA_PART_TYPES = {"video": "video", "video_url": "video", "input_video": "video",
+                     "audio": "audio", "audio_url": "audio", "input_audio": "audio"}
+_CALL_PART_TYPES = ("tool_call", "tool_calls")  # LLaMA-Factory v1: {"type": "tool_call", "value": "{JSON}"}
 _BARE = object()  # an image slot that takes the next entry of the record's image list
 
 
@@ -92,6 +119,8 @@ class Record:
     images: tuple[bytes, ...]
     #: function definitions the conversation may call (``{"type": "function", "function": {...}}``)
     tools: tuple[dict, ...] = ()
+    #: each image's path as the record names it (``""`` for inline bytes), for drop details only
+    image_names: tuple[str, ...] = field(default=(), compare=False)
 
 
 def sample_id_of(row: Mapping[str, Any], fallback: str) -> str:
@@ -116,18 +145,19 @@ def sample_id_of(row: Mapping[str, Any], fallback: str) -> str:
                       "record a non-empty string or integer id, or leave 'id' out", sample_id=fallback)
 
 
-def build_record(row: Any, *, sample_id: str, image_root: str) -> Record:
+def build_record(row: Any, *, sample_id: str, image_root: str, absolute_images: bool = False) -> Record:
     """Normalize one raw record and read its images.
 
     Args:
         row: the record as parsed (a dict).
         sample_id: its stable id.
         image_root: the resolved folder image paths are relative to.
+        absolute_images: read absolute image paths where they point (no image root was given).
 
     Raises:
         SampleError: with one of ``malformed_record``, ``unknown_role``, ``empty_conversation``,
             ``no_assistant_turn``, ``placeholder_mismatch``, ``missing_image``,
-            ``image_path_escape``.
+            ``image_path_escape``, ``unsupported_media``.
 
     Example:
         >>> r = build_record({"conversations": [{"from": "human", "value": "Hi"},
@@ -143,77 +173,150 @@ def build_record(row: Any, *, sample_id: str, image_root: str) -> Record:
         if not isinstance(row, Mapping):
             raise SampleError("malformed_record", f"the record is a {type(row).__name__}, not an object; "
                               "each record must be a JSON object (dict)")
+        _check_media_fields(row)
         turns = _with_system(row, _raw_turns(row))
-        pool = _image_list(row)
+        _check_media_placeholders(turns)
+        named = _named_images(row)
+        if named is not None:
+            turns, pool = _place_named(turns, named), []
+        else:
+            pool = _image_list(row)
         _check_turns(turns, pool)
-        turns = _link_tool_calls(_place_images(turns, pool), sample_id)
-        return _finish(turns, sample_id, image_root, _tools(row))
+        turns = link_tool_calls(_place_images(turns, pool), sample_id)
+        return _finish(turns, sample_id, image_root, tools_of(row), absolute_images)
     except SampleError as e:
         raise SampleError(e.reason, e.detail, sample_id=sample_id) from None
-
-
-# A turn while it is parsed: (role, [("text", str) | ("image", ref or _BARE)], extra message keys)
-Turn = tuple[str, list, dict]
 
 
 def _raw_turns(row: Mapping[str, Any]) -> list[Turn]:
     for key in TEXT_COLUMNS[:2]:
         if row.get(key) is not None:
-            turns = _list_field(row, key)
-            for i, t in enumerate(turns):
-                if not isinstance(t, Mapping):
-                    raise SampleError("malformed_record", f"{key}[{i}] is {type(t).__name__} {_short(t)}; "
-                                      "each turn must be an object with a role and a content")
-            return [_turn(t, i) for i, t in enumerate(turns)]
+            return _message_turns(_list_field(row, key), key)
+    if row.get("conversation") is not None:  # ms-swift's ShareGPT
+        return _pair_entries(_list_field(row, "conversation"), "conversation", ("human", "user"))
     if row.get("texts") is not None:
-        return _texts_turns(_list_field(row, "texts"))
+        return _pair_entries(_list_field(row, "texts"), "texts", ("user",))
+    # TRL prompt-completion; a string prompt alone (a preference or prompt/response row) is no such row
+    if isinstance(row.get("prompt"), (list, tuple)) or row.get("completion") is not None:
+        return _prompt_completion_turns(row)
+    if row.get("query") is not None:
+        return _query_turns(row)
     if row.get("instruction") is not None:
         return _alpaca_turns(row)
-    raise SampleError("malformed_record", f"the record has none of 'conversations', 'messages', 'texts', "
-                      f"'instruction' (keys: {sorted(map(str, row))[:8]}); use one of these layouts")
+    raise SampleError("malformed_record", f"the record has none of 'conversations', 'messages', 'conversation', "
+                      f"'texts', 'prompt' + 'completion', 'query', 'instruction' (keys: {sorted(map(str, row))[:8]}); "
+                      "use one of these layouts (the Sources table in the README)")
+
+
+def _message_turns(items: list, key: str, start: int = 0) -> list[Turn]:
+    """Turns of a list of ``{role, content}`` (or ``{from, value}``) messages; ``start`` numbers them."""
+    for i, t in enumerate(items):
+        if not isinstance(t, Mapping):
+            raise SampleError("malformed_record", f"{key}[{i}] is {type(t).__name__} {_short(t)}; "
+                              "each turn must be an object with a role and a content")
+    return [_turn(t, start + i) for i, t in enumerate(items)]
 
 
 def _turn(t: Mapping[str, Any], i: int) -> Turn:
     raw_role, content = _first(t, "role", "from"), _first(t, "content", "value")
     role = _role(raw_role, i)
     if raw_role.strip().lower() == "function_call":
-        return "assistant", [], {"tool_calls": _calls(_json_value(content, f"turn {i} (function_call)"), i)}
+        return "assistant", [], {"tool_calls": tool_calls(json_value(content, f"turn {i} (function_call)"), i)}
+    content, part_calls = _call_parts(content, role, i)
     if role == "tool":
         extra = {k: str(t[k]) for k in ("tool_call_id", "name") if t.get(k) is not None}
         return "tool", [("text", _tool_text(content, i))], extra
     calls = t.get("tool_calls") if role == "assistant" else None
     if role == "assistant" and calls is None and t.get("function_call") is not None:
         calls = [t["function_call"]]  # OpenAI's older single-call field
+    if part_calls:
+        calls = [*([calls] if isinstance(calls, Mapping) else calls or []), *part_calls]
     if calls is None:
         return role, _parts(content, i), {}
-    return role, ([] if content is None else _parts(content, i)), {"tool_calls": _calls(calls, i)}
+    return role, ([] if content is None else _parts(content, i)), {"tool_calls": tool_calls(calls, i)}
 
 
-def _texts_turns(texts: list) -> list[Turn]:
+def _call_parts(content: Any, role: str, i: int) -> tuple[Any, list]:
+    """LLaMA-Factory v1 writes an assistant's tool calls as content parts ``{"type": "tool_call",
+    "value": "{\\"name\\": ..., \\"arguments\\": ...}"}``: the content without them, and the calls."""
+    if not isinstance(content, (list, tuple)):
+        return content, []
+    calls = [p for p in content if isinstance(p, Mapping) and p.get("type") in _CALL_PART_TYPES]
+    if not calls:
+        return content, []
+    if role != "assistant":
+        raise SampleError("malformed_record", f"turn {i} is a {role} turn with a tool_call part; only assistant "
+                          "turns call tools")
+    parsed = []
+    for part in calls:
+        value = json_value(_first(part, "value", "tool_call", "text"), f"turn {i}, a tool_call part's value")
+        parsed += list(value) if isinstance(value, (list, tuple)) else [value]
+    return [p for p in content if not (isinstance(p, Mapping) and p.get("type") in _CALL_PART_TYPES)], parsed
+
+
+def _pair_entries(entries: list, key: str, user_keys: tuple[str, ...]) -> list[Turn]:
+    """``[{user: ..., assistant: ...}, ...]``: the_cauldron's ``texts`` and ms-swift's ``conversation``
+    (``human``) entries, each one exchange."""
     turns: list[Turn] = []
-    for i, t in enumerate(texts):
-        if not isinstance(t, Mapping) or not isinstance(t.get("user"), str) \
-                or not isinstance(t.get("assistant"), str):
-            raise SampleError("malformed_record", f"texts[{i}] is {_short(t)}; each entry must be "
-                              "{'user': str, 'assistant': str}")
-        turns += [("user", _split_placeholders(t["user"]), {}),
+    for i, t in enumerate(entries):
+        query = next((t[k] for k in user_keys if isinstance(t.get(k), str)), None) \
+            if isinstance(t, Mapping) else None
+        if query is None or not isinstance(t.get("assistant"), str):
+            raise SampleError("malformed_record", f"{key}[{i}] is {_short(t)}; each entry must be "
+                              f"{{{user_keys[0]!r}: str, 'assistant': str}}")
+        turns += [("user", _split_placeholders(query), {}),
                   ("assistant", _split_placeholders(t["assistant"]), {})]
     return turns
 
 
+def _prompt_completion_turns(row: Mapping[str, Any]) -> list[Turn]:
+    """TRL's conversational prompt-completion: the ``prompt`` messages, then the ``completion`` ones."""
+    for key in ("prompt", "completion"):
+        value = row.get(key)
+        if isinstance(value, str):
+            raise SampleError("malformed_record", f"field {key!r} is a string ({_short(value)}): TRL's standard "
+                              "prompt-completion (or a preference row), not a conversation; give 'prompt' and "
+                              "'completion' as lists of {'role', 'content'} messages (TRL's conversational form)")
+    if row.get("completion") is None:
+        raise SampleError("malformed_record", f"the record has 'prompt' but no 'completion' (keys: "
+                          f"{sorted(map(str, row))[:8]}): a prompt-only or preference row has no answer to train "
+                          "on; give the answer as 'completion': [{'role': 'assistant', 'content': ...}]")
+    prompt = _message_turns(_list_field(row, "prompt"), "prompt")
+    return prompt + _message_turns(_list_field(row, "completion"), "completion", start=len(prompt))
+
+
+def _query_turns(row: Mapping[str, Any]) -> list[Turn]:
+    """ms-swift's query-response: ``history`` pairs, then ``query`` and ``response``."""
+    query, response = _str_field(row, "query", "query-response"), _str_field(row, "response", "query-response")
+    if response is None:
+        raise SampleError("malformed_record", f"the record has 'query' but no 'response' (keys: "
+                          f"{sorted(map(str, row))[:8]}); a query-response record needs query and response")
+    return _history_turns(row) + [("user", _split_placeholders(query), {}),
+                                  ("assistant", _split_placeholders(response), {})]
+
+
+def _str_field(row: Mapping[str, Any], key: str, layout: str) -> str | None:
+    value = row.get(key)
+    if value is not None and not isinstance(value, str):
+        raise SampleError("malformed_record", f"field {key!r} is {type(value).__name__} {_short(value)}; "
+                          f"in a {layout} record it must be a string")
+    return value
+
+
 def _alpaca_turns(row: Mapping[str, Any]) -> list[Turn]:
     """``history`` pairs, then ``instruction`` (+ ``"\\n" + input``) and ``output``."""
-    fields = {}
-    for key in ("instruction", "input", "output"):
-        value = row.get(key)
-        if value is not None and not isinstance(value, str):
-            raise SampleError("malformed_record", f"field {key!r} is {type(value).__name__} {_short(value)}; "
-                              "an Alpaca record's instruction, input and output are strings")
-        fields[key] = value
+    fields = {key: _str_field(row, key, "Alpaca") for key in ("instruction", "input", "output")}
     if fields["output"] is None:
         raise SampleError("malformed_record", f"the record has 'instruction' but no 'output' (keys: "
                           f"{sorted(map(str, row))[:8]}); an Alpaca record needs instruction, input (optional) "
                           "and output")
+    query = "\n".join(x for x in (fields["instruction"], fields["input"]) if x)
+    return _history_turns(row) + [("user", _split_placeholders(query), {}),
+                                  ("assistant", _split_placeholders(fields["output"]), {})]
+
+
+def _history_turns(row: Mapping[str, Any]) -> list[Turn]:
+    """``history``: ``[[query, response], ...]`` before the record's own exchange (Alpaca, ms-swift)."""
     history = row.get("history") or []
     if not isinstance(history, (list, tuple)):
         raise SampleError("malformed_record", f"field 'history' is {type(history).__name__} {_short(history)}; "
@@ -224,9 +327,7 @@ def _alpaca_turns(row: Mapping[str, Any]) -> list[Turn]:
             raise SampleError("malformed_record", f"history[{k}] is {_short(pair)}; each entry must be a pair "
                               "[instruction, response] of strings")
         turns += [("user", _split_placeholders(pair[0]), {}), ("assistant", _split_placeholders(pair[1]), {})]
-    query = "\n".join(x for x in (fields["instruction"], fields["input"]) if x)
-    return turns + [("user", _split_placeholders(query), {}),
-                    ("assistant", _split_placeholders(fields["output"]), {})]
+    return turns
 
 
 def _with_system(row: Mapping[str, Any], turns: list[Turn]) -> list[Turn]:
@@ -265,44 +366,7 @@ def _role(raw: Any, i: int) -> str:
     return role
 
 
-# ---- tool calls -----------------------------------------------------------------------------
-
-
-def _json_value(value: Any, where: str) -> Any:
-    """A JSON string parsed; lists and objects (Parquet/Arrow columns) as they are."""
-    if not isinstance(value, str):
-        return value
-    try:
-        return json.loads(value)
-    except ValueError as e:
-        raise SampleError("malformed_record", f"{where} is not valid JSON ({e}): {_short(value)}; "
-                          "write it as JSON") from None
-
-
-def _calls(value: Any, i: int) -> list[dict]:
-    """Tool calls as templates take them: ``{"type": "function", "function": {"name", "arguments": dict}}``."""
-    calls = [value] if isinstance(value, Mapping) else value
-    if not isinstance(calls, (list, tuple)) or not calls:
-        raise SampleError("malformed_record", f"turn {i} has tool calls {_short(value)}; give a call "
-                          "{'name': ..., 'arguments': {...}} or a non-empty list of them")
-    out = []
-    for k, call in enumerate(calls):
-        fn = call.get("function") if isinstance(call, Mapping) else None
-        fn = fn if isinstance(fn, Mapping) else call
-        name = fn.get("name") if isinstance(fn, Mapping) else None
-        if not isinstance(name, str) or not name:
-            raise SampleError("malformed_record", f"turn {i}, tool call {k} is {_short(call)}; each call needs a "
-                              "'name' string (OpenAI: {'function': {'name', 'arguments'}})")
-        args = _first(fn, "arguments", "parameters")
-        args = {} if args is None or args == "" else _json_value(args, f"turn {i}, the arguments of call {name!r}")
-        if not isinstance(args, Mapping):
-            raise SampleError("malformed_record", f"turn {i}, the arguments of call {name!r} are "
-                              f"{_short(args)}; they must be a JSON object")
-        entry = {"type": "function", "function": {"name": name, "arguments": dict(args)}}
-        if isinstance(call.get("id"), str) and call["id"]:
-            entry["id"] = call["id"]
-        out.append(entry)
-    return out
+# ---- tool results ---------------------------------------------------------------------------
 
 
 def _tool_text(content: Any, i: int) -> str:
@@ -319,53 +383,6 @@ def _tool_text(content: Any, i: int) -> str:
         return json.dumps(content, ensure_ascii=False)
     raise SampleError("malformed_record", f"turn {i} is a tool result with content {_short(content)}; give "
                       "the result as a string")
-
-
-def _link_tool_calls(turns: list[Turn], sample_id: str) -> list[Turn]:
-    """Give every call an id and every tool turn the id (and name) of the call it answers: the
-    ``j``-th tool turn after an assistant's calls answers its ``j``-th call."""
-    out: list[Turn] = []
-    pending: list[dict] = []
-    k = j = 0
-    for role, parts, extra in turns:
-        if extra.get("tool_calls"):
-            pending = []
-            for call in extra["tool_calls"]:
-                pending.append(call if "id" in call else {**call, "id": _call_id(sample_id, k)})
-                k += 1
-            extra, j = {**extra, "tool_calls": pending}, 0
-        elif role == "tool" and pending:
-            call = pending[min(j, len(pending) - 1)]
-            extra, j = {"tool_call_id": call["id"], "name": call["function"]["name"], **extra}, j + 1
-        out.append((role, parts, extra))
-    return out
-
-
-def _call_id(sample_id: str, k: int) -> str:
-    """Deterministic, 9 alphanumeric characters (Mistral's templates refuse any other length)."""
-    return hashlib.sha256(f"{sample_id}\0{k}".encode()).hexdigest()[:9]
-
-
-def _tools(row: Mapping[str, Any]) -> tuple[dict, ...]:
-    value = row.get("tools")
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return ()
-    value = _json_value(value, "field 'tools'")
-    items = [value] if isinstance(value, Mapping) else value
-    if not isinstance(items, (list, tuple)):
-        raise SampleError("malformed_record", f"field 'tools' is {_short(value)}; give a list of function "
-                          "definitions {'name', 'description', 'parameters'} (or a JSON string of one)")
-    out = []
-    for k, tool in enumerate(items):
-        fn = tool.get("function") if isinstance(tool, Mapping) else None
-        if isinstance(fn, Mapping) and isinstance(fn.get("name"), str):
-            out.append({"type": tool.get("type") or "function", "function": dict(fn)})
-        elif isinstance(tool, Mapping) and isinstance(tool.get("name"), str):
-            out.append({"type": "function", "function": dict(tool)})
-        else:
-            raise SampleError("malformed_record", f"tools[{k}] is {_short(tool)}; each tool must be a function "
-                              "definition with a 'name' ({'name', 'description', 'parameters'})")
-    return tuple(out)
 
 
 # ---- content and images ---------------------------------------------------------------------
@@ -404,17 +421,122 @@ def _typed_part(part: Any, i: int) -> list[tuple[str, Any]]:
     elif kind is None and _first(part, "image", "image_url") is not None:
         kind = "image"
     if kind in _TEXT_PART_TYPES:
-        if not isinstance(part.get("text"), str):
-            raise SampleError("malformed_record", f"turn {i} has a text part without a 'text' string: "
-                              f"{_short(part)}")
-        return [("text", part["text"])] if part["text"] else []
+        text = part.get("text") if part.get("text") is not None else part.get("value")  # LLaMA-Factory v1: value
+        if not isinstance(text, str):
+            raise SampleError("malformed_record", f"turn {i} has a text part without a 'text' (or 'value') "
+                              f"string: {_short(part)}")
+        return [("text", text)] if text else []
     if kind in _IMAGE_PART_TYPES:
-        ref = _first(part, "image", "image_url", "path", "url")
+        ref = _first(part, "image", "image_url", "path", "url", "value")
         if isinstance(ref, Mapping) and all(v is None for v in ref.values()):
             ref = None  # an Arrow struct column with every field null: no inline image
         return [("image", _BARE if ref is None else ref)]
+    if kind in _MEDIA_PART_TYPES:
+        what = _MEDIA_PART_TYPES[kind]
+        raise SampleError("unsupported_media", f"turn {i} has a {kind!r} part: {what} is not supported yet "
+                          f"(wdspack packs text and images); {_MEDIA_FIX[what]}")
     raise SampleError("malformed_record", f"turn {i} has a content part of type {kind!r}; accepted types "
-                      f"are {', '.join(_TEXT_PART_TYPES + _IMAGE_PART_TYPES)}")
+                      f"are {', '.join(_TEXT_PART_TYPES + _IMAGE_PART_TYPES)} (and tool_call in assistant turns)")
+
+
+# ---- media wdspack does not pack yet -----------------------------------------------------------
+
+_MEDIA_FIX = {  # what a user can do today; the record itself is dropped and counted
+    "video": "to train on it now, give sampled frames as images ('images' with one <image> per frame)",
+    "audio": "leave audio records out of this job",
+    "grounding objects": "to train on them now, write the boxes into the text in the model's own grounding "
+                         "format (ms-swift's docs show Qwen2-VL's)",
+}
+
+
+def _check_media_fields(row: Mapping[str, Any]) -> None:
+    for key, what in MEDIA_FIELDS.items():
+        if _filled(row.get(key)):
+            fills = " (ms-swift fills '<ref-object>'/'<bbox>' from it)" if key == "objects" else ""
+            raise SampleError("unsupported_media", f"field {key!r} holds {_short(row[key])}{fills}: {what} "
+                              f"{'are' if key == 'objects' else 'is'} not supported yet (wdspack packs text and "
+                              f"images); {_MEDIA_FIX[what]}")
+
+
+def _filled(value: Any) -> bool:
+    """Whether a media field holds anything (an empty list, string or ``{"ref": [], "bbox": []}`` does not)."""
+    if value is None:
+        return False
+    if isinstance(value, str):
+        return bool(value.strip())
+    if isinstance(value, Mapping):
+        return any(_filled(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_filled(v) for v in value)
+    return True
+
+
+def _check_media_placeholders(turns: list[Turn]) -> None:
+    """A ``<video>``/``<audio>`` placeholder in a prompt (user or system turn) with no field behind it
+    (a renamed column, say) is dropped too: packed, it would teach the model to answer a literal tag."""
+    for i, (role, parts, _) in enumerate(turns):
+        if role not in ("user", "system"):
+            continue
+        for kind, value in parts:
+            found = _MEDIA_PLACEHOLDER_RE.search(value) if kind == "text" else None
+            if found:
+                raise SampleError("unsupported_media", f"turn {i} holds the placeholder {found.group(0)!r}: "
+                                  f"{found.group(1)} is not supported yet (wdspack packs text and images; a "
+                                  f"literal HTML {found.group(0)} tag in a prompt reads the same); "
+                                  f"{_MEDIA_FIX[found.group(1)]}")
+
+
+# ---- MiniCPM-V's named images ------------------------------------------------------------------
+
+
+def _named_images(row: Mapping[str, Any]) -> dict[str, Any] | None:
+    """MiniCPM-V's ``image`` dict ``{"<image_00>": path, ...}``, or None for any other ``image``."""
+    value = row.get("image")
+    if not isinstance(value, Mapping) or not value or not all(isinstance(k, str) for k in value):
+        return None
+    if not all(_NAMED_RE.fullmatch(k) for k in value):
+        return None  # e.g. a {"bytes", "path"} struct
+    for key, ref in value.items():
+        if ref is None:
+            raise SampleError("malformed_record", f"image[{key!r}] is null; give the image's path or remove the "
+                              "key (and its placeholder)")
+    return dict(value)
+
+
+def _place_named(turns: list[Turn], named: dict[str, Any]) -> list[Turn]:
+    """Each ``<image_NN>`` in the text becomes that image; with none named anywhere, all of them
+    (in key order) go at the start of the first user turn, as MiniCPM-V's fine-tuning code does."""
+    used: set[str] = set()
+    out: list[Turn] = []
+    for i, (role, parts, extra) in enumerate(turns):
+        new: list[tuple[str, Any]] = []
+        for kind, value in parts:
+            if kind != "text":
+                new.append((kind, value))
+                continue
+            pieces = _NAMED_RE.split(value)  # text, digits, text, digits, ..., text
+            for k, piece in enumerate(pieces):
+                if k % 2 == 0:
+                    if piece:
+                        new.append(("text", piece))
+                    continue
+                key = f"<image_{piece}>"
+                if key not in named:
+                    raise SampleError("placeholder_mismatch", f"turn {i} names the image {key!r}, which the "
+                                      f"'image' dict does not have (keys: {sorted(named)[:8]}); add it or "
+                                      "remove the placeholder")
+                used.add(key)
+                new.append(("image", named[key]))
+        out.append((role, new, extra))
+    if not used:
+        order = sorted(named, key=lambda k: int(k[len("<image_"):-1]))  # keys matched _NAMED_RE
+        return _place_images(out, [named[k] for k in order])
+    unused = sorted(set(named) - used)
+    if unused:
+        raise SampleError("placeholder_mismatch", f"the 'image' dict has {unused[:8]} that no turn names; "
+                          "put each key where its image belongs in the text, or name none of them to put all "
+                          "the images first")
+    return out
 
 
 def _check_turns(turns: list[Turn], pool: list) -> None:
@@ -464,19 +586,23 @@ def _place_images(turns: list[Turn], pool: list) -> list[Turn]:
             for role, parts, extra in turns]
 
 
-def _finish(turns: list[Turn], sample_id: str, image_root: str, tools: tuple[dict, ...]) -> Record:
+def _finish(turns: list[Turn], sample_id: str, image_root: str, tools: tuple[dict, ...],
+            absolute_images: bool) -> Record:
     messages: list[dict] = []
     images: list[bytes] = []
+    names: list[str] = []
     for role, parts, extra in turns:
         content: list[dict] = []
         for kind, value in parts:
             if kind == "image":
-                images.append(load_image(value, image_root))
+                images.append(load_image(value, image_root, absolute_ok=absolute_images))
+                names.append(image_name(value))
                 content.append({"type": "image"})
             else:
                 content.append({"type": "text", "text": value})
         messages.append({"role": role, "content": content or [{"type": "text", "text": ""}], **extra})
-    return Record(sample_id=sample_id, messages=tuple(messages), images=tuple(images), tools=tools)
+    return Record(sample_id=sample_id, messages=tuple(messages), images=tuple(images), tools=tools,
+                  image_names=tuple(names))
 
 
 def _short(value: Any, limit: int = 60) -> str:
