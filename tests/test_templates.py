@@ -154,3 +154,21 @@ def test_a_template_without_an_end_of_turn_token_is_warned_about(nemo_config):
     assert "ends an assistant turn in no special token" in warning and "--chat-template" in warning
     assert "'</s>'" in warning  # the tokenizer's end-of-sequence token, named as the fix
     assert get_builder(nemo_config).template_warnings() == []  # turns end in </s>
+
+
+def test_the_pack_job_logs_the_template_warning_once(tmp_path, nemo_config, caplog):
+    import sys
+
+    from wdspack.pipeline import PackConfig, pack_dataset
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    from tiny_vlm.llava import LLAVA_TEMPLATE
+
+    rows = [{"messages": [{"role": "user", "content": f"Hi {k}"}, {"role": "assistant", "content": f"Yo {k}"}]}
+            for k in range(3)]
+    (tmp_path / "chats.json").write_text(json.dumps(rows), encoding="utf-8")
+    config = SampleConfig(nemo_config.tokenizer, chat_template=LLAVA_TEMPLATE, tokens_per_image=4, image_token="[IMG]")
+    with caplog.at_level("WARNING", logger="wdspack"):
+        pack_dataset([str(tmp_path / "chats.json")], tmp_path / "out", sample_config=config,
+                     config=PackConfig(seq_len=256))
+    assert [r.getMessage() for r in caplog.records].count(get_builder(config).template_warnings()[0]) == 1

@@ -50,6 +50,7 @@ DROP_REASONS: dict[str, str] = {
     "too_many_images": "the sample has more images than max_images",
     "duplicate_id": "another sample already has this id",
     "unsupported_media": "the record has video, audio or grounding objects, which are not supported yet",
+    "unmaskable_turn": "an assistant turn cannot be located in the chat template's rendering (naming the turn)",
 }
 
 

@@ -9,8 +9,10 @@ A sample after building (Pixtral-style template, 2 tokens per image for the draw
 The mask is found by rendering the conversation's prefixes with the chat template: the text
 between ``messages[:i]`` with a generation prompt and ``messages[:i+1]`` is assistant turn i.
 The full text is tokenized once with character offsets and every token inside such a span is a
-target. This needs a prefix-stable template (rendering the first turns is a prefix of rendering
-all of them), which chat templates are as a rule; one that is not is refused with a clear error.
+target. In a prefix-stable template (rendering the first turns is a prefix of rendering all of
+them) the turn sits where the prefix ends; in one that is not (Mistral's move the tools and the
+system prompt into the last user turn) the turn's text is found in the full rendering, after the
+previous turn. A turn found in neither way drops its record (``unmaskable_turn``).
 Each image part becomes the image token once in the text; after tokenizing, each occurrence is
 expanded to the image's token count (fixed, or from the model's image processor and the image's
 header size).
@@ -34,7 +36,7 @@ import io
 import os
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any, Protocol
 
 import numpy as np
@@ -224,23 +226,76 @@ class SampleBuilder:
     def _render(self, messages: list[dict], sid: str, *,
                 tools: list[dict] | None = None) -> tuple[str, list[tuple[int, int]]]:
         """The full text and the character spans of the assistant turns (tool calls included: they
-        are what the model says; tool results are not)."""
+        are what the model says; tool results are not).
+
+        Assistant turn ``i`` is what rendering ``messages[:i+1]`` adds to rendering ``messages[:i]``
+        with a generation prompt, where both are prefixes of the full text (a first turn starts where
+        its words do: the template's opening, a system prompt and the assistant header, is no target). Where they are not (Mistral's templates write the tools and the
+        system prompt into whichever user turn is last), the turn's own text is cut from the end of
+        ``messages[:i+1]``'s rendering (where it departs from the same turns with the turn's words
+        replaced by a marker) and found in the full text after the previous turn. A turn found in
+        neither way (a template that rewrites earlier turns) drops its record, naming the turn.
+        """
         try:
             text = self._apply(messages, generation_prompt=False, tools=tools)
         except Exception as e:  # jinja raises on templates that reject a conversation shape
             raise SampleError("malformed_record", f"the chat template rejected the conversation: {e}", sid) from None
-        spans = []
+        spans: list[tuple[int, int]] = []
         for i, m in enumerate(messages):
             if m["role"] != "assistant":
                 continue
-            before = self._apply(messages[:i], generation_prompt=True, tools=tools) if i else ""
             after = self._apply(messages[: i + 1], generation_prompt=False, tools=tools)
-            if not (text.startswith(after) and after.startswith(before)):
-                raise ConfigError("the chat template is not prefix-stable (rendering the first turns of a "
-                                  "conversation is not a prefix of rendering all of them), so assistant turns "
-                                  "cannot be located; pass a prefix-stable template with --chat-template")
-            spans.append((len(before), len(after)))
+            if i:
+                before = self._apply(messages[:i], generation_prompt=True, tools=tools)
+            else:  # the template's opening (system prompt, assistant header) is no target
+                first = self._turn_text([], after, tools=tools)
+                before = after[:len(after) - len(first)] if first else ""
+            if text.startswith(after) and after.startswith(before):
+                spans.append((len(before), len(after)))
+                continue
+            turn = self._turn_text(messages[:i], after, tools=tools)
+            at = text.find(turn, spans[-1][1] if spans else 0) if turn else -1
+            if at < 0:
+                raise SampleError("unmaskable_turn", f"assistant turn {i} cannot be located: the chat template "
+                                  "renders it differently inside the whole conversation than at its end (e.g. it "
+                                  "rewrites earlier turns); pass a template that does not (--chat-template)", sid)
+            spans.append((at, at + len(turn)))
         return text, spans
+
+    def _turn_text(self, earlier: list[dict], after: str, *, tools: list[dict] | None) -> str:
+        """The text of the last turn of ``after`` (the rendering of ``earlier`` + an assistant turn):
+        from where it departs from ``earlier`` + a turn whose words are a marker ("" if it cannot tell)."""
+        marked = [*earlier, self._message({"role": "assistant", "content": [{"type": "text", "text": _MARK}]})]
+        try:
+            other = self._apply(marked, generation_prompt=False, tools=tools)
+        except Exception:  # a template that refuses the marked turn: nothing to compare with
+            return ""
+        at = len(os.path.commonprefix([after, other]))
+        return after[at:] if other.startswith(_MARK, at) else ""
+
+    def template_warnings(self) -> list[str]:
+        """What is wrong with the chat template for training, though it renders: today, an assistant
+        turn that ends in no special token (llava-1.5-hf's ``ASSISTANT: text ``), so the model would
+        never learn to stop. The pack job logs these once, in the driver."""
+        if not self.template:
+            return []
+        probe = [self._message({"role": "user", "content": [{"type": "text", "text": "Hi"}]}),
+                 self._message({"role": "assistant", "content": [{"type": "text", "text": "Hello"}]})]
+        try:
+            text, spans = self._render(probe, "template probe")
+        except (SampleError, ConfigError):
+            return []  # a template that cannot render a plain chat fails on the records themselves
+        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        last = [i for i, (a, b) in enumerate(enc["offset_mapping"]) if b > a and a >= spans[0][0] and b <= spans[0][1]]
+        special = set(self.tokenizer.all_special_ids) | {
+            i for i, t in self.tokenizer.added_tokens_decoder.items() if getattr(t, "special", False)}
+        if last and enc["input_ids"][last[-1]] in special:
+            return []
+        end = repr(text[spans[0][1] - 12:spans[0][1]])
+        eos = f" (e.g. {self.tokenizer.eos_token!r})" if self.tokenizer.eos_token else ""
+        return [f"the chat template of {self.name!r} ends an assistant turn in no special token (a turn ends "
+                f"...{end}), so the model never learns to stop; pass --chat-template with one that ends each "
+                f"assistant turn in the end-of-turn token{eos}"]
 
     def _template_renders_tools(self) -> dict[str, Any]:
         """Which parts of tool calling the template renders: ``tools`` (the definitions), ``tool_calls``
@@ -393,6 +448,10 @@ class SampleBuilder:
         if not mask.any():
             raise SampleError("no_assistant_turn", "no token is a training target after templating", sid)
         return Sample(sid, ids.astype(np.uint32), mask, tuple(images), tuple(counts))
+
+
+#: Stands for an assistant turn's words when locating the turn (a private-use character: in no real text).
+_MARK = "\ue000"
 
 
 def _typed_content(parts: list[dict]) -> list[dict]:
