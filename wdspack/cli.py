@@ -144,7 +144,11 @@ def _add_pack(sub) -> None:
                        epilog=_PACK_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sources", nargs="+", metavar="SOURCE",
                    help="JSON/JSONL (LLaVA or messages), Parquet, a save_to_disk folder; files, folders or globs; "
-                        "local or fsspec URLs (s3://..., hf://datasets/ORG/NAME@REV/...)")
+                        "local or fsspec URLs (s3://..., hf://datasets/ORG/NAME@REV/...). SOURCE::ROOT gives a "
+                        "source its own image root (a.jsonl::imgs/a b.jsonl::imgs/b). A meta file stands for the "
+                        "datasets it lists, each with its own root: an InternVL meta JSON, LLaMA-Factory's "
+                        "dataset_info.json (pick entries with dataset_info.json#NAME,NAME), a LLaVA-NeXT data "
+                        "YAML. An id found in two sources is packed as SOURCE_NAME/ID")
     p.add_argument("--output", "-o", required=True, help="dataset folder to create (a path or an fsspec URL)")
     p.add_argument("--tokenizer", help="tokenizer name or local path (loaded with AutoTokenizer)")
     p.add_argument("--processor", metavar="NAME_OR_PATH",
@@ -159,7 +163,8 @@ def _add_pack(sub) -> None:
                         "nanoVLM, 576 for LLaVA-1.5; any, e.g. 0, for data without images), or "
                         "processor:NAME_OR_PATH for a dynamic-resolution image processor's count")
     p.add_argument("--image-token", help="the tokenizer's image token placeholders expand to, e.g. '<image>'")
-    p.add_argument("--image-root", help="folder (or URL) image paths are relative to (default: each source's folder)")
+    p.add_argument("--image-root", help="folder (or URL) image paths are relative to, for the sources without "
+                                        "their own (SOURCE::ROOT or a meta file's); default: each source's folder")
     p.add_argument("--max-image-side", type=int, help="downscale larger images to this longest side at pack time")
     # ---- captions (WebDataset shards) and documents (texts + images, or text): wdspack.pretrain
     p.add_argument("--caption-template", metavar="TEXT",
@@ -306,10 +311,12 @@ def _add_verify(sub) -> None:
                                    "format's invariants and budgets, and with --source prove every source "
                                    "sample is in exactly one pack or in the dropped list.",
                        epilog="examples:\n  wdspack verify packed/\n"
-                              "  wdspack verify packed/ --source data/llava.jsonl",
+                              "  wdspack verify packed/ --source data/llava.jsonl\n"
+                              "  wdspack verify packed/ --source a.jsonl::imgs/a b.jsonl::imgs/b  # as given to pack",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dataset", help="dataset folder, https:// or hf://datasets/ORG/NAME[@REV]")
-    p.add_argument("--source", nargs="+", metavar="SOURCE", help="the original inputs")
+    p.add_argument("--source", nargs="+", metavar="SOURCE",
+                   help="the original inputs, as given to pack (SOURCE::ROOT and meta files too)")
     p.add_argument("--image-root", help="as given to pack")
     p.set_defaults(run=_run_verify)
 

@@ -32,6 +32,7 @@ uninterrupted run.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import math
@@ -54,7 +55,8 @@ from .manifest import DROPPED_NAME, MANIFEST_NAME, Manifest, ShardInfo
 from .pack_index import INDEX_NAME, build_index, encode_index, index_entry, member_offsets
 from .packing import ALGORITHMS, plan_packs
 from .samples import SampleConfig, get_builder
-from .sources import Partition, iter_records, list_partitions
+from .sources import Partition, Source, iter_records, list_partitions
+from .sources.meta import collision_key, namespaced
 from .storage import Location, stat_tag
 from .writer import ShardWriter, shard_name
 
@@ -187,12 +189,13 @@ class _Measured:
     image_tokens: list[np.ndarray] = field(default_factory=list)
     targets: list[np.ndarray] = field(default_factory=list)
     dropped: list[Dropped] = field(default_factory=list)
+    dropped_part: list[int] = field(default_factory=list)  # the task each drop came from
     records: int = 0
     describe: dict[str, Any] | None = None
 
 
 def pack_dataset(
-    sources: Sequence[str],
+    sources: Sequence[str | Source],
     output: str | os.PathLike[str],
     *,
     sample_config: SampleConfig,
@@ -205,12 +208,16 @@ def pack_dataset(
 
     Args:
         sources: files, folders or globs (JSON/JSONL/Parquet/``save_to_disk`` folders), local or
-            fsspec URLs (``s3://…``, ``hf://datasets/ORG/NAME@REV/…``).
+            fsspec URLs (``s3://…``, ``hf://datasets/ORG/NAME@REV/…``); ``"PATH::ROOT"`` (or a
+            :class:`~wdspack.sources.Source`) with its own image root; InternVL meta files, LLaMA-Factory
+            ``dataset_info.json`` and LLaVA-NeXT data YAMLs for the datasets they list. An id that
+            two sources share is packed as ``{source}/{id}`` (see :mod:`wdspack.sources.meta`).
         output: the dataset folder to create (a path, or an fsspec URL such as ``s3://bucket/ds``).
         sample_config: tokenizer, chat template and image-token policy.
         config: budgets, algorithm, seed, shard size, error policy, and where tasks run
             (``workers``, ``executor``, ``ray_address``).
-        image_root: folder (or URL) image paths are relative to (default: each source file's folder).
+        image_root: folder (or URL) image paths are relative to, for the sources without their own
+            (default: each source file's folder).
         resume: continue an interrupted job in ``output`` (same arguments), keeping finished work.
         progress: show progress bars on stderr.
 
@@ -230,19 +237,21 @@ def pack_dataset(
     provenance = {"image_root": image_root, "max_image_side": sample_config.max_image_side,
                   "max_image_pixels": sample_config.max_image_pixels}
     return run_job(Location(output), fingerprint, _measure_partition, tasks, config,
-                   describe=lambda: get_builder(sample_config).describe(), sources=sources,
-                   provenance=provenance, resume=resume, progress=progress, start=start)
+                   describe=lambda: get_builder(sample_config).describe(), sources=[str(s) for s in sources],
+                   provenance=provenance, resume=resume, progress=progress, start=start,
+                   source_names=[p.source for p in partitions])
 
 
 def run_job(out: Location, fingerprint: str, measure: Callable[..., Any], tasks: list[tuple], config: PackConfig, *,
             describe: Callable[[], dict[str, Any]], sources: Sequence[str], provenance: dict[str, Any],
             resume: bool, progress: bool, start: float, carried: Sequence[Dropped] = (),
-            samples_read: int | None = None) -> PackSummary:
+            samples_read: int | None = None, source_names: Sequence[str] = ()) -> PackSummary:
     """Spool samples with ``measure(*task, work)``, then plan, write shards and the manifest.
 
     Shared by :func:`pack_dataset` (tasks read and tokenize source partitions) and
     :func:`wdspack.reshard.reshard_dataset` (tasks split existing packs back into samples).
     ``carried`` are drops inherited from an earlier job; ``samples_read`` overrides the count.
+    ``source_names[i]`` names the source of task ``i`` (ids two sources share are prefixed with it).
 
     Everything that can be checked without reading the records is checked before the output is
     touched: the executor, and ``describe()``, which builds the tokenizer, processor and chat
@@ -258,7 +267,7 @@ def run_job(out: Location, fingerprint: str, measure: Callable[..., Any], tasks:
         return _summary_from_manifest(out, time.perf_counter() - start)
     measured = _measure(measure, tasks, work, config, progress=progress)
     info = measured.describe or info
-    table = _select(measured, config)
+    table = _select(measured, config, source_names=source_names)
     _check_drops(out, measured, table, config, carried=carried)
     plan = _plan(table, config)
     shard_plans = _assign_shards(plan, table, config, token_itemsize=_itemsize(info))
@@ -297,7 +306,8 @@ def _fingerprint(partitions: Sequence[Partition], sample_config: SampleConfig, c
     for p in partitions:
         if p.path not in tags:
             tags[p.path] = stat_tag(p.path)
-        inputs.append([p.path, p.kind, p.start, p.stop, p.first_row, p.image_root, *tags[p.path]])
+        inputs.append([p.path, p.kind, p.start, p.stop, p.first_row, p.image_root, *tags[p.path]]
+                      + ([p.source, repr(p.row_map)] if p.source or p.row_map else []))  # ids, renames
     blob = json.dumps({"inputs": inputs, "samples": asdict(sample_config), "config": config.output_fields(),
                        "version": __version__}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
@@ -370,6 +380,7 @@ def _measure(fn: Callable[..., Any], tasks: list[tuple], work: Location, config:
         m.length.append(np.frombuffer(meta["lengths"], np.int64))
         m.part.append(np.full(n, i, np.int64))
         m.dropped.extend(Dropped(*d) for d in meta["dropped"])
+        m.dropped_part.extend([i] * len(meta["dropped"]))
         m.records += meta["records"]
         m.describe = m.describe or meta["describe"]
     return m
@@ -498,18 +509,48 @@ def _on_drop(d: Dropped, on_error: str) -> None:
 # Select and plan: integers only
 
 
-def _select(m: _Measured, config: PackConfig) -> dict[str, Any]:
-    """Concatenate the arrays, drop duplicates and samples over a budget (with reasons)."""
+def _namespace(m: _Measured, part: np.ndarray, source_names: Sequence[str]) -> None:
+    """Ids that appear in more than one source become ``{source}/{id}``, packed and dropped alike
+    (pieces ``{id}#{k}`` of a split document follow their document); ids unique in the job stay.
+
+    Only a job of several sources pays for it: one dict entry per id while it runs.
+    """
+    if len(set(source_names)) < 2:
+        return
+    owner: dict[str, str | None] = {}  # collision key -> its one source, or None once a second is seen
+    pairs = ((sid, source_names[int(p)]) for sid, p in zip(m.ids, part))
+    drops = ((d.sample_id, source_names[p]) for d, p in zip(m.dropped, m.dropped_part))
+    for sid, source in itertools.chain(pairs, drops):
+        key = collision_key(sid)
+        if owner.setdefault(key, source) not in (source, None):
+            owner[key] = None
+    if None not in owner.values():
+        return
+    for j, (sid, p) in enumerate(zip(m.ids, part)):
+        if owner[collision_key(sid)] is None:
+            m.ids[j] = namespaced(source_names[int(p)], sid)
+    for k, (d, p) in enumerate(zip(m.dropped, m.dropped_part)):
+        if owner[collision_key(d.sample_id)] is None:
+            m.dropped[k] = Dropped(namespaced(source_names[p], d.sample_id), d.reason, d.detail)
+
+
+def _select(m: _Measured, config: PackConfig, *, source_names: Sequence[str] = ()) -> dict[str, Any]:
+    """Concatenate the arrays, name ids that collide across sources by their source, drop
+    duplicates and samples over a budget (with reasons)."""
     cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64)  # noqa: E731
-    tok, img = cat(m.tokens), cat(m.images)
+    tok, img, part = cat(m.tokens), cat(m.images), cat(m.part)
+    _namespace(m, part, source_names)
+    several = len(set(source_names)) > 1
     keep = np.ones(tok.size, bool)
     dropped: list[Dropped] = []
     seen: set[str] = set()
     for j, sid in enumerate(m.ids):
         if sid in seen:
             keep[j] = False
-            dropped.append(Dropped(sid, "duplicate_id", f"id {sid!r} appears more than once; "
-                                   "the first occurrence is kept — give samples unique ids"))
+            where = f" of source {source_names[int(part[j])]!r}" if several else ""
+            dropped.append(Dropped(sid, "duplicate_id", f"id {sid!r} is used by more than one record{where}; "
+                                   "the first is kept: give every record its own 'id' (or remove the 'id' "
+                                   "fields to name records '{file}:{row}')"))
             continue
         seen.add(sid)
         if tok[j] > config.seq_len:
@@ -522,8 +563,10 @@ def _select(m: _Measured, config: PackConfig) -> dict[str, Any]:
                                    f"{config.max_images}; raise --max-images to keep it"))
     if config.on_error == "raise" and dropped:
         d = dropped[0]
-        raise SampleError(d.reason, f"{d.detail} (or pass --on-error skip)", sample_id=d.sample_id)
-    table = {"ids": m.ids, "tokens": tok, "images": img, "part": cat(m.part), "offset": cat(m.offset),
+        # a duplicate is fixed in the ids: dropping it would lose a record silently
+        skip = "" if d.reason == "duplicate_id" else " (or pass --on-error skip)"
+        raise SampleError(d.reason, f"{d.detail}{skip}", sample_id=d.sample_id)
+    table = {"ids": m.ids, "tokens": tok, "images": img, "part": part, "offset": cat(m.offset),
              "length": cat(m.length), "image_bytes": cat(m.image_bytes), "image_tokens": cat(m.image_tokens),
              "targets": cat(m.targets), "keep": keep, "dropped": dropped}
     for column in (m.tokens, m.images, m.part, m.offset, m.length, m.image_bytes, m.image_tokens, m.targets):
@@ -570,6 +613,12 @@ def _check_drops(out: Location, m: _Measured, table: dict[str, Any], config: Pac
                 f"--max-drop-fraction {limit:g}; nothing was written but {listing}:")
         fix = (f"fix the inputs (a wrong --image-root? a layout wdspack does not read?), or accept these drops: "
                f"run the same command with --resume --max-drop-fraction {accept:g} (the tokenized samples are kept)")
+        if counts["duplicate_id"]:  # never accepted by a tolerance: each one is a record lost
+            fix = (f"{counts['duplicate_id']} records reuse the id of an earlier record of their own source "
+                   "(duplicate_id): fix the ids, not the tolerance: give every record its own 'id', or remove "
+                   "the 'id' fields (records without one are named '{file}:{row}'). The same id in two sources "
+                   "needs no fix: each is packed as '{source}/{id}'. Then pack again into a new --output"
+                   + (" (and fix the inputs of the other drops)" if len(counts) > 1 else ""))
     raise TooManyDropsError("\n".join([head, *lines, fix]))
 
 
@@ -627,8 +676,9 @@ def _write_shards(shard_plans, table, work: Location, out: Location, describe, c
             todo.append((j, out.join(name)))
     kept = len(infos)
     # Built lazily: the executor holds the sample refs of the shards in flight, not of all of them.
-    tasks = ((j, [[(int(table["part"][s]), int(table["offset"][s]), int(table["length"][s])) for s in pack]
-                  for pack in shard_plans[j]], str(work), path, token_dtype) for j, path in todo)
+    # Each ref carries the sample's id as the table has it (an id two sources share is namespaced).
+    tasks = ((j, [[(int(table["part"][s]), int(table["offset"][s]), int(table["length"][s]), table["ids"][s])
+                   for s in pack] for pack in shard_plans[j]], str(work), path, token_dtype) for j, path in todo)
     for j, info, where in _run(_write_shard, tasks, config, total=len(todo), desc="write", unit="shard",
                                progress=progress):
         infos[j], offsets[j] = info, where
@@ -639,7 +689,10 @@ def _write_shard(j: int, refs, work: str, path: str, token_dtype: str) -> tuple[
     """Assemble and write one shard; keys are ``{shard:06d}{pack:06d}``."""
     with _SpoolReader(work) as spool, ShardWriter(path) as writer:
         for k, pack_refs in enumerate(refs):
-            pack = _assemble(spool.read(pack_refs))
+            samples = spool.read(pack_refs)
+            for sample, ref in zip(samples, pack_refs):
+                sample[0] = ref[3]  # the id the job gave it (the spool holds the source's own)
+            pack = _assemble(samples)
             writer.add(f"{j:06d}{k:06d}", encode_pack(pack, token_dtype=token_dtype),
                        samples=pack.num_samples, tokens=pack.num_tokens, images=pack.num_images)
         return j, writer.close(), writer.offsets
@@ -655,11 +708,11 @@ class _SpoolReader:
 
     def read(self, refs: Sequence[tuple[int, int, int]]) -> list[list[Any]]:
         if self._work.remote:
-            blobs = self._work.read_ranges([f"spool/{_bin_name(p)}" for p, _, _ in refs],
-                                           [o for _, o, _ in refs], [o + n for _, o, n in refs])
+            blobs = self._work.read_ranges([f"spool/{_bin_name(r[0])}" for r in refs],
+                                           [r[1] for r in refs], [r[1] + r[2] for r in refs])
         else:
             blobs = []
-            for part, offset, length in refs:
+            for part, offset, length, *_ in refs:
                 f = self._files.get(part)
                 if f is None:
                     f = self._files[part] = open(self._work.join("spool", _bin_name(part)), "rb")

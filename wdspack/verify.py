@@ -9,7 +9,9 @@ Checks, each problem reported as one line:
 - no sample id is in two packs or both packed and dropped; the totals add up;
 - the pack index (``pack_index.npy``), when the manifest names one, matches its digest and every
   pack's offset and costs;
-- with ``sources``: every source record is in exactly one pack or in the dropped list.
+- with ``sources`` (the SOURCEs given to pack, ``PATH::ROOT`` and meta files included): every
+  source record is in exactly one pack or in the dropped list, under the id the job gave it
+  (``{source}/{id}`` where two sources share an id).
 """
 
 from __future__ import annotations
@@ -117,10 +119,11 @@ def verify_dataset(dataset: str, *, sources: Sequence[str] | None = None,
 def _check_sources(sources, image_root, packed: set[str], dropped: set[str]) -> list[str]:
     from .sources import iter_records, list_partitions
 
-    seen: Counter[str] = Counter()
+    read: list[tuple[str, str]] = []  # (source name, id) of every source record, in order
     for part in list_partitions(list(sources), image_root=image_root):
-        for rec in iter_records(part):
-            seen[rec.sample_id] += 1
+        source = getattr(part, "source", "")  # anything partition-like reads as one unnamed source
+        read.extend((source, rec.sample_id) for rec in iter_records(part))
+    seen = _expected_ids(read)
     problems = []
     pieces, broken = _document_pieces(seen, packed | dropped)
     lost = [sid for sid in seen if sid not in packed and sid not in dropped and sid not in pieces]
@@ -133,6 +136,19 @@ def _check_sources(sources, image_root, packed: set[str], dropped: set[str]) -> 
         problems.append(f"{len(broken)} split documents do not have all their pieces #0..#n-1 (or also appear "
                         f"whole), e.g. {broken[:3]}")
     return problems
+
+
+def _expected_ids(read: list[tuple[str, str]]) -> Counter[str]:
+    """The ids the pack job gives the source records: ``{source}/{id}`` where an id is in more than
+    one source (the rule of :func:`wdspack.pipeline._namespace`), else the record's own."""
+    from .sources.meta import collision_key, namespaced
+
+    owner: dict[str, str | None] = {}  # collision key -> its one source, or None once a second is seen
+    for source, sid in read:
+        key = collision_key(sid)
+        if owner.setdefault(key, source) not in (source, None):
+            owner[key] = None
+    return Counter(namespaced(source, sid) if owner[collision_key(sid)] is None else sid for source, sid in read)
 
 
 def _piece_of(sid: str, seen) -> str | None:

@@ -2,7 +2,7 @@
 
 ::
 
-    sources (files, folders, globs)
+    sources (files, folders, globs; SOURCE::ROOT; meta files listing datasets: see .meta)
         │ list_partitions: find files, cut them into partitions (no record is parsed)
         ▼
     Partition(path, kind, start, stop, first_row, image_root, name)   picklable, cheap
@@ -29,10 +29,11 @@ Example:
 
 from __future__ import annotations
 
+from .meta import Source
 from .partitions import FORMATS, Partition, list_partitions
 from .readers import iter_records
 from .documents import TextRecord
 from .records import ROLE_ALIASES, Record, build_record
 
-__all__ = ["FORMATS", "Partition", "ROLE_ALIASES", "Record", "TextRecord", "build_record", "iter_records",
-           "list_partitions"]
+__all__ = ["FORMATS", "Partition", "ROLE_ALIASES", "Record", "Source", "TextRecord", "build_record",
+           "iter_records", "list_partitions"]

@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 from ..errors import ConfigError, SourceError
 from ..storage import copy_to_local, filesystem, is_url, local_path, open_input, url_of, with_hub_revision
 from .documents import DOCUMENT_COLUMNS
+from .meta import RowMap, Source, expand_sources
 from .records import TEXT_COLUMNS
 from .scan import array_separators, jsonl_boundaries
 from .webdataset import scan_groups
@@ -63,6 +64,9 @@ class Partition:
             directly); it prefixes the ids of records without an ``id`` field.
         absolute_images: absolute image paths are read where they point (no image root was
             given, so ``image_root`` is only the file's folder); relative paths stay confined.
+        source: the name of the source (dataset) the file belongs to; ids that collide across
+            the sources of a job are prefixed with it (:mod:`.meta`).
+        row_map: column renames its rows need (a LLaMA-Factory entry's ``columns``/``tags``).
 
     Example:
         >>> p = Partition("/data/llava.jsonl", "jsonl", 0, 52_311, 0, "/data", "llava.jsonl")
@@ -78,6 +82,8 @@ class Partition:
     image_root: str
     name: str = ""
     absolute_images: bool = False
+    source: str = ""
+    row_map: RowMap | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,21 +93,23 @@ class _SourceFile:
     name: str
 
 
-def list_partitions(sources: Sequence[str], *, image_root: str | None = None,
+def list_partitions(sources: Sequence[str | Source], *, image_root: str | None = None,
                     records_per_partition: int = 1000) -> list[Partition]:
     """Partitions covering every record of the sources exactly once, in a deterministic order.
 
     Sources keep the order given; files found in a folder or by a glob are sorted. A file
-    reached twice is read once.
+    reached twice is read once (by the first source that reaches it).
 
     Args:
         sources: files, folders (searched recursively for ``.json``/``.jsonl``/``.parquet``
             files and ``save_to_disk`` folders; names starting with ``.`` are skipped) and globs;
             local paths or fsspec URLs (``s3://…``, ``hf://datasets/ORG/NAME@REV/…``). A remote
             JSON, JSONL or Arrow file is copied to the temp folder once to find its records;
-            Parquet needs only its footer.
-        image_root: the folder image paths are relative to (a path or URL); default: each
-            file's folder.
+            Parquet needs only its footer. ``SOURCE::ROOT`` (or a :class:`~.meta.Source`) gives
+            a source its own image root; InternVL meta files, LLaMA-Factory ``dataset_info.json``
+            and LLaVA-NeXT data YAMLs expand into the datasets they list (:mod:`.meta`).
+        image_root: the folder image paths are relative to (a path or URL), for the sources
+            without their own; default: each file's folder.
         records_per_partition: about how many records one partition holds.
 
     Raises:
@@ -115,19 +123,25 @@ def list_partitions(sources: Sequence[str], *, image_root: str | None = None,
     """
     if records_per_partition < 1:
         raise ConfigError(f"records_per_partition is {records_per_partition}; it must be at least 1")
-    root = _image_root(image_root) if image_root is not None else None
+    job_root = _image_root(image_root) if image_root is not None else None
     seen: set[str] = set()
     out: list[Partition] = []
-    for source in (s for given in sources for s in _expand_braces(str(given))):
-        for f in _expand(source):
+    for src in expand_sources(sources):
+        root = _image_root(src.image_root, given=f"{src}") if src.image_root is not None else job_root
+        for f in (f for s in _expand_braces(src.path) for f in _expand(s)):
             real = f.path if is_url(f.path) else os.path.realpath(f.path)
             if real in seen:
                 continue
             seen.add(real)
+            if src.row_map is not None and f.kind not in ("json", "jsonl"):
+                raise SourceError(f"dataset {src.name!r} renames columns ({dict(src.row_map.columns)}), which "
+                                  f"wdspack does for JSON/JSONL files, and {f.path!r} is {f.kind}; rename the "
+                                  "columns in the file, or convert it to JSONL")
             folder = root or _folder_of(f.path)
             parts = _partition_file(f, folder, records_per_partition)
             # No root given: an absolute image path means what it says (LLaVA-style files often hold them).
-            out.extend(parts if root else [replace(p, absolute_images=True) for p in parts])
+            out.extend(replace(p, absolute_images=not root, source=src.name or "", row_map=src.row_map)
+                       for p in parts)
     return out
 
 
@@ -147,13 +161,14 @@ def _folder_of(path: str) -> str:
     return os.path.realpath(os.path.dirname(path))
 
 
-def _image_root(path: str) -> str:
+def _image_root(path: str, *, given: str | None = None) -> str:
     if is_url(path):
         return with_hub_revision(path.rstrip("/"))
     real = os.path.realpath(os.path.expanduser(path))
     if not os.path.isdir(real):
-        raise SourceError(f"image root {path!r} is not a folder; pass --image-root as the folder the "
-                          "image paths in the records are relative to")
+        where = f"of source {given!r} (SOURCE::ROOT)" if given else "(--image-root)"
+        raise SourceError(f"image root {path!r} {where} is not a folder; give the folder the image paths in "
+                          "the records are relative to")
     return real
 
 

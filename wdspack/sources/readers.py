@@ -59,8 +59,10 @@ def iter_records(partition: Partition) -> Iterator[Record | TextRecord | Dropped
         raise SourceError(f"partition of {partition.path!r} has kind {partition.kind!r}; known kinds: "
                           f"{sorted(_READERS)}")
     name = partition.name or os.path.basename(partition.path)
+    rename = partition.row_map.apply if partition.row_map is not None else None  # a meta file's columns
     try:
         for row, raw in read(partition):
+            raw = rename(raw) if rename is not None and not isinstance(raw, SampleError) else raw
             yield _to_record(raw, f"{name}:{row}", partition.image_root, partition.absolute_images)
     except OSError as e:
         raise SourceError(f"source {partition.path!r} cannot be read: {e.strerror or e}") from None
