@@ -237,9 +237,18 @@ def pack_dataset(
     provenance = {"image_root": image_root, "max_image_side": sample_config.max_image_side,
                   "max_image_pixels": sample_config.max_image_pixels}
     return run_job(Location(output), fingerprint, _measure_partition, tasks, config,
-                   describe=lambda: get_builder(sample_config).describe(), sources=[str(s) for s in sources],
+                   describe=lambda: _describe_samples(sample_config), sources=[str(s) for s in sources],
                    provenance=provenance, resume=resume, progress=progress, start=start,
                    source_names=[p.source for p in partitions])
+
+
+def _describe_samples(sample_config: SampleConfig) -> dict[str, Any]:
+    """The tokenizer and image policy for the manifest; what is wrong with the template for training
+    (no end-of-turn target) is logged here, once per job, in the driver."""
+    builder = get_builder(sample_config)
+    for warning in builder.template_warnings():
+        logger.warning(warning)
+    return builder.describe()
 
 
 def run_job(out: Location, fingerprint: str, measure: Callable[..., Any], tasks: list[tuple], config: PackConfig, *,
