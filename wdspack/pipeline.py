@@ -225,7 +225,7 @@ def pack_dataset(
         A :class:`PackSummary`.
 
     Example:
-        >>> pack_dataset(["data/llava.jsonl"], "out", sample_config=SampleConfig("tok/"),
+        >>> pack_dataset(["data/llava.jsonl"], "out", sample_config=SampleConfig("tok/", tokens_per_image=64),
         ...              config=PackConfig(seq_len=4096, max_images=16))  # doctest: +SKIP
     """
     start = time.perf_counter()
