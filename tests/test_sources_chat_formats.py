@@ -241,7 +241,7 @@ def test_alpaca_system_history_and_images(tmp_path):
                           "instruction": "<image>\nWhat colour?", "output": "Red.", "images": ["a.png"]})
     assert [m["role"] for m in rec.messages] == ["system", "user", "assistant", "user", "assistant", "user",
                                                   "assistant"]
-    assert [_texts(m) for m in rec.messages] == ["Be brief.", "Hi", "Hello!", "2+2?", "4", "What colour?", "Red."]
+    assert [_texts(m) for m in rec.messages] == ["Be brief.", "Hi", "Hello!", "2+2?", "4", "\nWhat colour?", "Red."]
     assert rec.messages[5]["content"][0] == {"type": "image"} and rec.images == (_png(),)
 
 
