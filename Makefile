@@ -30,7 +30,7 @@ test: env
 lock:
 	$(PYTHON) -m venv build/piptools && build/piptools/bin/pip install --quiet pip-tools
 	build/piptools/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras --extra dev \
-	  --extra plot --extra models -c requirements/torch-cpu.txt -o $(LOCK) pyproject.toml
+	  --extra plot --extra models --extra lint --extra docs -c requirements/torch-cpu.txt -o $(LOCK) pyproject.toml
 
 # The suite on the newest releases pyproject.toml admits (not in CI: it tells what the next lock will meet).
 test-latest:
