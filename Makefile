@@ -49,5 +49,11 @@ bench: env
 	$(BIN)/python -W ignore tools/bench_wds.py --json docs/bench_wds.json
 	$(BIN)/python tools/bench_sources.py --json docs/bench_sources.json
 
+# The documentation site (mkdocs.yml, docs/) into build/site. --strict: any warning fails the build (a broken
+# link or anchor, a name of wdspack.__all__ without its API entry); the CLI and API pages are generated.
+.PHONY: docs
+docs: env
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d build/site
+
 clean:
 	rm -rf $(VENV) build .pytest_cache
