@@ -8,7 +8,7 @@ LOCK   := requirements/dev.lock
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: env demo test test-latest lock bench clean
+.PHONY: env demo test test-fast test-latest lock bench clean
 
 $(STAMP): $(LOCK) pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ demo: env
 
 test: env
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# The inner loop: everything but the integration tier (torchrun, Ray, servers, model families; tests/conftest.py).
+test-fast: env
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not integration"
 
 # Re-resolve the lock from pyproject.toml's ranges (newest releases that fit; run the suite after).
 lock:

@@ -1,8 +1,13 @@
-"""Shared fixtures: real tokenizers loaded offline.
+"""Shared fixtures (real tokenizers loaded offline, the demo dataset) and the two test tiers.
 
 - ``tekken_dir``: a folder holding the Pixtral tokenizer (``tekken.json`` from mistral_common).
 - ``pixtral_template``: the text of ``examples/chat_templates/pixtral.jinja``.
 - ``sample_config``: both as a :class:`~wdspack.samples.SampleConfig`, 16 ``[IMG]`` tokens per image.
+- ``demo_data``: ``examples/make_demo_data.py``'s dataset (150 records, seed 11), generated once per session.
+- ``demo_packed``: ``demo_data`` packed once per session with :data:`DEMO_PACK` (a folder and its summary).
+
+Tiers: the modules in :data:`INTEGRATION` and the tests marked ``slow`` are marked ``integration``;
+``make test-fast`` runs ``-m "not integration"`` (the inner loop), ``make test`` (CI) runs both.
 """
 
 from __future__ import annotations
@@ -13,6 +18,26 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+TESTS = ROOT / "tests"
+
+#: The integration tier: test modules (paths under tests/ without ``.py``; a folder ends in ``/``)
+#: that start processes or servers (torchrun, Ray, moto's S3, olah and HTTP servers), build model
+#: families and train them, or are slow for another reason. Chosen from ``--durations=0`` on the
+#: 2-core dev machine so that the rest, the fast tier, runs in under 4 minutes there. A fast module
+#: with one slow test marks that test ``@pytest.mark.slow`` instead, which puts it in this tier too.
+INTEGRATION = (
+    "models/",  # the model families, processor mode, Trainer/TRL/Accelerate and DDP training
+    "test_distributed",  # torchrun
+    "test_ray",  # a Ray cluster
+    "test_remote",  # the pack job on moto's S3
+    "test_s3_loader",  # the loader on moto's S3
+    "test_hub",  # olah, a Hub mirror
+    "test_http",  # HTTP servers
+)
+
+#: How ``demo_packed`` packs the demo: several shards, and the deliberately bad records dropped.
+DEMO_PACK = dict(seq_len=2048, max_images=6, shard_max_bytes=150_000, records_per_partition=40,
+                 max_drop_fraction=1.0)
 
 
 @pytest.fixture(scope="session")
@@ -37,8 +62,46 @@ def sample_config(tekken_dir, pixtral_template):
                         image_token="[IMG]")
 
 
+@pytest.fixture(scope="session")
+def demo_data(tmp_path_factory) -> Path:
+    """The demo dataset (``llava.jsonl``, ``messages.jsonl``, ``images/``), shared: never write into it."""
+    from demo_job import generate_demo
+
+    return generate_demo(tmp_path_factory.mktemp("demo"), records=150, seed=11)
+
+
+@pytest.fixture(scope="session")
+def demo_packed(tmp_path_factory, demo_data, sample_config):
+    """``(folder, summary)``: ``demo_data`` packed with :data:`DEMO_PACK`, shared: never write into it."""
+    from demo_job import demo_sources
+    from wdspack.pipeline import PackConfig, pack_dataset
+
+    out = tmp_path_factory.mktemp("demo-packed") / "ds"
+    summary = pack_dataset(demo_sources(demo_data), out, sample_config=sample_config, config=PackConfig(**DEMO_PACK))
+    return out, summary
+
+
+def _in_integration(path: Path) -> bool:
+    if not path.is_relative_to(TESTS):
+        return False
+    name = path.relative_to(TESTS).with_suffix("").as_posix()
+    return name in INTEGRATION or any(name.startswith(entry) for entry in INTEGRATION if entry.endswith("/"))
+
+
+def pytest_configure(config):
+    # A renamed or moved module would silently fall into the fast tier: name the stale entry instead.
+    stale = [e for e in INTEGRATION if not (TESTS / e).is_dir() and not (TESTS / f"{e}.py").is_file()]
+    if stale:
+        raise pytest.UsageError(f"tests/conftest.py INTEGRATION names {stale}, which are not in tests/: "
+                                "update the list to the modules' new paths")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` need a CUDA device: skipped (with the reason) where there is none."""
+    """Mark the integration tier; tests marked ``gpu`` are skipped (with the reason) without a CUDA device."""
+    for item in items:
+        if item.get_closest_marker("slow") or _in_integration(item.path):
+            item.add_marker(pytest.mark.integration)
+
     import torch
 
     if torch.cuda.is_available():

@@ -279,6 +279,7 @@ def check_nothing_half_written(out: Path) -> None:
                 decode_pack(tar.extractfile(m).read())
 
 
+@pytest.mark.slow  # CLI processes
 def test_full_disk_is_a_clear_error_and_leaves_nothing_half_written(bad_dataset, tekken_dir, tmp_path):
     path, images, *_ = bad_dataset
     out = tmp_path / "ds"

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from demo_job import demo_sources, generate_demo
+from demo_job import demo_sources
 from wdspack.cli import main
 from wdspack.codec import decode_pack
 from wdspack.errors import OutputError
@@ -27,13 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def demo_data(tmp_path_factory):
-    return generate_demo(tmp_path_factory.mktemp("demo"), records=150, seed=11)
-
-
-@pytest.fixture(scope="module")
 def packed(tmp_path_factory, demo_data, sample_config):
-    """The same data packed directly at 1024, 2048 and 4096 tokens."""
+    """The same data (conftest's demo) packed directly at 1024, 2048 and 4096 tokens."""
     base = tmp_path_factory.mktemp("packed")
     out = {}
     for seq_len in (1024, 2048, 4096):

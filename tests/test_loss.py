@@ -103,6 +103,7 @@ def _grads(model) -> list[torch.Tensor]:
     return [p.grad.clone() for p in model.parameters()]
 
 
+@pytest.mark.slow  # two rank processes (gloo)
 @pytest.mark.parametrize("mode", ["token", "sample"])
 def test_two_ranks_two_accumulation_steps_equal_one_process(dataset, tmp_path, mode):
     ranks = _run_ranks(dataset, tmp_path, mode)

@@ -402,6 +402,7 @@ def test_source_records_and_plain_strings_are_the_same_job(tmp_path, sample_conf
 # ---- determinism, resume, duplicates ----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_several_sources_are_deterministic_and_resume_identically(tmp_path, sample_config, monkeypatch):
     from wdspack import pipeline
 

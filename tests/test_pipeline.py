@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from demo_job import demo_sources, generate_demo, read_files
+from demo_job import demo_sources, read_files
 from wdspack import pipeline
 from wdspack.codec import decode_pack
 from wdspack.errors import ConfigError, Dropped, OutputError, SampleError, TooManyDropsError
@@ -27,11 +27,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SEQ_LEN, MAX_IMAGES = 2048, 6
 
 
-@pytest.fixture(scope="module")
-def demo_data(tmp_path_factory):
-    return generate_demo(tmp_path_factory.mktemp("demo"), records=160, seed=3)
-
-
 def _config(**kw):
     base = dict(seq_len=SEQ_LEN, max_images=MAX_IMAGES, shard_max_bytes=150_000, records_per_partition=40)
     base.update(kw)
@@ -39,10 +34,9 @@ def _config(**kw):
 
 
 @pytest.fixture(scope="module")
-def packed(tmp_path_factory, demo_data, sample_config):
-    out = tmp_path_factory.mktemp("packed") / "ds"
-    summary = pack_dataset(demo_sources(demo_data), out, sample_config=sample_config, config=_config())
-    return out, summary
+def packed(demo_packed):
+    # conftest packs the demo once per session, with _config() (its drop tolerance aside: no byte depends on it)
+    return demo_packed
 
 
 def _read_packs(root: Path):
@@ -121,6 +115,7 @@ def test_manifest_describes_the_job(packed):
     assert m.pack_index["file"] == "pack_index.npy" and m.pack_index["bytes"] == (out / "pack_index.npy").stat().st_size
 
 
+@pytest.mark.slow  # a process pool
 def test_two_runs_and_two_workers_give_identical_bytes(packed, demo_data, sample_config, tmp_path):
     out, _ = packed
     again = tmp_path / "again"
@@ -186,6 +181,7 @@ def test_resume_refuses_other_arguments(demo_data, sample_config, tmp_path, monk
                      resume=True)
 
 
+@pytest.mark.slow  # CLI processes killed and resumed
 def test_sigkill_at_random_points_then_resume(demo_data, tekken_dir, tmp_path):
     """A real SIGKILL of the CLI process, then --resume: the same bytes as an uninterrupted run."""
     template = ROOT / "examples" / "chat_templates" / "pixtral.jinja"

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from demo_job import demo_sources, generate_demo, read_files
+from demo_job import demo_sources, read_files
 from s3server import running_s3, upload_folder
 from wdspack import pipeline
 from wdspack.errors import ConfigError, OutputError, SourceError, TooManyDropsError
@@ -31,22 +31,17 @@ def s3(tmp_path_factory):
         yield server_and_fs
 
 
-@pytest.fixture(scope="module")
-def demo_data(tmp_path_factory):
-    return generate_demo(tmp_path_factory.mktemp("demo"), records=150, seed=11)
-
-
 def _config(**kw) -> PackConfig:
-    # 150 demo records hold its 6 deliberately bad ones, and a few are too long: accept the drops
+    # conftest's DEMO_PACK, which packed ``local``. 150 demo records hold its 6 deliberately bad ones, and a few
+    # are too long: accept the drops
     base = dict(seq_len=2048, max_images=6, shard_max_bytes=150_000, records_per_partition=40, max_drop_fraction=1.0)
     base.update(kw)
     return PackConfig(**base)
 
 
 @pytest.fixture(scope="module")
-def local(tmp_path_factory, demo_data, sample_config):
-    out = tmp_path_factory.mktemp("local") / "ds"
-    summary = pack_dataset(demo_sources(demo_data), out, sample_config=sample_config, config=_config())
+def local(demo_packed):
+    out, summary = demo_packed  # conftest packs the demo once per session
     assert summary.shards >= 3 and summary.samples_dropped > 0
     return out, read_files(out)
 

@@ -442,6 +442,7 @@ def _files(root: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(root.iterdir()) if p.is_file()}
 
 
+@pytest.mark.slow
 def test_alpaca_and_tool_files_pack_verify_and_are_deterministic(tmp_path, qwen_config):
     srcs = _write_formats(tmp_path / "data")
     first = pack_dataset(srcs, tmp_path / "a", sample_config=qwen_config, config=_pack_config())

@@ -360,6 +360,7 @@ def _files(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
 
 
+@pytest.mark.slow
 def test_pack_captions_and_documents_split_verify_and_repeat_byte_for_byte(tekken_dir, tmp_path, capsys):
     for j in range(2):
         _caption_shard(tmp_path / f"cap-{j}.tar", 7, start=100 * j)
