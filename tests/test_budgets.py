@@ -352,6 +352,7 @@ def qwen(tmp_path_factory):
     return processor, dataset, qwen2_5_vl
 
 
+@pytest.mark.slow  # Qwen2.5-VL's processor and model
 def test_processor_mode_without_a_limit_feeds_the_model(qwen):
     processor, dataset, qwen2_5_vl = qwen
     m = read_manifest(dataset)
