@@ -10,6 +10,7 @@ import importlib
 from typing import Any
 
 from .codec import FORMAT, Pack, decode_pack, encode_pack
+from ._version import __version__
 from .errors import (
     ConfigError,
     Dropped,
@@ -23,8 +24,6 @@ from .errors import (
 )
 from .manifest import Manifest, ShardInfo, read_manifest
 from .packing import ALGORITHMS, lower_bound, plan_packs
-
-__version__ = "0.1.0"
 
 _LAZY = {
     "PackConfig": "pipeline", "PackSummary": "pipeline", "pack_dataset": "pipeline",

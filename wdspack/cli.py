@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import __version__
+from ._version import __version__
 from .errors import ConfigError, WdspackError
 
 __all__ = ["main", "parse_size"]

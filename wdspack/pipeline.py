@@ -47,7 +47,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from . import __version__
+from ._version import __version__
 from .codec import Pack, encode_pack
 from .errors import ConfigError, Dropped, OutputError, SampleError, TooManyDropsError
 from .executors import EXECUTORS, ProgressLog, check_executor, progress_interval, run_tasks

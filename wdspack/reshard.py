@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__
+from ._version import __version__
 from .codec import decode_pack
 from .errors import Dropped, FormatError
 from .pipeline import PackConfig, PackSummary, SpoolWriter, run_job
