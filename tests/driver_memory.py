@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from wdspack.pipeline import WORK_DIR, PackConfig, SpoolWriter, run_job
-from wdspack.storage import Location
+from wdspack.storage.location import Location
 
 PARTITIONS = 50
 DESCRIBE = {"tokenizer": {"token_dtype": "<u4", "name": "synthetic"}, "image_policy": {}}

@@ -14,10 +14,10 @@ from typing import Any, Sequence
 
 from PIL import Image
 
-from wdspack.manifest import read_manifest
+from wdspack.format.manifest import read_manifest
 from wdspack.pipeline import PackConfig, PackSummary, pack_dataset
 from wdspack.samples import SampleConfig, get_builder
-from wdspack.stats import open_dataset
+from wdspack.format.dataset import open_dataset
 from wdspack.verify import verify_dataset
 
 
@@ -59,7 +59,7 @@ def round_trip(sources: Sequence[str], out: Path, sample_config: SampleConfig, *
     problems = verify_dataset(str(out), sources=list(sources), image_root=image_root)
     assert problems == [], problems
     manifest = read_manifest(out)
-    from wdspack.stats import iter_dataset_packs
+    from wdspack.format.dataset import iter_dataset_packs
 
     ids_of = {}  # a pack's tokens -> its sub-samples' ids (the loader's batches carry no ids)
     for _, pack in iter_dataset_packs(*open_dataset(str(out))):

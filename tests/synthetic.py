@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from wdspack.codec import Pack, encode_pack
-from wdspack.manifest import MANIFEST_NAME, Manifest, write_json_atomic
-from wdspack.pack_index import COLUMNS, INDEX_NAME, encode_index, index_entry, pack_row
-from wdspack.writer import ShardWriter, shard_name
+from wdspack.format.pack import Pack, encode_pack
+from wdspack.format.manifest import MANIFEST_NAME, Manifest, write_json_atomic
+from wdspack.format.pack_index import COLUMNS, INDEX_NAME, encode_index, index_entry, pack_row
+from wdspack.format.tar import ShardWriter, shard_name
 
 __all__ = ["PACK_ID_BASE", "PAD_ID", "IMAGE_TOKEN_ID", "TOKENIZER", "pack_numbers", "tiny_image",
            "write_dataset"]

@@ -26,9 +26,9 @@ from PIL import Image
 
 from demo_job import read_files
 from wdspack import cli
-from wdspack.codec import decode_pack
+from wdspack.format.pack import decode_pack
 from wdspack.errors import DROP_REASONS, SampleError
-from wdspack.manifest import read_manifest
+from wdspack.format.manifest import read_manifest
 from wdspack.pipeline import WORK_DIR, PackConfig, pack_dataset
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -24,8 +24,8 @@ from wdspack.cli import main
 from wdspack.errors import ConfigError, ManifestError
 from wdspack.loader import make_loader
 from wdspack.loader.plan import plan_epoch, plan_epoch_balanced, step_costs
-from wdspack.manifest import MANIFEST_NAME
-from wdspack.pack_index import COLUMNS, INDEX_NAME
+from wdspack.format.manifest import MANIFEST_NAME
+from wdspack.format.pack_index import COLUMNS, INDEX_NAME
 
 COUNTS = [40, 33, 47, 40, 18, 62]  # uneven shards, 240 packs
 
@@ -171,7 +171,7 @@ def test_pack_index_is_written_and_verified(root, tmp_path):
     for p in root.iterdir():
         (wrong / p.name).write_bytes(p.read_bytes())
     index[5, COLUMNS.index("images")] += 1  # a consistent file (digest updated) that lies about one pack
-    from wdspack.pack_index import encode_index, index_entry
+    from wdspack.format.pack_index import encode_index, index_entry
 
     data = encode_index(index)
     (wrong / INDEX_NAME).write_bytes(data)

@@ -27,11 +27,12 @@ from PIL import Image
 import wdspack
 from wdspack.cli import main
 from wdspack.errors import ConfigError
-from wdspack.manifest import MANIFEST_NAME, read_manifest, write_json_atomic
-from wdspack.pack_index import INDEX_NAME, index_dataset
+from wdspack.format.manifest import MANIFEST_NAME, read_manifest, write_json_atomic
+from wdspack.format.pack_index import INDEX_NAME, index_dataset
 from wdspack.pipeline import PackConfig, pack_dataset
 from wdspack.reshard import reshard_dataset
-from wdspack.stats import dataset_stats, format_stats, iter_dataset_packs, open_dataset
+from wdspack.stats import dataset_stats, format_stats
+from wdspack.format.dataset import iter_dataset_packs, open_dataset
 from wdspack.verify import verify_dataset
 from wdspack.wds import read_dataset, to_examples
 

@@ -11,9 +11,9 @@ import msgpack
 import numpy as np
 import pytest
 
-from wdspack.codec import FORMAT, Pack, decode_pack, encode_pack, token_dtype_for, validate_pack
+from wdspack.format.pack import FORMAT, Pack, decode_pack, encode_pack, token_dtype_for, validate_pack
 from wdspack.errors import FormatError
-from wdspack.writer import ShardWriter
+from wdspack.format.tar import ShardWriter
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden" / "train-000000.tar"

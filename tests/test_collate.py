@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from wdspack.codec import Pack
+from wdspack.format.pack import Pack
 from wdspack.collate import (
     IGNORE_INDEX,
     collate_packs,

@@ -14,10 +14,10 @@ import pytest
 
 from demo_job import demo_sources
 from wdspack.cli import main
-from wdspack.codec import decode_pack
+from wdspack.format.pack import decode_pack
 from wdspack.errors import OutputError
 from wdspack.hub import upload_dataset
-from wdspack.manifest import read_manifest
+from wdspack.format.manifest import read_manifest
 from wdspack.pipeline import PackConfig, pack_dataset
 from wdspack.reshard import reshard_dataset
 from wdspack.stats import dataset_stats, naive_padding_waste

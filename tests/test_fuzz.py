@@ -21,11 +21,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from synthetic import write_dataset
-from wdspack.codec import Pack, decode_pack, encode_pack
+from wdspack.format.pack import Pack, decode_pack, encode_pack
 from wdspack.errors import FormatError
 from wdspack.loader import PackedDataset
-from wdspack.loader.stages import ShardError, shard_packs, tar_entries
-from wdspack.loader.streams import LocalStream
+from wdspack.format.tar import ShardError, shard_packs, tar_entries
+from wdspack.storage.local import LocalStream
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 _MB = 1 << 20
@@ -125,7 +125,7 @@ def test_a_huge_claim_is_refused_without_allocating_it(name, data):
 
 
 def test_an_oversized_pack_is_refused_before_parsing(monkeypatch):
-    import wdspack.codec as codec
+    import wdspack.format.pack as codec
 
     monkeypatch.setattr(codec, "MAX_PACK_BYTES", len(VALID) - 1)
     with pytest.raises(FormatError, match="exceeds"):

@@ -20,8 +20,8 @@ from httpserver import cut, ignore_range, redirect, serve, stall, status
 from synthetic import pack_numbers, write_dataset
 from wdspack.errors import ConfigError, ManifestError, SourceError
 from wdspack.loader import PackedDataset, make_loader
-from wdspack.loader import streams
-from wdspack.manifest import MANIFEST_NAME
+from wdspack.storage import base
+from wdspack.format.manifest import MANIFEST_NAME
 
 MANIFEST = "/" + MANIFEST_NAME
 SHARDS = [f"/train-{i:06d}.tar" for i in range(4)]
@@ -165,7 +165,7 @@ def test_throttling_waits_as_told_by_retry_after(server, local_examples):
 
 
 def test_a_long_retry_after_is_capped(server, local_examples, monkeypatch):
-    monkeypatch.setattr(streams, "MAX_WAIT_S", 0.3)
+    monkeypatch.setattr(base, "MAX_WAIT_S", 0.3)
     server.script(SHARDS[2], status(503, retry_after="20"))
     ds = PackedDataset(server.url, shuffle=False, retries=5, backoff=5.0)
     assert _same_examples(list(ds), local_examples)
@@ -213,7 +213,7 @@ def test_missing_shard_raises_naming_its_url_without_retrying(server):
     with pytest.raises(SourceError) as info:
         for ex in ds:
             seen.extend(pack_numbers(ex["input_ids"]))
-    assert isinstance(info.value, streams.NotFoundError)
+    assert isinstance(info.value, base.NotFoundError)
     assert f"{server.url}train-000002.tar: HTTP 404" in str(info.value)
     assert "dataset is incomplete" in str(info.value)
     assert seen == list(range(12))  # the shards before it were read

@@ -30,7 +30,7 @@ from synthetic import pack_numbers, write_dataset
 from wdspack.errors import ConfigError, ManifestError, SourceError
 from wdspack.hub import upload_dataset
 from wdspack.loader import PackedDataset, make_loader
-from wdspack.loader.streams import HttpStream
+from wdspack.storage.http import HttpStream
 
 TOKEN = "hf_SECRETTOKEN123"
 SHARDS, PACKS_PER_SHARD = 4, 6

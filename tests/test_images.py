@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from wdspack.codec import Pack
+from wdspack.format.pack import Pack
 from wdspack.collate import pack_to_example
 from wdspack.errors import ConfigError, FormatError
 from wdspack.images import (

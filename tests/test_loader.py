@@ -24,7 +24,7 @@ from wdspack import loader as loader_mod
 from wdspack.errors import ConfigError, FormatError, ManifestError
 from wdspack.images import make_image_transform
 from wdspack.loader import PackedDataset, make_loader, plan_epoch, shuffle_order
-from wdspack.manifest import MANIFEST_NAME, read_manifest
+from wdspack.format.manifest import MANIFEST_NAME, read_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -537,7 +537,7 @@ def test_a_shipment_unpickles_as_the_batch_and_releases_on_the_last_view():
 
 
 def test_a_corrupt_image_skips_its_pack_and_names_the_sample(pictures, tmp_path, caplog):
-    from wdspack.codec import Pack, decode_pack, encode_pack
+    from wdspack.format.pack import Pack, decode_pack, encode_pack
 
     root = _copy(pictures, tmp_path / "ds")
     shard = root / "train-000001.tar"

@@ -171,7 +171,7 @@ def test_batches_carry_target_counts_per_pack_and_segment(dataset):
 def test_segment_targets_follow_cu_seqlens_padded_and_padding_free(dataset):
     import tarfile
 
-    from wdspack.codec import decode_pack
+    from wdspack.format.pack import decode_pack
 
     with tarfile.open(next(dataset.glob("*.tar"))) as tar:
         packs = [decode_pack(tar.extractfile(m).read()) for m in tar.getmembers()[:3]]

@@ -32,7 +32,7 @@ from wdspack.errors import ConfigError, SampleError, SourceError, TooManyDropsEr
 from wdspack.pipeline import PackConfig, pack_dataset
 from wdspack.sources import Source, iter_records, list_partitions
 from wdspack.sources.meta import RowMap, collision_key, expand_sources, parse_source
-from wdspack.stats import iter_dataset_packs, open_dataset
+from wdspack.format.dataset import iter_dataset_packs, open_dataset
 from wdspack.verify import verify_dataset
 
 MAX_IMAGES = 4

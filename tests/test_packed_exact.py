@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from wdspack.codec import Pack
+from wdspack.format.pack import Pack
 from wdspack.collate import collate_packs, pack_to_example
 from wdspack.images import make_image_transform
 

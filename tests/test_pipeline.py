@@ -16,9 +16,9 @@ import pytest
 
 from demo_job import demo_sources, read_files
 from wdspack import pipeline
-from wdspack.codec import decode_pack
+from wdspack.format.pack import decode_pack
 from wdspack.errors import ConfigError, Dropped, OutputError, SampleError, TooManyDropsError
-from wdspack.manifest import read_manifest
+from wdspack.format.manifest import read_manifest
 from wdspack.pipeline import PackConfig, pack_dataset
 from wdspack.samples import get_builder
 from wdspack.sources import iter_records, list_partitions

@@ -16,10 +16,10 @@ from demo_job import demo_sources, read_files
 from s3server import running_s3, upload_folder
 from wdspack import pipeline
 from wdspack.errors import ConfigError, OutputError, SourceError, TooManyDropsError
-from wdspack.manifest import Manifest
+from wdspack.format.manifest import Manifest
 from wdspack.pipeline import PackConfig, pack_dataset
 from wdspack.sources import iter_records, list_partitions
-from wdspack.storage import Location
+from wdspack.storage.location import Location
 
 pytest.importorskip("s3fs")
 BUCKET = "wds"

@@ -18,7 +18,7 @@ from PIL import Image
 
 from wdspack.cli import main
 from wdspack.errors import ConfigError, Dropped, TooManyDropsError
-from wdspack.manifest import read_manifest
+from wdspack.format.manifest import read_manifest
 from wdspack.pipeline import DEFAULT_MAX_DROP_FRACTION, PackConfig, pack_dataset
 from wdspack.samples import SampleConfig, get_builder
 from wdspack.sources import Record, iter_records, list_partitions

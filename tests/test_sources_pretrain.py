@@ -26,7 +26,7 @@ from wdspack.samples import SampleConfig, get_builder
 from wdspack.sources import TextRecord, iter_records, list_partitions
 from wdspack.sources.documents import IMAGE, build_document, is_document
 from wdspack.sources.webdataset import split_member_name
-from wdspack.stats import open_dataset
+from wdspack.format.dataset import open_dataset
 from wdspack.verify import verify_dataset
 
 TPI = 4  # tokens per image
@@ -350,7 +350,7 @@ def _pack_argv(tekken_dir, sources, out, *extra) -> list[str]:
 
 
 def _packed_ids(folder: Path) -> list[str]:
-    from wdspack.stats import iter_dataset_packs
+    from wdspack.format.dataset import iter_dataset_packs
 
     manifest, root = open_dataset(str(folder))
     return [sid for _, pack in iter_dataset_packs(manifest, root) for sid in pack.sample_ids]
@@ -373,8 +373,8 @@ def test_pack_captions_and_documents_split_verify_and_repeat_byte_for_byte(tekke
     dropped = {json.loads(x)["id"]: json.loads(x)["reason"] for x in (out / "dropped.jsonl").read_text().splitlines()}
     assert dropped == {"doc-b": "malformed_record", "web.jsonl:2": "too_long"}, printed
     assert verify_dataset(str(out), sources=[str(s) for s in sources]) == []
-    from wdspack.stats import open_dataset
-    from wdspack.codec import decode_pack
+    from wdspack.format.dataset import open_dataset
+    from wdspack.format.pack import decode_pack
 
     manifest, _ = open_dataset(str(out))
     ids = []

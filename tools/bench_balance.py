@@ -36,7 +36,7 @@ from bench_packing import llava_like  # noqa: E402
 
 from wdspack import CostModel, plan_packs  # noqa: E402
 from wdspack.loader.plan import plan_epoch, plan_epoch_balanced, step_costs  # noqa: E402
-from wdspack.pack_index import COLUMNS  # noqa: E402
+from wdspack.format.pack_index import COLUMNS  # noqa: E402
 
 
 def workload(n: int, shard_packs: int, seed: int = 0) -> list[np.ndarray]:

@@ -95,7 +95,7 @@ def _build(records: list, sample_config) -> dict:
 def _raw_images(dataset: Path, processor) -> tuple[float, int]:
     import tarfile
 
-    from wdspack.codec import decode_pack
+    from wdspack.format.pack import decode_pack
     from wdspack.images import decode_image
 
     images = []

@@ -115,7 +115,7 @@ def build_model(processor: Any, *, hidden: int, layers: int, seed: int = 0) -> A
 
 def read_packs(dataset: Path) -> list[Any]:
     """Every pack of the dataset, shard by shard, in stored order (the unshuffled loader's order)."""
-    from wdspack.codec import decode_pack
+    from wdspack.format.pack import decode_pack
 
     packs = []
     for shard in sorted(dataset.glob("*.tar")):
@@ -203,7 +203,7 @@ def on_the_fly_steps(subs: dict[str, SubSample], order: list[str], processor_dir
     """Rows from :func:`plan_on_the_fly`, ``batch_size`` per step (the last step may hold fewer),
     through wdspack's own collate (what its loader does per batch), then ``model_inputs``."""
     import wdspack
-    from wdspack.codec import Pack
+    from wdspack.format.pack import Pack
     from wdspack.collate import collate_packs, pack_to_example
     from wdspack.models.batching import ModelBatcher
 

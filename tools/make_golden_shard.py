@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from wdspack.codec import Pack, encode_pack
-from wdspack.writer import ShardWriter
+from wdspack.format.pack import Pack, encode_pack
+from wdspack.format.tar import ShardWriter
 
 GOLDEN = Path(__file__).resolve().parents[1] / "tests" / "golden" / "train-000000.tar"
 

@@ -61,7 +61,7 @@ def _files(root: Path) -> dict[str, bytes]:
 
 def _complete_shards_only(out: Path) -> str | None:
     """None when every ``*.tar`` under a final name decodes completely, else what is wrong."""
-    from wdspack.codec import decode_pack
+    from wdspack.format.pack import decode_pack
 
     for shard in sorted(out.glob("*.tar")) if out.exists() else []:
         try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .codec import FORMAT, Pack, decode_pack, encode_pack
+from .format.pack import FORMAT, Pack, decode_pack, encode_pack
 from ._version import __version__
 from .errors import (
     ConfigError,
@@ -22,7 +22,7 @@ from .errors import (
     TooManyDropsError,
     WdspackError,
 )
-from .manifest import Manifest, ShardInfo, read_manifest
+from .format.manifest import Manifest, ShardInfo, read_manifest
 from .packing import ALGORITHMS, lower_bound, plan_packs
 
 _LAZY = {

@@ -347,7 +347,7 @@ def _add_index(sub) -> None:
 
 
 def _run_index(args: argparse.Namespace) -> int:
-    from .pack_index import index_dataset
+    from .format.pack_index import index_dataset
 
     entry = index_dataset(args.dataset)
     print(f"wrote {args.dataset.rstrip('/')}/{entry['file']} ({entry['bytes']} bytes) and named it in manifest.json")

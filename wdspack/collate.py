@@ -75,7 +75,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .codec import Pack
+from .format.pack import Pack
 from .errors import ConfigError, FormatError
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ executor   what runs the tasks
 
 Tasks are submitted lazily with a bound on how many are unfinished at once, so the driver never
 holds the arguments of every task of a big job, only of those in flight; finished results (small:
-an index, a :class:`~wdspack.manifest.ShardInfo`) wait in a dict until their turn.
+an index, a :class:`~wdspack.format.manifest.ShardInfo`) wait in a dict until their turn.
 
 ``fn`` must be a module-level function (it is pickled by reference). On Ray a task whose worker
 dies (killed, out of memory, node lost) is retried up to ``RAY_MAX_RETRIES`` times; an exception

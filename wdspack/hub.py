@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ManifestError, OutputError, WdspackError
-from .manifest import MANIFEST_NAME, read_manifest
+from .format.manifest import MANIFEST_NAME, read_manifest
 from .stats import dataset_stats, plot_stats
 
 __all__ = ["dataset_card", "upload_dataset"]

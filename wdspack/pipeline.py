@@ -48,17 +48,17 @@ import msgpack
 import numpy as np
 
 from ._version import __version__
-from .codec import Pack, encode_pack
+from .format.pack import Pack, encode_pack
 from .errors import ConfigError, Dropped, OutputError, SampleError, TooManyDropsError
 from .executors import EXECUTORS, ProgressLog, check_executor, progress_interval, run_tasks
-from .manifest import DROPPED_NAME, MANIFEST_NAME, Manifest, ShardInfo
-from .pack_index import INDEX_NAME, build_index, encode_index, index_entry, member_offsets
+from .format.manifest import DROPPED_NAME, MANIFEST_NAME, Manifest, ShardInfo
+from .format.pack_index import INDEX_NAME, build_index, encode_index, index_entry, member_offsets
 from .packing import ALGORITHMS, plan_packs
 from .samples import SampleConfig, get_builder
 from .sources import Partition, Source, iter_records, list_partitions
 from .sources.meta import collision_key, namespaced
-from .storage import Location, stat_tag
-from .writer import ShardWriter, shard_name
+from .storage.location import Location, stat_tag
+from .format.tar import ShardWriter, shard_name
 
 __all__ = ["DEFAULT_MAX_DROP_FRACTION", "PackConfig", "PackSummary", "SpoolWriter", "pack_dataset", "run_job"]
 

@@ -21,11 +21,11 @@ from pathlib import Path
 import numpy as np
 
 from ._version import __version__
-from .codec import decode_pack
+from .format.pack import decode_pack
 from .errors import Dropped, FormatError
 from .pipeline import PackConfig, PackSummary, SpoolWriter, run_job
-from .storage import Location
-from .stats import open_dataset
+from .storage.location import Location
+from .format.dataset import open_dataset
 
 __all__ = ["reshard_dataset"]
 

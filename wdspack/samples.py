@@ -42,7 +42,7 @@ from typing import Any, Protocol
 import numpy as np
 from PIL import Image
 
-from .codec import token_dtype_for
+from .format.pack import token_dtype_for
 from .errors import ConfigError, SampleError
 
 __all__ = ["Sample", "SampleBuilder", "SampleConfig", "get_builder"]

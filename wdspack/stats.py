@@ -7,43 +7,16 @@ the padding a naive pad-to-longest loader would have wasted on the same samples.
 
 from __future__ import annotations
 
-import tarfile
 from dataclasses import asdict
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from .codec import Pack, decode_pack
 from .errors import ConfigError
-from .manifest import MANIFEST_NAME, Manifest
+from .format.dataset import iter_dataset_packs, open_dataset
+from .format.manifest import Manifest
 
-__all__ = ["dataset_stats", "format_stats", "iter_dataset_packs", "naive_padding_waste", "open_dataset",
-           "plot_stats"]
-
-
-def open_dataset(source: str) -> tuple[Manifest, str]:
-    """Read the manifest of a local folder, ``https://`` or ``hf://`` dataset; return it and the root URL.
-
-    Example:
-        >>> manifest, root = open_dataset("build/demo/packed")  # doctest: +SKIP
-    """
-    import fsspec
-
-    root = source[: -len(MANIFEST_NAME)].rstrip("/") if source.endswith(MANIFEST_NAME) else source.rstrip("/")
-    with fsspec.open(f"{root}/{MANIFEST_NAME}", "rb") as f:
-        return Manifest.from_json(f.read()), root
-
-
-def iter_dataset_packs(manifest: Manifest, root: str) -> Iterator[tuple[str, Pack]]:
-    """Yield ``(shard name, pack)`` for every pack, streaming each shard once, in manifest order."""
-    import fsspec
-
-    for shard in manifest.shards:
-        with fsspec.open(f"{root}/{shard.name}", "rb") as f, tarfile.open(fileobj=f, mode="r|") as tar:
-            for member in tar:
-                if member.isfile() and member.name.endswith(".mp"):
-                    yield shard.name, decode_pack(tar.extractfile(member).read())
+__all__ = ["dataset_stats", "format_stats", "naive_padding_waste", "plot_stats"]
 
 
 def naive_padding_waste(lengths: np.ndarray, *, batch_size: int = 8, seed: int = 0) -> float:
@@ -118,7 +91,7 @@ def dataset_stats(source: str, *, deep: bool = False, batch_size: int = 8,
 
 def _balance_stats(manifest: Manifest, root: str, ranks: int) -> dict[str, Any]:
     from .loader.plan import plan_epoch, plan_epoch_balanced, step_costs
-    from .pack_index import CostModel, read_index
+    from .format.pack_index import CostModel, read_index
 
     if ranks < 1:
         raise ConfigError(f"ranks={ranks} must be >= 1")

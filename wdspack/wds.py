@@ -48,7 +48,7 @@ from urllib.parse import unquote
 import msgpack
 import torch
 
-from .codec import Pack, decode_pack
+from .format.pack import Pack, decode_pack
 from .errors import ConfigError, FormatError, WdspackError
 
 __all__ = ["DatasetInfo", "batched", "collate", "decode_packs", "read_dataset", "to_examples"]
@@ -108,7 +108,7 @@ def read_dataset(source: str | os.PathLike[str], *, storage_options: Mapping[str
         ('packed/train-000000.tar', 4096, 16, 0)
     """
     from .loader.budgets import image_budget
-    from .loader.urls import resolve_source
+    from .format.dataset import resolve_source
 
     text = os.fspath(source)
     resolved = resolve_source(text, storage_options=storage_options)
@@ -138,7 +138,7 @@ def decode_packs(dataset: DatasetInfo | None = None, *, seq_len: int | None = No
 
     Example:
         >>> import numpy as np
-        >>> from wdspack.codec import encode_pack
+        >>> from wdspack.format.pack import encode_pack
         >>> p = Pack(np.array([1, 5, 2]), np.array([0, 1, 1], np.uint8), (3,), ("a",))
         >>> stage = decode_packs(seq_len=8, max_images=0)
         >>> [q.seq_lens for q in stage([{"__key__": "0", "mp": encode_pack(p, token_dtype="<u2")}])]
@@ -315,7 +315,7 @@ def _pack_of(sample: Any, *, seq_len: int, max_images: int, handler: Handler) ->
     then skips it or not). Other members next to a pack's ``mp`` (same key) are never read: the
     handler hears of them and, if it returns True, the pack goes on.
     """
-    from .loader.stages import FOREIGN_RULE
+    from .format.tar import FOREIGN_RULE
 
     if isinstance(sample, Pack):
         return sample

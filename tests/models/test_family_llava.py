@@ -17,7 +17,7 @@ import vlm_harness as h
 from PIL import Image
 
 import wdspack
-from wdspack.codec import decode_pack
+from wdspack.format.pack import decode_pack
 
 SEQ_LEN = 96
 KINDS = ["llava", "llava_onevision"]

@@ -135,7 +135,7 @@ def test_captions_and_documents_pack_for_the_processor_and_feed_its_model(qwen, 
 
     from wdspack.pretrain import PretrainConfig
     from wdspack.samples import SampleConfig
-    from wdspack.stats import iter_dataset_packs, open_dataset
+    from wdspack.format.dataset import iter_dataset_packs, open_dataset
 
     processor, folder, _ = qwen
     shard = _caption_shard(tmp_path / "caps.tar", 4)

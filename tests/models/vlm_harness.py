@@ -37,7 +37,7 @@ if str(ROOT / "examples") not in sys.path:
     sys.path.insert(0, str(ROOT / "examples"))
 
 import wdspack  # noqa: E402
-from wdspack.codec import decode_pack  # noqa: E402
+from wdspack.format.pack import decode_pack  # noqa: E402
 from wdspack.models import save_processor  # noqa: E402
 
 __all__ = ["CHATS", "assert_same", "check_flex", "check_flex_gradients", "check_tokens", "check_training",

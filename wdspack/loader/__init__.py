@@ -3,9 +3,9 @@
 :class:`PackedDataset` yields one fixed-shape example per pack; :func:`make_loader` wraps it
 in a resumable DataLoader (:class:`PackedLoader`). The modules, in data-flow order:
 
-* :mod:`.urls` — the source → shard URLs and pack counts (main process, once; never lists remote folders)
+* :mod:`wdspack.format.dataset` — the source → shard URLs and pack counts (main process, once; never lists remote folders)
 * :mod:`.plan` — the split of packs over ``(rank, worker)`` slots and the shuffle order (pure functions)
-* :mod:`.streams` — sequential, retrying byte streams (local, HTTP(S), Hub)
+* :mod:`wdspack.storage` — sequential, retrying byte streams (local, HTTP(S), Hub, fsspec stores)
 * :mod:`.stages` — the generator stages: tar members → packs → shuffle buffer → decoded packs
 * :mod:`.dataset` — :class:`PackedDataset`;  :mod:`.dataloader` — :func:`make_loader`
 """
@@ -13,7 +13,8 @@ in a resumable DataLoader (:class:`PackedLoader`). The modules, in data-flow ord
 from .dataloader import PackedLoader, make_loader
 from .dataset import STAT_KEYS, PackedDataset
 from .plan import EpochPlan, PackRange, plan_epoch, shuffle_order
-from .urls import ResolvedSource, ShardRef, expand_braces, resolve_source
+from ..format.dataset import ResolvedSource, ShardRef, resolve_source
+from ..storage.urls import expand_braces
 
 __all__ = [
     "EpochPlan",

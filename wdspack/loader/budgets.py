@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import ConfigError
-from .urls import ResolvedSource, read_pack_index
+from ..format.dataset import ResolvedSource, read_pack_index
 
 __all__ = ["check_pixels", "dataset_budgets", "image_budget"]
 
@@ -77,7 +77,7 @@ def image_budget(source: ResolvedSource, max_images: int | None = None, **read_k
     if least is None and m.max_images is not None:
         least = m.max_images  # an older manifest: every pack fits the budget it was packed for
     if least is None and m.pack_index:
-        from ..pack_index import COLUMNS
+        from ..format.pack_index import COLUMNS
 
         column = COLUMNS.index("images")
         least = max((int(rows[:, column].max(initial=0)) for rows in read_pack_index(source, **read_kwargs)),

@@ -36,9 +36,11 @@ from torch.utils.data import IterableDataset, get_worker_info
 from ..errors import ConfigError, FormatError, WdspackError
 from .budgets import check_pixels, dataset_budgets
 from .plan import REMAINDER_POLICIES, EpochPlan, plan_epoch, plan_epoch_balanced, plan_remainder, slot_order
-from .stages import Handler, decode_packs, lap_source, reorder
-from .streams import is_remote, open_stream
-from .urls import ResolvedSource, read_pack_index, resolve_source
+from ..format.tar import Handler
+from .stages import decode_packs, lap_source, reorder
+from ..storage.urls import is_remote
+from ..storage.streams import open_stream
+from ..format.dataset import ResolvedSource, read_pack_index, resolve_source
 
 __all__ = ["META_KEY", "PackedDataset", "STAT_KEYS"]
 
@@ -63,7 +65,7 @@ class PackedDataset(IterableDataset):
     Args:
         source: a dataset folder, a ``manifest.json`` path or URL, an ``https://`` dataset root,
             ``hf://datasets/ORG/NAME@REV[/path]``, or shards (a list, a local glob, a brace pattern);
-            see :mod:`wdspack.loader.urls`.
+            see :mod:`wdspack.format.dataset`.
         seq_len: tokens per example; default the manifest's. A different value raises :class:`ConfigError`.
         max_images: image slots per example (``M``); default the manifest's ``max_images``, or for a
             dataset packed without an image limit the images of its fullest pack. More slots than
@@ -165,7 +167,7 @@ class PackedDataset(IterableDataset):
 
     @property
     def manifest(self):
-        """The dataset's :class:`~wdspack.manifest.Manifest` (None for shards without one)."""
+        """The dataset's :class:`~wdspack.format.manifest.Manifest` (None for shards without one)."""
         return self._source.manifest
 
     @property
@@ -363,14 +365,14 @@ class PackedDataset(IterableDataset):
         split = force or any(r.start > 0 for e in range(epochs) for s in slots
                              for r in self._count_plan(workers, e).slots[s])
         if split and any(is_remote(s.url) for s in self._source.shards):
-            from ..pack_index import COLUMNS
+            from ..format.pack_index import COLUMNS
 
             index = read_pack_index(self._source, **self._read)
             self._offsets = [rows[:, COLUMNS.index("offset")].copy() for rows in index]
         return self._offsets is not None
 
     def _balance(self, balance, cost_model, heaviest_first, window, run) -> None:
-        from ..pack_index import COLUMNS, CostModel
+        from ..format.pack_index import COLUMNS, CostModel
 
         if balance not in BALANCE:
             raise ConfigError(f"balance={balance!r} is not one of {BALANCE}")

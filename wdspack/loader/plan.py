@@ -187,7 +187,7 @@ def plan_epoch_balanced(counts: Sequence[int], costs: Sequence[np.ndarray], *, r
                         run: int = 32, heaviest_first: bool = False) -> EpochPlan:
     """Split the packs over ``ranks × workers`` slots so every step's ranks cost about the same.
 
-    ``costs[s]`` holds an integer cost per pack of shard ``s`` (:class:`~wdspack.pack_index.CostModel`).
+    ``costs[s]`` holds an integer cost per pack of shard ``s`` (:class:`~wdspack.format.pack_index.CostModel`).
     The slots, the packs per slot (``per_slot``) and the reading economy are those of
     :func:`plan_epoch`, except that a slot reads *runs* of at most ``run`` consecutive packs
     (one ranged request each, from the pack index's offsets) instead of whole shards:

@@ -22,7 +22,8 @@ import posixpath
 from typing import Any
 
 from ..errors import SampleError
-from ..storage import filesystem, is_url
+from ..storage.fsspec import filesystem
+from ..storage.urls import is_url
 
 __all__ = ["image_name", "load_image", "resolve_image_path"]
 

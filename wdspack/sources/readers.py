@@ -23,7 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import Dropped, SampleError, SourceError
-from ..storage import is_url, open_input, read_range
+from ..storage.urls import is_url
+from ..storage.location import open_input, read_range
 from .documents import DOCUMENT_COLUMNS, TextRecord, build_document, is_document
 from .partitions import Partition, arrow_batches
 from .records import COLUMNS, Record, build_record, sample_id_of

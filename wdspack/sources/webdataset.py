@@ -36,9 +36,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ..errors import Dropped, SampleError, SourceError
-from ..loader.stages import ShardError, tar_entries
-from ..loader.streams import FileStream
-from ..storage import open_input
+from ..format.tar import ShardError, tar_entries
+from ..storage.local import FileStream
+from ..storage.location import open_input
 from .documents import IMAGE, TextRecord
 
 __all__ = ["CAPTION_EXTENSIONS", "IMAGE_EXTENSIONS", "read_captions", "scan_groups", "split_member_name"]
@@ -101,7 +101,7 @@ class _Member:
 
 def _members(f, start: int) -> Iterator[_Member]:
     """The members of a tar from byte ``start``, from their headers alone (wdspack's own tar reader,
-    :func:`wdspack.loader.stages.tar_entries`: ustar, GNU long names, pax ``path``/``size``; several
+    :func:`wdspack.format.tar.tar_entries`: ustar, GNU long names, pax ``path``/``size``; several
     times faster than tarfile); ends at the end-of-archive block. The consumer may seek ``f``.
 
     Raises:

@@ -1,4 +1,8 @@
-"""Turn a ``source`` into shard URLs and pack counts, once, in the main process.
+"""Open a packed dataset: its manifest, its shard URLs and pack counts, its pack index.
+
+:func:`resolve_source` turns a ``source`` into shard URLs and pack counts, once, in the main
+process (the loader, ``wdspack.loader.wds``). :func:`open_dataset` and :func:`iter_dataset_packs`
+read a whole dataset through fsspec (``wdspack inspect``, ``verify``, ``reshard``).
 
 Accepted sources::
 
@@ -22,7 +26,7 @@ are refused (counting them would download them).
 
 A Hub revision is pinned to its commit when resolved, so every worker and rank reads the same
 snapshot even if the branch moves during training. Shard bytes are then streamed from the
-revision's ``resolve`` URL with one ranged GET per shard (see :mod:`.streams`). An fsspec store's
+revision's ``resolve`` URL with one ranged GET per shard (see :mod:`wdspack.storage`). An fsspec store's
 shards are read the same way, one streaming (ranged) ``GetObject`` per shard on S3.
 """
 
@@ -33,20 +37,26 @@ import logging
 import os
 import posixpath
 import re
+import tarfile
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, ManifestError, SourceError
-from ..manifest import MANIFEST_NAME, Manifest
-from ..storage import with_hub_revision
-from .stages import ShardError, shard_packs
-from .streams import LocalStream, NotFoundError, is_fsspec, is_remote, read_all
+from ..errors import ConfigError, ManifestError
+from ..storage.base import NotFoundError
+from ..storage.hf import resolve_hub_urls
+from ..storage.local import LocalStream
+from ..storage.streams import read_all
+from ..storage.urls import basename_url, dirname_url, expand_braces, is_fsspec, is_remote, join_url
+from .manifest import MANIFEST_NAME, Manifest
+from .pack import Pack, decode_pack
+from .tar import ShardError, shard_packs
 
-__all__ = ["ResolvedSource", "ShardRef", "expand_braces", "resolve_source"]
+__all__ = ["ResolvedSource", "ShardRef", "count_packs", "iter_dataset_packs", "open_dataset", "read_pack_index",
+           "resolve_source"]
 
 logger = logging.getLogger("wdspack.loader")
 
@@ -76,27 +86,6 @@ class ResolvedSource:
     root: str = ""  # the folder (URL) of the manifest, where its side files are
 
 
-def expand_braces(pattern: str) -> list[str]:
-    """Expand ``{a,b}`` alternatives and zero-padded ``{000..012}`` ranges.
-
-    Example:
-        >>> expand_braces("train-{000..002}.tar")
-        ['train-000.tar', 'train-001.tar', 'train-002.tar']
-    """
-    m = re.search(r"\{(\d+\.\.\d+|[^{}]*,[^{}]*)\}", pattern)
-    if not m:
-        return [pattern]
-    body = m.group(1)
-    r = re.fullmatch(r"(\d+)\.\.(\d+)", body)
-    if r:
-        width = len(r.group(1)) if r.group(1).startswith("0") else 0
-        items = [str(i).zfill(width) for i in range(int(r.group(1)), int(r.group(2)) + 1)]
-    else:
-        items = body.split(",")
-    head, tail = pattern[:m.start()], pattern[m.end():]
-    return [out for item in items for out in expand_braces(head + item + tail)]
-
-
 def resolve_source(source: str | os.PathLike[str] | Sequence[str], *, storage_options: Mapping[str, Any] | None = None,
                    **read_kwargs: Any) -> ResolvedSource:
     """Resolve ``source`` (see the module docstring) to shard URLs and counts; reads the manifest once."""
@@ -115,7 +104,7 @@ def resolve_source(source: str | os.PathLike[str] | Sequence[str], *, storage_op
         headers = dict(options.pop("headers", {}) or {})
     if text.startswith("hf://"):
         named = [u for pattern in (urls or [text]) for u in expand_braces(pattern)]
-        resolved, headers = _hf_to_http(named, options, headers)
+        resolved, headers = resolve_hub_urls(named, options, headers, folder_file=MANIFEST_NAME)
         if urls is None and len(named) == 1 and not named[0].endswith(".tar"):
             text = resolved[0]  # a folder or a manifest
         else:
@@ -127,35 +116,35 @@ def resolve_source(source: str | os.PathLike[str] | Sequence[str], *, storage_op
     if urls is None:
         urls = _expand(text)
         if urls is None:  # a folder or a manifest file
-            manifest_url = text if text.endswith(".json") else _join(text, MANIFEST_NAME)
+            manifest_url = text if text.endswith(".json") else join_url(text, MANIFEST_NAME)
             manifest = _read_manifest(manifest_url, read_kwargs, required=True)
-            base = _dirname(manifest_url)
-            shards = tuple(ShardRef(s.name, _join(base, s.name), s.packs) for s in manifest.shards)
+            base = dirname_url(manifest_url)
+            shards = tuple(ShardRef(s.name, join_url(base, s.name), s.packs) for s in manifest.shards)
             return ResolvedSource(display, shards, manifest, headers, root=base)
     return _from_shard_list(display, urls, read_kwargs, headers)
 
 
 def _from_shard_list(display, urls, read_kwargs, headers) -> ResolvedSource:
-    folders = {_dirname(u) for u in urls}
+    folders = {dirname_url(u) for u in urls}
     if len(folders) > 1:
         raise ConfigError(f"the shards come from {len(folders)} folders ({sorted(folders)[:3]} ...); pass the shards "
                           "of one dataset at a time (pack counts come from its manifest.json)")
     folder = folders.pop()
-    manifest = _read_manifest(_join(folder, MANIFEST_NAME), read_kwargs, required=False)
+    manifest = _read_manifest(join_url(folder, MANIFEST_NAME), read_kwargs, required=False)
     if manifest is not None:
         counts = {s.name: s.packs for s in manifest.shards}
-        missing = [u for u in urls if _basename(u) not in counts]
+        missing = [u for u in urls if basename_url(u) not in counts]
         if missing:
-            raise ManifestError(f"{missing[0]} is not listed in {_join(folder, MANIFEST_NAME)} "
+            raise ManifestError(f"{missing[0]} is not listed in {join_url(folder, MANIFEST_NAME)} "
                                 f"({len(missing)} such shards); pass shards of that dataset only")
-        shards = tuple(ShardRef(_basename(u), u, counts[_basename(u)]) for u in urls)
+        shards = tuple(ShardRef(basename_url(u), u, counts[basename_url(u)]) for u in urls)
         return ResolvedSource(display, shards, manifest, headers, root=folder)
     if any(is_remote(u) for u in urls):
         raise ManifestError(f"no {MANIFEST_NAME} next to {urls[0]}: the loader needs each shard's pack count to give "
                             "every rank the same number of batches; pass the dataset root (with its manifest) "
                             "or write one with `wdspack pack`")
     logger.warning("no %s next to %s: counting packs from tar headers (%d shards)", MANIFEST_NAME, urls[0], len(urls))
-    shards = tuple(ShardRef(_basename(u), u, count_packs(u)) for u in urls)
+    shards = tuple(ShardRef(basename_url(u), u, count_packs(u)) for u in urls)
     return ResolvedSource(display, shards, None, headers)
 
 
@@ -164,7 +153,7 @@ def read_pack_index(source: ResolvedSource, **read_kwargs: Any):
 
     Raises :class:`ConfigError` when the dataset has none (packed before wdspack wrote one).
     """
-    from ..pack_index import decode_index
+    from .pack_index import decode_index
 
     m = source.manifest
     if m is None or not m.pack_index:
@@ -172,7 +161,7 @@ def read_pack_index(source: ResolvedSource, **read_kwargs: Any):
                           "`wdspack reshard` since the index was added), so pack costs are unknown; add one with "
                           "`wdspack index DATASET_FOLDER` (reads the shards once, rewrites nothing else), or load "
                           "without balance=")
-    url = _join(source.root, m.pack_index["file"])
+    url = join_url(source.root, m.pack_index["file"])
     if is_remote(url):
         data = read_all(url, **{**read_kwargs, "headers": source.headers})
     else:
@@ -243,62 +232,29 @@ def _read_manifest(url: str, read_kwargs, *, required: bool) -> Manifest | None:
     return Manifest.from_json(data)
 
 
-def _hf_to_http(urls: list[str], options: dict, headers: dict) -> tuple[list[str], dict[str, str]]:
-    """``hf://datasets/ORG/NAME@REV/path`` → ``resolve`` URLs at the pinned commit, and the auth headers.
+# ---------------------------------------------------------------------------------------------
+# Whole datasets, read through fsspec (inspect, verify, reshard)
 
-    HfFileSystem parses the paths, checks repo and revision and supplies endpoint and token (one
-    request per repo); ``repo_info`` pins the revision to its commit (one more). No listing.
-    The file system is a fresh instance, not fsspec's per-process cached one: that one remembers
-    "repository not found" for the life of the process, so a repo created after a failed attempt
-    (an upload still running) would never be found again, and it would make no request to say so.
+
+def open_dataset(source: str) -> tuple[Manifest, str]:
+    """Read the manifest of a local folder, ``https://`` or ``hf://`` dataset; return it and the root URL.
+
+    Example:
+        >>> manifest, root = open_dataset("build/demo/packed")  # doctest: +SKIP
     """
-    from huggingface_hub import HfFileSystem
-    from huggingface_hub.utils import build_hf_headers
+    import fsspec
 
-    fs = HfFileSystem(**{**options, "skip_instance_cache": True})
-    commits: dict[tuple[str, str, str], str] = {}
-    out = [_hf_resolve_url(fs, url, commits) for url in urls]
-    return out, {**headers, **build_hf_headers(token=fs.token)}
+    root = source[: -len(MANIFEST_NAME)].rstrip("/") if source.endswith(MANIFEST_NAME) else source.rstrip("/")
+    with fsspec.open(f"{root}/{MANIFEST_NAME}", "rb") as f:
+        return Manifest.from_json(f.read()), root
 
 
-def _hf_resolve_url(fs, url: str, commits: dict[tuple[str, str, str], str]) -> str:
-    """One ``hf://`` URL → its ``resolve`` URL at the commit its revision points to (``commits`` caches the pins)."""
-    from huggingface_hub import HfApi, hf_hub_url
+def iter_dataset_packs(manifest: Manifest, root: str) -> Iterator[tuple[str, Pack]]:
+    """Yield ``(shard name, pack)`` for every pack, streaming each shard once, in manifest order."""
+    import fsspec
 
-    if glob.has_magic(url):
-        raise ConfigError(f"{url}: globs are not expanded on the Hub (folders are never listed); use a brace "
-                          "pattern like train-{000000..000009}.tar or the dataset root")
-    try:
-        # A revision-less source reads @main, asked for by name: mirrors (olah) can only answer an
-        # unnamed revision by asking huggingface.co, and the Hub's default branch is main anyway.
-        resolved = fs.resolve_path(with_hub_revision(url))
-        key = (resolved.repo_type, resolved.repo_id, resolved.revision)
-        if key not in commits:
-            info = HfApi(endpoint=fs.endpoint, token=fs.token).repo_info(
-                resolved.repo_id, repo_type=resolved.repo_type, revision=resolved.revision)
-            commits[key] = info.sha or resolved.revision
-    except FileNotFoundError as e:
-        raise SourceError(f"{url}: {e.args[0] if e.args else 'not found'}; check the repo name and the revision "
-                          "(and that you are logged in for a private repo)") from None
-    except (ConfigError, SourceError):
-        raise
-    except Exception as e:  # offline mode, network down, ...; the text never holds the token
-        raise SourceError(f"{url}: cannot resolve the Hub repository: {type(e).__name__}: {e}") from None
-    path = resolved.path_in_repo.strip("/")
-    http = hf_hub_url(resolved.repo_id, path or MANIFEST_NAME, repo_type=resolved.repo_type,
-                      revision=commits[key], endpoint=fs.endpoint)
-    return http if path else http[: -len(MANIFEST_NAME)]
-
-
-def _join(folder: str, name: str) -> str:
-    if is_remote(folder):
-        return folder.rstrip("/") + "/" + name
-    return os.path.join(folder, name)
-
-
-def _dirname(url: str) -> str:
-    return posixpath.dirname(url) if is_remote(url) else os.path.dirname(url)
-
-
-def _basename(url: str) -> str:
-    return posixpath.basename(url)
+    for shard in manifest.shards:
+        with fsspec.open(f"{root}/{shard.name}", "rb") as f, tarfile.open(fileobj=f, mode="r|") as tar:
+            for member in tar:
+                if member.isfile() and member.name.endswith(".mp"):
+                    yield shard.name, decode_pack(tar.extractfile(member).read())

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ConfigError, ManifestError
+from ..errors import ConfigError, ManifestError
 
 __all__ = ["COLUMNS", "INDEX_NAME", "CostModel", "build_index", "decode_index", "encode_index", "index_dataset",
            "index_entry", "member_offsets", "pack_row", "read_index"]
@@ -81,7 +81,7 @@ def build_index(shard_plans: Sequence[Sequence[np.ndarray]], offsets: Sequence[S
 
 
 def pack_row(offset: int, pack) -> list[int]:
-    """The index row of a decoded :class:`~wdspack.codec.Pack` whose tar header starts at ``offset``."""
+    """The index row of a decoded :class:`~wdspack.format.pack.Pack` whose tar header starts at ``offset``."""
     lens = [int(n) for n in pack.seq_lens]
     starts = np.cumsum([0] + lens[:-1]).astype(np.int64)
     mask = np.asarray(pack.loss_mask)
@@ -197,9 +197,9 @@ def index_dataset(root: str | os.PathLike[str]) -> dict:
         >>> index_dataset("old-packed/")["columns"][:2]  # doctest: +SKIP
         ['offset', 'tokens']
     """
-    from .codec import decode_pack
-    from .loader.stages import tar_entries
-    from .loader.streams import FileStream
+    from .pack import decode_pack
+    from .tar import tar_entries
+    from ..storage.local import FileStream
     from .manifest import MANIFEST_NAME, read_manifest, write_json_atomic
 
     folder = Path(root)
@@ -229,8 +229,8 @@ def index_dataset(root: str | os.PathLike[str]) -> dict:
 
 def member_offsets(f, *, where: str) -> list[int]:
     """Where each ``*.mp`` member's header starts in an open shard file (for shards already written)."""
-    from .loader.stages import tar_entries
-    from .loader.streams import FileStream
+    from .tar import tar_entries
+    from ..storage.local import FileStream
 
     stream = FileStream(f)
     out = []

@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .codec import FORMAT
-from .errors import ManifestError
+from .pack import FORMAT
+from ..errors import ManifestError
 
 __all__ = ["MANIFEST_NAME", "DROPPED_NAME", "Manifest", "ShardInfo", "read_manifest", "write_json_atomic"]
 
@@ -62,7 +62,7 @@ class Manifest:
     dropped_file: str = DROPPED_NAME
     format: str = FORMAT
     wdspack_version: str = ""
-    #: ``pack_index.npy`` beside the manifest (:mod:`wdspack.pack_index`): file, columns, bytes, sha256; {} if none
+    #: ``pack_index.npy`` beside the manifest (:mod:`wdspack.format.pack_index`): file, columns, bytes, sha256; {} if none
     pack_index: dict[str, Any] = field(default_factory=dict)
 
     @property

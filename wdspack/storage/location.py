@@ -32,73 +32,11 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from typing import IO, Any
 
-from .errors import ConfigError, OutputError, SourceError
+from ..errors import ConfigError, OutputError, SourceError
+from .fsspec import filesystem
+from .urls import is_url, local_path
 
-__all__ = ["Location", "copy_to_local", "filesystem", "is_url", "local_path", "open_input", "read_range", "stat_tag",
-           "url_of", "with_hub_revision"]
-
-_BACKENDS = "s3fs for s3://, gcsfs for gs://, adlfs for az://"
-
-
-def is_url(path: str | os.PathLike[str]) -> bool:
-    """True for ``scheme://…`` other than ``file://`` (which is read as a local path).
-
-    Example:
-        >>> is_url("s3://b/x.jsonl"), is_url("file:///x.jsonl"), is_url("data/x.jsonl")
-        (True, False, False)
-    """
-    text = str(path)
-    return "://" in text and not text.startswith("file://")
-
-
-def local_path(path: str | os.PathLike[str]) -> str:
-    """A local path, with ``file://`` stripped and ``~`` expanded, made absolute."""
-    text = str(path)
-    if text.startswith("file://"):
-        text = text[len("file://"):]
-    return os.path.abspath(os.path.expanduser(text))
-
-
-def filesystem(url: str, **options: Any) -> tuple[Any, str]:
-    """``(fsspec filesystem, path inside it)`` for a URL; ``hf://`` gets ``@main`` when unnamed.
-
-    Raises:
-        ConfigError: no fsspec backend for the URL's scheme is installed.
-    """
-    import fsspec
-
-    url = with_hub_revision(url)
-    try:
-        return fsspec.core.url_to_fs(url, **options)
-    except (ImportError, ValueError) as e:
-        scheme = url.split("://", 1)[0]
-        raise ConfigError(f"cannot open {url!r}: {e}; install the fsspec backend for {scheme}:// "
-                          f"({_BACKENDS})") from None
-
-
-def with_hub_revision(url: str) -> str:
-    """``hf://datasets/ORG/NAME/x`` → ``hf://datasets/ORG/NAME@main/x`` (other URLs unchanged).
-
-    A revision is always asked for by name, as the loader does: the same snapshot every time
-    (and mirrors such as olah answer revision-less lookups by asking the real Hub).
-
-    Example:
-        >>> with_hub_revision("hf://datasets/org/name/data/a.jsonl")
-        'hf://datasets/org/name@main/data/a.jsonl'
-    """
-    if not url.startswith("hf://"):
-        return url
-    parts = url[len("hf://"):].split("/")
-    typed = parts[0] in ("datasets", "spaces", "models")
-    repo = 2 if typed else 1
-    if len(parts) > repo and "@" not in parts[repo]:
-        parts[repo] += "@main"
-    return "hf://" + "/".join(parts)
-
-
-def url_of(fs: Any, path: str) -> str:
-    """The full URL of ``path`` inside ``fs`` (the inverse of :func:`filesystem`)."""
-    return fs.unstrip_protocol(path)
+__all__ = ["Location", "copy_to_local", "open_input", "read_range", "stat_tag"]
 
 
 def stat_tag(path: str) -> list[Any]:

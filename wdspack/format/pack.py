@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import msgpack
 import numpy as np
 
-from .errors import FormatError
+from ..errors import FormatError
 
 __all__ = ["FORMAT", "MAX_PACK_BYTES", "Pack", "decode_pack", "encode_pack", "token_dtype_for", "validate_pack"]
 
