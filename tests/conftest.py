@@ -2,7 +2,7 @@
 
 - ``tekken_dir``: a folder holding the Pixtral tokenizer (``tekken.json`` from mistral_common).
 - ``pixtral_template``: the text of ``examples/chat_templates/pixtral.jinja``.
-- ``sample_config``: both as a :class:`~wdspack.samples.SampleConfig`, 16 ``[IMG]`` tokens per image.
+- ``sample_config``: both as a :class:`~wdspack.packer.samples.SampleConfig`, 16 ``[IMG]`` tokens per image.
 - ``demo_data``: ``examples/make_demo_data.py``'s dataset (150 records, seed 11), generated once per session.
 - ``demo_packed``: ``demo_data`` packed once per session with :data:`DEMO_PACK` (a folder and its summary).
 
@@ -60,7 +60,7 @@ def pixtral_template() -> str:
 
 @pytest.fixture(scope="session")
 def sample_config(tekken_dir, pixtral_template):
-    from wdspack.samples import SampleConfig
+    from wdspack.packer.samples import SampleConfig
 
     return SampleConfig(tokenizer=str(tekken_dir), chat_template=pixtral_template, tokens_per_image=16,
                         image_token="[IMG]")
@@ -78,7 +78,8 @@ def demo_data(tmp_path_factory) -> Path:
 def demo_packed(tmp_path_factory, demo_data, sample_config):
     """``(folder, summary)``: ``demo_data`` packed with :data:`DEMO_PACK`, shared: never write into it."""
     from demo_job import demo_sources
-    from wdspack.pipeline import PackConfig, pack_dataset
+    from wdspack.packer.config import PackConfig
+    from wdspack.packer.job import pack_dataset
 
     out = tmp_path_factory.mktemp("demo-packed") / "ds"
     summary = pack_dataset(demo_sources(demo_data), out, sample_config=sample_config, config=PackConfig(**DEMO_PACK))

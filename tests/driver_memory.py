@@ -17,7 +17,9 @@ import time
 
 import numpy as np
 
-from wdspack.pipeline import WORK_DIR, PackConfig, SpoolWriter, run_job
+from wdspack.packer.job import WORK_DIR, run_job
+from wdspack.packer.config import PackConfig
+from wdspack.packer.spool import SpoolWriter
 from wdspack.storage.location import Location
 
 PARTITIONS = 50

@@ -15,8 +15,9 @@ from typing import Any, Sequence
 from PIL import Image
 
 from wdspack.format.manifest import read_manifest
-from wdspack.pipeline import PackConfig, PackSummary, pack_dataset
-from wdspack.samples import SampleConfig, get_builder
+from wdspack.packer.config import PackConfig, PackSummary
+from wdspack.packer.job import pack_dataset
+from wdspack.packer.samples import SampleConfig, get_builder
 from wdspack.format.dataset import open_dataset
 from wdspack.verify import verify_dataset
 

@@ -29,7 +29,8 @@ from wdspack import cli
 from wdspack.format.pack import decode_pack
 from wdspack.errors import DROP_REASONS, SampleError
 from wdspack.format.manifest import read_manifest
-from wdspack.pipeline import WORK_DIR, PackConfig, pack_dataset
+from wdspack.packer.job import WORK_DIR, pack_dataset
+from wdspack.packer.config import PackConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SEQ_LEN, MAX_IMAGES, TOKENS_PER_IMAGE = 512, 2, 16
@@ -185,7 +186,7 @@ def test_the_first_duplicate_is_kept(bad_dataset, sample_config, tmp_path):
     path, images, *_ = bad_dataset
     out = tmp_path / "ds"
     pack_dataset([str(path)], out, sample_config=sample_config, config=_config(), image_root=str(images))
-    from wdspack.samples import get_builder
+    from wdspack.packer.samples import get_builder
 
     tok = get_builder(sample_config).tokenizer
     for shard in read_manifest(out).shards:

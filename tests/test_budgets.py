@@ -29,8 +29,9 @@ from wdspack.cli import main
 from wdspack.errors import ConfigError
 from wdspack.format.manifest import MANIFEST_NAME, read_manifest, write_json_atomic
 from wdspack.format.pack_index import INDEX_NAME, index_dataset
-from wdspack.pipeline import PackConfig, pack_dataset
-from wdspack.reshard import reshard_dataset
+from wdspack.packer.config import PackConfig
+from wdspack.packer.job import pack_dataset
+from wdspack.packer.reshard import reshard_dataset
 from wdspack.stats import dataset_stats, format_stats
 from wdspack.format.dataset import iter_dataset_packs, open_dataset
 from wdspack.verify import verify_dataset

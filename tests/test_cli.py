@@ -16,7 +16,8 @@ import pytest
 from demo_job import generate_demo
 from wdspack.cli import _parser, main, parse_size
 from wdspack.errors import ConfigError
-from wdspack.pipeline import WORK_DIR, PackSummary
+from wdspack.packer.job import WORK_DIR
+from wdspack.packer.config import PackSummary
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -97,7 +98,7 @@ def test_fixed_mode_needs_tokens_per_image(demo_data, tekken_dir, tmp_path, caps
     assert len(err.splitlines()) == 1 and "needs --tokens-per-image N" in err and "--processor" in err, err
     assert not (tmp_path / "out").exists()  # refused before the output is touched
     # the library has no silent default either
-    from wdspack.samples import SampleConfig, SampleBuilder
+    from wdspack.packer.samples import SampleConfig, SampleBuilder
 
     with pytest.raises(ConfigError, match="tokens_per_image=N"):
         SampleBuilder(SampleConfig(str(tekken_dir), chat_template="{{ messages }}", image_token="[IMG]"))

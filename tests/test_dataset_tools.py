@@ -18,8 +18,9 @@ from wdspack.format.pack import decode_pack
 from wdspack.errors import OutputError
 from wdspack.hub import upload_dataset
 from wdspack.format.manifest import read_manifest
-from wdspack.pipeline import PackConfig, pack_dataset
-from wdspack.reshard import reshard_dataset
+from wdspack.packer.config import PackConfig
+from wdspack.packer.job import pack_dataset
+from wdspack.packer.reshard import reshard_dataset
 from wdspack.stats import dataset_stats, naive_padding_waste
 from wdspack.verify import verify_dataset
 

@@ -1,6 +1,6 @@
 """The pack job's driver keeps integers and ids, never payloads: its memory per sample is measured.
 
-``pipeline.DRIVER_BYTES_PER_SAMPLE`` (plus each id's own ``str``) is the bound the docs state. Two
+``wdspack.packer.job.DRIVER_BYTES_PER_SAMPLE`` (plus each id's own ``str``) is the bound the docs state. Two
 runs of :mod:`driver_memory` (100 k and 300 k samples, fresh processes) give the driver's memory
 growth; the slope between them, per sample, must stay within it. A payload leaking into the driver
 (the tokens alone are 20–400 × 4 bytes per sample here) would break it many times over.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from wdspack.pipeline import DRIVER_BYTES_PER_SAMPLE
+from wdspack.packer.job import DRIVER_BYTES_PER_SAMPLE
 
 HERE = Path(__file__).resolve().parent
 

@@ -302,8 +302,8 @@ def test_inspect_verify_and_reshard_read_a_hub_dataset(hub, tmp_path, monkeypatc
     """The tools take ``hf://`` sources too (fsspec's ``hf`` protocol, at the server's endpoint)."""
     from huggingface_hub import HfFileSystem, constants
 
-    from wdspack.pipeline import PackConfig
-    from wdspack.reshard import reshard_dataset
+    from wdspack.packer.config import PackConfig
+    from wdspack.packer.reshard import reshard_dataset
     from wdspack.stats import dataset_stats
     from wdspack.verify import verify_dataset
 
@@ -337,7 +337,8 @@ def test_pack_reads_sources_and_images_from_the_hub(hub, tmp_path, monkeypatch, 
     from huggingface_hub import HfFileSystem, constants
 
     from demo_job import demo_sources, generate_demo, read_files
-    from wdspack.pipeline import PackConfig, pack_dataset
+    from wdspack.packer.config import PackConfig
+    from wdspack.packer.job import pack_dataset
 
     data = generate_demo(tmp_path / "chats", records=60, seed=3)
     publish(hub.mirrors, "org/chats", data)

@@ -29,9 +29,10 @@ import pytest
 from published import image_bytes, round_trip, write_image
 from wdspack import cli
 from wdspack.errors import ConfigError, SampleError, SourceError, TooManyDropsError
-from wdspack.pipeline import PackConfig, pack_dataset
-from wdspack.sources import Source, iter_records, list_partitions
-from wdspack.sources.meta import RowMap, collision_key, expand_sources, parse_source
+from wdspack.packer.config import PackConfig
+from wdspack.packer.job import pack_dataset
+from wdspack.packer.sources import Source, iter_records, list_partitions
+from wdspack.packer.sources.meta import RowMap, collision_key, expand_sources, parse_source
 from wdspack.format.dataset import iter_dataset_packs, open_dataset
 from wdspack.verify import verify_dataset
 
@@ -224,7 +225,7 @@ def test_llamafactory_entries_wdspack_cannot_read_are_named(tmp_path):
 
 def test_llamafactory_row_maps():
     """Entries in the layouts wdspack reads need no renames; the others are renamed row by row."""
-    from wdspack.sources.meta import _lf_row_map
+    from wdspack.packer.sources.meta import _lf_row_map
 
     assert _lf_row_map({"file_name": "a.json"}, "x") is None  # Alpaca defaults
     assert _lf_row_map({"file_name": "a.json", "formatting": "sharegpt",
@@ -404,7 +405,7 @@ def test_source_records_and_plain_strings_are_the_same_job(tmp_path, sample_conf
 
 @pytest.mark.slow
 def test_several_sources_are_deterministic_and_resume_identically(tmp_path, sample_config, monkeypatch):
-    from wdspack import pipeline
+    from wdspack.packer import job
 
     monkeypatch.chdir(tmp_path)
     meta = _internvl(tmp_path, n=6)
@@ -414,7 +415,7 @@ def test_several_sources_are_deterministic_and_resume_identically(tmp_path, samp
     pack_dataset(sources, tmp_path / "b", sample_config=sample_config, config=config(workers=2))
     assert _files(tmp_path / "a") == _files(tmp_path / "b")
     assert verify_dataset(str(tmp_path / "a"), sources=sources) == []
-    real, calls = pipeline._measure_partition, []
+    real, calls = job._measure_partition, []
 
     def dies_on_the_fifth(*args):
         calls.append(args[0])
@@ -422,10 +423,10 @@ def test_several_sources_are_deterministic_and_resume_identically(tmp_path, samp
             raise KeyboardInterrupt
         return real(*args)
 
-    monkeypatch.setattr(pipeline, "_measure_partition", dies_on_the_fifth)
+    monkeypatch.setattr(job, "_measure_partition", dies_on_the_fifth)
     with pytest.raises(KeyboardInterrupt):
         pack_dataset(sources, tmp_path / "resumed", sample_config=sample_config, config=config())
-    monkeypatch.setattr(pipeline, "_measure_partition", real)
+    monkeypatch.setattr(job, "_measure_partition", real)
     pack_dataset(sources, tmp_path / "resumed", sample_config=sample_config, config=config(), resume=True)
     assert _files(tmp_path / "a") == _files(tmp_path / "resumed")
 

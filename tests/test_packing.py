@@ -73,7 +73,7 @@ def test_bfd_plans_in_two_dimensions():
     _check(bfd, tok, img, 2048, 8)
     ffd = plan_packs(tok, img, seq_len=2048, max_images=8, algorithm="ffd")
     _check(ffd, tok, img, 2048, 8)
-    from wdspack.packing import _best_fit, _decreasing
+    from wdspack.packer.planner import _best_fit, _decreasing
 
     valid = np.arange(tok.size)
     token_sorted = int(_best_fit(_decreasing(valid, tok), tok, img, 2048, 8)[1].max()) + 1
@@ -85,7 +85,7 @@ def test_bfd_plans_in_two_dimensions():
 @given(items=items, seed=st.integers(0, 5))
 @settings(max_examples=60, deadline=None)
 def test_bfd_never_worse_than_token_sorted_bfd(items, seed):
-    from wdspack.packing import _best_fit, _decreasing
+    from wdspack.packer.planner import _best_fit, _decreasing
 
     tok = np.array([t for t, _ in items] or [1], dtype=np.int64)
     img = np.array([m for _, m in items] or [0], dtype=np.int64)

@@ -15,13 +15,14 @@ import numpy as np
 import pytest
 
 from demo_job import demo_sources, read_files
-from wdspack import pipeline
+from wdspack.packer import job
 from wdspack.format.pack import decode_pack
 from wdspack.errors import ConfigError, Dropped, OutputError, SampleError, TooManyDropsError
 from wdspack.format.manifest import read_manifest
-from wdspack.pipeline import PackConfig, pack_dataset
-from wdspack.samples import get_builder
-from wdspack.sources import iter_records, list_partitions
+from wdspack.packer.config import PackConfig
+from wdspack.packer.job import pack_dataset
+from wdspack.packer.samples import get_builder
+from wdspack.packer.sources import iter_records, list_partitions
 
 ROOT = Path(__file__).resolve().parents[1]
 SEQ_LEN, MAX_IMAGES = 2048, 6
@@ -109,7 +110,7 @@ def test_manifest_describes_the_job(packed):
     assert len(m.shards) > 1, "shard_max_bytes should roll over shards"
     for s in m.shards:
         assert (out / s.name).stat().st_size == s.bytes
-    assert not (out / pipeline.WORK_DIR).exists(), "the work folder is removed when the job is done"
+    assert not (out / job.WORK_DIR).exists(), "the work folder is removed when the job is done"
     names = sorted(p.name for p in out.iterdir())
     assert names == sorted(["manifest.json", "dropped.jsonl", "pack_index.npy"] + [s.name for s in m.shards])
     assert m.pack_index["file"] == "pack_index.npy" and m.pack_index["bytes"] == (out / "pack_index.npy").stat().st_size
@@ -130,7 +131,7 @@ class _Boom(RuntimeError):
 def test_resume_after_a_crash_while_writing(packed, demo_data, sample_config, tmp_path, monkeypatch):
     out, _ = packed
     target = tmp_path / "crashy"
-    real, calls = pipeline._write_shard, []
+    real, calls = job._write_shard, []
 
     def crash_on_third(*args):
         calls.append(args[0])
@@ -138,14 +139,14 @@ def test_resume_after_a_crash_while_writing(packed, demo_data, sample_config, tm
             raise _Boom("killed")
         return real(*args)
 
-    monkeypatch.setattr(pipeline, "_write_shard", crash_on_third)
+    monkeypatch.setattr(job, "_write_shard", crash_on_third)
     with pytest.raises(_Boom):
         pack_dataset(demo_sources(demo_data), target, sample_config=sample_config, config=_config())
     assert not (target / "manifest.json").exists()
     assert not [p for p in target.iterdir() if p.name.endswith(".tmp")]
     with pytest.raises(OutputError, match="--resume"):
         pack_dataset(demo_sources(demo_data), target, sample_config=sample_config, config=_config())
-    monkeypatch.setattr(pipeline, "_write_shard", real)
+    monkeypatch.setattr(job, "_write_shard", real)
     summary = pack_dataset(demo_sources(demo_data), target, sample_config=sample_config, config=_config(),
                            resume=True)
     assert summary.resumed_shards == 2
@@ -155,7 +156,7 @@ def test_resume_after_a_crash_while_writing(packed, demo_data, sample_config, tm
 def test_resume_after_a_crash_while_measuring(packed, demo_data, sample_config, tmp_path, monkeypatch):
     out, _ = packed
     target = tmp_path / "crashy"
-    real, calls = pipeline._measure_partition, []
+    real, calls = job._measure_partition, []
 
     def crash_on_second(*args):
         calls.append(args[0])
@@ -163,17 +164,17 @@ def test_resume_after_a_crash_while_measuring(packed, demo_data, sample_config, 
             raise _Boom("killed")
         return real(*args)
 
-    monkeypatch.setattr(pipeline, "_measure_partition", crash_on_second)
+    monkeypatch.setattr(job, "_measure_partition", crash_on_second)
     with pytest.raises(_Boom):
         pack_dataset(demo_sources(demo_data), target, sample_config=sample_config, config=_config())
-    monkeypatch.setattr(pipeline, "_measure_partition", real)
+    monkeypatch.setattr(job, "_measure_partition", real)
     pack_dataset(demo_sources(demo_data), target, sample_config=sample_config, config=_config(), resume=True)
     assert read_files(target) == read_files(out)
 
 
 def test_resume_refuses_other_arguments(demo_data, sample_config, tmp_path, monkeypatch):
     target = tmp_path / "ds"
-    monkeypatch.setattr(pipeline, "_write_shard", lambda *a: (_ for _ in ()).throw(_Boom("killed")))
+    monkeypatch.setattr(job, "_write_shard", lambda *a: (_ for _ in ()).throw(_Boom("killed")))
     with pytest.raises(_Boom):
         pack_dataset(demo_sources(demo_data), target, sample_config=sample_config, config=_config())
     with pytest.raises(OutputError, match="other inputs or arguments"):

@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 
 from demo_job import demo_sources, generate_demo, read_files
-from wdspack import pipeline
+from wdspack.packer import job
 from wdspack.cli import main
 from wdspack.errors import ConfigError, SampleError
-from wdspack.executors import run_tasks
-from wdspack.pipeline import PackConfig, pack_dataset
+from wdspack.packer.executors import run_tasks
+from wdspack.packer.config import PackConfig
+from wdspack.packer.job import pack_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 VICTIM_PART, VICTIM_SHARD = 3, 1  # the measure task and the write task whose first worker dies
@@ -70,7 +71,7 @@ def test_ray_equals_local_byte_for_byte(ray_cluster, local_files, demo_data, sam
     assert files.keys() == local_files.keys()
     for name, data in local_files.items():
         assert files[name] == data, name
-    assert not (out / pipeline.WORK_DIR).exists()
+    assert not (out / job.WORK_DIR).exists()
 
 
 # --- a worker dies mid-job ------------------------------------------------------------------------
@@ -83,7 +84,7 @@ def _measure_dies_once(i, partition, sample_config, on_error, seq_len, max_image
         marker.write_text(str(os.getpid()))
         (Path(work) / "spool" / f"{i:06d}.bin").write_bytes(b"\x95\xa9half a sample")
         os._exit(1)
-    return pipeline._measure_partition(i, partition, sample_config, on_error, seq_len, max_images,
+    return job._measure_partition(i, partition, sample_config, on_error, seq_len, max_images,
                                        work)  # the real one, in a worker
 
 
@@ -94,13 +95,13 @@ def _write_dies_once(j, refs, work, path, token_dtype):
         marker.write_text(str(os.getpid()))
         Path(path).with_name(f".{Path(path).name}.tmp").write_bytes(b"partial tar")  # ShardWriter's temp name
         os._exit(1)
-    return pipeline._write_shard(j, refs, work, path, token_dtype)
+    return job._write_shard(j, refs, work, path, token_dtype)
 
 
 def test_killed_worker_is_retried_with_identical_output(ray_cluster, local_files, demo_data, sample_config,
                                                         tmp_path, monkeypatch):
-    monkeypatch.setattr(pipeline, "_measure_partition", _measure_dies_once)
-    monkeypatch.setattr(pipeline, "_write_shard", _write_dies_once)
+    monkeypatch.setattr(job, "_measure_partition", _measure_dies_once)
+    monkeypatch.setattr(job, "_write_shard", _write_dies_once)
     out = tmp_path / "ds"
     pack_dataset(demo_sources(demo_data), out, sample_config=sample_config, config=_config(executor="ray"))
     for stage, k in (("measure", VICTIM_PART), ("write", VICTIM_SHARD)):

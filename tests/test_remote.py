@@ -14,11 +14,12 @@ import pytest
 
 from demo_job import demo_sources, read_files
 from s3server import running_s3, upload_folder
-from wdspack import pipeline
+from wdspack.packer import job
 from wdspack.errors import ConfigError, OutputError, SourceError, TooManyDropsError
 from wdspack.format.manifest import Manifest
-from wdspack.pipeline import PackConfig, pack_dataset
-from wdspack.sources import iter_records, list_partitions
+from wdspack.packer.config import PackConfig
+from wdspack.packer.job import pack_dataset
+from wdspack.packer.sources import iter_records, list_partitions
 from wdspack.storage.location import Location
 
 pytest.importorskip("s3fs")
@@ -125,7 +126,7 @@ def test_resume_on_s3_after_a_crash_while_writing(s3, local, remote_demo, sample
     _, fs = s3
     url = f"s3://{BUCKET}/crashy"
     sources = [f"{remote_demo}/llava.jsonl", f"{remote_demo}/messages.jsonl"]
-    real, calls = pipeline._write_shard, []
+    real, calls = job._write_shard, []
 
     def crash_on_third(*args):
         calls.append(args[0])
@@ -133,7 +134,7 @@ def test_resume_on_s3_after_a_crash_while_writing(s3, local, remote_demo, sample
             raise RuntimeError("killed")
         return real(*args)
 
-    monkeypatch.setattr(pipeline, "_write_shard", crash_on_third)
+    monkeypatch.setattr(job, "_write_shard", crash_on_third)
     with pytest.raises(RuntimeError, match="killed"):
         pack_dataset(sources, url, sample_config=sample_config, config=_config())
     left = _remote_files(fs, url)
@@ -141,7 +142,7 @@ def test_resume_on_s3_after_a_crash_while_writing(s3, local, remote_demo, sample
     assert sum(n.endswith(".tar") for n in left) == 2
     with pytest.raises(OutputError, match="--resume"):
         pack_dataset(sources, url, sample_config=sample_config, config=_config())
-    monkeypatch.setattr(pipeline, "_write_shard", real)
+    monkeypatch.setattr(job, "_write_shard", real)
     summary = pack_dataset(sources, url, sample_config=sample_config, config=_config(), resume=True)
     assert summary.resumed_shards == 2
     files = _remote_files(fs, url)

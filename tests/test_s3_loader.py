@@ -243,7 +243,8 @@ def test_dataset_packed_to_s3_streams_like_its_local_copy(s3, sample_config, tmp
     packed locally from the same inputs."""
     from demo_job import demo_sources, generate_demo
 
-    from wdspack.pipeline import PackConfig, pack_dataset
+    from wdspack.packer.config import PackConfig
+    from wdspack.packer.job import pack_dataset
 
     demo = generate_demo(tmp_path / "demo", records=60, seed=2)
     config = PackConfig(seq_len=2048, max_images=6, shard_max_bytes=120_000, records_per_partition=30,

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from wdspack.errors import ConfigError, SampleError
-from wdspack.samples import SampleBuilder, SampleConfig, get_builder
+from wdspack.packer.samples import SampleBuilder, SampleConfig, get_builder
 
 
 @dataclass(frozen=True)

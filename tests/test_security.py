@@ -222,7 +222,7 @@ def no_png_decoding(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("size", [(30_000, 30_000), (9_000, 9_000)])  # over Pillow's own limit / only over ours
 def test_packer_refuses_bombs_by_pixel_count(tekken_dir, pixtral_template, no_png_decoding, size):
-    from wdspack.samples import SampleBuilder, SampleConfig
+    from wdspack.packer.samples import SampleBuilder, SampleConfig
 
     class Rec:
         sample_id = "bomb"

@@ -17,10 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-import wdspack.sources as sources
+import wdspack.packer.sources as sources
 from wdspack.errors import DROP_REASONS, ConfigError, Dropped, SourceError
-from wdspack.sources import Partition, Record, iter_records, list_partitions
-from wdspack.sources.scan import array_separators, jsonl_boundaries, split_array_chunk
+from wdspack.packer.sources import Partition, Record, iter_records, list_partitions
+from wdspack.packer.sources.scan import array_separators, jsonl_boundaries, split_array_chunk
 
 
 def _image(fmt: str = "PNG", color: str = "red", size: tuple[int, int] = (6, 4)) -> bytes:

@@ -19,9 +19,10 @@ from PIL import Image
 from wdspack.cli import main
 from wdspack.errors import ConfigError, Dropped, TooManyDropsError
 from wdspack.format.manifest import read_manifest
-from wdspack.pipeline import DEFAULT_MAX_DROP_FRACTION, PackConfig, pack_dataset
-from wdspack.samples import SampleConfig, get_builder
-from wdspack.sources import Record, iter_records, list_partitions
+from wdspack.packer.config import DEFAULT_MAX_DROP_FRACTION, PackConfig
+from wdspack.packer.job import pack_dataset
+from wdspack.packer.samples import SampleConfig, get_builder
+from wdspack.packer.sources import Record, iter_records, list_partitions
 from wdspack.verify import verify_dataset
 
 QWEN25_TEMPLATE = """\
@@ -453,11 +454,11 @@ def test_alpaca_and_tool_files_pack_verify_and_are_deterministic(tmp_path, qwen_
 
 
 def test_resume_after_an_interrupted_measure_is_identical(tmp_path, qwen_config, monkeypatch):
-    from wdspack import pipeline
+    from wdspack.packer import job
 
     srcs = _write_formats(tmp_path / "data")
     pack_dataset(srcs, tmp_path / "clean", sample_config=qwen_config, config=_pack_config())
-    real, calls = pipeline._measure_partition, []
+    real, calls = job._measure_partition, []
 
     def dies_on_the_fourth(*args):
         calls.append(args[0])
@@ -465,10 +466,10 @@ def test_resume_after_an_interrupted_measure_is_identical(tmp_path, qwen_config,
             raise KeyboardInterrupt
         return real(*args)
 
-    monkeypatch.setattr(pipeline, "_measure_partition", dies_on_the_fourth)
+    monkeypatch.setattr(job, "_measure_partition", dies_on_the_fourth)
     with pytest.raises(KeyboardInterrupt):
         pack_dataset(srcs, tmp_path / "resumed", sample_config=qwen_config, config=_pack_config())
-    monkeypatch.setattr(pipeline, "_measure_partition", real)
+    monkeypatch.setattr(job, "_measure_partition", real)
     pack_dataset(srcs, tmp_path / "resumed", sample_config=qwen_config, config=_pack_config(), resume=True)
     assert _files(tmp_path / "clean") == _files(tmp_path / "resumed")
 

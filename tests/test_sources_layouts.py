@@ -20,8 +20,8 @@ import pytest
 from PIL import Image
 
 from wdspack.errors import DROP_REASONS, Dropped, SampleError
-from wdspack.samples import SampleBuilder, SampleConfig, get_builder
-from wdspack.sources import Record, iter_records, list_partitions
+from wdspack.packer.samples import SampleBuilder, SampleConfig, get_builder
+from wdspack.packer.sources import Record, iter_records, list_partitions
 
 
 def _image(color: str = "red", fmt: str = "PNG", size: tuple[int, int] = (6, 4)) -> bytes:

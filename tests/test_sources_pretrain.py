@@ -20,12 +20,13 @@ from PIL import Image
 
 from wdspack.cli import main
 from wdspack.errors import ConfigError, Dropped, SampleError
-from wdspack.pipeline import PackConfig, pack_dataset
-from wdspack.pretrain import PretrainConfig, build_samples
-from wdspack.samples import SampleConfig, get_builder
-from wdspack.sources import TextRecord, iter_records, list_partitions
-from wdspack.sources.documents import IMAGE, build_document, is_document
-from wdspack.sources.webdataset import split_member_name
+from wdspack.packer.config import PackConfig
+from wdspack.packer.job import pack_dataset
+from wdspack.packer.text import PretrainConfig, build_samples
+from wdspack.packer.samples import SampleConfig, get_builder
+from wdspack.packer.sources import TextRecord, iter_records, list_partitions
+from wdspack.packer.sources.documents import IMAGE, build_document, is_document
+from wdspack.packer.sources.webdataset import split_member_name
 from wdspack.format.dataset import open_dataset
 from wdspack.verify import verify_dataset
 
@@ -280,7 +281,7 @@ def test_a_tokenizer_without_eos_needs_one_named(tekken_dir):
     with pytest.raises(ConfigError, match="--eos-token"):
         b.build(TextRecord("s:0", "caption", (IMAGE, "x"), (_image("red"),)))
     with pytest.raises(ConfigError, match="no chat template, which chat records need"):
-        from wdspack.sources import Record
+        from wdspack.packer.sources import Record
         b.build(Record("c", ({"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}), ()))
 
 
@@ -335,7 +336,7 @@ def test_unsplittable_or_unsplit_documents_are_too_long(tekken_dir, tmp_path):
     with pytest.raises(SampleError, match="no text boundary") as e:
         build_samples(b, no_space, seq_len=64, max_images=None)
     assert e.value.reason == "too_long"
-    with pytest.raises(ConfigError, match="only wdspack.pretrain.build_samples returns"):
+    with pytest.raises(ConfigError, match="only wdspack.packer.text.build_samples returns"):
         b.build(_long_document())  # the one-sample path cannot split: loud, not a silent too_long
 
 
@@ -401,7 +402,7 @@ def test_pack_captions_and_documents_split_verify_and_repeat_byte_for_byte(tekke
 
 
 def test_splitting_jobs_resume_to_the_same_bytes(tekken_dir, tmp_path, monkeypatch):
-    import wdspack.pipeline as pipeline
+    from wdspack.packer import job
 
     files = _documents(tmp_path)
     sources = [str(files["jsonl"]), str(files["parquet"])]
@@ -409,7 +410,7 @@ def test_splitting_jobs_resume_to_the_same_bytes(tekken_dir, tmp_path, monkeypat
     config = PackConfig(seq_len=128, max_images=4, shard_max_packs=2, records_per_partition=1, max_drop_fraction=1)
     pack_dataset(sources, tmp_path / "ok", sample_config=cfg, config=config)
     assert any("#1" in sid for sid in _packed_ids(tmp_path / "ok")), "a document was split"
-    real, calls = pipeline._measure_partition, []
+    real, calls = job._measure_partition, []
 
     def crash_on_third(*args):
         calls.append(args[0])
@@ -417,10 +418,10 @@ def test_splitting_jobs_resume_to_the_same_bytes(tekken_dir, tmp_path, monkeypat
             raise KeyboardInterrupt
         return real(*args)
 
-    monkeypatch.setattr(pipeline, "_measure_partition", crash_on_third)
+    monkeypatch.setattr(job, "_measure_partition", crash_on_third)
     with pytest.raises(KeyboardInterrupt):
         pack_dataset(sources, tmp_path / "crashy", sample_config=cfg, config=config)
-    monkeypatch.setattr(pipeline, "_measure_partition", real)
+    monkeypatch.setattr(job, "_measure_partition", real)
     pack_dataset(sources, tmp_path / "crashy", sample_config=cfg, config=config, resume=True)
     assert _files(tmp_path / "crashy") == _files(tmp_path / "ok")
 
@@ -444,8 +445,8 @@ def _check_sources_sets(seen, *, packed, dropped):
         pass
 
     records = [TextRecord(sid, "document", ("x",)) for sid in seen]
-    with mock.patch("wdspack.sources.list_partitions", return_value=[_P()]), \
-            mock.patch("wdspack.sources.iter_records", return_value=records):
+    with mock.patch("wdspack.packer.sources.list_partitions", return_value=[_P()]), \
+            mock.patch("wdspack.packer.sources.iter_records", return_value=records):
         return verify._check_sources(["x"], None, set(packed), set(dropped))
 
 

@@ -19,8 +19,8 @@ import pytest
 from published import round_trip
 from test_sources_chat_formats import MISTRAL_NEMO_TEMPLATE, QWEN25_TEMPLATE, TIME_TOOL, WEATHER_TOOL
 from wdspack.errors import SampleError
-from wdspack.samples import SampleBuilder, SampleConfig, get_builder
-from wdspack.sources import Record
+from wdspack.packer.samples import SampleBuilder, SampleConfig, get_builder
+from wdspack.packer.sources import Record
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,7 +85,7 @@ def test_prefix_stable_templates_keep_their_spans(tmp_path, qwen_config_module):
 
 
 def builder_messages(row: dict) -> list[dict]:
-    from wdspack.sources import build_record
+    from wdspack.packer.sources import build_record
 
     return list(build_record(row, sample_id="x", image_root=".").messages)
 
@@ -159,7 +159,8 @@ def test_a_template_without_an_end_of_turn_token_is_warned_about(nemo_config):
 def test_the_pack_job_logs_the_template_warning_once(tmp_path, nemo_config, caplog):
     import sys
 
-    from wdspack.pipeline import PackConfig, pack_dataset
+    from wdspack.packer.config import PackConfig
+    from wdspack.packer.job import pack_dataset
 
     sys.path.insert(0, str(ROOT / "examples"))
     from tiny_vlm.llava import LLAVA_TEMPLATE

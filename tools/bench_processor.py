@@ -41,7 +41,8 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 
 def _pack(sources: list[str], out: Path, sample_config, workers: int, seq_len: int, max_images: int) -> dict:
-    from wdspack.pipeline import PackConfig, pack_dataset
+    from wdspack.packer.config import PackConfig
+    from wdspack.packer.job import pack_dataset
 
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
@@ -54,7 +55,7 @@ def _pack(sources: list[str], out: Path, sample_config, workers: int, seq_len: i
 
 def _records(sources: list[str]) -> list:
     from wdspack.errors import Dropped
-    from wdspack.sources import iter_records, list_partitions
+    from wdspack.packer.sources import iter_records, list_partitions
 
     return [r for part in list_partitions(sources) for r in iter_records(part) if not isinstance(r, Dropped)]
 
@@ -79,7 +80,7 @@ def _naive(records: list, processor) -> dict:
 def _build(records: list, sample_config) -> dict:
     """Per sample, wdspack's tokenizing step alone (``SampleBuilder.build``; loaded once, not timed)."""
     from wdspack.errors import SampleError
-    from wdspack.samples import SampleBuilder
+    from wdspack.packer.samples import SampleBuilder
 
     builder = SampleBuilder(sample_config)
     t0 = time.perf_counter()
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     from tiny_vlm import qwen2_5_vl
 
     from wdspack.models import save_processor
-    from wdspack.samples import SampleConfig
+    from wdspack.packer.samples import SampleConfig
 
     work = Path(tempfile.mkdtemp(prefix="bench-processor-"))
     try:

@@ -33,10 +33,11 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from wdspack import pipeline  # noqa: E402
-from wdspack.packing import plan_packs  # noqa: E402
-from wdspack.pipeline import PackConfig, pack_dataset  # noqa: E402
-from wdspack.samples import SampleConfig  # noqa: E402
+from wdspack.packer import job  # noqa: E402
+from wdspack.packer.planner import plan_packs  # noqa: E402
+from wdspack.packer.config import PackConfig
+from wdspack.packer.job import pack_dataset  # noqa: E402
+from wdspack.packer.samples import SampleConfig  # noqa: E402
 
 SEQ_LEN, MAX_IMAGES, TOKENS_PER_IMAGE = 4096, 16, 64
 TARGET_SAMPLES, TARGET_CPUS = 25_000_000, 64
@@ -58,9 +59,9 @@ class StageTimer:
         self._saved: dict[str, object] = {}
 
     def __enter__(self) -> StageTimer:
-        for name in ("_plan", "_select", "_assign_shards"):
-            self._wrap(name, name.strip("_"))
-        original_run = pipeline._run
+        for name, key in (("plan_selected", "plan"), ("select_samples", "select"), ("assign_shards", "assign_shards")):
+            self._wrap(name, key)
+        original_run = job._run
 
         def timed_run(fn, tasks, config, *, desc, **kw):
             t = time.perf_counter()
@@ -68,11 +69,11 @@ class StageTimer:
             self.seconds[desc] = self.seconds.get(desc, 0.0) + time.perf_counter() - t
 
         self._saved["_run"] = original_run
-        pipeline._run = timed_run
+        job._run = timed_run
         return self
 
     def _wrap(self, name: str, key: str) -> None:
-        original = getattr(pipeline, name)
+        original = getattr(job, name)
         self._saved[name] = original
 
         def timed(*args, **kw):
@@ -84,11 +85,11 @@ class StageTimer:
                 self.arrays = {"tokens": result["tokens"][keep], "images": result["images"][keep]}
             return result
 
-        setattr(pipeline, name, timed)
+        setattr(job, name, timed)
 
     def __exit__(self, *exc) -> None:
         for name, fn in self._saved.items():
-            setattr(pipeline, name, fn)
+            setattr(job, name, fn)
 
 
 def run_setting(sources, sample_config, work: Path, *, executor: str, workers: int, label: str) -> dict:

@@ -6,12 +6,12 @@
 1. **Reading.** The same image + caption pairs (JPEGs of 8-40 KB, img2dataset layout: ``.jpg``,
    ``.txt``, ``.json`` per key) as WebDataset shards of 1000 samples, and as a JSONL file of
    ``messages`` records whose images sit in a folder, one file each. Both go through
-   ``wdspack.sources`` (list_partitions + iter_records): records with their image bytes, no
+   ``wdspack.packer.sources`` (list_partitions + iter_records): records with their image bytes, no
    image decoded, no tokenizing. Samples/s is the best of ``--repeats`` passes after a warm-up
    pass (files in the page cache: it measures the reader, not the disk).
 2. **Packing fill.** Caption-like samples, one image of 64 tokens + 10-60 text tokens (+1 for
    end-of-text), planned with ``bfd`` at ``max_images`` 8 and 16 and seq_len 2048 and 4096:
-   packs against ``wdspack.packing.lower_bound`` (the image bound dominates: a pack holds at most
+   packs against ``wdspack.packer.planner.lower_bound`` (the image bound dominates: a pack holds at most
    ``max_images`` captions), and the fill ratio that bound allows.
 """
 
@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from wdspack.packing import lower_bound, plan_packs
-from wdspack.sources import iter_records, list_partitions
+from wdspack.packer.planner import lower_bound, plan_packs
+from wdspack.packer.sources import iter_records, list_partitions
 
 
 def make_pairs(n: int, seed: int = 0) -> list[tuple[str, bytes, str]]:

@@ -139,7 +139,7 @@ def sub_samples(packs: list[Any]) -> dict[str, SubSample]:
 
 def read_records(sources: list[str]) -> dict[str, Any]:
     from wdspack.errors import Dropped
-    from wdspack.sources import iter_records, list_partitions
+    from wdspack.packer.sources import iter_records, list_partitions
 
     return {r.sample_id: r for part in list_partitions(sources) for r in iter_records(part)
             if not isinstance(r, Dropped)}
@@ -338,8 +338,9 @@ def prepare(args: argparse.Namespace, work: Path, device: torch.device) -> tuple
     from tiny_vlm import qwen2_5_vl
 
     from wdspack.models import save_processor
-    from wdspack.pipeline import PackConfig, pack_dataset
-    from wdspack.samples import SampleConfig
+    from wdspack.packer.config import PackConfig
+    from wdspack.packer.job import pack_dataset
+    from wdspack.packer.samples import SampleConfig
 
     generate(work / "data", records=args.records, seed=args.seed)
     sources = [str(work / "data" / "llava.jsonl"), str(work / "data" / "messages.jsonl")]

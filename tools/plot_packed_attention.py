@@ -66,8 +66,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import wdspack
     from wdspack.models import save_processor
-    from wdspack.pipeline import PackConfig, pack_dataset
-    from wdspack.samples import SampleConfig
+    from wdspack.packer.config import PackConfig
+    from wdspack.packer.job import pack_dataset
+    from wdspack.packer.samples import SampleConfig
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

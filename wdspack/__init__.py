@@ -23,18 +23,18 @@ from .errors import (
     WdspackError,
 )
 from .format.manifest import Manifest, ShardInfo, read_manifest
-from .packing import ALGORITHMS, lower_bound, plan_packs
+from .packer.planner import ALGORITHMS, lower_bound, plan_packs
 
 _LAZY = {
-    "PackConfig": "pipeline", "PackSummary": "pipeline", "pack_dataset": "pipeline",
-    "SampleConfig": "samples", "Sample": "samples", "SampleBuilder": "samples",
-    "Record": "sources", "list_partitions": "sources", "iter_records": "sources",
-    "reshard_dataset": "reshard", "verify_dataset": "verify", "dataset_stats": "stats",
+    "PackConfig": "packer.config", "PackSummary": "packer.config", "pack_dataset": "packer.job",
+    "SampleConfig": "packer.samples", "Sample": "packer.samples", "SampleBuilder": "packer.samples",
+    "Record": "packer.sources", "list_partitions": "packer.sources", "iter_records": "packer.sources",
+    "reshard_dataset": "packer.reshard", "verify_dataset": "verify", "dataset_stats": "stats",
     "upload_dataset": "hub",
     "PackedDataset": "loader", "make_loader": "loader",
     "pack_to_example": "collate", "collate_packs": "collate", "make_image_transform": "images",
     "model_inputs": "models", "load_processor": "models",
-    "CostModel": "pack_index",
+    "CostModel": "format.pack_index",
     "num_items_in_batch": "loss", "num_samples_in_batch": "loss", "sample_mean_loss": "loss", "token_losses": "loss",
 }
 

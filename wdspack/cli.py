@@ -166,7 +166,7 @@ def _add_pack(sub) -> None:
     p.add_argument("--image-root", help="folder (or URL) image paths are relative to, for the sources without "
                                         "their own (SOURCE::ROOT or a meta file's); default: each source's folder")
     p.add_argument("--max-image-side", type=int, help="downscale larger images to this longest side at pack time")
-    # ---- captions (WebDataset shards) and documents (texts + images, or text): wdspack.pretrain
+    # ---- captions (WebDataset shards) and documents (texts + images, or text): wdspack.packer.text
     p.add_argument("--caption-template", metavar="TEXT",
                    help="layout of image + caption samples, with {image} and {caption} once each, e.g. "
                         "'{image}A photo of {caption}' (default '{image}{caption}': the image tokens, then the "
@@ -203,8 +203,9 @@ def _add_pack(sub) -> None:
 
 
 def _run_pack(args: argparse.Namespace) -> int:
-    from .pipeline import PackConfig, pack_dataset
-    from .samples import SampleConfig
+    from .packer.config import PackConfig
+    from .packer.job import pack_dataset
+    from .packer.samples import SampleConfig
 
     template = None
     if args.chat_template:
@@ -253,14 +254,14 @@ def _check_template_syntax(template: str, path: str) -> None:
 
 
 def _drop_fraction(args: argparse.Namespace) -> float:
-    from .pipeline import DEFAULT_MAX_DROP_FRACTION
+    from .packer.config import DEFAULT_MAX_DROP_FRACTION
 
     return DEFAULT_MAX_DROP_FRACTION if args.max_drop_fraction is None else args.max_drop_fraction
 
 
 def _pretrain_config(args: argparse.Namespace):
     """How captions and documents are laid out (chats ignore it)."""
-    from .pretrain import PretrainConfig
+    from .packer.text import PretrainConfig
 
     return PretrainConfig(caption_template=args.caption_template, bos_token=args.bos_token,
                           eos_token=args.eos_token, split_long_documents=args.split_long_documents)
@@ -380,8 +381,8 @@ def _add_reshard(sub) -> None:
 
 
 def _run_reshard(args: argparse.Namespace) -> int:
-    from .pipeline import PackConfig
-    from .reshard import reshard_dataset
+    from .packer.config import PackConfig
+    from .packer.reshard import reshard_dataset
 
     config = PackConfig(seq_len=args.seq_len, max_images=args.max_images, algorithm=args.algorithm,
                         seed=args.seed, shard_max_bytes=parse_size(args.shard_size),

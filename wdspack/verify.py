@@ -117,7 +117,7 @@ def verify_dataset(dataset: str, *, sources: Sequence[str] | None = None,
 
 
 def _check_sources(sources, image_root, packed: set[str], dropped: set[str]) -> list[str]:
-    from .sources import iter_records, list_partitions
+    from .packer.sources import iter_records, list_partitions
 
     read: list[tuple[str, str]] = []  # (source name, id) of every source record, in order
     for part in list_partitions(list(sources), image_root=image_root):
@@ -140,8 +140,8 @@ def _check_sources(sources, image_root, packed: set[str], dropped: set[str]) -> 
 
 def _expected_ids(read: list[tuple[str, str]]) -> Counter[str]:
     """The ids the pack job gives the source records: ``{source}/{id}`` where an id is in more than
-    one source (the rule of :func:`wdspack.pipeline._namespace`), else the record's own."""
-    from .sources.meta import collision_key, namespaced
+    one source (the rule of :func:`wdspack.packer.selection._namespace`), else the record's own."""
+    from .packer.sources.meta import collision_key, namespaced
 
     owner: dict[str, str | None] = {}  # collision key -> its one source, or None once a second is seen
     for source, sid in read:
@@ -158,7 +158,7 @@ def _piece_of(sid: str, seen) -> str | None:
 
 
 def _document_pieces(seen, present: set[str]) -> tuple[set[str], list[str]]:
-    """Source ids present as pieces (wdspack.pretrain splits long documents), and those whose pieces
+    """Source ids present as pieces (wdspack.packer.text splits long documents), and those whose pieces
     are not exactly ``#0 .. #n-1`` or that are also present whole."""
     found: dict[str, set[int]] = {}
     for sid in present:

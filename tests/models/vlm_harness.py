@@ -89,8 +89,9 @@ def _messages(chat, images: Sequence[Any] | None = None) -> list[dict]:
 def pack_chats(folder: Path, processor: Any, *, seq_len: int, max_images: int = 4,
                chats: Sequence = CHATS) -> Path:
     """Write ``chats`` (messages JSONL + PNGs), save ``processor`` and pack with it; return the dataset."""
-    from wdspack.pipeline import PackConfig, pack_dataset
-    from wdspack.samples import SampleConfig
+    from wdspack.packer.config import PackConfig
+    from wdspack.packer.job import pack_dataset
+    from wdspack.packer.samples import SampleConfig
 
     src = folder / "src"
     (src / "images").mkdir(parents=True, exist_ok=True)

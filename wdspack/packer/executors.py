@@ -39,7 +39,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from multiprocessing import get_context
 from typing import Any, TextIO
 
-from .errors import ConfigError, WdspackError
+from ..errors import ConfigError, WdspackError
 
 __all__ = ["EXECUTORS", "PROGRESS_INTERVAL", "RAY_MAX_RETRIES", "ProgressLog", "check_executor", "progress_interval",
            "run_tasks"]

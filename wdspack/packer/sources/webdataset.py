@@ -35,10 +35,10 @@ import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from ..errors import Dropped, SampleError, SourceError
-from ..format.tar import ShardError, tar_entries
-from ..storage.local import FileStream
-from ..storage.location import open_input
+from ...errors import Dropped, SampleError, SourceError
+from ...format.tar import ShardError, tar_entries
+from ...storage.local import FileStream
+from ...storage.location import open_input
 from .documents import IMAGE, TextRecord
 
 __all__ = ["CAPTION_EXTENSIONS", "IMAGE_EXTENSIONS", "read_captions", "scan_groups", "split_member_name"]

@@ -52,10 +52,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..errors import ConfigError, SourceError
-from ..storage.fsspec import filesystem
-from ..storage.urls import is_url, local_path
-from ..storage.location import open_input
+from ...errors import ConfigError, SourceError
+from ...storage.fsspec import filesystem
+from ...storage.urls import is_url, local_path
+from ...storage.location import open_input
 from .records import ROLE_ALIASES
 
 __all__ = ["RowMap", "Source", "collision_key", "expand_sources", "namespaced", "parse_source"]

@@ -21,7 +21,7 @@ rows (:mod:`.documents`), and WebDataset ``.tar`` shards of image + caption pair
 (:mod:`.webdataset`, ids ``{shard name}:{key}``), come out as :class:`TextRecord`.
 
 Example:
-    >>> from wdspack.sources import iter_records, list_partitions
+    >>> from wdspack.packer.sources import iter_records, list_partitions
     >>> for part in list_partitions(["data/llava.json"], image_root="data/images"):  # doctest: +SKIP
     ...     for rec in iter_records(part):
     ...         print(rec.sample_id, len(rec.images))

@@ -20,12 +20,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ._version import __version__
-from .format.pack import decode_pack
-from .errors import Dropped, FormatError
-from .pipeline import PackConfig, PackSummary, SpoolWriter, run_job
-from .storage.location import Location
-from .format.dataset import open_dataset
+from .._version import __version__
+from ..format.pack import decode_pack
+from ..errors import Dropped, FormatError
+from .config import PackConfig, PackSummary
+from .spool import SpoolWriter
+from .job import run_job
+from ..storage.location import Location
+from ..format.dataset import open_dataset
 
 __all__ = ["reshard_dataset"]
 

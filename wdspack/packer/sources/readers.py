@@ -22,9 +22,9 @@ from typing import IO, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import Dropped, SampleError, SourceError
-from ..storage.urls import is_url
-from ..storage.location import open_input, read_range
+from ...errors import Dropped, SampleError, SourceError
+from ...storage.urls import is_url
+from ...storage.location import open_input, read_range
 from .documents import DOCUMENT_COLUMNS, TextRecord, build_document, is_document
 from .partitions import Partition, arrow_batches
 from .records import COLUMNS, Record, build_record, sample_id_of
@@ -51,7 +51,7 @@ def iter_records(partition: Partition) -> Iterator[Record | TextRecord | Dropped
         SourceError: the file cannot be read at all (never for one bad record).
 
     Example:
-        >>> from wdspack.sources import list_partitions
+        >>> from wdspack.packer.sources import list_partitions
         >>> [r.sample_id for p in list_partitions(["chat.jsonl"]) for r in iter_records(p)]  # doctest: +SKIP
         ['chat.jsonl:0', 'chat.jsonl:1', 'q-17']
     """

@@ -1,7 +1,7 @@
 """Pre-training records: interleaved documents, plain text, and image-caption pairs.
 
 These are not chats. A :class:`TextRecord` is a run of segments, each a text or an image, in
-the order the document gives them; :mod:`wdspack.pretrain` tokenizes it (no chat template, loss
+the order the document gives them; :mod:`wdspack.packer.text` tokenizes it (no chat template, loss
 on text). Two row layouts are documents, whatever file they come from (JSON, JSONL, Parquet,
 ``save_to_disk``):
 
@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import SampleError
+from ...errors import SampleError
 from .images import load_image
 
 __all__ = ["DOCUMENT_COLUMNS", "IMAGE", "TextRecord", "build_document", "is_document"]

@@ -1,6 +1,6 @@
 """Pre-training samples: image captions and interleaved documents, tokenized without a chat.
 
-A :class:`~wdspack.sources.documents.TextRecord` is not a conversation: there is no chat
+A :class:`~wdspack.packer.sources.documents.TextRecord` is not a conversation: there is no chat
 template and no assistant turn. Its segments are tokenized one by one (``add_special_tokens=False``)
 and laid end to end, each image as the span the model sees (the same image-token policy as
 chats: a fixed count, a processor's count, or a ``--processor`` family's layout)::
@@ -42,18 +42,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from .errors import ConfigError, SampleError
-from .samples import Sample
+from ..errors import ConfigError, SampleError
 from .sources.documents import IMAGE, TextRecord
+from .tokenized import Sample
 
-if TYPE_CHECKING:
-    from .samples import SampleBuilder
-
-__all__ = ["DEFAULT_CAPTION_TEMPLATE", "PretrainConfig", "build_samples", "build_text_sample"]
+__all__ = ["DEFAULT_CAPTION_TEMPLATE", "PretrainConfig", "TextBuilder", "build_samples", "build_text_sample"]
 
 DEFAULT_CAPTION_TEMPLATE = "{image}{caption}"
 _IMAGE_FIELD, _CAPTION_FIELD = "{image}", "{caption}"
@@ -64,7 +61,7 @@ _CLOSERS = "\"')]»”’"
 
 @dataclass(frozen=True, slots=True)
 class PretrainConfig:
-    """How captions and documents are laid out (part of :class:`~wdspack.samples.SampleConfig`).
+    """How captions and documents are laid out (part of :class:`~wdspack.packer.samples.SampleConfig`).
 
     Attributes:
         caption_template: the text around a caption, with ``{image}`` and ``{caption}`` each once
@@ -103,7 +100,26 @@ class _Part:
     offsets: np.ndarray | None = None
 
 
-def build_text_sample(builder: SampleBuilder, record: TextRecord) -> Sample:
+class TextBuilder(Protocol):
+    """What laying out a caption or a document asks of the sample builder
+    (:class:`~wdspack.packer.samples.SampleBuilder`, which calls this module for such records)."""
+
+    config: Any  # its SampleConfig: ``.pretrain`` is the PretrainConfig (None: the defaults)
+    tokenizer: Any
+    family: Any  # the processor's model family (wdspack.models), or None for a fixed image-token policy
+    processor: Any
+    image_token_id: int
+
+    @property
+    def name(self) -> str: ...
+
+    def build(self, record: Any) -> Sample: ...
+
+    def _prepare_images(self, images: tuple[bytes, ...], sid: str,
+                        names: tuple[str, ...] = ()) -> tuple[list[bytes], list[Any]]: ...
+
+
+def build_text_sample(builder: TextBuilder, record: TextRecord) -> Sample:
     """Tokenize a caption or a whole document as one sample (what ``SampleBuilder.build`` does for them).
 
     Raises:
@@ -119,12 +135,12 @@ def build_text_sample(builder: SampleBuilder, record: TextRecord) -> Sample:
     config = _config(builder)
     if record.kind == "document" and config.split_long_documents:
         raise ConfigError("split_long_documents: a document may become several samples, which only "
-                          "wdspack.pretrain.build_samples returns (as pack_dataset's measure step calls it)")
+                          "wdspack.packer.text.build_samples returns (as pack_dataset's measure step calls it)")
     bos, eos = _special_ids(builder, config)
     return _assemble(record.sample_id, bos, _parts(builder, record, config, offsets=False), eos)
 
 
-def build_samples(builder: SampleBuilder, record: Any, *, seq_len: int, max_images: int | None) -> list[Sample]:
+def build_samples(builder: TextBuilder, record: Any, *, seq_len: int, max_images: int | None) -> list[Sample]:
     """The samples of any record: one for a chat, a caption or a document that fits; for a longer
     document under ``split_long_documents``, its pieces ``{id}#0 …`` (see the module).
 
@@ -154,11 +170,11 @@ def build_samples(builder: SampleBuilder, record: Any, *, seq_len: int, max_imag
 # ---- parts -----------------------------------------------------------------------------------
 
 
-def _config(builder: SampleBuilder) -> PretrainConfig:
+def _config(builder: TextBuilder) -> PretrainConfig:
     return builder.config.pretrain or PretrainConfig()
 
 
-def _special_ids(builder: SampleBuilder, config: PretrainConfig) -> tuple[list[int], int]:
+def _special_ids(builder: TextBuilder, config: PretrainConfig) -> tuple[list[int], int]:
     tok = builder.tokenizer
     bos_token = config.bos_token or tok.bos_token
     eos_token = config.eos_token or tok.eos_token
@@ -169,7 +185,7 @@ def _special_ids(builder: SampleBuilder, config: PretrainConfig) -> tuple[list[i
             _token_id(builder, eos_token, "--eos-token"))
 
 
-def _token_id(builder: SampleBuilder, token: str, option: str) -> int:
+def _token_id(builder: TextBuilder, token: str, option: str) -> int:
     tok = builder.tokenizer
     i = tok.convert_tokens_to_ids([token])[0]
     if i is None or (i == tok.unk_token_id and token != tok.unk_token):
@@ -178,7 +194,7 @@ def _token_id(builder: SampleBuilder, token: str, option: str) -> int:
     return int(i)
 
 
-def _parts(builder: SampleBuilder, record: TextRecord, config: PretrainConfig, *, offsets: bool) -> list[_Part]:
+def _parts(builder: TextBuilder, record: TextRecord, config: PretrainConfig, *, offsets: bool) -> list[_Part]:
     """The record's text and image runs in order, each text tokenized on its own."""
     sid = record.sample_id
     if record.segments.count(IMAGE) != len(record.images):
@@ -235,7 +251,7 @@ def _split_fields(template: str) -> list[str]:
     return out
 
 
-def _image_spans(builder: SampleBuilder, images: list[bytes], counts: list, sid: str) -> list[tuple[np.ndarray, int]]:
+def _image_spans(builder: TextBuilder, images: list[bytes], counts: list, sid: str) -> list[tuple[np.ndarray, int]]:
     """Each image's token ids and its count of feature tokens, under the builder's image policy."""
     if builder.family is None:
         return [(np.full(int(c), builder.image_token_id, np.int64), int(c)) for c in counts]

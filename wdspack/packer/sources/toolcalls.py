@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import SampleError
+from ...errors import SampleError
 
 __all__ = ["json_value", "link_tool_calls", "tool_calls", "tools_of"]
 

@@ -31,7 +31,7 @@ These record layouts are understood, whatever file they come from:
 Videos, audio and grounding objects are not supported yet: a record with a non-empty ``videos``,
 ``video``, ``audios``, ``audio`` or ``objects`` field (ms-swift, LLaMA-Factory, InternVL, the
 Qwen2-VL fine-tuning repos), a ``<video>``/``<audio>`` placeholder or a video/audio part is
-dropped as ``unsupported_media`` (never packed as text around a literal ``<video>``).
+dropped as ``unsupported_media`` (never packed as text around a literal ``<video>``; :mod:`.media`).
 
 A ``system`` string on the record (LLaMA-Factory's ShareGPT and Alpaca) becomes the first turn.
 Every layout becomes the Hugging Face typed chat format, roles ``system | user | assistant | tool``::
@@ -65,17 +65,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import SampleError
+from ...errors import SampleError
 from .images import image_name, load_image
+from .media import MEDIA_FIELDS, MEDIA_PART_TYPES, check_media_fields, check_media_placeholders, media_part_error
 from .toolcalls import Turn, json_value, link_tool_calls, tool_calls, tools_of
 
 __all__ = ["COLUMNS", "MEDIA_FIELDS", "ROLE_ALIASES", "Record", "TEXT_COLUMNS", "build_record", "sample_id_of"]
 
 #: The fields a record may hold a conversation in (one of them is required), in the order they are tried.
 TEXT_COLUMNS = ("messages", "conversations", "conversation", "texts", "prompt", "query", "instruction")
-#: Fields of media wdspack does not pack yet, with what each holds: a record that fills one is dropped.
-MEDIA_FIELDS = {"videos": "video", "video": "video", "audios": "audio", "audio": "audio",
-                "objects": "grounding objects"}
 #: Every field that is read; other fields (and Parquet/Arrow columns) are ignored.
 COLUMNS = ("id", *TEXT_COLUMNS, "completion", "response", "input", "output", "history", "system", "tools",
            "images", "image", *MEDIA_FIELDS)
@@ -92,11 +90,8 @@ ROLE_ALIASES: dict[str, str] = {
 PLACEHOLDER = "<image>"
 _PLACEHOLDER_RE = re.compile(re.escape(PLACEHOLDER))  # the newline after it stays in the text
 _NAMED_RE = re.compile(r"<image_(\d+)>")  # MiniCPM-V: "<image_00>", keys of the record's image dict
-_MEDIA_PLACEHOLDER_RE = re.compile(r"<(video|audio)>")
 _IMAGE_PART_TYPES = ("image", "image_url", "input_image")
 _TEXT_PART_TYPES = ("text", "input_text")
-_MEDIA_PART_TYPES = {"video": "video", "video_url": "video", "input_video": "video",
-                     "audio": "audio", "audio_url": "audio", "input_audio": "audio"}
 _CALL_PART_TYPES = ("tool_call", "tool_calls")  # LLaMA-Factory v1: {"type": "tool_call", "value": "{JSON}"}
 _BARE = object()  # an image slot that takes the next entry of the record's image list
 
@@ -173,9 +168,9 @@ def build_record(row: Any, *, sample_id: str, image_root: str, absolute_images: 
         if not isinstance(row, Mapping):
             raise SampleError("malformed_record", f"the record is a {type(row).__name__}, not an object; "
                               "each record must be a JSON object (dict)")
-        _check_media_fields(row)
+        check_media_fields(row)
         turns = _with_system(row, _raw_turns(row))
-        _check_media_placeholders(turns)
+        check_media_placeholders(turns)
         named = _named_images(row)
         if named is not None:
             turns, pool = _place_named(turns, named), []
@@ -431,59 +426,10 @@ def _typed_part(part: Any, i: int) -> list[tuple[str, Any]]:
         if isinstance(ref, Mapping) and all(v is None for v in ref.values()):
             ref = None  # an Arrow struct column with every field null: no inline image
         return [("image", _BARE if ref is None else ref)]
-    if kind in _MEDIA_PART_TYPES:
-        what = _MEDIA_PART_TYPES[kind]
-        raise SampleError("unsupported_media", f"turn {i} has a {kind!r} part: {what} is not supported yet "
-                          f"(wdspack packs text and images); {_MEDIA_FIX[what]}")
+    if kind in MEDIA_PART_TYPES:
+        raise media_part_error(kind, i)
     raise SampleError("malformed_record", f"turn {i} has a content part of type {kind!r}; accepted types "
                       f"are {', '.join(_TEXT_PART_TYPES + _IMAGE_PART_TYPES)} (and tool_call in assistant turns)")
-
-
-# ---- media wdspack does not pack yet -----------------------------------------------------------
-
-_MEDIA_FIX = {  # what a user can do today; the record itself is dropped and counted
-    "video": "to train on it now, give sampled frames as images ('images' with one <image> per frame)",
-    "audio": "leave audio records out of this job",
-    "grounding objects": "to train on them now, write the boxes into the text in the model's own grounding "
-                         "format (ms-swift's docs show Qwen2-VL's)",
-}
-
-
-def _check_media_fields(row: Mapping[str, Any]) -> None:
-    for key, what in MEDIA_FIELDS.items():
-        if _filled(row.get(key)):
-            fills = " (ms-swift fills '<ref-object>'/'<bbox>' from it)" if key == "objects" else ""
-            raise SampleError("unsupported_media", f"field {key!r} holds {_short(row[key])}{fills}: {what} "
-                              f"{'are' if key == 'objects' else 'is'} not supported yet (wdspack packs text and "
-                              f"images); {_MEDIA_FIX[what]}")
-
-
-def _filled(value: Any) -> bool:
-    """Whether a media field holds anything (an empty list, string or ``{"ref": [], "bbox": []}`` does not)."""
-    if value is None:
-        return False
-    if isinstance(value, str):
-        return bool(value.strip())
-    if isinstance(value, Mapping):
-        return any(_filled(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(_filled(v) for v in value)
-    return True
-
-
-def _check_media_placeholders(turns: list[Turn]) -> None:
-    """A ``<video>``/``<audio>`` placeholder in a prompt (user or system turn) with no field behind it
-    (a renamed column, say) is dropped too: packed, it would teach the model to answer a literal tag."""
-    for i, (role, parts, _) in enumerate(turns):
-        if role not in ("user", "system"):
-            continue
-        for kind, value in parts:
-            found = _MEDIA_PLACEHOLDER_RE.search(value) if kind == "text" else None
-            if found:
-                raise SampleError("unsupported_media", f"turn {i} holds the placeholder {found.group(0)!r}: "
-                                  f"{found.group(1)} is not supported yet (wdspack packs text and images; a "
-                                  f"literal HTML {found.group(0)} tag in a prompt reads the same); "
-                                  f"{_MEDIA_FIX[found.group(1)]}")
 
 
 # ---- MiniCPM-V's named images ------------------------------------------------------------------

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import numba
 import numpy as np
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["ALGORITHMS", "lower_bound", "plan_packs"]
 

@@ -42,11 +42,12 @@ from typing import Any, Protocol
 import numpy as np
 from PIL import Image
 
-from .format.pack import token_dtype_for
-from .errors import ConfigError, SampleError
+from ..errors import ConfigError, SampleError
+from ..format.pack import token_dtype_for
+from .text import build_text_sample
+from .tokenized import Sample
 
 __all__ = ["Sample", "SampleBuilder", "SampleConfig", "get_builder"]
-
 
 
 class RecordLike(Protocol):
@@ -71,26 +72,7 @@ class SampleConfig:
     max_image_side: int | None = None
     max_image_pixels: int = 64_000_000
     processor: Any = None  # a processor folder / cached model name, or a processor object
-    pretrain: Any = None  # a wdspack.pretrain.PretrainConfig: how captions and documents are laid out
-
-
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """One tokenized sample: ids, loss mask, image bytes and the tokens each image occupies."""
-
-    sample_id: str
-    input_ids: np.ndarray
-    loss_mask: np.ndarray
-    images: tuple[bytes, ...] = ()
-    image_tokens: tuple[int, ...] = ()
-
-    @property
-    def token_count(self) -> int:
-        return int(self.input_ids.shape[0])
-
-    @property
-    def image_count(self) -> int:
-        return len(self.images)
+    pretrain: Any = None  # a wdspack.packer.text.PretrainConfig: how captions and documents are laid out
 
 
 @lru_cache(maxsize=4)
@@ -106,7 +88,7 @@ class SampleBuilder:
         self.config = config
         self.family = None
         if config.processor is not None:
-            from .models import family_for, load_processor
+            from ..models import family_for, load_processor
 
             self.processor = load_processor(config.processor)
             self.family = family_for(self.processor)
@@ -141,10 +123,8 @@ class SampleBuilder:
 
     def build(self, record: RecordLike) -> Sample:
         """Tokenize one record. Raises :class:`SampleError` with a drop reason for a bad record."""
-        # ---- pre-training records (captions, documents) are not chats: wdspack.pretrain builds them
+        # ---- pre-training records (captions, documents) are not chats: wdspack.packer.text builds them
         if hasattr(record, "segments"):
-            from .pretrain import build_text_sample
-
             return build_text_sample(self, record)
         if not self.template:
             raise ConfigError(f"{self.name!r} has no chat template, which chat records need; pass --chat-template FILE")
@@ -505,7 +485,7 @@ def _load_processor(tokens_per_image: int | str | Any):
         return tokens_per_image  # a processor object
     if not tokens_per_image.startswith("processor:"):
         raise ConfigError(f"--tokens-per-image {tokens_per_image!r}: give a number or processor:NAME_OR_PATH")
-    from .models import image_processor_for
+    from ..models import image_processor_for
 
     return image_processor_for(tokens_per_image.split(":", 1)[1])
 
@@ -521,7 +501,7 @@ def _default_image_token(tokenizer, processor) -> str:
         tok = getattr(owner, "image_token", None)
         if isinstance(tok, str):
             return tok
-    from .models import IMAGE_TOKEN_GUESSES
+    from ..models import IMAGE_TOKEN_GUESSES
 
     vocab = tokenizer.get_vocab()
     for guess in IMAGE_TOKEN_GUESSES:

@@ -1,0 +1,122 @@
+"""What a pack job is asked to do (:class:`PackConfig`) and what it did (:class:`PackSummary`)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..errors import ConfigError
+from .executors import EXECUTORS
+from .planner import ALGORITHMS
+
+__all__ = ["DEFAULT_MAX_DROP_FRACTION", "PackConfig", "PackSummary"]
+
+# Where tasks run, and whether the job may go on after its drops: never changes the output bytes (a
+# job stopped by the drop tolerance resumes with a new max_drop_fraction, its tokenized samples kept).
+_EXECUTION_FIELDS = ("workers", "executor", "ray_address", "max_drop_fraction")
+#: A job that drops more than this fraction of the samples it read fails (after writing dropped.jsonl).
+DEFAULT_MAX_DROP_FRACTION = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class PackConfig:
+    """How to plan and write (everything but the tokenizer, which is :class:`SampleConfig`).
+
+    ``workers``, ``executor`` (``"local"`` or ``"ray"``) and ``ray_address`` say where the tasks
+    run; they change nothing in the output, so a job may be resumed under other values.
+    ``max_drop_fraction``: the job fails, after writing ``dropped.jsonl`` and before planning, when
+    it drops more than this fraction of the samples it read (``1`` or ``None``: any); a job that would
+    pack nothing always fails. Resume it with a higher value to accept the drops.
+    """
+
+    seq_len: int
+    max_images: int | None = None
+    algorithm: str = "bfd"
+    seed: int = 0
+    shard_max_bytes: int = 512 * 10**6
+    shard_max_packs: int | None = None
+    workers: int = 1
+    on_error: str = "skip"
+    max_drop_fraction: float | None = DEFAULT_MAX_DROP_FRACTION
+    split: str = "train"
+    records_per_partition: int = 1000
+    executor: str = "local"
+    ray_address: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.seq_len <= 0:
+            raise ConfigError(f"seq_len must be positive, got {self.seq_len}")
+        if self.max_images is not None and self.max_images < 0:
+            raise ConfigError(f"max_images must be >= 0, got {self.max_images}")
+        if self.algorithm not in ALGORITHMS:
+            raise ConfigError(f"unknown --algorithm {self.algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
+        if self.on_error not in ("skip", "raise"):
+            raise ConfigError(f"--on-error must be 'skip' or 'raise', got {self.on_error!r}")
+        if self.shard_max_bytes <= 0 or (self.shard_max_packs is not None and self.shard_max_packs <= 0):
+            raise ConfigError("shard size limits must be positive")
+        if self.workers < 1:
+            raise ConfigError(f"--workers must be >= 1, got {self.workers}")
+        if self.executor not in EXECUTORS:
+            raise ConfigError(f"unknown --executor {self.executor!r}; choose one of {', '.join(EXECUTORS)}")
+        if self.ray_address is not None and self.executor != "ray":
+            raise ConfigError("--ray-address needs --executor ray")
+        if self.max_drop_fraction is not None and not 0 <= self.max_drop_fraction <= 1:
+            raise ConfigError(f"--max-drop-fraction must be in [0, 1] (0.05 = 5 %; 1 accepts any drops), "
+                              f"got {self.max_drop_fraction}")
+
+    def output_fields(self) -> dict[str, Any]:
+        """The fields that decide the output (for resume fingerprints): all but where tasks run."""
+        return {k: v for k, v in asdict(self).items() if k not in _EXECUTION_FIELDS}
+
+
+@dataclass(frozen=True, slots=True)
+class PackSummary:
+    """What a pack job did; :meth:`lines` is what the CLI prints."""
+
+    output: str
+    samples_read: int
+    samples_packed: int
+    dropped_by_reason: dict[str, int]
+    packs: int
+    tokens: int
+    images: int
+    fill_ratio: float
+    shards: int
+    bytes: int
+    seconds: float
+    resumed_shards: int = 0
+    #: how image tokens were counted (the manifest's ``image_policy``)
+    image_policy: dict[str, Any] | None = None
+
+    @property
+    def samples_dropped(self) -> int:
+        return sum(self.dropped_by_reason.values())
+
+    def lines(self) -> list[str]:
+        dropped = ", ".join(f"{k} {v}" for k, v in sorted(self.dropped_by_reason.items())) or "none"
+        rate = self.samples_read / self.seconds if self.seconds > 0 else 0.0
+        return [
+            f"samples  read {self.samples_read}  packed {self.samples_packed}  dropped {self.samples_dropped} ({dropped})",
+            f"packs    {self.packs}  fill {self.fill_ratio:.2%}  tokens {self.tokens}  images {self.images}",
+            *([f"images   {_policy_text(self.image_policy)}"] if self.image_policy else []),
+            f"shards   {self.shards}  {_human_bytes(self.bytes)}  in {self.output}",
+            f"time     {self.seconds:.1f} s  ({rate:.0f} samples/s)"
+            + (f"  resumed: {self.resumed_shards} shards kept" if self.resumed_shards else ""),
+        ]
+
+
+def _policy_text(policy: dict[str, Any]) -> str:
+    """``fixed 64 tokens each`` or ``processor qwen2_5_vl (Qwen2_5_VLProcessor), tokens from each image's size``."""
+    if policy.get("kind") == "fixed":
+        return f"fixed {policy['tokens_per_image']} tokens each (--tokens-per-image)"
+    if policy.get("family"):
+        return f"processor {policy['family']} ({policy.get('processor_class')}), tokens from each image's size"
+    return f"image processor {policy.get('name')}, tokens from each image's size"
+
+
+def _human_bytes(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n} B"
