@@ -5,7 +5,7 @@
     python examples/webdataset_pipeline.py hf://datasets/my-org/llava-packed@main     # webdataset's hf:// opener
 
 The manifest is read once (shard URLs, seq_len, max_images, pad id); shards go through
-``split_by_node`` / ``split_by_worker`` and webdataset's own tar reader; ``wdspack.wds`` turns each
+``split_by_node`` / ``split_by_worker`` and webdataset's own tar reader; ``wdspack.loader.wds`` turns each
 pack record into the fixed-shape batch ``make_loader`` gives. No ``.decode()``: webdataset's
 default decoders would unpickle ``.pickle`` members, and the stages need no decoder.
 """
@@ -18,7 +18,7 @@ import torch
 import webdataset as wds
 
 import wdspack
-from wdspack.wds import batched, read_dataset, to_examples
+from wdspack.loader.wds import batched, read_dataset, to_examples
 
 
 def make_pipeline(source: str, *, batch_size: int, image_size: int, shuffle: int = 0,

@@ -23,7 +23,8 @@ from wdspack import CostModel, verify_dataset
 from wdspack.cli import main
 from wdspack.errors import ConfigError, ManifestError
 from wdspack.loader import make_loader
-from wdspack.loader.plan import plan_epoch, plan_epoch_balanced, step_costs
+from wdspack.loader.plan import plan_epoch
+from wdspack.loader.balance import plan_epoch_balanced, step_costs
 from wdspack.format.manifest import MANIFEST_NAME
 from wdspack.format.pack_index import COLUMNS, INDEX_NAME
 

@@ -35,7 +35,7 @@ from wdspack.packer.reshard import reshard_dataset
 from wdspack.stats import dataset_stats, format_stats
 from wdspack.format.dataset import iter_dataset_packs, open_dataset
 from wdspack.verify import verify_dataset
-from wdspack.wds import read_dataset, to_examples
+from wdspack.loader.wds import read_dataset, to_examples
 
 SEQ_LEN = 256
 #: images per chat: packs of 2-4 chats then hold different numbers of images

@@ -14,9 +14,9 @@ import torch
 from PIL import Image
 
 from wdspack.format.pack import Pack
-from wdspack.collate import pack_to_example
+from wdspack.loader.collate import pack_to_example
 from wdspack.errors import ConfigError, FormatError
-from wdspack.images import (
+from wdspack.loader.images import (
     CLIP_MEAN,
     CLIP_STD,
     ImageDecodeError,

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from synthetic import TOKENIZER, pack_numbers, write_dataset
 from wdspack import loader as loader_mod
 from wdspack.errors import ConfigError, FormatError, ManifestError
-from wdspack.images import make_image_transform
+from wdspack.loader.images import make_image_transform
 from wdspack.loader import PackedDataset, make_loader, plan_epoch, shuffle_order
 from wdspack.format.manifest import MANIFEST_NAME, read_manifest
 
@@ -484,9 +484,9 @@ def test_a_batch_kept_by_the_caller_is_never_written_over(pictures):
 
 
 def test_pixel_buffers_reuse_only_what_the_main_process_released():
-    from wdspack.loader.dataloader import _PixelBuffers, _release
+    from wdspack.loader.buffers import PixelBuffers, _release
 
-    pool = _PixelBuffers(workers=2, size=2)
+    pool = PixelBuffers(workers=2, size=2)
     shape = (4, 3, 2, 2)
     a, dirty, lease = pool.take(shape, worker=1, packs=2)
     assert dirty == [0, 0] and not a.any() and a.is_shared()
@@ -513,15 +513,15 @@ def test_a_shipment_unpickles_as_the_batch_and_releases_on_the_last_view():
     import pickle
     from multiprocessing.reduction import ForkingPickler
 
-    from wdspack.loader.dataloader import _PixelBuffers, _Shipment
+    from wdspack.loader.buffers import PixelBuffers, Shipment
 
-    pool = _PixelBuffers(workers=1, size=1)
+    pool = PixelBuffers(workers=1, size=1)
     pixels, _, lease = pool.take((64, 3, 32, 32), worker=0, packs=4)  # 768 KiB: by value
-    big, _, big_lease = _PixelBuffers(workers=1, size=1).take((4, 3, 256, 256), worker=0, packs=2)
+    big, _, big_lease = PixelBuffers(workers=1, size=1).take((4, 3, 256, 256), worker=0, packs=2)
     pool.ship(lease, [0, 0, 0, 0])
     batch = {"input_ids": torch.arange(6).view(2, 3), "mask": torch.ones(2, 2, dtype=torch.bfloat16), "max_seqlen": 3,
              "pixel_values": pixels}
-    got = pickle.loads(ForkingPickler.dumps(_Shipment(batch, lease)))
+    got = pickle.loads(ForkingPickler.dumps(Shipment(batch, lease)))
     assert list(got) == list(batch) and got["max_seqlen"] == 3
     assert torch.equal(got["input_ids"], batch["input_ids"]) and not got["input_ids"].is_shared()
     assert got["mask"].dtype == torch.bfloat16 and torch.equal(got["pixel_values"], pixels)
@@ -532,7 +532,7 @@ def test_a_shipment_unpickles_as_the_batch_and_releases_on_the_last_view():
     del view
     gc.collect()
     assert int(pool.released[0, 0]) == lease.number
-    shipped = pickle.loads(ForkingPickler.dumps(_Shipment({"pixel_values": big}, big_lease)))
+    shipped = pickle.loads(ForkingPickler.dumps(Shipment({"pixel_values": big}, big_lease)))
     assert shipped["pixel_values"].is_shared() and torch.equal(shipped["pixel_values"], big)
 
 

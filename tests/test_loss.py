@@ -20,7 +20,7 @@ import torch
 
 from ranks import free_port, run_all
 from synthetic import write_dataset
-from wdspack.collate import collate_packs, pack_to_example
+from wdspack.loader.collate import collate_packs, pack_to_example
 from wdspack.loss import num_items_in_batch, num_samples_in_batch, token_losses
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,7 +19,7 @@ from test_bad_input import bomb_png
 from wdspack import cli
 from wdspack.format.pack import Pack, encode_pack
 from wdspack.errors import FormatError, OutputError, SampleError
-from wdspack.images import ImageTooLargeError, decode_image, make_image_transform
+from wdspack.loader.images import ImageTooLargeError, decode_image, make_image_transform
 from wdspack.loader import PackedDataset
 from wdspack.format.manifest import read_manifest
 from wdspack.verify import verify_dataset

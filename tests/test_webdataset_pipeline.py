@@ -1,4 +1,4 @@
-"""``wdspack.wds``: a stock webdataset pipeline with wdspack's stages yields ``make_loader``'s batches.
+"""``wdspack.loader.wds``: a stock webdataset pipeline with wdspack's stages yields ``make_loader``'s batches.
 
 Every comparison is tensor for tensor (dtype and key order included) against
 ``make_loader(..., shuffle=False, num_workers=0)`` over the same packs in the same order:
@@ -34,7 +34,7 @@ from synthetic import pack_numbers, write_dataset
 
 import wdspack
 from wdspack.errors import ConfigError, FormatError
-from wdspack.wds import batched, collate, decode_packs, read_dataset, to_examples
+from wdspack.loader.wds import batched, collate, decode_packs, read_dataset, to_examples
 
 ROOT = Path(__file__).resolve().parents[1]
 B = 2
@@ -230,7 +230,7 @@ def test_model_ready_batches_equal_make_loader(tmp_path):
 
 _HF_SCRIPT = """
 import sys, torch, webdataset as wds
-from wdspack.wds import read_dataset, to_examples, batched
+from wdspack.loader.wds import read_dataset, to_examples, batched
 import wdspack
 info = read_dataset("hf://datasets/org/packed@main")
 print("\\n".join(info.urls), file=sys.stderr)

@@ -47,7 +47,7 @@ from PIL import Image
 
 from wdspack import plan_packs
 from wdspack.format.pack import Pack, encode_pack
-from wdspack.images import make_image_transform
+from wdspack.loader.images import make_image_transform
 from wdspack.format.manifest import Manifest, write_json_atomic
 from wdspack.format.tar import ShardWriter, shard_name
 

@@ -11,7 +11,7 @@ logs every request. Two readers make full passes over it:
 
 - **make_loader**: ``wdspack.make_loader(URL, batch_size=B, num_workers=W, seed=0)`` (shard order
   and a 256-pack buffer shuffled, seeded).
-- **webdataset + wdspack.wds**: ``read_dataset(URL)`` (the manifest), then
+- **webdataset + wdspack.loader.wds**: ``read_dataset(URL)`` (the manifest), then
   ``DataPipeline(SimpleShardList, detshuffle, split_by_node, split_by_worker, tarfile_to_samples,
   shuffle(256), to_examples, batched(B))`` in ``wds.WebLoader(num_workers=W)``; webdataset opens
   ``http://`` shards with ``curl``.
@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import webdataset as wds
 
 import wdspack
-from wdspack.wds import batched, read_dataset, to_examples
+from wdspack.loader.wds import batched, read_dataset, to_examples
 
 
 def write_data(folder: Path, *, shards: int, packs: tuple[int, int], seq_len: int, max_images: int, seed: int) -> list[int]:
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     from httpserver import serve
 
     transform = wdspack.make_image_transform(size=args.image_size)
-    kinds = ("make_loader", "webdataset + wdspack.wds")
+    kinds = ("make_loader", "webdataset + wdspack.loader.wds")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "packed"
         counts = write_data(folder, shards=args.shards, packs=tuple(args.packs), seq_len=args.seq_len,

@@ -32,7 +32,7 @@ _LAZY = {
     "reshard_dataset": "packer.reshard", "verify_dataset": "verify", "dataset_stats": "stats",
     "upload_dataset": "hub",
     "PackedDataset": "loader", "make_loader": "loader",
-    "pack_to_example": "collate", "collate_packs": "collate", "make_image_transform": "images",
+    "pack_to_example": "loader.collate", "collate_packs": "loader.collate", "make_image_transform": "loader.images",
     "model_inputs": "models", "load_processor": "models",
     "CostModel": "format.pack_index",
     "num_items_in_batch": "loss", "num_samples_in_batch": "loss", "sample_mean_loss": "loss", "token_losses": "loss",

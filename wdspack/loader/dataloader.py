@@ -13,18 +13,8 @@ Batches come from the workers in turn (DataLoader's in-order round robin); every
 same number of full batches, so the round robin never stalls and every rank has ``len(loader)``
 batches per epoch.
 
-How a worker's batch travels (``reuse_buffers=True``, the default)::
-
-    dataset: pack ─► text tensors per pack; images decoded + resized to uint8 per pack
-    collate: text  ─► stacked [B, L] ... in ordinary memory ─► by value, through the pipe
-             uint8 ─► normalised straight into pixel_values [B·M, 3, S, S] ─► shared memory:
-                      a buffer the worker reuses once the main process holds no view of it
-
-A new shared-memory segment per tensor (what a stock DataLoader does) costs a file, a descriptor
-passed over a socket, a mapping made and unmade, and a zeroed page per 4 KiB; on the benchmark's
-2-core host that was about a third of an image worker's time and two thirds of a text-only
-worker's. Small tensors therefore go by value, and only the large pixel tensor uses shared
-memory, in buffers that are reused.
+How a worker's batch travels, and the shared memory it reuses: :mod:`.buffers`. Elastic resume (a
+state saved under other ranks or workers): :mod:`.elastic`.
 """
 
 from __future__ import annotations
@@ -34,18 +24,17 @@ import hashlib
 import json
 import logging
 import os
-import weakref
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, get_worker_info
 
-from ..collate import new_shared
 from ..errors import ConfigError
+from .buffers import PixelBuffers, Shipment, collate_staged, fresh_pixels
 from .dataset import META_KEY, STAT_KEYS, PackedDataset
+from .elastic import lockstep_positions
 
 __all__ = ["PackedLoader", "make_loader"]
 
@@ -139,7 +128,7 @@ class PackedLoader:
             "persistent_workers": True if persistent_workers is None else persistent_workers,
             "prefetch_factor": prefetch_factor, "multiprocessing_context": multiprocessing_context}
         reuse = reuse_buffers and self.num_workers > 0
-        buffers = _PixelBuffers(self.num_workers, (prefetch_factor or 2) + 3) if reuse else None
+        buffers = PixelBuffers(self.num_workers, (prefetch_factor or 2) + 3) if reuse else None
         self.dataloader = DataLoader(
             dataset, batch_size=self.batch_size, num_workers=self.num_workers, drop_last=True, timeout=timeout,
             collate_fn=_Collate(attention_mask=attention_mask, padding_free=padding_free,
@@ -308,24 +297,7 @@ class PackedLoader:
             plan = ds._layout_plan(world, workers, epoch, ds.consumed(epoch, prior))
         else:
             plan = ds._layout_plan(world, workers, epoch, None)
-        own = [tuple(int(v) for v in p) for p in state["workers"]]
-        rank = int(state["config"]["rank"])
-        out = []
-        for r in range(world):
-            if r == rank:
-                out.append(own)
-                continue
-            positions = []
-            for w, (_, _, yielded) in enumerate(own):
-                size = plan.assigned(r * workers + w)
-                lap = yielded // size if size else 0
-                positions.append((lap, yielded - lap * size, yielded))
-            out.append(positions)
-        skipped = any(e != y - lap * plan.assigned(rank * workers + w) for w, (lap, e, y) in enumerate(own))
-        if skipped:
-            logger.warning("the saved rank skipped corrupt packs, so the other ranks may have too; their positions "
-                           "are inferred without skips. Pass every rank's state to load_state_dict for an exact rest")
-        return out
+        return lockstep_positions(state, plan, world=world, workers=workers)
 
     def _config(self) -> dict[str, Any]:
         ds = self.dataset
@@ -357,22 +329,20 @@ def _max_segments(value: int | str | None, dataset: PackedDataset, batch_size: i
 
 
 class _Collate:
-    """The loader's ``collate_fn``: ``collate.collate_staged`` and each batch's position.
+    """The loader's ``collate_fn``: :func:`~.buffers.collate_staged` and each batch's position.
 
     The pixels of the packs (decoded uint8 images, or a processor's parts) are written once, straight
     into the batch's ``pixel_values``: in a worker into one of its recycled buffers
-    (:class:`_PixelBuffers`), otherwise into new memory. A worker with buffers returns a
-    :class:`_Shipment`, which unpickles in the main process as the batch.
+    (:class:`PixelBuffers`), otherwise into new memory. A worker with buffers returns a
+    :class:`Shipment`, which unpickles in the main process as the batch.
     """
 
     def __init__(self, *, attention_mask: str | None, padding_free: bool, max_segments: int | None,
-                 buffers: _PixelBuffers | None) -> None:
+                 buffers: PixelBuffers | None) -> None:
         self.options = {"attention_mask": attention_mask, "padding_free": padding_free, "max_segments": max_segments}
         self.buffers = buffers
 
-    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any] | _Shipment:
-        from ..collate import collate_staged, fresh_pixels
-
+    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any] | Shipment:
         info = get_worker_info()
         recycle = self.buffers is not None and info is not None
         meta = torch.stack([ex.pop(META_KEY) for ex in examples])
@@ -390,113 +360,6 @@ class _Collate:
         if lease is not None:
             self.buffers.ship(lease, counts)
         batch[META_KEY] = meta
-        return _Shipment(batch, lease) if recycle else batch
+        return Shipment(batch, lease) if recycle else batch
 
 
-class _PixelBuffers:
-    """A worker's ``pixel_values`` tensors in shared memory, reused once the main process has dropped them.
-
-    A new shared-memory tensor costs a zeroed page and a page fault per 4 KiB (38 MB a batch at
-    ``B = 4``, ``M = 16``, ``S = 224``), which on a busy or virtualised host is about a third of a
-    worker's time. So each worker keeps up to ``size`` of them. A buffer leaves *leased* with a
-    batch (:class:`_Shipment`); unpickled in the main process, the shipment registers a finalizer
-    on the tensor's storage there, and when no tensor in that process views the memory any more
-    the finalizer writes the lease's number into ``released[worker, index]``. The worker reuses a
-    buffer only when that number is the one it was leased under (numbers never repeat: pid and a
-    counter), so a late or stale release can only make it allocate a new buffer, never reuse one
-    still in use. Slots that held images last time and are empty now are zeroed again.
-
-    Memory handed on from the main process to *another* process is not tracked: for that, pass
-    ``reuse_buffers=False`` to :func:`make_loader`.
-    """
-
-    def __init__(self, workers: int, size: int) -> None:
-        self.size = size
-        self.released = torch.zeros((workers, size), dtype=torch.int64).share_memory_()
-        self.table = f"{os.getpid()}-{os.urandom(8).hex()}"
-        _RELEASE_TABLES[self.table] = self.released
-        self._held: list[tuple[torch.Tensor, _Lease | None, list[int]]] = []  # tensor, last lease, filled slots
-        self._leases = 0
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_held": [], "_leases": 0}  # a worker starts with no buffers of its own
-
-    def take(self, shape: tuple[int, ...], *, worker: int, packs: int
-             ) -> tuple[torch.Tensor, list[int], _Lease | None]:
-        """A float32 ``shape`` tensor in shared memory, per pack the leading slots that may be non-zero, its lease.
-
-        No lease (None) when every buffer is still out: the tensor is then a new one, not kept.
-        """
-        for i, (tensor, lease, filled) in enumerate(self._held):
-            if (lease is not None and tuple(tensor.shape) == shape and len(filled) == packs
-                    and int(self.released[worker, i]) == lease.number):
-                self._held[i] = (tensor, None, filled)  # taken: not handed out again before it ships
-                return tensor, filled, self._lease(worker, i)
-        tensor = new_shared(shape)
-        if len(self._held) >= self.size:
-            return tensor, [0] * packs, None
-        self._held.append((tensor, None, []))
-        return tensor, [0] * packs, self._lease(worker, len(self._held) - 1)
-
-    def ship(self, lease: _Lease, counts: list[int]) -> None:
-        """Record that ``lease``'s buffer leaves with images in the first ``counts[b]`` slots of pack ``b``."""
-        self._held[lease.index] = (self._held[lease.index][0], lease, list(counts))
-
-    def _lease(self, worker: int, index: int) -> _Lease:
-        self._leases += 1
-        return _Lease(self.table, worker, index, (os.getpid() << 31) + self._leases)
-
-
-@dataclass(frozen=True, slots=True)
-class _Lease:
-    table: str  # which _PixelBuffers (its entry in _RELEASE_TABLES)
-    worker: int
-    index: int
-    number: int
-
-
-#: Per main process: the ``released`` tensor of each live :class:`_PixelBuffers`, by its ``table`` name.
-_RELEASE_TABLES: weakref.WeakValueDictionary[str, torch.Tensor] = weakref.WeakValueDictionary()
-#: Tensors up to this size travel by value through the worker's pipe: cheaper than a shared-memory
-#: segment each (a new file, a file descriptor passed over a socket, a mapping made and unmade).
-_BY_VALUE_BYTES = 1 << 20
-
-
-class _Shipment:
-    """A worker's batch on its way to the main process, where unpickling turns it back into the dict.
-
-    Small tensors go by value (as NumPy arrays), large ones as shared memory; ``pixel_values``, if
-    leased, gets its release finalizer on arrival.
-    """
-
-    __slots__ = ("batch", "lease")
-
-    def __init__(self, batch: dict[str, Any], lease: _Lease | None) -> None:
-        self.batch, self.lease = batch, lease
-
-    def __reduce__(self):
-        return (_receive, ([(k, *_by_value(v)) for k, v in self.batch.items()], self.lease))
-
-
-def _by_value(value: Any) -> tuple[bool, Any]:
-    """``(True, array)`` for a small tensor NumPy can hold (pickled by value), else ``(False, value)``."""
-    if isinstance(value, torch.Tensor) and value.nbytes <= _BY_VALUE_BYTES:
-        try:
-            return True, value.numpy()
-        except TypeError:  # bfloat16 and other dtypes NumPy lacks: as a tensor
-            pass
-    return False, value
-
-
-def _receive(items: list[tuple[str, bool, Any]], lease: _Lease | None) -> dict[str, Any]:
-    """Unpickling a :class:`_Shipment`: the batch, with the release of its pixel buffer arranged."""
-    batch = {k: torch.from_numpy(v) if by_value else v for k, by_value, v in items}
-    released = _RELEASE_TABLES.get(lease.table) if lease is not None else None
-    if released is not None:  # elsewhere than in the loader's process nothing is released: never wrong
-        storage = batch["pixel_values"].untyped_storage()
-        weakref.finalize(storage, _release, released, lease.worker, lease.index, lease.number).atexit = False
-    return batch
-
-
-def _release(released: torch.Tensor, worker: int, index: int, number: int) -> None:
-    released[worker, index] = number

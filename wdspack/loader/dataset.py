@@ -5,18 +5,19 @@ Per ``(rank, worker)`` slot and epoch (see :mod:`.plan` for the split)::
     plan_epoch ─► lap 0: shuffle_order ─► lap_source ─► reorder ─► decode_packs ─► pack_to_example
                   lap 1 (only to make up for drop/wrap/skips) ...
 
-With ``balance="cost"``, :func:`~.plan.plan_epoch_balanced` replaces both the split and the
+With ``balance="cost"``, :func:`~.balance.plan_epoch_balanced` replaces both the split and the
 shuffle buffer's order (runs of packs dealt by cost, windows sorted into shared cost bands), and
 ``lap_source`` opens each run at its pack's byte offset from the pack index.
 
 Under :class:`~wdspack.loader.PackedLoader` the built-in image transform runs only its first half
-here (decode and resize to uint8, ``collate.PIXELS_KEY``); the loader's collate function normalises the
+here (decode and resize to uint8, ``buffers.PIXELS_KEY``); the loader's collate function normalises the
 pixels straight into the batch tensor.
 
 The whole stream of a slot is a pure function of ``(manifest, seed, epoch, slot)``, so the
 position ``(lap, emitted, yielded)`` of each slot is a complete checkpoint: restoring it
 rebuilds the shuffle buffer from the bytes again (reading from the oldest pack still in the
-buffer) and continues exactly.
+buffer) and continues exactly. A checkpoint restored under another layout (ranks × workers) continues
+elastically: :mod:`.elastic`.
 """
 
 from __future__ import annotations
@@ -34,13 +35,15 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..errors import ConfigError, FormatError, WdspackError
-from .budgets import check_pixels, dataset_budgets
-from .plan import REMAINDER_POLICIES, EpochPlan, plan_epoch, plan_epoch_balanced, plan_remainder, slot_order
-from ..format.tar import Handler
-from .stages import decode_packs, lap_source, reorder
-from ..storage.urls import is_remote
-from ..storage.streams import open_stream
 from ..format.dataset import ResolvedSource, read_pack_index, resolve_source
+from ..format.tar import Handler
+from ..storage.streams import open_stream
+from ..storage.urls import is_remote
+from .balance import plan_epoch_balanced
+from .budgets import check_pixels, dataset_budgets
+from .elastic import SharedBasis, consumed_packs
+from .plan import REMAINDER_POLICIES, EpochPlan, plan_epoch, plan_remainder, slot_order
+from .stages import decode_packs, lap_source, reorder
 
 __all__ = ["META_KEY", "PackedDataset", "STAT_KEYS"]
 
@@ -54,13 +57,12 @@ _META_HEAD = ("worker", "epoch", "lap", "emitted", "yielded")
 MAX_WORKERS = 256
 _HEAD = 3  # epoch, has_resume, shift; then (lap, emitted, yielded) per worker
 _CONTROL = _HEAD + 3 * MAX_WORKERS
-_ELASTIC_BYTES = 1 << 20  # shared buffer for the elastic basis (JSON): the layout a resumed epoch came from
 ON_CORRUPT = ("skip", "raise")
 BALANCE = (None, "cost")
 
 
 class PackedDataset(IterableDataset):
-    """Stream a packed dataset as fixed-shape examples (``collate.pack_to_example``), one per pack.
+    """Stream a packed dataset as fixed-shape examples (:func:`~.collate.pack_to_example`), one per pack.
 
     Args:
         source: a dataset folder, a ``manifest.json`` path or URL, an ``https://`` dataset root,
@@ -78,7 +80,7 @@ class PackedDataset(IterableDataset):
         rank, world_size: default from ``torch.distributed`` when initialised, else 0 and 1.
         remainder: ``"drop"`` or ``"wrap"``: how ranks are evened out (see :mod:`wdspack.loader.plan`).
         on_corrupt: ``"skip"`` (count, warn, go on) or ``"raise"`` for corrupt packs and truncated shards.
-        image_transform: bytes → tensors (``wdspack.images.make_image_transform``); picklable.
+        image_transform: bytes → tensors (``wdspack.loader.images.make_image_transform``); picklable.
             Without it (or ``processor``) an image dataset streams no pixels: the loader warns once,
             and refuses a dataset packed with a processor (its batches are useless without them).
         text_only: stream an image dataset's text without pixels on purpose (no warning, no
@@ -101,7 +103,7 @@ class PackedDataset(IterableDataset):
         storage_options: ``hf://``: HfFileSystem options (``token``, ``endpoint``); ``https://``:
             ``{"headers": {...}}``. Never printed.
         balance: ``"cost"`` deals each step's packs so every rank's share costs about the same under
-            ``cost_model`` (see :func:`~wdspack.loader.plan.plan_epoch_balanced`); it reads the
+            ``cost_model`` (see :func:`~wdspack.loader.balance.plan_epoch_balanced`); it reads the
             dataset's pack index (one request) and reads shards in runs of ``balance_run`` packs.
             Replaces the shuffle buffer's order (the window and run order are still seeded).
         cost_model: a :class:`~wdspack.CostModel` or a dict of its weights (tokens, attention,
@@ -159,7 +161,7 @@ class PackedDataset(IterableDataset):
         self._stats_done: Counter = Counter()
         self._stats_live: Counter = Counter()
         self._progress: dict[int, tuple[int, int, int]] = {}
-        self._elastic_buf = torch.zeros(_ELASTIC_BYTES, dtype=torch.uint8).share_memory_()
+        self._elastic = SharedBasis()
         self._plans: dict[tuple[int, int, str], EpochPlan] = {}  # the last balanced or elastic plan
         self._count_plan(1, 0)  # fail now, not in a worker, when there are too few packs for the ranks
 
@@ -203,8 +205,7 @@ class PackedDataset(IterableDataset):
 
     def elastic(self) -> dict[str, Any] | None:
         """``{"epoch", "basis"}`` when the current epoch was resumed under another layout, else None."""
-        n = int.from_bytes(bytes(self._elastic_buf[:4].tolist()), "little")
-        return None if n == 0 else json.loads(bytes(self._elastic_buf[4:4 + n].numpy()))
+        return self._elastic.get()
 
     def set_elastic(self, elastic: Mapping[str, Any] | None) -> None:
         """Make the rest of ``elastic["epoch"]`` the packs its ``basis`` left unread, split over this layout.
@@ -213,42 +214,12 @@ class PackedDataset(IterableDataset):
         per rank], "basis": the basis before it or None}``: where every slot of the old layout
         stood. Workers (persistent ones too) read it from shared memory.
         """
-        data = b"" if elastic is None else json.dumps(elastic, sort_keys=True).encode()
-        if len(data) + 4 > _ELASTIC_BYTES:
-            raise ConfigError(f"the elastic resume state is {len(data)} bytes, over {_ELASTIC_BYTES}; resume with "
-                              "the layout the checkpoint was taken with, or at an epoch boundary")
-        self._elastic_buf[:4] = torch.tensor(list(len(data).to_bytes(4, "little")), dtype=torch.uint8)
-        if data:
-            self._elastic_buf[4:4 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        self._elastic.set(elastic)
 
     def consumed(self, epoch: int, basis: Mapping[str, Any]) -> list[np.ndarray]:
         """Per shard, the packs of ``epoch`` that the layout in ``basis`` has read, or never reads."""
-        prior = self.consumed(epoch, basis["basis"]) if basis.get("basis") else None
-        world, workers = int(basis["world_size"]), max(1, int(basis["num_workers"]))
-        plan = self._layout_plan(world, workers, epoch, prior)
-        counts = [s.packs for s in self._source.shards]
-        mask = [p.copy() for p in prior] if prior is not None else [np.zeros(n, bool) for n in counts]
-        if prior is None:  # what this epoch never reads (remainder="drop") counts as done
-            for m in mask:
-                m[:] = True
-            for ranges in plan.slots:
-                for r in ranges:
-                    mask[r.shard][r.start:r.stop] = False
-        for rank, positions in enumerate(basis["ranks"]):
-            for worker, (lap, emitted, _) in enumerate(positions):
-                slot = rank * workers + worker
-                ranges = plan.slots[slot]
-                if lap > 0:
-                    done = np.arange(plan.assigned(slot))
-                else:
-                    order = slot_order(plan, slot, seed=self.seed, epoch=epoch, lap=0, shuffle=self.shuffle,
-                                       shuffle_buffer=self.shuffle_buffer)
-                    done = order[:int(emitted)]
-                starts = np.cumsum([0] + [len(r) for r in ranges])
-                for p in done.tolist():
-                    i = bisect.bisect_right(starts, p) - 1
-                    mask[ranges[i].shard][ranges[i].start + p - int(starts[i])] = True
-        return mask
+        return consumed_packs(epoch, basis, counts=[s.packs for s in self._source.shards], layout_plan=self._layout_plan,
+                              seed=self.seed, shuffle=self.shuffle, shuffle_buffer=self.shuffle_buffer)
 
     def _layout_plan(self, world: int, workers: int, epoch: int, prior: list[np.ndarray] | None) -> EpochPlan:
         counts = [s.packs for s in self._source.shards]
@@ -399,7 +370,7 @@ class PackedDataset(IterableDataset):
             return None
         if self.image_transform is not None:
             raise ConfigError("give processor= or image_transform=, not both: the processor lays out the pixels")
-        from ..models.batching import ModelBatcher
+        from .batching import ModelBatcher
 
         totals = self.manifest.totals if self.manifest is not None else {}
         batcher = ModelBatcher(processor, seq_len=self.seq_len, max_images=self.max_images,
@@ -417,10 +388,11 @@ class PackedDataset(IterableDataset):
         return batcher
 
     def _to_example(self, pack) -> dict[str, Any]:
-        """``pack_to_example``; under the loader, ``collate.staged_example``: the pixels stay per pack
+        """``pack_to_example``; under the loader, ``buffers.staged_example``: the pixels stay per pack
         for its collate to write straight into the batch (decode errors still surface here, where a
         bad pack can be skipped)."""
-        from ..collate import MODEL_KEY, pack_to_example, staged_example
+        from .buffers import MODEL_KEY, staged_example
+        from .collate import pack_to_example
 
         if self.with_position or self.model_batcher is not None:
             example = staged_example(pack, seq_len=self.seq_len, max_images=self.max_images,

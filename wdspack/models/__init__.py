@@ -39,7 +39,7 @@ __all__ = ["IMAGE_TOKEN_GUESSES", "Budgets", "Family", "assemble_processor", "fa
            "image_processor_for", "load_processor", "model_inputs", "save_processor"]
 
 #: Modules of this package that are not families.
-_NOT_FAMILIES = frozenset({"batching", "compat", "family", "processors"})
+_NOT_FAMILIES = frozenset({"compat", "family", "processors"})
 
 
 @lru_cache(maxsize=1)

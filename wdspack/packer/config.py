@@ -20,7 +20,7 @@ DEFAULT_MAX_DROP_FRACTION = 0.05
 
 @dataclass(frozen=True, slots=True)
 class PackConfig:
-    """How to plan and write (everything but the tokenizer, which is :class:`SampleConfig`).
+    """How to plan and write (everything but the tokenizer, which is :class:`~.samples.SampleConfig`).
 
     ``workers``, ``executor`` (``"local"`` or ``"ray"``) and ``ray_address`` say where the tasks
     run; they change nothing in the output, so a job may be resumed under other values.

@@ -1,7 +1,7 @@
 """Image decoding for the loader, in its workers: guarded, fast, processor-agnostic.
 
 An :class:`ImageTransform` turns a pack's encoded images (``Pack.images``) into tensors. It
-returns *one entry per image*, unpadded; :func:`wdspack.collate.pack_to_example` pads them to the
+returns *one entry per image*, unpadded; :func:`wdspack.loader.collate.pack_to_example` pads them to the
 ``max_images`` slots of the batch contract. Two layouts:
 
 ===================  =======================================  ==============================
@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .errors import ConfigError, FormatError
+from ..errors import ConfigError, FormatError
 
 __all__ = [
     "CLIP_MEAN",
@@ -73,7 +73,7 @@ CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
 class PatchLayout(Protocol):
-    """What :func:`~wdspack.collate.pack_to_example` reads from a transform that returns
+    """What :func:`~wdspack.loader.collate.pack_to_example` reads from a transform that returns
     ``image_grid_thw`` (flattened patches): one image token = ``merge_size²`` patches, and the
     fixed number of patch rows per pack."""
 
@@ -110,7 +110,7 @@ def open_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
         >>> buf = io.BytesIO(); Image.new("RGB", (300, 200)).save(buf, format="PNG")
         >>> open_image(buf.getvalue(), max_pixels=10_000)
         Traceback (most recent call last):
-        wdspack.images.ImageTooLargeError: image of 300x200 = 60000 pixels exceeds the limit of 10000 ...
+        wdspack.loader.images.ImageTooLargeError: image of 300x200 = 60000 pixels exceeds the limit of 10000 ...
     """
     allowed = None if formats is None else _available(formats)
     try:
@@ -160,7 +160,7 @@ def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, draft: in
 
 
 class ImageTransform:
-    """Picklable ``images → tensors`` for :func:`wdspack.collate.pack_to_example` (state: its settings).
+    """Picklable ``images → tensors`` for :func:`wdspack.loader.collate.pack_to_example` (state: its settings).
 
     Build it with :func:`make_image_transform`. Called on a pack's encoded images it returns one
     entry per image (see the module docstring for the layouts); errors name the image's index.

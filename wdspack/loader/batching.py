@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
-from ..images import DEFAULT_MAX_PIXELS, ImageDecodeError, decode_image
-from .family import Budgets, Rows
+from .images import DEFAULT_MAX_PIXELS, ImageDecodeError, decode_image
+from ..models.family import Budgets, Rows
 
 #: ``shape -> (tensor, dirty)``: where the loader wants a batch's ``pixel_values`` written.
 Take = Callable[[tuple[int, ...]], tuple[torch.Tensor, "list[int] | None"]]
@@ -43,7 +43,7 @@ class ModelBatcher:
 
     def __init__(self, processor: Any, *, seq_len: int, max_images: int, max_image_tokens: int | None = None,
                  max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
-        from . import family_for, load_processor
+        from ..models import family_for, load_processor
 
         self.processor = load_processor(processor)
         self.family = family_for(self.processor)
@@ -54,7 +54,7 @@ class ModelBatcher:
         return {**self.__dict__, "family": self.family.name}  # a Family holds functions: ship its name
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        from . import family_for
+        from ..models import family_for
 
         self.__dict__.update(state)
         self.family = family_for(state["family"])

@@ -62,6 +62,9 @@ Which keys to feed (each is exact: ``tests/test_packed_exact.py``):
 * a hand-made mask: ``"4d"`` (bool for SDPA; ``mask_dtype=`` the model's float dtype for eager).
   It costs ``B·L²`` elements: 256 MiB of bool for ``B = 4``, ``L = 8192``.
 * flash-attn's varlen kernels: ``cu_seqlens``, ``max_seqlen``; flex attention: ``seq_idx``.
+
+The loader itself takes a staged path to the same batch (pixels written once, in recycled shared
+memory): :mod:`.buffers`.
 """
 
 from __future__ import annotations
@@ -69,31 +72,21 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from .format.pack import Pack
-from .errors import ConfigError, FormatError
+from ..errors import ConfigError, FormatError
+from ..format.pack import Pack
 
 if TYPE_CHECKING:
-    from .images import ImageTransform, PatchLayout
+    from .images import PatchLayout
 
-__all__ = ["IGNORE_INDEX", "MODEL_KEY", "PIXELS_KEY", "DecodedImages", "collate_packs", "collate_staged",
-           "decode_pack_images", "pack_to_example", "staged_example", "write_pixel_slots"]
+__all__ = ["IGNORE_INDEX", "collate_packs", "naming_sample", "pack_to_example"]
 
 #: The label of a token that is not a target (PyTorch's and transformers' ``ignore_index``).
 IGNORE_INDEX = -100
-#: Private example key (:func:`staged_example`): the pack's images decoded to uint8, not yet normalised.
-PIXELS_KEY = "__wdspack_pixels__"
-#: Private example key (:func:`staged_example`): ``(batcher, pixels, rows)``, the processor's parts of the pack.
-MODEL_KEY = "__wdspack_model__"
-_STAGED_KEYS = (PIXELS_KEY, MODEL_KEY)
-#: ``take(shape, packs) -> (tensor, dirty)``: float32 memory for a batch's pixels and, per pack, how many
-#: leading slots (or rows) may hold non-zero bytes from earlier use (``None``: unknown, zero them all).
-TakePixels = Callable[[tuple[int, ...], int], tuple[torch.Tensor, "list[int] | None"]]
 
 _TEXT_KEYS = ("input_ids", "labels", "position_ids", "seq_idx")
 _COUNT_KEYS = ("num_tokens", "num_samples")
@@ -110,7 +103,7 @@ def pack_to_example(pack: Pack, *, seq_len: int, max_images: int, pad_token_id: 
         max_images: ``M``, the image slots; empty slots are zero.
         pad_token_id: the id written into padding.
         image_transform: encoded images → one tensor entry per image (see
-            :func:`wdspack.images.make_image_transform`); padded here to ``M`` slots (or, for the
+            :func:`wdspack.loader.images.make_image_transform`); padded here to ``M`` slots (or, for the
             flattened-patch layout, to the transform's ``patch_rows(L, M)`` rows).
         pad_images: False leaves one-entry-per-image tensors at the real images' count ``[k, ...]``;
             :func:`collate_packs` then pads them straight into the ``[B·M, ...]`` batch tensor,
@@ -286,140 +279,6 @@ def _shared(like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor | None:
         return None
 
 
-@dataclass(frozen=True, slots=True)
-class DecodedImages:
-    """A pack's images decoded and resized (``[S, S, 3]`` uint8 each), not yet normalised.
-
-    The loader's dataset leaves these in each example (:func:`decode_pack_images`) and its collate
-    function normalises them straight into their slots of the batch tensor
-    (:func:`write_pixel_slots`): one float write per real pixel, no per-pack float copy.
-    """
-
-    pixels: tuple[np.ndarray, ...]
-    transform: ImageTransform
-
-    def __len__(self) -> int:
-        return len(self.pixels)
-
-
-def decode_pack_images(pack: Pack, transform: ImageTransform) -> DecodedImages:
-    """First half of the built-in image path for one pack; errors name the sub-sample.
-
-    Raises:
-        ImageDecodeError: an image cannot be decoded; the message names the owner sample's id.
-    """
-    with _naming_sample(pack):
-        return DecodedImages(tuple(transform.decode_resized(pack.images)), transform)
-
-
-def write_pixel_slots(images: Sequence[DecodedImages], out: torch.Tensor, *, slots: int,
-                      dirty: Sequence[int] | None = None) -> list[int]:
-    """Second half: pack ``b``'s images into ``out[b·slots : b·slots + k_b]``; return the ``k_b``.
-
-    Args:
-        images: one entry per pack (``B``), each with at most ``slots`` images.
-        out: ``[B·slots, 3, S, S]`` float32, the batch's ``pixel_values``.
-        slots: ``M``, the image slots per pack.
-        dirty: per pack, how many leading slots may hold non-zero bytes from earlier use;
-            those past ``k_b`` are zeroed. ``None``: all of them (memory of unknown content);
-            all zeros for a new shared-memory segment, which is zero already.
-    """
-    counts = [len(x) for x in images]
-    if any(k > slots for k in counts):
-        raise ConfigError(f"pixel_values: a pack has {max(counts)} images > {slots} image slots")
-    for b, (x, k) in enumerate(zip(images, counts)):
-        x.transform.normalize_into(x.pixels, out[b * slots: b * slots + k])
-        stale = slots if dirty is None else dirty[b]
-        if stale > k:
-            out[b * slots + k: b * slots + stale] = 0
-    return counts
-
-
-def staged_example(pack: Pack, *, seq_len: int, max_images: int, pad_token_id: int, image_transform: Any = None,
-                   batcher: Any = None) -> dict[str, Any]:
-    """:func:`pack_to_example` with the pixels left for :func:`collate_staged` to place in the batch.
-
-    With a processor's ``batcher`` (:class:`~wdspack.models.batching.ModelBatcher`) the pack's parts
-    go under :data:`MODEL_KEY`; with the built-in transform the images are only decoded and resized
-    (:data:`PIXELS_KEY`, uint8); any other transform runs here as in :func:`pack_to_example`. Decode
-    errors surface here, where a bad pack can still be skipped, and name the sub-sample.
-    """
-    from .images import ImageTransform
-
-    if batcher is not None:
-        example = pack_to_example(pack, seq_len=seq_len, max_images=max_images, pad_token_id=pad_token_id)
-        with _naming_sample(pack):
-            pixels, rows = batcher.pack_parts(pack, example["input_ids"])
-        example[MODEL_KEY] = (batcher, pixels, rows)
-        return example
-    staged = isinstance(image_transform, ImageTransform) and image_transform.writes_into
-    example = pack_to_example(pack, seq_len=seq_len, max_images=max_images, pad_token_id=pad_token_id,
-                              image_transform=None if staged else image_transform, pad_images=False)
-    if staged:
-        example[PIXELS_KEY] = decode_pack_images(pack, image_transform)
-    return example
-
-
-def collate_staged(examples: Sequence[dict[str, Any]], *, attention_mask: str | None = None,
-                   padding_free: bool = False, max_segments: int | None = None, take: TakePixels | None = None,
-                   share_memory: bool | None = None) -> tuple[dict[str, Any], list[int] | None]:
-    """:func:`staged_example` outputs → one batch: :func:`collate_packs`, then the pixels written once.
-
-    A processor's parts are joined by its batcher (the family's keys and last rewrite); decoded
-    images are normalised straight into their slots of ``pixel_values`` ``[B·M, 3, S, S]``. Both
-    write into the float32 memory ``take`` gives (default :func:`fresh_pixels`). The examples are
-    not changed.
-
-    Returns:
-        The batch, and per pack the slots (rows) written into ``take``'s tensor, or ``None`` when
-        none was taken.
-    """
-    if not examples:
-        raise ConfigError("a batch needs at least one example")
-    first, packs = examples[0], len(examples)
-    images = [ex[PIXELS_KEY] for ex in examples] if PIXELS_KEY in first else None
-    parts = [ex[MODEL_KEY] for ex in examples] if MODEL_KEY in first else None
-    plain = [{k: v for k, v in ex.items() if k not in _STAGED_KEYS} for ex in examples]
-    take = take or fresh_pixels
-    batch: dict[str, Any] = dict(collate_packs(plain, attention_mask=attention_mask, padding_free=padding_free,
-                                               max_segments=max_segments, share_memory=share_memory))
-    counts = None
-    if parts is not None:
-        batch, counts = parts[0][0].collate(batch, [(pixels, rows) for _, pixels, rows in parts],
-                                            padding_free=padding_free, take=lambda shape: take(shape, packs))
-    if images is not None:
-        M, size = plain[0]["image_mask"].shape[0], images[0].transform.size
-        out, dirty = take((packs * M, 3, size, size), packs)
-        counts = write_pixel_slots(images, out, slots=M, dirty=dirty)
-        batch = _insert_after(batch, "image_token_counts", "pixel_values", out)
-    return batch, counts
-
-
-def fresh_pixels(shape: tuple[int, ...], packs: int) -> tuple[torch.Tensor, list[int] | None]:
-    """New float32 memory (a :data:`TakePixels`): in a DataLoader worker a new shared-memory segment, which
-    the OS zero-fills and the DataLoader passes on without copying; elsewhere plain memory."""
-    if torch.utils.data.get_worker_info() is not None:
-        return new_shared(shape), [0] * packs
-    return torch.empty(shape), None
-
-
-def new_shared(shape: tuple[int, ...]) -> torch.Tensor:
-    """A new float32 tensor in shared memory; its bytes are zero (a new file, which the OS zero-fills)."""
-    storage = torch.UntypedStorage._new_shared(4 * math.prod(shape))
-    return torch.empty(0, dtype=torch.float32).set_(storage, 0, shape)
-
-
-def _insert_after(batch: dict[str, Any], anchor: str, key: str, value: Any) -> dict[str, Any]:
-    """``batch`` with ``key`` right after ``anchor`` (where :func:`collate_packs` puts ``pixel_values``)."""
-    out = {}
-    for k, v in batch.items():
-        out[k] = v
-        if k == anchor:
-            out[key] = value
-    out.setdefault(key, value)
-    return out
-
-
 def _names(pack: Pack) -> str:
     ids = list(pack.sample_ids[:3])
     return f"{ids}"[:-1] + ", ...]" if pack.num_samples > 3 else f"{ids}"
@@ -486,7 +345,7 @@ def _block_causal(seq_idx: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def _images_to_slots(pack: Pack, transform: Callable[[Sequence[bytes]], dict[str, torch.Tensor]], *,
                      seq_len: int, max_images: int, pad: bool = True) -> dict[str, torch.Tensor]:
     """Run the transform and pad its per-image outputs to ``max_images`` slots (fixed shapes)."""
-    with _naming_sample(pack):
+    with naming_sample(pack):
         got = dict(transform(pack.images))
     k = pack.num_images
     if "image_grid_thw" in got:
@@ -506,8 +365,8 @@ def _images_to_slots(pack: Pack, transform: Callable[[Sequence[bytes]], dict[str
 
 
 @contextmanager
-def _naming_sample(pack: Pack) -> Iterator[None]:
-    """Re-raise an :class:`~wdspack.images.ImageDecodeError` with the owner sub-sample's id in front."""
+def naming_sample(pack: Pack) -> Iterator[None]:
+    """Re-raise an :class:`~wdspack.loader.images.ImageDecodeError` with the owner sub-sample's id in front."""
     from .images import ImageDecodeError
 
     try:
@@ -522,7 +381,7 @@ def _pad_patches(pack: Pack, got: dict[str, torch.Tensor], transform: PatchLayou
                  max_images: int) -> dict[str, torch.Tensor]:
     """Flattened-patch layout: ``pixel_values`` [P, D] → [R, D] + ``patch_mask``; grids → [M, 3].
 
-    Reads :class:`~wdspack.images.PatchLayout` from the transform; without it, merge size 1 and
+    Reads :class:`~wdspack.loader.images.PatchLayout` from the transform; without it, merge size 1 and
     ``seq_len`` rows.
     """
     pv, grid = got["pixel_values"], got["image_grid_thw"]

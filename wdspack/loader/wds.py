@@ -48,8 +48,8 @@ from urllib.parse import unquote
 import msgpack
 import torch
 
-from .format.pack import Pack, decode_pack
-from .errors import ConfigError, FormatError, WdspackError
+from ..format.pack import Pack, decode_pack
+from ..errors import ConfigError, FormatError, WdspackError
 
 __all__ = ["DatasetInfo", "batched", "collate", "decode_packs", "read_dataset", "to_examples"]
 
@@ -107,8 +107,8 @@ def read_dataset(source: str | os.PathLike[str], *, storage_options: Mapping[str
         >>> info.urls[0], info.seq_len, info.max_images, info.pad_token_id  # doctest: +SKIP
         ('packed/train-000000.tar', 4096, 16, 0)
     """
-    from .loader.budgets import image_budget
-    from .format.dataset import resolve_source
+    from .budgets import image_budget
+    from ..format.dataset import resolve_source
 
     text = os.fspath(source)
     resolved = resolve_source(text, storage_options=storage_options)
@@ -186,14 +186,14 @@ def to_examples(dataset: DatasetInfo | None = None, *, seq_len: int | None = Non
         raise ConfigError("pad_token_id is needed (the id written into padding); pass it, or dataset=read_dataset(...)")
     if processor is not None and image_transform is not None:
         raise ConfigError("give processor= or image_transform=, not both: the processor lays out the pixels")
-    from .loader.budgets import check_pixels
+    from .budgets import check_pixels
 
     check_pixels(dataset.display if dataset is not None else "the dataset",
                  dataset.image_policy if dataset is not None else {}, dataset.images if dataset is not None else 0,
                  processor=processor, image_transform=image_transform, text_only=text_only)
     batcher = None
     if processor is not None:
-        from .models.batching import ModelBatcher
+        from .batching import ModelBatcher
 
         if max_image_tokens is None and dataset is not None:
             max_image_tokens = dataset.max_image_tokens
@@ -218,7 +218,7 @@ def collate(examples: Sequence[dict[str, Any]], *, attention_mask: str | None = 
         examples: ``B`` examples from :func:`to_examples` (not changed).
         attention_mask, padding_free, max_segments: as :func:`wdspack.collate_packs`.
     """
-    from .collate import collate_staged
+    from .buffers import collate_staged
 
     return collate_staged(examples, attention_mask=attention_mask, padding_free=padding_free,
                           max_segments=max_segments)[0]
@@ -315,7 +315,7 @@ def _pack_of(sample: Any, *, seq_len: int, max_images: int, handler: Handler) ->
     then skips it or not). Other members next to a pack's ``mp`` (same key) are never read: the
     handler hears of them and, if it returns True, the pack goes on.
     """
-    from .format.tar import FOREIGN_RULE
+    from ..format.tar import FOREIGN_RULE
 
     if isinstance(sample, Pack):
         return sample
@@ -341,8 +341,8 @@ def _pack_of(sample: Any, *, seq_len: int, max_images: int, handler: Handler) ->
 
 def _example(pack: Pack, *, seq_len: int, max_images: int, pad_token_id: int, image_transform: Any, batcher: Any,
              where: str) -> dict[str, Any]:
-    """``collate.staged_example``, as the loader makes it (images kept per pack for :func:`collate`)."""
-    from .collate import staged_example
+    """``buffers.staged_example``, as the loader makes it (images kept per pack for :func:`collate`)."""
+    from .buffers import staged_example
 
     try:
         return staged_example(pack, seq_len=seq_len, max_images=max_images, pad_token_id=pad_token_id,

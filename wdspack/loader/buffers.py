@@ -1,0 +1,298 @@
+"""The loader's staged path: pixels written once into the batch, and where a batch's memory comes from.
+
+With the built-in image transform (or a processor), the dataset leaves each pack's pixels staged
+(:func:`staged_example`: decoded and resized to uint8, or the processor's parts), and the loader's
+collate function writes them once, straight into the batch's ``pixel_values``
+(:func:`collate_staged`), in memory that :class:`PixelBuffers` recycles.
+
+How a worker's batch travels (``reuse_buffers=True``, the default)::
+
+    dataset: pack ─► text tensors per pack; images decoded + resized to uint8 per pack
+    collate: text  ─► stacked [B, L] ... in ordinary memory ─► by value, through the pipe
+             uint8 ─► normalised straight into pixel_values [B·M, 3, S, S] ─► shared memory:
+                      a buffer the worker reuses once the main process holds no view of it
+
+A new shared-memory segment per tensor (what a stock DataLoader does) costs a file, a descriptor
+passed over a socket, a mapping made and unmade, and a zeroed page per 4 KiB; on the benchmark's
+2-core host that was about a third of an image worker's time and two thirds of a text-only
+worker's. Small tensors therefore go by value (:class:`Shipment`), and only the large pixel tensor
+uses shared memory, in buffers that are reused.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError
+from ..format.pack import Pack
+from .collate import collate_packs, naming_sample, pack_to_example
+
+if TYPE_CHECKING:
+    from .images import ImageTransform
+
+__all__ = ["MODEL_KEY", "PIXELS_KEY", "DecodedImages", "PixelBuffers", "Shipment", "TakePixels", "collate_staged",
+           "decode_pack_images", "fresh_pixels", "new_shared", "staged_example", "write_pixel_slots"]
+
+#: Private example key (:func:`staged_example`): the pack's images decoded to uint8, not yet normalised.
+PIXELS_KEY = "__wdspack_pixels__"
+#: Private example key (:func:`staged_example`): ``(batcher, pixels, rows)``, the processor's parts of the pack.
+MODEL_KEY = "__wdspack_model__"
+_STAGED_KEYS = (PIXELS_KEY, MODEL_KEY)
+#: ``take(shape, packs) -> (tensor, dirty)``: float32 memory for a batch's pixels and, per pack, how many
+#: leading slots (or rows) may hold non-zero bytes from earlier use (``None``: unknown, zero them all).
+TakePixels = Callable[[tuple[int, ...], int], tuple[torch.Tensor, "list[int] | None"]]
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedImages:
+    """A pack's images decoded and resized (``[S, S, 3]`` uint8 each), not yet normalised.
+
+    The loader's dataset leaves these in each example (:func:`decode_pack_images`) and its collate
+    function normalises them straight into their slots of the batch tensor
+    (:func:`write_pixel_slots`): one float write per real pixel, no per-pack float copy.
+    """
+
+    pixels: tuple[np.ndarray, ...]
+    transform: ImageTransform
+
+    def __len__(self) -> int:
+        return len(self.pixels)
+
+
+def decode_pack_images(pack: Pack, transform: ImageTransform) -> DecodedImages:
+    """First half of the built-in image path for one pack; errors name the sub-sample.
+
+    Raises:
+        ImageDecodeError: an image cannot be decoded; the message names the owner sample's id.
+    """
+    with naming_sample(pack):
+        return DecodedImages(tuple(transform.decode_resized(pack.images)), transform)
+
+
+def write_pixel_slots(images: Sequence[DecodedImages], out: torch.Tensor, *, slots: int,
+                      dirty: Sequence[int] | None = None) -> list[int]:
+    """Second half: pack ``b``'s images into ``out[b·slots : b·slots + k_b]``; return the ``k_b``.
+
+    Args:
+        images: one entry per pack (``B``), each with at most ``slots`` images.
+        out: ``[B·slots, 3, S, S]`` float32, the batch's ``pixel_values``.
+        slots: ``M``, the image slots per pack.
+        dirty: per pack, how many leading slots may hold non-zero bytes from earlier use;
+            those past ``k_b`` are zeroed. ``None``: all of them (memory of unknown content);
+            all zeros for a new shared-memory segment, which is zero already.
+    """
+    counts = [len(x) for x in images]
+    if any(k > slots for k in counts):
+        raise ConfigError(f"pixel_values: a pack has {max(counts)} images > {slots} image slots")
+    for b, (x, k) in enumerate(zip(images, counts)):
+        x.transform.normalize_into(x.pixels, out[b * slots: b * slots + k])
+        stale = slots if dirty is None else dirty[b]
+        if stale > k:
+            out[b * slots + k: b * slots + stale] = 0
+    return counts
+
+
+def staged_example(pack: Pack, *, seq_len: int, max_images: int, pad_token_id: int, image_transform: Any = None,
+                   batcher: Any = None) -> dict[str, Any]:
+    """:func:`~.collate.pack_to_example` with the pixels left for :func:`collate_staged` to place in the batch.
+
+    With a processor's ``batcher`` (:class:`~wdspack.loader.batching.ModelBatcher`) the pack's parts
+    go under :data:`MODEL_KEY`; with the built-in transform the images are only decoded and resized
+    (:data:`PIXELS_KEY`, uint8); any other transform runs here as in :func:`~.collate.pack_to_example`. Decode
+    errors surface here, where a bad pack can still be skipped, and name the sub-sample.
+    """
+    from .images import ImageTransform
+
+    if batcher is not None:
+        example = pack_to_example(pack, seq_len=seq_len, max_images=max_images, pad_token_id=pad_token_id)
+        with naming_sample(pack):
+            pixels, rows = batcher.pack_parts(pack, example["input_ids"])
+        example[MODEL_KEY] = (batcher, pixels, rows)
+        return example
+    staged = isinstance(image_transform, ImageTransform) and image_transform.writes_into
+    example = pack_to_example(pack, seq_len=seq_len, max_images=max_images, pad_token_id=pad_token_id,
+                              image_transform=None if staged else image_transform, pad_images=False)
+    if staged:
+        example[PIXELS_KEY] = decode_pack_images(pack, image_transform)
+    return example
+
+
+def collate_staged(examples: Sequence[dict[str, Any]], *, attention_mask: str | None = None,
+                   padding_free: bool = False, max_segments: int | None = None, take: TakePixels | None = None,
+                   share_memory: bool | None = None) -> tuple[dict[str, Any], list[int] | None]:
+    """:func:`staged_example` outputs → one batch: :func:`~.collate.collate_packs`, then the pixels written once.
+
+    A processor's parts are joined by its batcher (the family's keys and last rewrite); decoded
+    images are normalised straight into their slots of ``pixel_values`` ``[B·M, 3, S, S]``. Both
+    write into the float32 memory ``take`` gives (default :func:`fresh_pixels`). The examples are
+    not changed.
+
+    Returns:
+        The batch, and per pack the slots (rows) written into ``take``'s tensor, or ``None`` when
+        none was taken.
+    """
+    if not examples:
+        raise ConfigError("a batch needs at least one example")
+    first, packs = examples[0], len(examples)
+    images = [ex[PIXELS_KEY] for ex in examples] if PIXELS_KEY in first else None
+    parts = [ex[MODEL_KEY] for ex in examples] if MODEL_KEY in first else None
+    plain = [{k: v for k, v in ex.items() if k not in _STAGED_KEYS} for ex in examples]
+    take = take or fresh_pixels
+    batch: dict[str, Any] = dict(collate_packs(plain, attention_mask=attention_mask, padding_free=padding_free,
+                                               max_segments=max_segments, share_memory=share_memory))
+    counts = None
+    if parts is not None:
+        batch, counts = parts[0][0].collate(batch, [(pixels, rows) for _, pixels, rows in parts],
+                                            padding_free=padding_free, take=lambda shape: take(shape, packs))
+    if images is not None:
+        M, size = plain[0]["image_mask"].shape[0], images[0].transform.size
+        out, dirty = take((packs * M, 3, size, size), packs)
+        counts = write_pixel_slots(images, out, slots=M, dirty=dirty)
+        batch = _insert_after(batch, "image_token_counts", "pixel_values", out)
+    return batch, counts
+
+
+def fresh_pixels(shape: tuple[int, ...], packs: int) -> tuple[torch.Tensor, list[int] | None]:
+    """New float32 memory (a :data:`TakePixels`): in a DataLoader worker a new shared-memory segment, which
+    the OS zero-fills and the DataLoader passes on without copying; elsewhere plain memory."""
+    if torch.utils.data.get_worker_info() is not None:
+        return new_shared(shape), [0] * packs
+    return torch.empty(shape), None
+
+
+def new_shared(shape: tuple[int, ...]) -> torch.Tensor:
+    """A new float32 tensor in shared memory; its bytes are zero (a new file, which the OS zero-fills)."""
+    storage = torch.UntypedStorage._new_shared(4 * math.prod(shape))
+    return torch.empty(0, dtype=torch.float32).set_(storage, 0, shape)
+
+
+def _insert_after(batch: dict[str, Any], anchor: str, key: str, value: Any) -> dict[str, Any]:
+    """``batch`` with ``key`` right after ``anchor`` (where :func:`~.collate.collate_packs` puts ``pixel_values``)."""
+    out = {}
+    for k, v in batch.items():
+        out[k] = v
+        if k == anchor:
+            out[key] = value
+    out.setdefault(key, value)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Recycled pixel buffers, and batches that travel by value
+
+
+class PixelBuffers:
+    """A worker's ``pixel_values`` tensors in shared memory, reused once the main process has dropped them.
+
+    A new shared-memory tensor costs a zeroed page and a page fault per 4 KiB (38 MB a batch at
+    ``B = 4``, ``M = 16``, ``S = 224``), which on a busy or virtualised host is about a third of a
+    worker's time. So each worker keeps up to ``size`` of them. A buffer leaves *leased* with a
+    batch (:class:`Shipment`); unpickled in the main process, the shipment registers a finalizer
+    on the tensor's storage there, and when no tensor in that process views the memory any more
+    the finalizer writes the lease's number into ``released[worker, index]``. The worker reuses a
+    buffer only when that number is the one it was leased under (numbers never repeat: pid and a
+    counter), so a late or stale release can only make it allocate a new buffer, never reuse one
+    still in use. Slots that held images last time and are empty now are zeroed again.
+
+    Memory handed on from the main process to *another* process is not tracked: for that, pass
+    ``reuse_buffers=False`` to :func:`~wdspack.loader.make_loader`.
+    """
+
+    def __init__(self, workers: int, size: int) -> None:
+        self.size = size
+        self.released = torch.zeros((workers, size), dtype=torch.int64).share_memory_()
+        self.table = f"{os.getpid()}-{os.urandom(8).hex()}"
+        _RELEASE_TABLES[self.table] = self.released
+        self._held: list[tuple[torch.Tensor, Lease | None, list[int]]] = []  # tensor, last lease, filled slots
+        self._leases = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_held": [], "_leases": 0}  # a worker starts with no buffers of its own
+
+    def take(self, shape: tuple[int, ...], *, worker: int, packs: int
+             ) -> tuple[torch.Tensor, list[int], Lease | None]:
+        """A float32 ``shape`` tensor in shared memory, per pack the leading slots that may be non-zero, its lease.
+
+        No lease (None) when every buffer is still out: the tensor is then a new one, not kept.
+        """
+        for i, (tensor, lease, filled) in enumerate(self._held):
+            if (lease is not None and tuple(tensor.shape) == shape and len(filled) == packs
+                    and int(self.released[worker, i]) == lease.number):
+                self._held[i] = (tensor, None, filled)  # taken: not handed out again before it ships
+                return tensor, filled, self._lease(worker, i)
+        tensor = new_shared(shape)
+        if len(self._held) >= self.size:
+            return tensor, [0] * packs, None
+        self._held.append((tensor, None, []))
+        return tensor, [0] * packs, self._lease(worker, len(self._held) - 1)
+
+    def ship(self, lease: Lease, counts: list[int]) -> None:
+        """Record that ``lease``'s buffer leaves with images in the first ``counts[b]`` slots of pack ``b``."""
+        self._held[lease.index] = (self._held[lease.index][0], lease, list(counts))
+
+    def _lease(self, worker: int, index: int) -> Lease:
+        self._leases += 1
+        return Lease(self.table, worker, index, (os.getpid() << 31) + self._leases)
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    table: str  # which PixelBuffers (its entry in _RELEASE_TABLES)
+    worker: int
+    index: int
+    number: int
+
+
+#: Per main process: the ``released`` tensor of each live :class:`PixelBuffers`, by its ``table`` name.
+_RELEASE_TABLES: weakref.WeakValueDictionary[str, torch.Tensor] = weakref.WeakValueDictionary()
+#: Tensors up to this size travel by value through the worker's pipe: cheaper than a shared-memory
+#: segment each (a new file, a file descriptor passed over a socket, a mapping made and unmade).
+_BY_VALUE_BYTES = 1 << 20
+
+
+class Shipment:
+    """A worker's batch on its way to the main process, where unpickling turns it back into the dict.
+
+    Small tensors go by value (as NumPy arrays), large ones as shared memory; ``pixel_values``, if
+    leased, gets its release finalizer on arrival.
+    """
+
+    __slots__ = ("batch", "lease")
+
+    def __init__(self, batch: dict[str, Any], lease: Lease | None) -> None:
+        self.batch, self.lease = batch, lease
+
+    def __reduce__(self):
+        return (_receive, ([(k, *_by_value(v)) for k, v in self.batch.items()], self.lease))
+
+
+def _by_value(value: Any) -> tuple[bool, Any]:
+    """``(True, array)`` for a small tensor NumPy can hold (pickled by value), else ``(False, value)``."""
+    if isinstance(value, torch.Tensor) and value.nbytes <= _BY_VALUE_BYTES:
+        try:
+            return True, value.numpy()
+        except TypeError:  # bfloat16 and other dtypes NumPy lacks: as a tensor
+            pass
+    return False, value
+
+
+def _receive(items: list[tuple[str, bool, Any]], lease: Lease | None) -> dict[str, Any]:
+    """Unpickling a :class:`Shipment`: the batch, with the release of its pixel buffer arranged."""
+    batch = {k: torch.from_numpy(v) if by_value else v for k, by_value, v in items}
+    released = _RELEASE_TABLES.get(lease.table) if lease is not None else None
+    if released is not None:  # elsewhere than in the loader's process nothing is released: never wrong
+        storage = batch["pixel_values"].untyped_storage()
+        weakref.finalize(storage, _release, released, lease.worker, lease.index, lease.number).atexit = False
+    return batch
+
+
+def _release(released: torch.Tensor, worker: int, index: int, number: int) -> None:
+    released[worker, index] = number
