@@ -9,7 +9,7 @@
 ``accelerator.prepare`` gets the model and the optimizer only. The loader is not prepared: it gives
 each rank its own packs already, and ``prepare`` would split its batches over the ranks again
 (``wdspack.model_inputs`` puts each batch on the model's device). Each optimizer step is the exact
-token mean over all its micro-batches on all ranks (``wdspack.integrations.accumulate_gradients``).
+token mean over all its micro-batches on all ranks (``wdspack.train.trainers.accumulate_gradients``).
 A checkpoint is ``accelerator.save_state`` (model, optimizer, random states, the step counter)
 plus every rank's loader state (``save_loader_state``: ``save_state`` keeps registered objects of
 the main process only). Optimizer and schedule are those of ``examples/train_ddp.py``.
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     from accelerate.utils import DistributedDataParallelKwargs
 
     import wdspack
-    from wdspack.integrations import accumulate_gradients, load_loader_state, save_loader_state, step_batches
+    from wdspack.train.trainers import accumulate_gradients, load_loader_state, save_loader_state, step_batches
 
     dist.init_process_group(args.backend)  # before make_loader, which reads rank and world size from it
     # A micro-batch of text-only packs leaves the vision tower unused: DDP must look for such parameters.

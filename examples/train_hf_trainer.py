@@ -6,7 +6,7 @@
     # offline, on CPU, with a tiny random-init Qwen2.5-VL (what tests/models/test_train_trainers.py runs):
     torchrun --nproc-per-node 2 examples/train_hf_trainer.py packed/ --processor proc/ --tiny --backend gloo
 
-``wdspack.integrations.PackedTrainer`` trains from ``make_loader`` as is: each rank streams its own
+``wdspack.train.trainers.PackedTrainer`` trains from ``make_loader`` as is: each rank streams its own
 packs (accelerate does not split them again), the loss of every optimizer step is the exact token
 mean over all its micro-batches on all ranks, and each checkpoint holds every rank's loader state,
 so ``--resume`` continues with exactly the next packs. The optimizer and schedule are those of
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import PrinterCallback, TrainerCallback, TrainingArguments
 
     import wdspack
-    from wdspack.integrations import PackedTrainer
+    from wdspack.train.trainers import PackedTrainer
 
     dist.init_process_group(args.backend)  # before make_loader, which reads rank and world size from it
     rank = dist.get_rank()

@@ -199,7 +199,7 @@ def test_the_first_duplicate_is_kept(bad_dataset, sample_config, tmp_path):
                         answer = tok.decode(pack.input_ids[starts[k]:starts[k + 1]][
                             pack.loss_mask[starts[k]:starts[k + 1]].astype(bool)].tolist())
                         assert answer.startswith("First."), answer
-    from wdspack.verify import verify_dataset
+    from wdspack.ops.verify import verify_dataset
 
     assert verify_dataset(str(out)) == []  # the dropped later copy is not a packed-and-dropped conflict
 

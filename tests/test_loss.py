@@ -21,7 +21,7 @@ import torch
 from ranks import free_port, run_all
 from synthetic import write_dataset
 from wdspack.loader.collate import collate_packs, pack_to_example
-from wdspack.loss import num_items_in_batch, num_samples_in_batch, token_losses
+from wdspack.train.loss import num_items_in_batch, num_samples_in_batch, token_losses
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 1100  # synthetic ids are < 1000, pack markers 1000 + pack number
@@ -45,7 +45,7 @@ import numpy as np
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 import wdspack
-from wdspack.loss import num_items_in_batch, num_samples_in_batch, sample_mean_loss, token_losses
+from wdspack.train.loss import num_items_in_batch, num_samples_in_batch, sample_mean_loss, token_losses
 
 root, port, rank, out, mode = sys.argv[1:6]
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=int(rank), world_size=2)

@@ -34,7 +34,7 @@ from wdspack.packer.job import pack_dataset
 from wdspack.packer.sources import Source, iter_records, list_partitions
 from wdspack.packer.sources.meta import RowMap, collision_key, expand_sources, parse_source
 from wdspack.format.dataset import iter_dataset_packs, open_dataset
-from wdspack.verify import verify_dataset
+from wdspack.ops.verify import verify_dataset
 
 MAX_IMAGES = 4
 
@@ -464,7 +464,7 @@ def test_ids_are_namespaced_only_where_they_collide(tmp_path, sample_config):
 
 def test_a_split_document_follows_its_collision(tmp_path, sample_config):
     """Pieces ``{id}#{k}`` of a long document collide as their document does."""
-    from wdspack.verify import _expected_ids
+    from wdspack.ops.verify import _expected_ids
 
     assert collision_key("doc#3") == "doc" and collision_key("doc#x") == "doc#x" and collision_key("#1") == "#1"
     seen = _expected_ids([("a", "doc"), ("b", "doc"), ("a", "solo"), ("b", "x#1")])

@@ -22,7 +22,7 @@ from wdspack.errors import FormatError, OutputError, SampleError
 from wdspack.loader.images import ImageTooLargeError, decode_image, make_image_transform
 from wdspack.loader import PackedDataset
 from wdspack.format.manifest import read_manifest
-from wdspack.verify import verify_dataset
+from wdspack.ops.verify import verify_dataset
 
 PACKAGE = Path(__file__).resolve().parents[1] / "wdspack"
 SECRET = "hf_SECRETtokenDoNotLeak0123456789"
@@ -173,7 +173,7 @@ def test_upload_never_prints_or_logs_the_token(packed, monkeypatch, capsys, capl
 
 
 def test_upload_exception_and_traceback_hold_no_token(packed, monkeypatch):
-    from wdspack.hub import upload_dataset
+    from wdspack.ops.upload import upload_dataset
 
     monkeypatch.setenv("HF_TOKEN", SECRET)
     with pytest.raises(OutputError) as e:

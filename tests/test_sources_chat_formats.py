@@ -23,7 +23,7 @@ from wdspack.packer.config import DEFAULT_MAX_DROP_FRACTION, PackConfig
 from wdspack.packer.job import pack_dataset
 from wdspack.packer.samples import SampleConfig, get_builder
 from wdspack.packer.sources import Record, iter_records, list_partitions
-from wdspack.verify import verify_dataset
+from wdspack.ops.verify import verify_dataset
 
 QWEN25_TEMPLATE = """\
 {%- if tools %}

@@ -28,7 +28,7 @@ from wdspack.packer.sources import TextRecord, iter_records, list_partitions
 from wdspack.packer.sources.documents import IMAGE, build_document, is_document
 from wdspack.packer.sources.webdataset import split_member_name
 from wdspack.format.dataset import open_dataset
-from wdspack.verify import verify_dataset
+from wdspack.ops.verify import verify_dataset
 
 TPI = 4  # tokens per image
 
@@ -438,7 +438,7 @@ def test_verify_understands_pieces_and_finds_a_missing_one():
 
 
 def _check_sources_sets(seen, *, packed, dropped):
-    import wdspack.verify as verify
+    from wdspack.ops import verify
     from unittest import mock
 
     class _P:

@@ -29,13 +29,14 @@ _LAZY = {
     "PackConfig": "packer.config", "PackSummary": "packer.config", "pack_dataset": "packer.job",
     "SampleConfig": "packer.samples", "Sample": "packer.samples", "SampleBuilder": "packer.samples",
     "Record": "packer.sources", "list_partitions": "packer.sources", "iter_records": "packer.sources",
-    "reshard_dataset": "packer.reshard", "verify_dataset": "verify", "dataset_stats": "stats",
-    "upload_dataset": "hub",
+    "reshard_dataset": "packer.reshard", "verify_dataset": "ops.verify", "dataset_stats": "ops.inspect",
+    "upload_dataset": "ops.upload",
     "PackedDataset": "loader", "make_loader": "loader",
     "pack_to_example": "loader.collate", "collate_packs": "loader.collate", "make_image_transform": "loader.images",
     "model_inputs": "models", "load_processor": "models",
     "CostModel": "format.pack_index",
-    "num_items_in_batch": "loss", "num_samples_in_batch": "loss", "sample_mean_loss": "loss", "token_losses": "loss",
+    "num_items_in_batch": "train.loss", "num_samples_in_batch": "train.loss", "sample_mean_loss": "train.loss",
+    "token_losses": "train.loss",
 }
 
 __all__ = [

@@ -293,7 +293,7 @@ def _add_inspect(sub) -> None:
 def _run_inspect(args: argparse.Namespace) -> int:
     import json
 
-    from .stats import dataset_stats, format_stats, plot_stats
+    from .ops.inspect import dataset_stats, format_stats, plot_stats
 
     stats = dataset_stats(args.dataset, deep=args.deep or bool(args.plot), samples_per_step=args.samples_per_step,
                           ranks=args.ranks)
@@ -323,7 +323,7 @@ def _add_verify(sub) -> None:
 
 
 def _run_verify(args: argparse.Namespace) -> int:
-    from .verify import verify_dataset
+    from .ops.verify import verify_dataset
 
     problems = verify_dataset(args.dataset, sources=args.source, image_root=args.image_root)
     for line in problems:
@@ -348,7 +348,7 @@ def _add_index(sub) -> None:
 
 
 def _run_index(args: argparse.Namespace) -> int:
-    from .format.pack_index import index_dataset
+    from .ops.index import index_dataset
 
     entry = index_dataset(args.dataset)
     print(f"wrote {args.dataset.rstrip('/')}/{entry['file']} ({entry['bytes']} bytes) and named it in manifest.json")
@@ -412,7 +412,7 @@ def _add_upload(sub) -> None:
 
 
 def _run_upload(args: argparse.Namespace) -> int:
-    from .hub import upload_dataset
+    from .ops.upload import upload_dataset
 
     upload_dataset(args.dataset, args.repo_id, private=args.private, revision=args.revision, token=args.token)
     return 0

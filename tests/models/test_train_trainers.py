@@ -133,7 +133,7 @@ def test_first_step_loss_is_the_exact_token_mean(packed, reference, own_batches)
     from tiny_vlm import qwen2_5_vl
 
     import wdspack
-    from wdspack.integrations import stream_batches
+    from wdspack.train.trainers import stream_batches
 
     dataset, processor = packed
     proc = wdspack.load_processor(processor)
@@ -164,7 +164,7 @@ def test_packed_trainer_refuses_what_would_break_resume(packed, tmp_path):
 
     import wdspack
     from wdspack.errors import ConfigError
-    from wdspack.integrations import PackedTrainer
+    from wdspack.train.trainers import PackedTrainer
 
     dataset, processor = packed
     proc = wdspack.load_processor(processor)
@@ -186,7 +186,7 @@ def test_packed_trainer_refuses_what_would_break_resume(packed, tmp_path):
 def test_loader_state_files_round_trip(packed, tmp_path):
     import wdspack
     from wdspack.errors import ConfigError
-    from wdspack.integrations import load_loader_state, save_loader_state, stream_batches
+    from wdspack.train.trainers import load_loader_state, save_loader_state, stream_batches
 
     dataset, processor = packed
     proc = wdspack.load_processor(processor)

@@ -23,20 +23,17 @@ is a plain ``.npy`` loaded with ``allow_pickle=False``.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import io
-import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 
 from ..errors import ConfigError, ManifestError
 
-__all__ = ["COLUMNS", "INDEX_NAME", "CostModel", "build_index", "decode_index", "encode_index", "index_dataset",
-           "index_entry", "member_offsets", "pack_row", "read_index"]
+__all__ = ["COLUMNS", "INDEX_NAME", "CostModel", "build_index", "decode_index", "encode_index", "index_entry",
+           "member_offsets", "pack_row", "read_index"]
 
 INDEX_NAME = "pack_index.npy"
 COLUMNS = ("offset", "tokens", "attention", "samples", "images", "image_tokens", "targets")
@@ -185,46 +182,6 @@ class CostModel:
                 raise ConfigError(f"cost weights {unknown} are unknown; use {sorted(asdict(cls()))}")
             return cls(**value)
         raise ConfigError(f"cost_model={value!r}: pass a wdspack.CostModel or a dict of its weights")
-
-
-def index_dataset(root: str | os.PathLike[str]) -> dict:
-    """Write ``pack_index.npy`` for a local dataset packed without one and name it in its manifest.
-
-    Reads every shard once (headers and packs, nothing is rewritten but the manifest, atomically);
-    returns the manifest's new ``pack_index`` entry.
-
-    Example:
-        >>> index_dataset("old-packed/")["columns"][:2]  # doctest: +SKIP
-        ['offset', 'tokens']
-    """
-    from .pack import decode_pack
-    from .tar import tar_entries
-    from ..storage.local import FileStream
-    from .manifest import MANIFEST_NAME, read_manifest, write_json_atomic
-
-    folder = Path(root)
-    manifest = read_manifest(folder)
-    rows = []
-    for shard in manifest.shards:
-        with open(folder / shard.name, "rb") as f:
-            stream = FileStream(f)
-            packs = 0
-            for entry in tar_entries(stream, where=str(folder / shard.name)):
-                if not (entry.regular and entry.name.endswith(".mp")):
-                    stream.skip(entry.size)
-                    continue
-                rows.append(pack_row(entry.offset, decode_pack(stream.read(entry.size))))
-                packs += 1
-        if packs != shard.packs:
-            raise ManifestError(f"{folder / shard.name} holds {packs} packs, the manifest says {shard.packs}; "
-                                "run `wdspack verify` and repair the dataset first")
-    data = encode_index(np.asarray(rows, np.int64).reshape(-1, len(COLUMNS)))
-    tmp = folder / f".{INDEX_NAME}.tmp"
-    tmp.write_bytes(data)
-    os.replace(tmp, folder / INDEX_NAME)
-    entry = index_entry(data)
-    write_json_atomic(folder / MANIFEST_NAME, dataclasses.replace(manifest, pack_index=entry).to_json())
-    return entry
 
 
 def member_offsets(f, *, where: str) -> list[int]:

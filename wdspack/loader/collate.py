@@ -307,7 +307,7 @@ def _padding_free(batch: dict[str, Any], sample_lens: list[np.ndarray], *, B: in
 
 def _targets(examples, real: list[int], *, padding_free: bool, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Target tokens (``labels != -100``) per pack ``[B]`` and per ``cu_seqlens`` segment ``[size]``
-    (sub-samples in order, padding segments 0): what exact loss normalisation counts (:mod:`wdspack.loss`)."""
+    (sub-samples in order, padding segments 0): what exact loss normalisation counts (:mod:`wdspack.train.loss`)."""
     per_pack, per_segment = [], []
     for e, n in zip(examples, real):
         L = e["input_ids"].shape[0]

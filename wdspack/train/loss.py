@@ -9,7 +9,7 @@ whatever their targets. The exact token mean of one optimizer step is::
 :func:`num_items_in_batch` gives ``N`` (one ``all_reduce`` per step); pass it to a transformers
 model (``model(..., num_items_in_batch=N).loss`` is ``Σ loss / N`` on this micro-batch, the
 convention transformers' ``Trainer`` uses, though only for models that declare
-``accepts_loss_kwargs``: not Qwen-VL or Gemma 3, for which :class:`wdspack.integrations.PackedTrainer`
+``accepts_loss_kwargs``: not Qwen-VL or Gemma 3, for which :class:`wdspack.train.trainers.PackedTrainer`
 applies it) and multiply by the world size, since DDP divides the summed gradients by it::
 
     micro = [next(it) for _ in range(accumulation)]
@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .loader.collate import IGNORE_INDEX
+from ..loader.collate import IGNORE_INDEX
 
 __all__ = ["num_items_in_batch", "num_samples_in_batch", "sample_mean_loss", "token_losses"]
 

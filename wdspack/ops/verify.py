@@ -23,11 +23,11 @@ import tarfile
 from collections import Counter
 from collections.abc import Sequence
 
-from .format.pack import decode_pack
-from .errors import FormatError, WdspackError
-from .format.tar import FOREIGN_RULE
-from .format.pack_index import COLUMNS, pack_row, read_index
-from .format.dataset import open_dataset
+from ..format.pack import decode_pack
+from ..errors import FormatError, WdspackError
+from ..format.tar import FOREIGN_RULE
+from ..format.pack_index import COLUMNS, pack_row, read_index
+from ..format.dataset import open_dataset
 
 __all__ = ["verify_dataset"]
 
@@ -117,7 +117,7 @@ def verify_dataset(dataset: str, *, sources: Sequence[str] | None = None,
 
 
 def _check_sources(sources, image_root, packed: set[str], dropped: set[str]) -> list[str]:
-    from .packer.sources import iter_records, list_partitions
+    from ..packer.sources import iter_records, list_partitions
 
     read: list[tuple[str, str]] = []  # (source name, id) of every source record, in order
     for part in list_partitions(list(sources), image_root=image_root):
@@ -141,7 +141,7 @@ def _check_sources(sources, image_root, packed: set[str], dropped: set[str]) -> 
 def _expected_ids(read: list[tuple[str, str]]) -> Counter[str]:
     """The ids the pack job gives the source records: ``{source}/{id}`` where an id is in more than
     one source (the rule of :func:`wdspack.packer.selection._namespace`), else the record's own."""
-    from .packer.sources.meta import collision_key, namespaced
+    from ..packer.sources.meta import collision_key, namespaced
 
     owner: dict[str, str | None] = {}  # collision key -> its one source, or None once a second is seen
     for source, sid in read:

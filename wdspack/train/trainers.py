@@ -4,7 +4,7 @@ Both libraries split data over ranks themselves; a wdspack loader has done that 
 rank streams its own packs, the same number of batches on every rank). The pieces here keep them
 from doing it again, save each rank's loader position in every checkpoint, and keep the loss the
 exact token mean of each optimizer step over all its micro-batches on all ranks
-(:mod:`wdspack.loss`):
+(:mod:`wdspack.train.loss`):
 
 ==============================  ==========================================================
 piece                           what it does
@@ -46,12 +46,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .errors import ConfigError, WdspackError
+from ..errors import ConfigError, WdspackError
 from .loss import num_items_in_batch
-from .models import model_inputs
+from ..models import model_inputs
 
 if TYPE_CHECKING:
-    from .loader import PackedLoader
+    from ..loader import PackedLoader
 
 __all__ = ["LOADER_STATE_FILE", "LoaderStateCallback", "PackedTrainer", "PackedTrainerMixin", "accumulate_gradients",
            "causal_lm_loss", "load_loader_state", "save_loader_state", "step_batches", "stream_batches"]

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ConfigError
-from .format.dataset import iter_dataset_packs, open_dataset
-from .format.manifest import Manifest
+from ..errors import ConfigError
+from ..format.dataset import iter_dataset_packs, open_dataset
+from ..format.manifest import Manifest
 
 __all__ = ["dataset_stats", "format_stats", "naive_padding_waste", "plot_stats"]
 
@@ -90,9 +90,9 @@ def dataset_stats(source: str, *, deep: bool = False, batch_size: int = 8,
 
 
 def _balance_stats(manifest: Manifest, root: str, ranks: int) -> dict[str, Any]:
-    from .loader.plan import plan_epoch
-    from .loader.balance import plan_epoch_balanced, step_costs
-    from .format.pack_index import CostModel, read_index
+    from ..loader.plan import plan_epoch
+    from ..loader.balance import plan_epoch_balanced, step_costs
+    from ..format.pack_index import CostModel, read_index
 
     if ranks < 1:
         raise ConfigError(f"ranks={ranks} must be >= 1")

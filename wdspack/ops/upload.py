@@ -16,9 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .errors import ManifestError, OutputError, WdspackError
-from .format.manifest import MANIFEST_NAME, read_manifest
-from .stats import dataset_stats, plot_stats
+from ..errors import ManifestError, OutputError, WdspackError
+from ..format.manifest import MANIFEST_NAME, read_manifest
+from .inspect import dataset_stats, plot_stats
 
 __all__ = ["dataset_card", "upload_dataset"]
 
