@@ -17,8 +17,8 @@ import time
 
 import numpy as np
 
-from wdspack.packer.job import WORK_DIR, run_job
 from wdspack.packer.config import PackConfig
+from wdspack.packer.job import WORK_DIR, run_job
 from wdspack.packer.spool import SpoolWriter
 from wdspack.storage.location import Location
 

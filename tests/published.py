@@ -14,12 +14,12 @@ from typing import Any, Sequence
 
 from PIL import Image
 
+from wdspack.format.dataset import open_dataset
 from wdspack.format.manifest import read_manifest
+from wdspack.ops.verify import verify_dataset
 from wdspack.packer.config import PackConfig, PackSummary
 from wdspack.packer.job import pack_dataset
 from wdspack.packer.samples import SampleConfig, get_builder
-from wdspack.format.dataset import open_dataset
-from wdspack.ops.verify import verify_dataset
 
 
 def image_bytes(fmt: str = "PNG", color: str = "red", size: tuple[int, int] = (32, 24)) -> bytes:

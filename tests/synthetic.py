@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from wdspack.format.pack import Pack, encode_pack
 from wdspack.format.manifest import MANIFEST_NAME, Manifest, write_json_atomic
+from wdspack.format.pack import Pack, encode_pack
 from wdspack.format.pack_index import COLUMNS, INDEX_NAME, encode_index, index_entry, pack_row
 from wdspack.format.tar import ShardWriter, shard_name
 

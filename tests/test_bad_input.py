@@ -26,11 +26,11 @@ from PIL import Image
 
 from demo_job import read_files
 from wdspack import cli
-from wdspack.format.pack import decode_pack
 from wdspack.errors import DROP_REASONS, SampleError
 from wdspack.format.manifest import read_manifest
-from wdspack.packer.job import WORK_DIR, pack_dataset
+from wdspack.format.pack import decode_pack
 from wdspack.packer.config import PackConfig
+from wdspack.packer.job import WORK_DIR, pack_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 SEQ_LEN, MAX_IMAGES, TOKENS_PER_IMAGE = 512, 2, 16

@@ -22,11 +22,11 @@ from synthetic import pack_numbers, write_dataset
 from wdspack import CostModel, verify_dataset
 from wdspack.cli import main
 from wdspack.errors import ConfigError, ManifestError
-from wdspack.loader import make_loader
-from wdspack.loader.plan import plan_epoch
-from wdspack.loader.balance import plan_epoch_balanced, step_costs
 from wdspack.format.manifest import MANIFEST_NAME
 from wdspack.format.pack_index import COLUMNS, INDEX_NAME
+from wdspack.loader import make_loader
+from wdspack.loader.balance import plan_epoch_balanced, step_costs
+from wdspack.loader.plan import plan_epoch
 
 COUNTS = [40, 33, 47, 40, 18, 62]  # uneven shards, 240 packs
 

@@ -27,16 +27,16 @@ from PIL import Image
 import wdspack
 from wdspack.cli import main
 from wdspack.errors import ConfigError
+from wdspack.format.dataset import iter_dataset_packs, open_dataset
 from wdspack.format.manifest import MANIFEST_NAME, read_manifest, write_json_atomic
 from wdspack.format.pack_index import INDEX_NAME
+from wdspack.loader.wds import read_dataset, to_examples
 from wdspack.ops.index import index_dataset
+from wdspack.ops.inspect import dataset_stats, format_stats
+from wdspack.ops.verify import verify_dataset
 from wdspack.packer.config import PackConfig
 from wdspack.packer.job import pack_dataset
 from wdspack.packer.reshard import reshard_dataset
-from wdspack.ops.inspect import dataset_stats, format_stats
-from wdspack.format.dataset import iter_dataset_packs, open_dataset
-from wdspack.ops.verify import verify_dataset
-from wdspack.loader.wds import read_dataset, to_examples
 
 SEQ_LEN = 256
 #: images per chat: packs of 2-4 chats then hold different numbers of images

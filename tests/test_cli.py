@@ -16,8 +16,8 @@ import pytest
 from demo_job import generate_demo
 from wdspack.cli import _parser, main, parse_size
 from wdspack.errors import ConfigError
-from wdspack.packer.job import WORK_DIR
 from wdspack.packer.config import PackSummary
+from wdspack.packer.job import WORK_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 

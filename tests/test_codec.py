@@ -11,8 +11,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from wdspack.format.pack import FORMAT, Pack, decode_pack, encode_pack, token_dtype_for, validate_pack
 from wdspack.errors import FormatError
+from wdspack.format.pack import FORMAT, Pack, decode_pack, encode_pack, token_dtype_for, validate_pack
 from wdspack.format.tar import ShardWriter
 
 ROOT = Path(__file__).resolve().parents[1]

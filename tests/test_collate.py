@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from wdspack.format.pack import Pack
-from wdspack.loader.collate import IGNORE_INDEX, collate_packs, pack_to_example
-from wdspack.loader.buffers import decode_pack_images, write_pixel_slots
 from wdspack.errors import ConfigError, FormatError
+from wdspack.format.pack import Pack
+from wdspack.loader.buffers import decode_pack_images, write_pixel_slots
+from wdspack.loader.collate import IGNORE_INDEX, collate_packs, pack_to_example
 from wdspack.loader.images import ImageDecodeError, make_image_transform
 
 IMG = 10

@@ -14,15 +14,15 @@ import pytest
 
 from demo_job import demo_sources
 from wdspack.cli import main
-from wdspack.format.pack import decode_pack
 from wdspack.errors import OutputError
-from wdspack.ops.upload import upload_dataset
 from wdspack.format.manifest import read_manifest
+from wdspack.format.pack import decode_pack
+from wdspack.ops.inspect import dataset_stats, naive_padding_waste
+from wdspack.ops.upload import upload_dataset
+from wdspack.ops.verify import verify_dataset
 from wdspack.packer.config import PackConfig
 from wdspack.packer.job import pack_dataset
 from wdspack.packer.reshard import reshard_dataset
-from wdspack.ops.inspect import dataset_stats, naive_padding_waste
-from wdspack.ops.verify import verify_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 

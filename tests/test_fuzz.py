@@ -21,10 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from synthetic import write_dataset
-from wdspack.format.pack import Pack, decode_pack, encode_pack
 from wdspack.errors import FormatError
-from wdspack.loader import PackedDataset
+from wdspack.format.pack import Pack, decode_pack, encode_pack
 from wdspack.format.tar import ShardError, shard_packs, tar_entries
+from wdspack.loader import PackedDataset
 from wdspack.storage.local import LocalStream
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

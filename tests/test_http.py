@@ -19,9 +19,9 @@ import torch
 from httpserver import cut, ignore_range, redirect, serve, stall, status
 from synthetic import pack_numbers, write_dataset
 from wdspack.errors import ConfigError, ManifestError, SourceError
+from wdspack.format.manifest import MANIFEST_NAME
 from wdspack.loader import PackedDataset, make_loader
 from wdspack.storage import base
-from wdspack.format.manifest import MANIFEST_NAME
 
 MANIFEST = "/" + MANIFEST_NAME
 SHARDS = [f"/train-{i:06d}.tar" for i in range(4)]

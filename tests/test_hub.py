@@ -28,8 +28,8 @@ import torch
 from hubserver import auth_digest, commit_files, loopback_only, publish, start_hub
 from synthetic import pack_numbers, write_dataset
 from wdspack.errors import ConfigError, ManifestError, SourceError
-from wdspack.ops.upload import upload_dataset
 from wdspack.loader import PackedDataset, make_loader
+from wdspack.ops.upload import upload_dataset
 from wdspack.storage.http import HttpStream
 
 TOKEN = "hf_SECRETTOKEN123"
@@ -302,10 +302,10 @@ def test_inspect_verify_and_reshard_read_a_hub_dataset(hub, tmp_path, monkeypatc
     """The tools take ``hf://`` sources too (fsspec's ``hf`` protocol, at the server's endpoint)."""
     from huggingface_hub import HfFileSystem, constants
 
-    from wdspack.packer.config import PackConfig
-    from wdspack.packer.reshard import reshard_dataset
     from wdspack.ops.inspect import dataset_stats
     from wdspack.ops.verify import verify_dataset
+    from wdspack.packer.config import PackConfig
+    from wdspack.packer.reshard import reshard_dataset
 
     folder = tmp_path / "tools"
     write_dataset(folder, shards=2, packs_per_shard=5, seed=4)

@@ -13,9 +13,9 @@ import pytest
 import torch
 from PIL import Image
 
+from wdspack.errors import ConfigError, FormatError
 from wdspack.format.pack import Pack
 from wdspack.loader.collate import pack_to_example
-from wdspack.errors import ConfigError, FormatError
 from wdspack.loader.images import (
     CLIP_MEAN,
     CLIP_STD,

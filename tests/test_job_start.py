@@ -16,9 +16,9 @@ import pytest
 from demo_job import demo_sources, generate_demo, read_files
 from wdspack.cli import main
 from wdspack.errors import OutputError, TooManyDropsError
+from wdspack.packer.config import PackConfig
 from wdspack.packer.executors import ProgressLog
 from wdspack.packer.job import WORK_DIR, pack_dataset
-from wdspack.packer.config import PackConfig
 from wdspack.packer.reshard import reshard_dataset
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 from synthetic import TOKENIZER, pack_numbers, write_dataset
 from wdspack import loader as loader_mod
 from wdspack.errors import ConfigError, FormatError, ManifestError
-from wdspack.loader.images import make_image_transform
-from wdspack.loader import PackedDataset, make_loader, plan_epoch, shuffle_order
 from wdspack.format.manifest import MANIFEST_NAME, read_manifest
+from wdspack.loader import PackedDataset, make_loader, plan_epoch, shuffle_order
+from wdspack.loader.images import make_image_transform
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -29,12 +29,12 @@ import pytest
 from published import image_bytes, round_trip, write_image
 from wdspack import cli
 from wdspack.errors import ConfigError, SampleError, SourceError, TooManyDropsError
+from wdspack.format.dataset import iter_dataset_packs, open_dataset
+from wdspack.ops.verify import verify_dataset
 from wdspack.packer.config import PackConfig
 from wdspack.packer.job import pack_dataset
 from wdspack.packer.sources import Source, iter_records, list_partitions
 from wdspack.packer.sources.meta import RowMap, collision_key, expand_sources, parse_source
-from wdspack.format.dataset import iter_dataset_packs, open_dataset
-from wdspack.ops.verify import verify_dataset
 
 MAX_IMAGES = 4
 

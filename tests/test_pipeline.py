@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from demo_job import demo_sources, read_files
-from wdspack.packer import job
-from wdspack.format.pack import decode_pack
 from wdspack.errors import ConfigError, Dropped, OutputError, SampleError, TooManyDropsError
 from wdspack.format.manifest import read_manifest
+from wdspack.format.pack import decode_pack
+from wdspack.packer import job
 from wdspack.packer.config import PackConfig
 from wdspack.packer.job import pack_dataset
 from wdspack.packer.samples import get_builder

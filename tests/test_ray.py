@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from demo_job import demo_sources, generate_demo, read_files
-from wdspack.packer import job
 from wdspack.cli import main
 from wdspack.errors import ConfigError, SampleError
-from wdspack.packer.executors import run_tasks
+from wdspack.packer import job
 from wdspack.packer.config import PackConfig
+from wdspack.packer.executors import run_tasks
 from wdspack.packer.job import pack_dataset
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,9 +14,9 @@ import pytest
 
 from demo_job import demo_sources, read_files
 from s3server import running_s3, upload_folder
-from wdspack.packer import job
 from wdspack.errors import ConfigError, OutputError, SourceError, TooManyDropsError
 from wdspack.format.manifest import Manifest
+from wdspack.packer import job
 from wdspack.packer.config import PackConfig
 from wdspack.packer.job import pack_dataset
 from wdspack.packer.sources import iter_records, list_partitions

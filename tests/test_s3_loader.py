@@ -29,11 +29,11 @@ from httpserver import ScriptedServer, end_early
 from s3server import running_s3, upload_folder
 from synthetic import pack_numbers, write_dataset
 from wdspack.errors import ConfigError, ManifestError, SourceError
-from wdspack.loader import PackedDataset, make_loader, resolve_source
-from wdspack.storage.fsspec import FsspecStream
-from wdspack.storage.base import NotFoundError
-from wdspack.storage.streams import open_stream
 from wdspack.format.dataset import read_pack_index
+from wdspack.loader import PackedDataset, make_loader, resolve_source
+from wdspack.storage.base import NotFoundError
+from wdspack.storage.fsspec import FsspecStream
+from wdspack.storage.streams import open_stream
 
 pytest.importorskip("s3fs")
 if importlib.util.find_spec("moto") is None:  # not imported here: moto patches botocore when imported

@@ -17,11 +17,11 @@ from PIL import PngImagePlugin
 from synthetic import write_dataset
 from test_bad_input import bomb_png
 from wdspack import cli
-from wdspack.format.pack import Pack, encode_pack
 from wdspack.errors import FormatError, OutputError, SampleError
-from wdspack.loader.images import ImageTooLargeError, decode_image, make_image_transform
-from wdspack.loader import PackedDataset
 from wdspack.format.manifest import read_manifest
+from wdspack.format.pack import Pack, encode_pack
+from wdspack.loader import PackedDataset
+from wdspack.loader.images import ImageTooLargeError, decode_image, make_image_transform
 from wdspack.ops.verify import verify_dataset
 
 PACKAGE = Path(__file__).resolve().parents[1] / "wdspack"

@@ -19,11 +19,11 @@ from PIL import Image
 from wdspack.cli import main
 from wdspack.errors import ConfigError, Dropped, TooManyDropsError
 from wdspack.format.manifest import read_manifest
+from wdspack.ops.verify import verify_dataset
 from wdspack.packer.config import DEFAULT_MAX_DROP_FRACTION, PackConfig
 from wdspack.packer.job import pack_dataset
 from wdspack.packer.samples import SampleConfig, get_builder
 from wdspack.packer.sources import Record, iter_records, list_partitions
-from wdspack.ops.verify import verify_dataset
 
 QWEN25_TEMPLATE = """\
 {%- if tools %}

@@ -20,15 +20,15 @@ from PIL import Image
 
 from wdspack.cli import main
 from wdspack.errors import ConfigError, Dropped, SampleError
+from wdspack.format.dataset import open_dataset
+from wdspack.ops.verify import verify_dataset
 from wdspack.packer.config import PackConfig
 from wdspack.packer.job import pack_dataset
-from wdspack.packer.text import PretrainConfig, build_samples
 from wdspack.packer.samples import SampleConfig, get_builder
 from wdspack.packer.sources import TextRecord, iter_records, list_partitions
 from wdspack.packer.sources.documents import IMAGE, build_document, is_document
 from wdspack.packer.sources.webdataset import split_member_name
-from wdspack.format.dataset import open_dataset
-from wdspack.ops.verify import verify_dataset
+from wdspack.packer.text import PretrainConfig, build_samples
 
 TPI = 4  # tokens per image
 

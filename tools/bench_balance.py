@@ -35,9 +35,9 @@ sys.path.insert(0, str(ROOT / "tools"))
 from bench_packing import llava_like  # noqa: E402
 
 from wdspack import CostModel, plan_packs  # noqa: E402
-from wdspack.loader.plan import plan_epoch
-from wdspack.loader.balance import plan_epoch_balanced, step_costs  # noqa: E402
 from wdspack.format.pack_index import COLUMNS  # noqa: E402
+from wdspack.loader.balance import plan_epoch_balanced, step_costs  # noqa: E402
+from wdspack.loader.plan import plan_epoch
 
 
 def workload(n: int, shard_packs: int, seed: int = 0) -> list[np.ndarray]:

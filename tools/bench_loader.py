@@ -46,10 +46,10 @@ import torch
 from PIL import Image
 
 from wdspack import plan_packs
-from wdspack.format.pack import Pack, encode_pack
-from wdspack.loader.images import make_image_transform
 from wdspack.format.manifest import Manifest, write_json_atomic
+from wdspack.format.pack import Pack, encode_pack
 from wdspack.format.tar import ShardWriter, shard_name
+from wdspack.loader.images import make_image_transform
 
 IMAGE_TOKENS, SIZE, MAX_IMAGES, PAD_ID, IMAGE_TOKEN_ID = 64, 224, 16, 11, 10
 

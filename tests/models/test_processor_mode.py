@@ -133,9 +133,9 @@ def test_captions_and_documents_pack_for_the_processor_and_feed_its_model(qwen, 
     from test_sources_pretrain import _caption_shard, _documents
     from tiny_vlm import qwen2_5_vl
 
-    from wdspack.packer.text import PretrainConfig
-    from wdspack.packer.samples import SampleConfig
     from wdspack.format.dataset import iter_dataset_packs, open_dataset
+    from wdspack.packer.samples import SampleConfig
+    from wdspack.packer.text import PretrainConfig
 
     processor, folder, _ = qwen
     shard = _caption_shard(tmp_path / "caps.tar", 4)

@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .pack import FORMAT
 from ..errors import ManifestError
+from .pack import FORMAT
 
 __all__ = ["MANIFEST_NAME", "DROPPED_NAME", "Manifest", "ShardInfo", "read_manifest", "write_json_atomic"]
 

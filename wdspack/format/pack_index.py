@@ -186,8 +186,8 @@ class CostModel:
 
 def member_offsets(f, *, where: str) -> list[int]:
     """Where each ``*.mp`` member's header starts in an open shard file (for shards already written)."""
-    from .tar import tar_entries
     from ..storage.local import FileStream
+    from .tar import tar_entries
 
     stream = FileStream(f)
     out = []

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
-from .images import DEFAULT_MAX_PIXELS, ImageDecodeError, decode_image
 from ..models.family import Budgets, Rows
+from .images import DEFAULT_MAX_PIXELS, ImageDecodeError, decode_image
 
 #: ``shape -> (tensor, dirty)``: where the loader wants a batch's ``pixel_values`` written.
 Take = Callable[[tuple[int, ...]], tuple[torch.Tensor, "list[int] | None"]]

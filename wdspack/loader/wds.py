@@ -48,8 +48,8 @@ from urllib.parse import unquote
 import msgpack
 import torch
 
-from ..format.pack import Pack, decode_pack
 from ..errors import ConfigError, FormatError, WdspackError
+from ..format.pack import Pack, decode_pack
 
 __all__ = ["DatasetInfo", "batched", "collate", "decode_packs", "read_dataset", "to_examples"]
 
@@ -107,8 +107,8 @@ def read_dataset(source: str | os.PathLike[str], *, storage_options: Mapping[str
         >>> info.urls[0], info.seq_len, info.max_images, info.pad_token_id  # doctest: +SKIP
         ('packed/train-000000.tar', 4096, 16, 0)
     """
-    from .budgets import image_budget
     from ..format.dataset import resolve_source
+    from .budgets import image_budget
 
     text = os.fspath(source)
     resolved = resolve_source(text, storage_options=storage_options)

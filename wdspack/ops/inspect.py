@@ -90,9 +90,9 @@ def dataset_stats(source: str, *, deep: bool = False, batch_size: int = 8,
 
 
 def _balance_stats(manifest: Manifest, root: str, ranks: int) -> dict[str, Any]:
-    from ..loader.plan import plan_epoch
-    from ..loader.balance import plan_epoch_balanced, step_costs
     from ..format.pack_index import CostModel, read_index
+    from ..loader.balance import plan_epoch_balanced, step_costs
+    from ..loader.plan import plan_epoch
 
     if ranks < 1:
         raise ConfigError(f"ranks={ranks} must be >= 1")

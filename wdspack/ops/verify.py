@@ -23,11 +23,11 @@ import tarfile
 from collections import Counter
 from collections.abc import Sequence
 
-from ..format.pack import decode_pack
 from ..errors import FormatError, WdspackError
-from ..format.tar import FOREIGN_RULE
-from ..format.pack_index import COLUMNS, pack_row, read_index
 from ..format.dataset import open_dataset
+from ..format.pack import decode_pack
+from ..format.pack_index import COLUMNS, pack_row, read_index
+from ..format.tar import FOREIGN_RULE
 
 __all__ = ["verify_dataset"]
 

@@ -21,13 +21,13 @@ from pathlib import Path
 import numpy as np
 
 from .._version import __version__
-from ..format.pack import decode_pack
 from ..errors import Dropped, FormatError
-from .config import PackConfig, PackSummary
-from .spool import SpoolWriter
-from .job import run_job
-from ..storage.location import Location
 from ..format.dataset import open_dataset
+from ..format.pack import decode_pack
+from ..storage.location import Location
+from .config import PackConfig, PackSummary
+from .job import run_job
+from .spool import SpoolWriter
 
 __all__ = ["reshard_dataset"]
 

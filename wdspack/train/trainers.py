@@ -47,8 +47,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import ConfigError, WdspackError
-from .loss import num_items_in_batch
 from ..models import model_inputs
+from .loss import num_items_in_batch
 
 if TYPE_CHECKING:
     from ..loader import PackedLoader

@@ -29,10 +29,10 @@ Example:
 
 from __future__ import annotations
 
+from .documents import TextRecord
 from .meta import Source
 from .partitions import FORMATS, Partition, list_partitions
 from .readers import iter_records
-from .documents import TextRecord
 from .records import ROLE_ALIASES, Record, build_record
 
 __all__ = ["FORMATS", "Partition", "ROLE_ALIASES", "Record", "Source", "TextRecord", "build_record",

@@ -54,8 +54,8 @@ from typing import Any
 
 from ...errors import ConfigError, SourceError
 from ...storage.fsspec import filesystem
-from ...storage.urls import is_url, local_path
 from ...storage.location import open_input
+from ...storage.urls import is_url, local_path
 from .records import ROLE_ALIASES
 
 __all__ = ["RowMap", "Source", "collision_key", "expand_sources", "namespaced", "parse_source"]

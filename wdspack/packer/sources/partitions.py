@@ -31,10 +31,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ...errors import ConfigError, SourceError
-from ...storage.location import copy_to_local, open_input
 from ...storage.fsspec import filesystem, url_of
-from ...storage.urls import is_url, local_path
 from ...storage.hf import with_hub_revision
+from ...storage.location import copy_to_local, open_input
+from ...storage.urls import is_url, local_path
 from .documents import DOCUMENT_COLUMNS
 from .meta import RowMap, Source, expand_sources
 from .records import TEXT_COLUMNS

@@ -23,13 +23,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ...errors import Dropped, SampleError, SourceError
-from ...storage.urls import is_url
 from ...storage.location import open_input, read_range
+from ...storage.urls import is_url
 from .documents import DOCUMENT_COLUMNS, TextRecord, build_document, is_document
 from .partitions import Partition, arrow_batches
 from .records import COLUMNS, Record, build_record, sample_id_of
-from .webdataset import read_captions
 from .scan import split_array_chunk
+from .webdataset import read_captions
 
 __all__ = ["iter_records"]
 
