@@ -8,7 +8,7 @@
 - ``Example:`` sections: wdspack's docstrings carry one literal example under ``Example:``
   (STYLE.md), which Napoleon reads as the examples section; griffe knows only the plural and would
   render the ``>>>`` lines as Markdown text.
-- Sphinx roles (``:class:`~wdspack.samples.SampleConfig```) become inline code (``SampleConfig``),
+- Sphinx roles (``:class:`~wdspack.packer.samples.SampleConfig```) become inline code (``SampleConfig``),
   as Sphinx would show them, instead of the literal role text.
 """
 
