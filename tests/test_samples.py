@@ -75,6 +75,7 @@ def test_string_content_is_accepted(builder):
     assert s.loss_mask.sum() == 2
 
 
+@pytest.mark.slow  # Qwen2-VL's image processor
 def test_processor_counts_match_the_processor(tekken_dir, pixtral_template):
     from transformers import Qwen2VLImageProcessor
 
@@ -90,6 +91,7 @@ def test_processor_counts_match_the_processor(tekken_dir, pixtral_template):
     assert b.describe()["image_policy"] == {"kind": "processor", "name": "qwen2vl"}
 
 
+@pytest.mark.slow  # Qwen2-VL's image processor
 def test_max_image_side_downscales_deterministically(tekken_dir, pixtral_template):
     cfg = SampleConfig(str(tekken_dir), chat_template=pixtral_template, tokens_per_image="processor:qwen2vl",
                        image_token="[IMG]", max_image_side=200)

@@ -459,6 +459,7 @@ def test_pack_dataset_reads_captions_without_a_chat_template(tekken_dir, tmp_pat
     assert verify_dataset(str(out), sources=[str(tmp_path / "c.tar")]) == []
 
 
+@pytest.mark.slow  # moto's S3 server
 def test_caption_shards_on_s3_read_like_local(tmp_path):
     pytest.importorskip("s3fs")
     from s3server import running_s3
