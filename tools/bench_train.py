@@ -240,6 +240,8 @@ def padded_steps(records: dict[str, Any], subs: dict[str, SubSample], order: lis
     (padded to the longest, right side); labels are the samples' assistant turns, as packed."""
     from PIL import Image
 
+    from wdspack.packer.samples import _typed_content
+
     processor.tokenizer.padding_side = "right"
     device = next(model.parameters()).device
     steps = []
@@ -248,8 +250,11 @@ def padded_steps(records: dict[str, Any], subs: dict[str, SubSample], order: lis
         chats = []
         for sid in names:
             pool = iter([Image.open(io.BytesIO(b)) for b in records[sid].images])
+            # the parts as the packer hands them to a template that renders images itself (the source's
+            # newline after an image is the template's to write: wdspack.packer.samples._typed_content)
             chats.append([{"role": m["role"], "content": m["content"] if isinstance(m["content"], str) else
-                           [dict(p, image=next(pool)) if p["type"] == "image" else p for p in m["content"]]}
+                           [dict(p, image=next(pool)) if p["type"] == "image" else p
+                            for p in _typed_content(m["content"])]}
                           for m in records[sid].messages])
         inputs = dict(processor.apply_chat_template(chats, tokenize=True, return_dict=True, padding=True,
                                                     return_tensors="pt"))
