@@ -89,6 +89,7 @@ def test_parse_size():
 # ---- item 12 of issue #19: the image policy is explicit, help that can be pasted, quiet pipes ----
 
 
+@pytest.mark.slow  # builds its own tokenizer (tekken: ~5 s each)
 def test_fixed_mode_needs_tokens_per_image(demo_data, tekken_dir, tmp_path, capsys):
     argv = _argv(demo_data, tekken_dir, tmp_path / "out")
     k = argv.index("--tokens-per-image")
@@ -164,6 +165,7 @@ def test_help_examples_are_copy_pasteable(command, capsys):
             assert args.tokens_per_image, f"fixed mode needs --tokens-per-image: {' '.join(argv)}"
 
 
+@pytest.mark.slow  # builds its own tokenizer (tekken: ~5 s each)
 def test_document_too_long_names_split_long_documents(tekken_dir, tmp_path, capsys):
     src = tmp_path / "web.jsonl"
     rows = [{"id": "short", "text": "A short page."}, {"id": "long", "text": "A long page. " * 80}]

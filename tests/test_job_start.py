@@ -66,6 +66,7 @@ def test_a_tokenizer_that_does_not_load_leaves_nothing_behind(demo_data, tekken_
     assert read_files(out) == reference
 
 
+@pytest.mark.slow  # builds its own tokenizer (tekken: ~5 s each)
 def test_a_job_that_failed_before_writing_anything_is_started_over(demo_data, tekken_dir, tmp_path, capsys, caplog,
                                                                    reference):
     """No --chat-template for a tokenizer without one: the first chat record stops the job (a configuration

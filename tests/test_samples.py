@@ -118,6 +118,7 @@ def test_bad_images(builder, data, reason):
     assert e.value.reason == reason and "0x" not in str(e.value)
 
 
+@pytest.mark.slow  # builds its own tokenizer (tekken: ~5 s each)
 def test_decompression_bomb_refused_before_decoding(tekken_dir, pixtral_template):
     b = SampleBuilder(SampleConfig(str(tekken_dir), chat_template=pixtral_template, tokens_per_image=3,
                                    image_token="[IMG]", max_image_pixels=100 * 100))
@@ -138,6 +139,7 @@ def test_record_level_reasons(builder):
     assert e.value.reason == "placeholder_mismatch"
 
 
+@pytest.mark.slow  # builds its own tokenizer (tekken: ~5 s each)
 def test_config_errors(tekken_dir, pixtral_template):
     with pytest.raises(ConfigError, match="no chat template; pass --chat-template"):
         SampleBuilder(SampleConfig(str(tekken_dir), tokens_per_image=16, image_token="[IMG]"))

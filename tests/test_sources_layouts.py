@@ -296,6 +296,7 @@ def _llava_record(root: Path) -> Record:
     return rec
 
 
+@pytest.mark.slow  # builds its own tokenizer (tekken: ~5 s each)
 def test_string_templates_keep_the_newline_after_the_image(root, tekken_dir):
     builder = SampleBuilder(SampleConfig(tokenizer=str(tekken_dir), chat_template=STRING_TEMPLATE,
                                          tokens_per_image=2, image_token="[IMG]"))

@@ -275,6 +275,7 @@ def test_caption_layouts_loss_on_the_caption_and_end_of_text_only(tekken_dir):
         PretrainConfig(caption_template="{caption} only")
 
 
+@pytest.mark.slow  # builds its own tokenizer (tekken: ~5 s each)
 def test_a_tokenizer_without_eos_needs_one_named(tekken_dir):
     b = get_builder(SampleConfig(str(tekken_dir), tokens_per_image=TPI, image_token="[IMG]",
                                  pretrain=PretrainConfig()))
@@ -321,6 +322,7 @@ def test_split_pieces_fit_lose_nothing_and_prefer_paragraphs(tekken_dir, seq_len
         assert all(t.endswith("\n\n") or t.endswith(".") or "[IMG]" in t for t in texts[:-1])
 
 
+@pytest.mark.slow  # builds its own tokenizer (tekken: ~5 s each)
 def test_split_respects_max_images_and_bos(tekken_dir):
     b = get_builder(_config(tekken_dir, split_long_documents=True, bos_token="<s>"))
     rec = TextRecord("imgs", "document", ("one", IMAGE, "two", IMAGE, "three", IMAGE, "four"),
