@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
 
     dist.init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}") if args.backend == "nccl" else torch.device("cpu")
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device(f"cuda:{local_rank}") if args.backend == "nccl" else torch.device("cpu")
     if args.tiny:
         from tiny_vlm import qwen2_5_vl
 
@@ -112,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
             ckpt.mkdir(parents=True, exist_ok=True)
             (ckpt / f"loader-rank{rank}.json").write_text(json.dumps(loader.state_dict()))
             if rank == 0:
-                torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, ckpt / "model.pt")
+                torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step},
+                           ckpt / "model.pt")
             dist.barrier()
     digest = hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters())).hexdigest()
     say(f"rank {rank} finished {step} steps; parameters sha256 {digest[:16]}")

@@ -25,7 +25,8 @@ def make_pipeline(source: str, *, batch_size: int, image_size: int, shuffle: int
                   processor: str | None = None) -> wds.DataPipeline:
     """The documented pipeline: shards → node / worker split → tar samples → examples → batches."""
     info = read_dataset(source)
-    images = {"processor": processor} if processor else {"image_transform": wdspack.make_image_transform(size=image_size)}
+    images = ({"processor": processor} if processor
+              else {"image_transform": wdspack.make_image_transform(size=image_size)})
     return wds.DataPipeline(
         wds.SimpleShardList(list(info.urls)),
         wds.split_by_node,
@@ -56,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
             break
         print(f"batch {step}:")
         for key, value in batch.items():
-            shape = f"{list(value.shape)} {str(value.dtype).replace('torch.', '')}" if torch.is_tensor(value) else repr(value)
+            shape = (f"{list(value.shape)} {str(value.dtype).replace('torch.', '')}" if torch.is_tensor(value)
+                     else repr(value))
             print(f"  {key:20s} {shape}")
     return 0
 

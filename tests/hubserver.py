@@ -97,7 +97,7 @@ def start_hub(mirrors: str | os.PathLike[str], *, workdir: str | os.PathLike[str
         error = _wait_until_listening(proc, port, workdir / "server.out")
         if error is None:
             return Hub(f"http://127.0.0.1:{port}", lambda: _read_requests(request_log),
-                       lambda: _stop(proc))
+                       lambda proc=proc: _stop(proc))
         _stop(proc)
         last_error = error
     raise RuntimeError(f"olah did not start: {last_error}")
@@ -269,7 +269,7 @@ class RequestRecorder:
 
     def __init__(self, app, path: str) -> None:
         self.app = app
-        self.log = open(path, "a", encoding="utf-8")
+        self.log = open(path, "a", encoding="utf-8")  # noqa: SIM115  (the server's log, open while it runs)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":

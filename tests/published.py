@@ -8,9 +8,10 @@ check the decoded targets: that the assistant's words are trained, and nothing e
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from PIL import Image
 

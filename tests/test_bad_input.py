@@ -233,7 +233,7 @@ def test_on_error_raise_for_budget_and_duplicate_drops(bad_dataset, sample_confi
 
 
 def test_cli_on_error_raise_is_one_line_exit_1(bad_dataset, tekken_dir, tmp_path, capsys):
-    path, images, bad, *_ = bad_dataset
+    path, images, *_ = bad_dataset
     code = cli.main(["pack", str(path), "--output", str(tmp_path / "ds"), "--tokenizer", str(tekken_dir),
                      "--chat-template", str(ROOT / "examples" / "chat_templates" / "pixtral.jinja"),
                      "--image-token", "[IMG]", "--tokens-per-image", str(TOKENS_PER_IMAGE), "--seq-len",

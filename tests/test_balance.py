@@ -250,7 +250,7 @@ def test_over_http_each_run_is_one_request_from_its_own_offset(root):
 def test_clear_errors_and_wdspack_index_for_older_datasets(root, tmp_path, capsys):
     plain = tmp_path / "plain"
     write_dataset(plain, shards=6, packs_per_shard=COUNTS, seq_len=64, max_images=4, seed=4)  # as `root`, no index
-    with pytest.raises(ConfigError, match="no pack index.*wdspack index DATASET_FOLDER"):
+    with pytest.raises(ConfigError, match=r"no pack index.*wdspack index DATASET_FOLDER"):
         make_loader(plain, batch_size=1, num_workers=0, balance="cost")
     assert main(["index", str(plain)]) == 0 and "pack_index.npy" in capsys.readouterr().out
     assert (plain / INDEX_NAME).read_bytes() == (root / INDEX_NAME).read_bytes()

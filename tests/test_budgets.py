@@ -378,7 +378,7 @@ def test_processor_mode_without_a_limit_feeds_the_model(qwen):
 
 @pytest.mark.slow  # Qwen2.5-VL's processor
 def test_a_processor_packed_dataset_without_its_processor_is_refused(qwen, caplog):
-    processor, dataset, _ = qwen
+    _, dataset, _ = qwen
     m = read_manifest(dataset)
     with pytest.raises(ConfigError) as e:
         wdspack.make_loader(str(dataset), batch_size=1, num_workers=0)

@@ -99,7 +99,7 @@ def test_fixed_mode_needs_tokens_per_image(demo_data, tekken_dir, tmp_path, caps
     assert len(err.splitlines()) == 1 and "needs --tokens-per-image N" in err and "--processor" in err, err
     assert not (tmp_path / "out").exists()  # refused before the output is touched
     # the library has no silent default either
-    from wdspack.packer.samples import SampleConfig, SampleBuilder
+    from wdspack.packer.samples import SampleBuilder, SampleConfig
 
     with pytest.raises(ConfigError, match="tokens_per_image=N"):
         SampleBuilder(SampleConfig(str(tekken_dir), chat_template="{{ messages }}", image_token="[IMG]"))

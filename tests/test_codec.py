@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import hashlib
+import importlib.util
 import tarfile
 from pathlib import Path
 
@@ -138,8 +138,7 @@ def test_writer_renames_only_when_complete(tmp_path):
 
 def test_writer_abort_leaves_nothing(tmp_path):
     path = tmp_path / "train-000001.tar"
-    with pytest.raises(RuntimeError):
-        with ShardWriter(path) as w:
-            w.add("k", b"abc", samples=1, tokens=3, images=0)
-            raise RuntimeError("disk full")
+    with pytest.raises(RuntimeError), ShardWriter(path) as w:
+        w.add("k", b"abc", samples=1, tokens=3, images=0)
+        raise RuntimeError("disk full")
     assert list(tmp_path.iterdir()) == []

@@ -33,10 +33,9 @@ def _loader(root, rank, world, workers, **kw):
 
 
 def _take(loader, n=None) -> list[int]:
-    out, k = [], 0
-    for batch in loader:
+    out = []
+    for k, batch in enumerate(loader, 1):
         out.extend(pack_numbers(row)[0] for row in batch["input_ids"])
-        k += 1
         if n is not None and k == n:
             break
     return out

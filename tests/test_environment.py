@@ -58,7 +58,7 @@ def test_a_missing_private_name_names_the_tested_range():
                        r"transformers .*tested with transformers 5\.17\.0 to 5\.24\.0") as e:
         private("transformers.masking_utils", "and_masks", "no_such_helper")
     assert isinstance(e.value, ConfigError)
-    with pytest.raises(IncompatibleTransformersError, match="module transformers.no_such_module does not exist"):
+    with pytest.raises(IncompatibleTransformersError, match=r"module transformers\.no_such_module does not exist"):
         private("transformers.no_such_module", "x")
 
 

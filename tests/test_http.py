@@ -8,6 +8,7 @@ error or ``repr``.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 import traceback
@@ -65,7 +66,7 @@ def _resumes_at_exact_byte(server, path: str) -> None:
     """Every request after a short body asks for exactly the byte the short body stopped at."""
     reqs = server.requests(path)
     size = (server.root / path.lstrip("/")).stat().st_size
-    for before, after in zip(reqs, reqs[1:]):
+    for before, after in itertools.pairwise(reqs):
         start = before.range_start or 0
         if before.status in (200, 206) and start + before.sent < size:
             resume = start + before.sent if before.status == 206 else before.sent

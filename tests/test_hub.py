@@ -18,9 +18,9 @@ import logging
 import re
 import shutil
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import torch

@@ -97,7 +97,7 @@ def test_modes_alpha_over_white_and_grey():
 
 def test_decompression_bomb_refused_before_decoding():
     bomb = _png_claiming(50_000, 50_000)  # 2.5 G pixels claimed, 1 pixel of data
-    with pytest.raises(ImageTooLargeError, match="refused before decoding|exceeds the limit"):
+    with pytest.raises(ImageTooLargeError, match=r"refused before decoding|exceeds the limit"):
         decode_image(bomb)
     claim = _png_claiming(9_000, 9_000)  # 81 M pixels: over our default limit, under Pillow's hard one
     with pytest.raises(ImageTooLargeError, match="9000x9000 = 81000000 pixels exceeds the limit of 64000000"):
@@ -127,7 +127,7 @@ def test_corrupt_and_refused_bytes():
     with pytest.raises(ImageDecodeError, match="cannot read"):
         decode_image(_encode(Image.new("RGB", (4, 4)), "BMP"), formats=("PNG",))
     good = _encode(Image.new("RGB", (4, 4)), "PNG")
-    with pytest.raises(ImageDecodeError, match="^image 1: ") as info:
+    with pytest.raises(ImageDecodeError, match=r"^image 1: ") as info:
         make_image_transform(size=4)([good, b"garbage", good])
     assert info.value.index == 1
     again = pickle.loads(pickle.dumps(info.value))  # survives a worker process boundary
@@ -169,7 +169,7 @@ def test_split_path_refuses_wrong_inputs():
             t.normalize_into(px, bad)
     with pytest.raises(ConfigError, match=r"expected uint8 \(4, 4, 3\)"):
         t.normalize_into([np.zeros((4, 4, 3), np.float32)], torch.zeros(1, 3, 4, 4))
-    with pytest.raises(ImageDecodeError, match="^image 1: ") as info:
+    with pytest.raises(ImageDecodeError, match=r"^image 1: ") as info:
         t.decode_resized([_encode(_noise(8, 8), "PNG"), b"garbage"])
     assert info.value.index == 1
     from transformers import SiglipImageProcessorPil

@@ -10,6 +10,7 @@ every parameter's gradient.
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 from pathlib import Path
@@ -67,7 +68,8 @@ for i, b in enumerate(micro):
             loss = sample_mean_loss(out_.logits, b, n)
         (loss * world).backward()
 np.savez(out, n=int(n), own=np.array(own), **{f"grad{k}": p.grad.numpy() for k, p in enumerate(model.parameters())},
-         **{f"{key}{i}": b[key].numpy() for i, b in enumerate(micro) for key in ("input_ids", "labels", "position_ids", "seq_idx")})
+         **{f"{key}{i}": b[key].numpy() for i, b in enumerate(micro)
+            for key in ("input_ids", "labels", "position_ids", "seq_idx")})
 dist.destroy_process_group()
 """
 
@@ -116,8 +118,8 @@ def test_two_ranks_two_accumulation_steps_equal_one_process(dataset, tmp_path, m
     model.zero_grad()
     if mode == "token":
         assert int(ranks[0]["n"]) == int(ranks[1]["n"]) == sum(targets)
-        total = sum(token_losses(model(input_ids=b["input_ids"], position_ids=b["position_ids"], use_cache=False).logits,
-                                 b["labels"]).sum() for b in batches)
+        total = sum(token_losses(model(input_ids=b["input_ids"], position_ids=b["position_ids"],
+                                       use_cache=False).logits, b["labels"]).sum() for b in batches)
         (total / sum(targets)).backward()
         assert np.abs(np.concatenate([r["own"] for r in ranks])).max() < 1e-5  # transformers' num_items_in_batch
     else:
@@ -178,7 +180,7 @@ def test_segment_targets_follow_cu_seqlens_padded_and_padding_free(dataset):
     per_sample = []  # targets of each sub-sample: its loss mask without its first token
     for p in packs:
         starts = np.cumsum((0,) + p.seq_lens)
-        per_sample.append([int(p.loss_mask[a + 1:b].sum()) for a, b in zip(starts[:-1], starts[1:])])
+        per_sample.append([int(p.loss_mask[a + 1:b].sum()) for a, b in itertools.pairwise(starts)])
     examples = [pack_to_example(p, seq_len=64, max_images=0, pad_token_id=0) for p in packs]
     plain = collate_packs(examples, max_segments=16)
     free = collate_packs(examples, padding_free=True, max_segments=16)

@@ -219,7 +219,7 @@ def test_llamafactory_entries_wdspack_cannot_read_are_named(tmp_path):
         list_partitions([f"{info}#kto"])
     with pytest.raises(SourceError, match="column 'prompt', which the sharegpt format does not use"):
         list_partitions([f"{info}#odd"])
-    with pytest.raises(SourceError, match="num_samples 10; .*write the subset to its own file"):
+    with pytest.raises(SourceError, match=r"num_samples 10; .*write the subset to its own file"):
         list_partitions([f"{info}#subset"])
 
 
@@ -250,7 +250,7 @@ def test_llamafactory_renames_need_a_json_file(tmp_path):
     info = _json(data / "dataset_info.json", {"c": {"file_name": "c.parquet", "formatting": "sharegpt",
                                                     "columns": {"messages": "dialog"},
                                                     "tags": {"role_tag": "speaker", "content_tag": "words"}}})
-    with pytest.raises(SourceError, match="dataset 'c' renames columns .* is parquet; rename the columns"):
+    with pytest.raises(SourceError, match=r"dataset 'c' renames columns .* is parquet; rename the columns"):
         list_partitions([str(info)])
 
 
@@ -292,8 +292,8 @@ def test_llava_next_sampling_other_than_all_is_refused_with_the_fix(tmp_path):
     _llava(tmp_path / "a.json", "a", ["1"])
     yaml_path = tmp_path / "mix.yaml"
     yaml_path.write_text(f"datasets:\n  - json_path: {tmp_path}/a.json\n    sampling_strategy: \"first:10%\"\n")
-    with pytest.raises(SourceError, match="sampling_strategy 'first:10%'; .*write the part to use to its own "
-                                          "file and name that one, or use \"all\""):
+    with pytest.raises(SourceError, match=r"sampling_strategy 'first:10%'; .*write the part to use to its own "
+                                          r'file and name that one, or use "all"'):
         list_partitions([str(yaml_path)])
     yaml_path.write_text("datasets: a.json\n")
     with pytest.raises(SourceError, match="is not a LLaVA-NeXT data YAML: expected 'datasets:'"):
@@ -495,7 +495,7 @@ def test_names_of_plain_sources(tmp_path):
     names = [s.name for s in expand_sources([str(tmp_path / "x" / "t.jsonl"), str(tmp_path / "y" / "t.jsonl"),
                                              str(tmp_path / "x" / "t.jsonl")])]
     assert names == ["x/t", "y/t", "x/t~2"]
-    with pytest.raises(ConfigError, match="selects datasets of a meta file .* remove the '#...'"):
+    with pytest.raises(ConfigError, match=r"selects datasets of a meta file .* remove the '#\.\.\.'"):
         expand_sources([f"{tmp_path / 'x' / 't.jsonl'}#a"])
 
 

@@ -18,6 +18,7 @@ hand with ``codec.Pack``. Checked in float64 on CPU with:
 from __future__ import annotations
 
 import io
+import itertools
 import warnings
 
 import numpy as np
@@ -142,7 +143,7 @@ def _varlen(cu_seqlens):
         bounds = cu_seqlens.tolist()
         assert bounds[-1] == R * T
         outs = [F.scaled_dot_product_attention(*(t[:, s:e] for t in flat), is_causal=True)
-                for s, e in zip(bounds[:-1], bounds[1:])]
+                for s, e in itertools.pairwise(bounds)]
         return torch.cat(outs, dim=1).reshape(H, R, T, d).transpose(0, 1)
     return attend
 

@@ -232,7 +232,7 @@ def test_on_error_raise_stops_at_the_first_bad_record(demo_data, sample_config, 
 
 def test_drop_tolerance(demo_data, sample_config, tmp_path):
     """Over the tolerance: the job fails after writing dropped.jsonl, before any shard or manifest."""
-    with pytest.raises(TooManyDropsError, match="over the tolerance --max-drop-fraction 0.001"):
+    with pytest.raises(TooManyDropsError, match=r"over the tolerance --max-drop-fraction 0\.001"):
         pack_dataset(demo_sources(demo_data), tmp_path / "ds", sample_config=sample_config,
                      config=_config(max_drop_fraction=0.001))
     assert (tmp_path / "ds" / "dropped.jsonl").read_text().count("\n") >= 6

@@ -257,7 +257,7 @@ def test_ms_swift_layouts(tmp_path, sample_config):
     query = _dump(swift / "query.jsonl", [
         {"system": "You are a calculator.", "query": "What about adding 1?", "response": "It equals three.",
          "history": [["What is 1 + 1?", "It equals two."]]},
-        {"query": f"<image>Describe the picture.", "response": "A purple square.", "images": [str(x_jpg)]},
+        {"query": "<image>Describe the picture.", "response": "A purple square.", "images": [str(x_jpg)]},
     ], jsonl=True)
     conversation = _dump(swift / "conversation.jsonl", [
         {"system": "Be terse.", "conversation": [{"human": "Name a colour.", "assistant": "Teal."},

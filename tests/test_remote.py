@@ -147,7 +147,8 @@ def test_resume_on_s3_after_a_crash_while_writing(s3, local, remote_demo, sample
     assert summary.resumed_shards == 2
     files = _remote_files(fs, url)
     expected = local[1]
-    assert {n: files[n] for n in files if n.endswith(".tar")} == {n: b for n, b in expected.items() if n.endswith(".tar")}
+    tars = {n: b for n, b in expected.items() if n.endswith(".tar")}
+    assert {n: files[n] for n in files if n.endswith(".tar")} == tars
     again = pack_dataset(sources, url, sample_config=sample_config, config=_config(), resume=True)
     assert again.packs == summary.packs  # complete: nothing redone
     with pytest.raises(OutputError, match="already holds"):

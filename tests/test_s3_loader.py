@@ -83,7 +83,7 @@ class FaultProxy(ScriptedServer):
 class _ProxyHandler(http.server.BaseHTTPRequestHandler):
     owner: FaultProxy
     protocol_version = "HTTP/1.1"
-    _HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "date", "server"}
+    _HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "date", "server"})
 
     def log_message(self, format, *args) -> None:
         pass
@@ -242,7 +242,6 @@ def test_dataset_packed_to_s3_streams_like_its_local_copy(s3, sample_config, tmp
     """``pack_dataset(output="s3://...")`` then the loader on that URL: the batches of the folder
     packed locally from the same inputs."""
     from demo_job import demo_sources, generate_demo
-
     from wdspack.packer.config import PackConfig
     from wdspack.packer.job import pack_dataset
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import itertools
 import json
 import os
 import pickle
@@ -521,7 +522,7 @@ def test_partitioning_never_changes_records_or_ids(tmp_path, records, per, inden
         f"p.jsonl:{k}" for k, r in enumerate(r for r in records if r != "BLANK") if r == "BAD"]
     parts = list_partitions([str(jsonl)], records_per_partition=per)
     assert [p.first_row for p in parts] == list(range(0, len(whole), per))
-    assert all(a.stop == b.start for a, b in zip(parts, parts[1:]))  # byte ranges tile the file
+    assert all(a.stop == b.start for a, b in itertools.pairwise(parts))  # byte ranges tile the file
     assert _summary(r for p in parts for r in iter_records(p)) == _summary(whole)
 
     array = [r for r in records if r not in ("BAD", "BLANK")]
@@ -551,7 +552,7 @@ def test_array_scanner_finds_every_element_at_any_block_size(tmp_path, values, b
     assert not isinstance(layout, str), layout
     data = path.read_bytes()
     seps = layout.separators.tolist()
-    elements = [data[a + 1:b] for a, b in zip(seps, seps[1:])][:layout.count]
+    elements = [data[a + 1:b] for a, b in itertools.pairwise(seps)][:layout.count]
     assert [json.loads(e) for e in elements] == values
     if values:
         assert [json.loads(e) for e in split_array_chunk(data[seps[0] + 1:seps[-1]])] == values

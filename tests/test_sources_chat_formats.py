@@ -415,7 +415,7 @@ def test_template_that_raises_on_tools_is_a_config_error(tmp_path, tekken_dir):
     builder = get_builder(SampleConfig(tokenizer=str(tekken_dir), chat_template=raising, tokens_per_image=16,
                                        image_token="[IMG]"))
     assert builder.tool_support["error"] and "Only user and assistant roles" in builder.tool_support["error"]
-    with pytest.raises(ConfigError, match="raises on them .*Only user and assistant roles"):
+    with pytest.raises(ConfigError, match=r"raises on them .*Only user and assistant roles"):
         builder.build(_one(tmp_path, _sharegpt_tool_row(2)))
 
 

@@ -216,8 +216,8 @@ def test_documents_are_told_from_chats_and_checked(tmp_path):
 def _documents(tmp_path: Path) -> dict[str, Path]:
     red, green = _image("red"), _image("green")
     rows = [
-        {"id": "doc-a", "texts": ["A red thing.", None, "Then green.", None], "images": [None, {"bytes": red, "path": None},
-                                                                                       None, {"bytes": green, "path": None}]},
+        {"id": "doc-a", "texts": ["A red thing.", None, "Then green.", None],
+         "images": [None, {"bytes": red, "path": None}, None, {"bytes": green, "path": None}]},
         {"id": "doc-b", "texts": ["Only text here.", None], "images": [None, None]},  # malformed: neither set
         {"id": "doc-c", "texts": [None, "Caption after the image."], "images": [{"bytes": green, "path": None}, None]},
     ]
@@ -300,7 +300,8 @@ def test_document_loss_on_every_text_token_and_images_in_place(tekken_dir):
 
 
 def _long_document(paragraphs: int = 12) -> TextRecord:
-    text = "\n\n".join(f"Paragraph {p} starts. " + " ".join(f"w{p}_{w}" for w in range(12)) + "." for p in range(paragraphs))
+    text = "\n\n".join(f"Paragraph {p} starts. " + " ".join(f"w{p}_{w}" for w in range(12)) + "."
+                       for p in range(paragraphs))
     return TextRecord("long", "document", (text, IMAGE, "After the image."), (_image("red"),))
 
 
@@ -319,7 +320,7 @@ def test_split_pieces_fit_lose_nothing_and_prefer_paragraphs(tekken_dir, seq_len
     texts = [b.tokenizer.decode(p.input_ids.tolist()) for p in pieces]
     assert all(t.endswith("</s>") == (k == len(texts) - 1) for k, t in enumerate(texts))
     if seq_len >= 100:  # room for a paragraph: every cut is at a paragraph break or the image
-        assert all(t.endswith("\n\n") or t.endswith(".") or "[IMG]" in t for t in texts[:-1])
+        assert all(t.endswith(("\n\n", ".")) or "[IMG]" in t for t in texts[:-1])
 
 
 @pytest.mark.slow  # builds its own tokenizer (tekken: ~5 s each)
@@ -338,7 +339,7 @@ def test_unsplittable_or_unsplit_documents_are_too_long(tekken_dir, tmp_path):
     with pytest.raises(SampleError, match="no text boundary") as e:
         build_samples(b, no_space, seq_len=64, max_images=None)
     assert e.value.reason == "too_long"
-    with pytest.raises(ConfigError, match="only wdspack.packer.text.build_samples returns"):
+    with pytest.raises(ConfigError, match=r"only wdspack\.packer\.text\.build_samples returns"):
         b.build(_long_document())  # the one-sample path cannot split: loud, not a silent too_long
 
 
@@ -440,8 +441,9 @@ def test_verify_understands_pieces_and_finds_a_missing_one():
 
 
 def _check_sources_sets(seen, *, packed, dropped):
-    from wdspack.ops import verify
     from unittest import mock
+
+    from wdspack.ops import verify
 
     class _P:
         pass

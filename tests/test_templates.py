@@ -61,7 +61,7 @@ def test_mistral_nemo_multi_turn_tool_chats_pack_and_train_exactly_the_assistant
     for k in range(12):
         sid = f"glaive_toolcall_en_demo.json:{k}"
         trained, text = rt.trained[sid], rt.text[sid]
-        assert trained.startswith('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "City%d"}' % k)
+        assert trained.startswith(f'[TOOL_CALLS][{{"name": "get_weather", "arguments": {{"city": "City{k}"}}')
         assert trained.count("</s>") == 3, trained  # the call and both answers end their turns
         assert f"It is {10 + k} degrees in City{k}.</s>" in trained
         assert f"I can only tell the weather now, not tomorrow's ({k}).</s>" in trained

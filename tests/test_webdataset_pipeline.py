@@ -30,9 +30,8 @@ import torch
 
 wds = pytest.importorskip("webdataset")
 
-from synthetic import pack_numbers, write_dataset
-
 import wdspack
+from synthetic import pack_numbers, write_dataset
 from wdspack.errors import ConfigError, FormatError
 from wdspack.loader.wds import batched, collate, decode_packs, read_dataset, to_examples
 
@@ -105,7 +104,8 @@ def test_decoded_mp_and_wds_batched_give_the_same_batches(even, transform):
                               collate, max_segments=B * (info.max_samples_per_pack + 1)), partial=False)))
     _same(got, expected)
     # decode_packs as a stage of its own, then to_examples on the packs
-    got = _pipeline(info.urls, decode_packs(info), to_examples(info, image_transform=transform), batched(B, dataset=info))
+    got = _pipeline(info.urls, decode_packs(info), to_examples(info, image_transform=transform),
+                    batched(B, dataset=info))
     _same(got, expected)
 
 
@@ -253,10 +253,11 @@ def test_webdatasets_hf_opener_against_a_loopback_hub(even, transform, tmp_path_
         # server, online towards it only (HF_HUB_OFFLINE=1 would refuse it too)
         env.update(HF_ENDPOINT=endpoint, HF_HUB_OFFLINE="0", HF_TOKEN="hf_loopbacktoken", HF_HOME=str(tmp_path / "hf"),
                    NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
-        env.pop("http_proxy", None), env.pop("https_proxy", None), env.pop("HTTP_PROXY", None), env.pop("HTTPS_PROXY", None)
+        for proxy in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+            env.pop(proxy, None)
         out = tmp_path / "batches.pt"
-        run = subprocess.run([sys.executable, "-c", _HF_SCRIPT, str(out)], env=env, cwd=ROOT, capture_output=True, check=False,
-                             text=True, timeout=120)
+        run = subprocess.run([sys.executable, "-c", _HF_SCRIPT, str(out)], env=env, cwd=ROOT, capture_output=True,
+                             check=False, text=True, timeout=120)
         assert run.returncode == 0, run.stderr[-3000:]
         log = requests()
     finally:

@@ -33,11 +33,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
 from bench_packing import llava_like  # noqa: E402
-
 from wdspack import CostModel, plan_packs  # noqa: E402
 from wdspack.format.pack_index import COLUMNS  # noqa: E402
 from wdspack.loader.balance import plan_epoch_balanced, step_costs  # noqa: E402
-from wdspack.loader.plan import plan_epoch
+from wdspack.loader.plan import plan_epoch  # noqa: E402
 
 
 def workload(n: int, shard_packs: int, seed: int = 0) -> list[np.ndarray]:
@@ -78,7 +77,7 @@ def run(index: list[np.ndarray], *, ranks: int, workers: int, batch_size: int, s
     kw = dict(ranks=ranks, workers=workers, batch_size=batch_size, seed=seed)
     heavy_steps = step_costs(heavy, costs, **kw)
     out = {
-        "ranks": ranks, "workers": workers, "batch_size": batch_size, "steps": int(len(heavy_steps)),
+        "ranks": ranks, "workers": workers, "batch_size": batch_size, "steps": len(heavy_steps),
         "slowest_over_mean": {"shuffle_buffer": waiting(step_costs(base, costs, **kw)),
                               "balanced": waiting(step_costs(bal, costs, **kw)),
                               "balanced_heaviest_first": waiting(heavy_steps)},

@@ -85,7 +85,7 @@ def make_samples(n: int, *, images: bool, tokenizer, seed: int = 0
 
 def _photo_like(rng: np.random.Generator) -> bytes:
     """A 320×240 JPEG with smooth structure and some noise (realistic size and decode cost)."""
-    y, x = np.mgrid[0:240, 0:320] / 80.0
+    _, x = np.mgrid[0:240, 0:320] / 80.0
     base = np.stack([np.sin(x * rng.uniform(0.5, 3) + rng.uniform(0, 6)) for _ in range(3)], -1)
     img = (127 + 90 * base + rng.normal(0, 12, base.shape)).clip(0, 255).astype(np.uint8)
     buf = io.BytesIO()

@@ -34,7 +34,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from wdspack.packer import job  # noqa: E402
-from wdspack.packer.config import PackConfig
+from wdspack.packer.config import PackConfig  # noqa: E402
 from wdspack.packer.job import pack_dataset  # noqa: E402
 from wdspack.packer.planner import plan_packs  # noqa: E402
 from wdspack.packer.samples import SampleConfig  # noqa: E402

@@ -262,7 +262,8 @@ def padded_steps(records: dict[str, Any], subs: dict[str, SubSample], order: lis
         for row, sid in enumerate(names):
             s = subs[sid]
             n = len(s.input_ids)
-            if inputs["input_ids"][row, :n].tolist() != s.input_ids.tolist() or int(inputs["attention_mask"][row].sum()) != n:
+            if (inputs["input_ids"][row, :n].tolist() != s.input_ids.tolist()
+                    or int(inputs["attention_mask"][row].sum()) != n):
                 raise AssertionError(f"{sid}: the processor's tokens differ from the packed sub-sample's")
             mask = torch.from_numpy(s.loss_mask.astype(bool))
             mask[0] = False
@@ -321,7 +322,8 @@ def summarize(modes: dict[str, tuple[Any, list[Step]]], timing: dict[str, dict])
         res[name] = {"steps": len(steps), "samples": samples, "real_tokens": real,
                      "targets": sum(s.targets for s in steps), "computed_tokens": sum(s.slots for s in steps),
                      "fill": round(real / sum(s.slots for s in steps), 4),
-                     "tokens_per_s": round(real / min(secs), 1), "tokens_per_s_median": round(real / statistics.median(secs), 1),
+                     "tokens_per_s": round(real / min(secs), 1),
+                     "tokens_per_s_median": round(real / statistics.median(secs), 1),
                      "samples_per_s": round(samples / min(secs), 3), "seconds": [round(s, 2) for s in secs],
                      "loss_sum": timing[name]["loss_sum"][0]}
     return res
@@ -341,7 +343,6 @@ def prepare(args: argparse.Namespace, work: Path, device: torch.device) -> tuple
     """Data, processor, model and every mode's steps; the configuration record."""
     from make_demo_data import generate
     from tiny_vlm import qwen2_5_vl
-
     from wdspack.models import save_processor
     from wdspack.packer.config import PackConfig
     from wdspack.packer.job import pack_dataset
@@ -365,8 +366,9 @@ def prepare(args: argparse.Namespace, work: Path, device: torch.device) -> tuple
     fill = sum(s.real_tokens for s in steps) / sum(s.slots for s in steps)
     b = args.padded_batch_size or max(1, round(args.batch_size * args.seq_len * fill / lens.mean()))
     modes = {"packed": (model, steps),
-             "pad_to_longest": (model, padded_steps(read_records(sources), subs, order, processor, model, batch_size=b))}
-    otf, rows = on_the_fly_steps(subs, order, folder, model, batch_size=args.batch_size, seq_len=args.seq_len,
+             "pad_to_longest": (model, padded_steps(read_records(sources), subs, order, processor, model,
+                                                    batch_size=b))}
+    otf, _ = on_the_fly_steps(subs, order, folder, model, batch_size=args.batch_size, seq_len=args.seq_len,
                                  max_images=args.max_images, pad_token_id=processor.tokenizer.pad_token_id,
                                  open_rows=args.otf_rows)
     modes["on_the_fly"] = (model, otf)
@@ -384,7 +386,8 @@ def prepare(args: argparse.Namespace, work: Path, device: torch.device) -> tuple
         "model": {"class": type(model).__name__, "params": params, "hidden": args.hidden, "layers": args.layers,
                   "vocab": model.config.text_config.vocab_size,
                   "vision": "depth 2, hidden 64; 4-64 tokens per image"},
-        "data": {"records": args.records, "samples": len(ids), "dropped_by_packer": summary.samples_read - summary.samples_packed,
+        "data": {"records": args.records, "samples": len(ids),
+                 "dropped_by_packer": summary.samples_read - summary.samples_packed,
                  "real_tokens": int(lens.sum()), "images": images,
                  "text_only_share": round(sum(not subs[s].images for s in ids) / len(ids), 3),
                  "tokens_mean": round(float(lens.mean()), 1), "tokens_median": int(np.median(lens)),

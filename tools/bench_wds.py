@@ -40,13 +40,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-import webdataset as wds
+import webdataset as wds  # noqa: E402
 
-import wdspack
-from wdspack.loader.wds import batched, read_dataset, to_examples
+import wdspack  # noqa: E402
+from wdspack.loader.wds import batched, read_dataset, to_examples  # noqa: E402
 
 
-def write_data(folder: Path, *, shards: int, packs: tuple[int, int], seq_len: int, max_images: int, seed: int) -> list[int]:
+def write_data(folder: Path, *, shards: int, packs: tuple[int, int], seq_len: int, max_images: int,
+               seed: int) -> list[int]:
     from synthetic import write_dataset
 
     rng = np.random.default_rng(seed)
@@ -149,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
                             max_images=args.max_images, seed=args.seed)
         total = sum(counts)
         size = sum(p.stat().st_size for p in folder.glob("*.tar"))
-        print(f"{args.shards} shards, packs per shard {min(counts)}-{max(counts)} ({total} packs, {size / 1e6:.1f} MB), "
+        print(f"{args.shards} shards, packs per shard {min(counts)}-{max(counts)} "
+              f"({total} packs, {size / 1e6:.1f} MB), "
               f"seq_len {args.seq_len}, <= {args.max_images} images per pack at {args.image_size} px, "
               f"B = {args.batch_size}", flush=True)
         rows, ranks, faults = [], [], []
@@ -177,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {kind:26s} one response cut mid-shard: {f['distinct_packs']} distinct packs of {total}, "
                       f"{f['shard_gets']} shard GETs ({f['ranged']} ranged)", flush=True)
     result = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": __import__("torch").__version__,
-                    "webdataset": wds.__version__},
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "torch": __import__("torch").__version__, "webdataset": wds.__version__},
         "data": {"shards": args.shards, "packs_per_shard": counts, "packs": total, "bytes": size,
                  "seq_len": args.seq_len, "max_images": args.max_images, "image_size": args.image_size,
                  "batch_size": args.batch_size},

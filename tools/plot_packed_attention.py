@@ -62,9 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
-    from tiny_vlm import gemma3
 
     import wdspack
+    from tiny_vlm import gemma3
     from wdspack.models import save_processor
     from wdspack.packer.config import PackConfig
     from wdspack.packer.job import pack_dataset
@@ -75,14 +75,16 @@ def main(argv: list[str] | None = None) -> int:
         processor = gemma3.processor(work / "tok")
         model = gemma3.model(processor, sliding_window=8)
         folder = save_processor(processor, work / "processor")
-        pack_dataset([str(_write(work / "src"))], str(work / "packed"), sample_config=SampleConfig(processor=str(folder)),
+        pack_dataset([str(_write(work / "src"))], str(work / "packed"),
+                     sample_config=SampleConfig(processor=str(folder)),
                      config=PackConfig(seq_len=128, max_images=4), progress=False)
         (batch,) = list(wdspack.make_loader(str(work / "packed"), batch_size=1, num_workers=0, processor=processor,
                                             shuffle=False))
         kwargs = wdspack.model_inputs(batch, model)
     n = int(batch["num_tokens"][0])
     masks = {name: m[0, 0, :n, :n].numpy() for name, m in kwargs["attention_mask"].items()}
-    kind = np.where(batch["token_type_ids"][0, :n].numpy() == 1, 2, np.where(batch["labels"][0, :n].numpy() != -100, 1, 0))
+    kind = np.where(batch["token_type_ids"][0, :n].numpy() == 1, 2,
+                    np.where(batch["labels"][0, :n].numpy() != -100, 1, 0))
     fig, axes = plt.subplots(1, 3, figsize=(15, 5.4), gridspec_kw={"width_ratios": [1, 1, 0.08]})
     for ax, (name, mask) in zip(axes[:2], masks.items()):
         ax.imshow(mask, cmap="Greys", interpolation="nearest")
@@ -92,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         for b in np.cumsum([0] + [int(x) for x in np.bincount(batch["seq_idx"][0, :n].numpy())])[1:-1]:
             ax.axhline(b - 0.5, color="tab:red", lw=0.8)
             ax.axvline(b - 0.5, color="tab:red", lw=0.8)
-    axes[2].imshow(kind[:, None], aspect="auto", cmap=matplotlib.colors.ListedColormap(["#dddddd", "#2b8cbe", "#e6550d"]),
+    axes[2].imshow(kind[:, None], aspect="auto",
+                   cmap=matplotlib.colors.ListedColormap(["#dddddd", "#2b8cbe", "#e6550d"]),
                    vmin=0, vmax=2, interpolation="nearest")
     axes[2].set_xticks([])
     axes[2].set_title("token", fontsize=9)

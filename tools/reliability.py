@@ -68,7 +68,7 @@ def _complete_shards_only(out: Path) -> str | None:
             with tarfile.open(shard) as tar:
                 for m in tar.getmembers():
                     decode_pack(tar.extractfile(m).read())
-        except Exception as e:  # noqa: BLE001 - any failure is the finding
+        except Exception as e:  # any failure is the finding
             return f"{shard.name}: {type(e).__name__}: {e}"
     manifest = out / "manifest.json"
     if manifest.exists():
@@ -143,9 +143,9 @@ def check_sigkill(work: Path, tekken: Path, *, kills: int, seed: int) -> dict:
             if strategy == "random time":
                 _wait_for(proc, lambda: False, 0.0, float(rng.uniform(1.0, ref_seconds)))
             elif strategy == "on first shard":
-                _wait_for(proc, lambda: any(out.glob("*.tar")), float(rng.uniform(0, 0.08)), ref_seconds * 2)
+                _wait_for(proc, lambda out=out: any(out.glob("*.tar")), float(rng.uniform(0, 0.08)), ref_seconds * 2)
             else:
-                _wait_for(proc, lambda: (out / "dropped.jsonl").exists(), float(rng.uniform(0, 0.02)),
+                _wait_for(proc, lambda out=out: (out / "dropped.jsonl").exists(), float(rng.uniform(0, 0.02)),
                           ref_seconds * 2)
             finished = proc.poll() is not None
             proc.send_signal(signal.SIGKILL)
@@ -220,7 +220,8 @@ def check_soak(work: Path, *, epochs: int) -> dict:
     flat = growth_main < 20 and all(g < 20 for g in growth_workers)
     ok = not wrong and flat and same_workers
     line = (f"soak: {'PASS' if ok else 'FAIL'}: {epochs} epochs x 24 packs, 2 persistent workers, {seconds:.0f} s; "
-            f"every epoch exactly the 24 packs: {not wrong}; RSS main {first['main_mb']:.0f} -> {last['main_mb']:.0f} MB, "
+            f"every epoch exactly the 24 packs: {not wrong}; "
+            f"RSS main {first['main_mb']:.0f} -> {last['main_mb']:.0f} MB, "
             f"workers {', '.join(f'{a:.0f} -> {b:.0f}' for a, b in zip(first['workers_mb'], last['workers_mb']))} MB "
             f"(epoch {settle} vs {epochs - 1})")
     print(line, flush=True)
@@ -234,7 +235,6 @@ def check_soak(work: Path, *, epochs: int) -> dict:
 
 def check_disk_full(work: Path, tekken: Path) -> dict:
     from test_bad_input import build_bad_dataset, pack_argv, run_with_file_size_limit
-
     from wdspack import cli
 
     path, images, *_ = build_bad_dataset(work / "diskfull")
@@ -341,7 +341,8 @@ _BAD_INPUT = [
     ("truncated image", "unreadable_image"), ("decompression bomb (PNG header 30000x30000)", "image_too_large"),
     ("image path `../outside.png`", "image_path_escape"), ("absolute image path outside the root", "image_path_escape"),
     ("symlink in the root pointing outside", "packed: confined as written, as hub-cache snapshots need"),
-    ("a video (`video` field, `<video>` placeholder)", "unsupported_media"), ("malformed JSON line", "malformed_record"),
+    ("a video (`video` field, `<video>` placeholder)", "unsupported_media"),
+    ("malformed JSON line", "malformed_record"),
     ("wrong field types (conversations a string, value an int, image an int, id a float)", "malformed_record"),
     ("a JSON line that is not an object", "malformed_record"), ("unknown role", "unknown_role"),
     ("empty conversation", "empty_conversation"), ("no assistant turn", "no_assistant_turn"),
@@ -400,7 +401,8 @@ _TEST_CASES = [
      "tests/test_security.py::test_cli_help_advises_hf_token_over_the_token_flag"),
     ("security", "loader with storage_options token on missing local / hf:// paths: no token in errors or logs",
      "tests/test_security.py::test_loader_errors_hold_no_token"),
-    ("security", "loader repr / state_dict hold no header value", "tests/test_security.py::test_loader_repr_holds_no_token"),
+    ("security", "loader repr / state_dict hold no header value",
+     "tests/test_security.py::test_loader_repr_holds_no_token"),
     ("security", "bomb refused by pixel count before decoding: packer",
      "tests/test_security.py::test_packer_refuses_bombs_by_pixel_count"),
     ("security", "bomb refused by pixel count before decoding: loader",
@@ -430,11 +432,14 @@ def write_report(results: dict, md: Path) -> None:
     if "sigkill" in results:
         s = results["sigkill"]
         for e in s["kills"]:
+            seen = (f"partial shard visible: {e['partial_visible']}" if e["partial_visible"]
+                    else "nothing partial visible")
             rows.append(f"| SIGKILL | run {e['round']}, kill {e['strategy']}, during {e['phase']} | "
-                        f"`tools/reliability.py` | {'partial shard visible: ' + e['partial_visible'] if e['partial_visible'] else 'nothing partial visible'} |")
+                        f"`tools/reliability.py` | {seen} |")
         for r in s["rounds"]:
+            same = "byte-identical to the uninterrupted run" if r["identical"] else f"DIFFERS (rc {r['resume_rc']})"
             rows.append(f"| SIGKILL | run {r['round']}: {r['kills']} kills, then `--resume` | `tools/reliability.py` | "
-                        f"{'byte-identical to the uninterrupted run' if r['identical'] else 'DIFFERS (rc %d)' % r['resume_rc']} |")
+                        f"{same} |")
     if "soak" in results:
         s = results["soak"]
         rows.append(f"| soak | {s['epochs']} epochs, 2 persistent workers | `tools/reliability.py` | "

@@ -273,7 +273,8 @@ def _add_inspect(sub) -> None:
                                    "--plot) the per-pack distributions and the padding a pad-to-longest "
                                    "loader would waste.",
                        epilog="examples:\n  wdspack inspect packed/ --plot fill.png\n"
-                              "  wdspack inspect packed/ --samples-per-step 256   # the matching global batch in packs\n"
+                              "  wdspack inspect packed/ --samples-per-step 256"
+                              "   # the matching global batch in packs\n"
                               "  wdspack inspect packed/ --ranks 64   # waiting for the slowest rank, balanced or not\n"
                               "  wdspack inspect hf://datasets/org/name@main --json",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -407,7 +408,8 @@ def _add_upload(sub) -> None:
     p.add_argument("--private", action="store_true",
                    help="create the repository as private (an existing one keeps its visibility)")
     p.add_argument("--revision", help="branch to commit to")
-    p.add_argument("--token", help="a Hub token; prefer HF_TOKEN (a token on the command line is visible to other users)")
+    p.add_argument("--token",
+                   help="a Hub token; prefer HF_TOKEN (a token on the command line is visible to other users)")
     p.set_defaults(run=_run_upload)
 
 

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import inspect
 
-
 import pytest
 import torch
-import vlm_harness as h
 
+import vlm_harness as h
 import wdspack
 from wdspack.errors import ConfigError
 from wdspack.models.gemma3 import GEMMA3, packed_masks
@@ -68,8 +67,10 @@ def test_pixels_and_token_types_are_the_processors(gemma):
 
 def test_masks_are_the_models_per_sub_sample(gemma):
     """Each sub-sample's block of the packed masks is the mask the model builds for it alone; the rest is masked."""
-    from transformers.models.gemma3.modeling_gemma3 import (create_masks_for_vision_model,
-                                                             get_block_sequence_ids_for_mask)
+    from transformers.models.gemma3.modeling_gemma3 import (
+        create_masks_for_vision_model,
+        get_block_sequence_ids_for_mask,
+    )
 
     # The model's own builder names its cache argument `cache` from transformers 5.24 on (before: past_key_values).
     no_cache = {"cache" if "cache" in inspect.signature(create_masks_for_vision_model).parameters
@@ -80,7 +81,7 @@ def test_masks_are_the_models_per_sub_sample(gemma):
     masks = wdspack.model_inputs(batch, model)["attention_mask"]
     text = model.config.get_text_config()
     assert text._attn_implementation == "sdpa" and masks["full_attention"].dtype == torch.bool
-    B, L = batch["input_ids"].shape
+    B, _ = batch["input_ids"].shape
     for b in range(B):
         for s in batch["seq_idx"][b].unique().tolist():
             where = torch.nonzero(batch["seq_idx"][b] == s)[:, 0]
@@ -131,7 +132,8 @@ def test_flex_attention_loss_equals_one_by_one(gemma, monkeypatch):
         masks = wdspack.model_inputs(batch, model)["attention_mask"]
     finally:
         model.set_attn_implementation("sdpa")
-    assert all(isinstance(m, BlockMask) for m in masks.values()) and set(masks) == {"full_attention", "sliding_attention"}
+    assert all(isinstance(m, BlockMask) for m in masks.values())
+    assert set(masks) == {"full_attention", "sliding_attention"}
     h.check_flex(model, processor, dataset, seq_len=SEQ_LEN, monkeypatch=monkeypatch, rtol=1e-12, atol=1e-12)
 
 

@@ -13,9 +13,9 @@ import io
 import numpy as np
 import pytest
 import torch
-import vlm_harness as h
 from PIL import Image
 
+import vlm_harness as h
 import wdspack
 from wdspack.format.pack import decode_pack
 

@@ -12,9 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import vlm_harness as h
 from PIL import Image
 
+import vlm_harness as h
 import wdspack
 from wdspack.errors import ConfigError
 

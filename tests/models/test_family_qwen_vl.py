@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import vlm_harness as h
 
+import vlm_harness as h
 import wdspack
 from wdspack.errors import ConfigError
 from wdspack.models.qwen_vl import mrope_positions
@@ -40,8 +40,9 @@ def test_pixels_and_positions_are_the_models(qwen):
     order = [sid for sid in _pack_order(dataset)]
     chats = {c[0]: c for c in h.CHATS}
     images = [img for sid in order for img in h.chat_images(chats[sid])]
-    from PIL import Image
     import io
+
+    from PIL import Image
     want = processor.image_processor([Image.open(io.BytesIO(b)) for b in images], return_tensors="pt")
     torch.testing.assert_close(kwargs["pixel_values"], want["pixel_values"], rtol=0, atol=0)
     assert kwargs["image_grid_thw"].tolist() == want["image_grid_thw"].tolist()

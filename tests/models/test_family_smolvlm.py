@@ -12,9 +12,9 @@ import copy
 import numpy as np
 import pytest
 import torch
-import vlm_harness as h
 from PIL import Image
 
+import vlm_harness as h
 import wdspack
 from wdspack.models import Budgets
 from wdspack.models.idefics3 import tile_grid, tile_slots
@@ -68,7 +68,7 @@ def test_replacements_follow_the_image_processor(smol, longest_edge, splitting):
 def test_pixels_are_the_processors(smol):
     processor, model, dataset = smol
     (batch,) = h.loader_batches(dataset, processor)
-    B, L = batch["input_ids"].shape
+    B, _ = batch["input_ids"].shape
     manifest = wdspack.read_manifest(dataset / "manifest.json")
     T = tile_slots(processor, Budgets(SEQ_LEN, 4, manifest.totals["max_image_tokens_per_pack"]))
     assert T < tile_slots(processor, Budgets(SEQ_LEN, 4)), "sized for the largest pack's image tokens"

@@ -10,8 +10,8 @@ import logging
 
 import pytest
 import torch
-import vlm_harness as h
 
+import vlm_harness as h
 import wdspack
 from wdspack.cli import main
 from wdspack.errors import ConfigError
@@ -29,7 +29,7 @@ def qwen(tmp_path_factory):
 
 
 def test_cli_packs_with_the_processor(qwen, tmp_path, capsys):
-    processor, folder, dataset = qwen
+    _, folder, dataset = qwen
     out = tmp_path / "cli"
     argv = ["pack", str(folder / "src" / "chats.jsonl"), "--output", str(out), "--processor",
             str(folder / "processor"), "--seq-len", "96", "--max-images", "4", "--quiet"]
@@ -73,7 +73,7 @@ def test_processor_folder_loads_without_torchvision(qwen, caplog):
 
 
 def test_a_missing_processor_is_a_clear_error(tmp_path):
-    with pytest.raises(ConfigError, match="cannot load processor .*nowhere"):
+    with pytest.raises(ConfigError, match=r"cannot load processor .*nowhere"):
         load_processor(tmp_path / "nowhere")
     with pytest.raises(ConfigError, match="not a multimodal processor"):
         load_processor(object())
@@ -132,7 +132,6 @@ def test_captions_and_documents_pack_for_the_processor_and_feed_its_model(qwen, 
     text trained, image tokens never."""
     from test_sources_pretrain import _caption_shard, _documents
     from tiny_vlm import qwen2_5_vl
-
     from wdspack.format.dataset import iter_dataset_packs, open_dataset
     from wdspack.packer.samples import SampleConfig
     from wdspack.packer.text import PretrainConfig
@@ -140,8 +139,8 @@ def test_captions_and_documents_pack_for_the_processor_and_feed_its_model(qwen, 
     processor, folder, _ = qwen
     shard = _caption_shard(tmp_path / "caps.tar", 4)
     docs = _documents(tmp_path)
-    config = SampleConfig(processor=str(folder / "processor"), pretrain=PretrainConfig(eos_token="<|endoftext|>",
-                                                                          caption_template="{image}A photo of {caption}"))
+    pretrain = PretrainConfig(eos_token="<|endoftext|>", caption_template="{image}A photo of {caption}")
+    config = SampleConfig(processor=str(folder / "processor"), pretrain=pretrain)
     out = tmp_path / "out"
     wdspack.pack_dataset([str(shard), str(docs["parquet"])], out, sample_config=config,
                          config=wdspack.PackConfig(seq_len=512, max_images=8, max_drop_fraction=1))

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+
 import vlm_harness as h
 from ranks import free_port, run_all
 
@@ -39,7 +40,8 @@ def _torchrun(dataset, processor, *extra) -> str:
 
 
 def _digests(out: str) -> dict[int, str]:
-    return {int(r): d for r, d in re.findall(r"rank (\d) finished \d+ steps; parameters sha256 ([0-9a-f]{16})$", out, re.M)}
+    pattern = r"rank (\d) finished \d+ steps; parameters sha256 ([0-9a-f]{16})$"
+    return {int(r): d for r, d in re.findall(pattern, out, re.M)}
 
 
 def test_ddp_recipe_trains_and_resumes_exactly(packed, tmp_path):
@@ -92,9 +94,9 @@ def test_ddp_with_text_only_micro_batches_equals_one_process(packed, tmp_path):
     find_unused_parameters still gives the gradients of one process over the same 4 batches."""
     import numpy as np
     import torch
-    from tiny_vlm import qwen2_5_vl
 
     import wdspack
+    from tiny_vlm import qwen2_5_vl
 
     dataset, processor = packed
     port = free_port()

@@ -18,6 +18,7 @@ import subprocess
 import sys
 
 import pytest
+
 import vlm_harness as h
 from ranks import free_port
 
@@ -130,9 +131,9 @@ def test_first_step_loss_is_the_exact_token_mean(packed, reference, own_batches)
     both ranks' 3 micro-batches, and not what Trainer's default would give for this model
     (``accepts_loss_kwargs = False``: each micro-batch's own mean, averaged)."""
     import torch
-    from tiny_vlm import qwen2_5_vl
 
     import wdspack
+    from tiny_vlm import qwen2_5_vl
     from wdspack.train.trainers import stream_batches
 
     dataset, processor = packed
@@ -159,10 +160,10 @@ def test_first_step_loss_is_the_exact_token_mean(packed, reference, own_batches)
 
 
 def test_packed_trainer_refuses_what_would_break_resume(packed, tmp_path):
-    from tiny_vlm import qwen2_5_vl
     from transformers import TrainingArguments
 
     import wdspack
+    from tiny_vlm import qwen2_5_vl
     from wdspack.errors import ConfigError
     from wdspack.train.trainers import PackedTrainer
 

@@ -168,9 +168,10 @@ def check_tokens(dataset: Path, processor: Any, chats: Sequence = CHATS) -> None
     """Every sub-sample's ids are the processor's; its targets are the assistant turns' tokens."""
     subs = dataset_sub_samples(dataset)
     assert sorted(subs) == sorted(c[0] for c in chats), "every chat is packed once"
-    feature_id = processor.tokenizer.convert_tokens_to_ids(wdspack.models.family_for(processor).feature_token(processor))
+    feature = wdspack.models.family_for(processor).feature_token(processor)
+    feature_id = processor.tokenizer.convert_tokens_to_ids(feature)
     for chat in chats:
-        ids, mask, images, tokens = subs[chat[0]]
+        ids, mask, _, tokens = subs[chat[0]]
         want = oracle(processor, chat)["input_ids"][0].numpy()
         assert ids.tolist() == want.tolist(), f"{chat[0]}: tokens differ from the processor's"
         assert sum(tokens) == int((ids == feature_id).sum()) and len(tokens) == len(chat[2])
@@ -245,7 +246,8 @@ def assert_same(model: Any, got, want, *, rtol: float = 1e-9, atol: float = 1e-1
         return
     seen = 0
     for (name, _), g, w in zip(model.named_parameters(), g_grads, w_grads):
-        torch.testing.assert_close(g / g_count, w / w_count, rtol=rtol, atol=atol, msg=lambda m: f"gradient of {name}: {m}")
+        torch.testing.assert_close(g / g_count, w / w_count, rtol=rtol, atol=atol,
+                                   msg=lambda m, name=name: f"gradient of {name}: {m}")
         seen += int(w.abs().sum() > 0)
     assert seen > len(w_grads) // 2, "most parameters got a gradient"
 

@@ -62,7 +62,8 @@ class Manifest:
     dropped_file: str = DROPPED_NAME
     format: str = FORMAT
     wdspack_version: str = ""
-    #: ``pack_index.npy`` beside the manifest (:mod:`wdspack.format.pack_index`): file, columns, bytes, sha256; {} if none
+    #: ``pack_index.npy`` beside the manifest (:mod:`wdspack.format.pack_index`): file, columns, bytes, sha256;
+    #: {} if none
     pack_index: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -83,7 +84,8 @@ class Manifest:
         d = asdict(self)
         order = ["format", "wdspack_version", "split", "seq_len", "max_images", "algorithm", "seed",
                  "tokenizer", "image_policy", "sources", "provenance", "totals", "dropped_file", "pack_index", "shards"]
-        return json.dumps({k: d[k] for k in order if k != "pack_index" or d[k]}, indent=1, sort_keys=False, ensure_ascii=False) + "\n"
+        return json.dumps({k: d[k] for k in order if k != "pack_index" or d[k]}, indent=1, sort_keys=False,
+                          ensure_ascii=False) + "\n"
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Manifest:

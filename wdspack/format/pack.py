@@ -150,7 +150,8 @@ def validate_pack(pack: Pack, *, seq_len: int | None = None, max_images: int | N
         raise FormatError(f"{len(pack.images)} images, {len(pack.image_sample)} image_sample, "
                           f"{len(pack.image_tokens)} image_tokens: the three must agree")
     if any(not 0 <= i < len(pack.seq_lens) for i in pack.image_sample):
-        raise FormatError(f"image_sample {list(pack.image_sample)} names a sub-sample outside 0..{len(pack.seq_lens) - 1}")
+        raise FormatError(f"image_sample {list(pack.image_sample)} names a sub-sample outside "
+                          f"0..{len(pack.seq_lens) - 1}")
     if list(pack.image_sample) != sorted(pack.image_sample):
         raise FormatError(f"image_sample {list(pack.image_sample)} is not in token order")
     if any(t < 0 for t in pack.image_tokens):

@@ -65,7 +65,8 @@ class ShardWriter:
         self._file = self._folder.open_write(self._tmp)
         self._size = 0
         self._hash = hashlib.sha256()
-        self._tar = tarfile.open(fileobj=_HashingWriter(self._file, self._hash), mode="w",
+        # SIM115: the writer holds the tar open until close() or abort()
+        self._tar = tarfile.open(fileobj=_HashingWriter(self._file, self._hash), mode="w",  # noqa: SIM115
                                  format=tarfile.USTAR_FORMAT)
         self._packs = self._samples = self._tokens = self._images = 0
         #: where each pack's tar header starts in the shard (the pack index records it)

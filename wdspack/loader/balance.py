@@ -151,7 +151,7 @@ def _deal(pool, costs, room: list[int], *, first: list[int] | None, top: set[tup
     heapq.heapify(open_)
     serial = len(pool)
     while heap and open_:
-        _, k, (s, a, b) = heapq.heappop(heap)
+        _, _, (s, a, b) = heapq.heappop(heap)
         _, t = heapq.heappop(open_)
         take = min(b - a, left[t])
         out[t].append((s, a, a + take))

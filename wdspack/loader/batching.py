@@ -47,7 +47,8 @@ class ModelBatcher:
 
         self.processor = load_processor(processor)
         self.family = family_for(self.processor)
-        self.budgets = Budgets(int(seq_len), int(max_images), None if max_image_tokens is None else int(max_image_tokens))
+        self.budgets = Budgets(int(seq_len), int(max_images),
+                               None if max_image_tokens is None else int(max_image_tokens))
         self.max_pixels = int(max_pixels)
 
     def __getstate__(self) -> dict[str, Any]:

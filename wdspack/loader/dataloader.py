@@ -47,8 +47,9 @@ STATE_VERSION = 1
 
 def make_loader(source: str | os.PathLike[str] | Sequence[str] | PackedDataset, *, batch_size: int,
                 num_workers: int = 2, attention_mask: str | None = None, padding_free: bool = False,
-                max_segments: int | str | None = "auto", pin_memory: bool | None = None, persistent_workers: bool | None = None,
-                prefetch_factor: int | None = None, multiprocessing_context: Any = None, timeout: float = 0,
+                max_segments: int | str | None = "auto", pin_memory: bool | None = None,
+                persistent_workers: bool | None = None, prefetch_factor: int | None = None,
+                multiprocessing_context: Any = None, timeout: float = 0,
                 reuse_buffers: bool = True, **dataset_kwargs: Any) -> PackedLoader:
     """A DataLoader of fixed-shape batches over a packed dataset, with ``state_dict`` / ``load_state_dict``.
 
@@ -92,7 +93,8 @@ def make_loader(source: str | os.PathLike[str] | Sequence[str] | PackedDataset, 
             dataset_kwargs["timeout"] = dataset_kwargs.pop("read_timeout")
         dataset = PackedDataset(source, batch_size=batch_size, **dataset_kwargs)
     return PackedLoader(dataset, batch_size=batch_size, num_workers=num_workers, attention_mask=attention_mask,
-                        padding_free=padding_free, max_segments=max_segments, pin_memory=pin_memory, persistent_workers=persistent_workers,
+                        padding_free=padding_free, max_segments=max_segments, pin_memory=pin_memory,
+                        persistent_workers=persistent_workers,
                         prefetch_factor=prefetch_factor, multiprocessing_context=multiprocessing_context,
                         timeout=timeout, reuse_buffers=reuse_buffers)
 
@@ -304,9 +306,9 @@ class PackedLoader:
         shards = [(os.path.basename(u), n) for u, n in zip(ds.shards, (s.packs for s in ds._source.shards))]
         m = ds.manifest
         digest = hashlib.sha256(json.dumps([shards, [s.sha256 for s in m.shards] if m else None]).encode()).hexdigest()
-        config = {"plan": PLAN_VERSION, "dataset": digest[:16], "seed": ds.seed, "shuffle": ds.shuffle, "shuffle_buffer": ds.shuffle_buffer,
-                  "remainder": ds.remainder, "batch_size": self.batch_size, "rank": ds.rank,
-                  "world_size": ds.world_size, "num_workers": self.num_workers}
+        config = {"plan": PLAN_VERSION, "dataset": digest[:16], "seed": ds.seed, "shuffle": ds.shuffle,
+                  "shuffle_buffer": ds.shuffle_buffer, "remainder": ds.remainder, "batch_size": self.batch_size,
+                  "rank": ds.rank, "world_size": ds.world_size, "num_workers": self.num_workers}
         if ds.balance is not None:  # only then: states saved without balance stay loadable
             config["balance"] = {"kind": ds.balance, "cost_model": dataclasses.asdict(ds.cost_model),
                                  "heaviest_first": ds.heaviest_first, "window": ds.balance_window,

@@ -218,8 +218,9 @@ class PackedDataset(IterableDataset):
 
     def consumed(self, epoch: int, basis: Mapping[str, Any]) -> list[np.ndarray]:
         """Per shard, the packs of ``epoch`` that the layout in ``basis`` has read, or never reads."""
-        return consumed_packs(epoch, basis, counts=[s.packs for s in self._source.shards], layout_plan=self._layout_plan,
-                              seed=self.seed, shuffle=self.shuffle, shuffle_buffer=self.shuffle_buffer)
+        return consumed_packs(epoch, basis, counts=[s.packs for s in self._source.shards],
+                              layout_plan=self._layout_plan, seed=self.seed, shuffle=self.shuffle,
+                              shuffle_buffer=self.shuffle_buffer)
 
     def _layout_plan(self, world: int, workers: int, epoch: int, prior: list[np.ndarray] | None) -> EpochPlan:
         counts = [s.packs for s in self._source.shards]
@@ -294,10 +295,10 @@ class PackedDataset(IterableDataset):
         if info is None:
             self._stats_done += self._stats_live
             self._stats_live = stats
-        position = self._resume_point(worker)
+        start = self._resume_point(worker)
         if info is None:
             self.load_offsets_if_split(1)
-        for example, position in self._iter_slot(plan, slot, epoch, position, stats):
+        for example, position in self._iter_slot(plan, slot, epoch, start, stats):
             if info is None:
                 self._progress[0] = position
             if self.with_position:
@@ -440,7 +441,7 @@ class PackedDataset(IterableDataset):
             got = 0
             try:
                 for k, pack in decode_packs(items, seq_len=self.seq_len, max_images=self.max_images, handler=handler,
-                                            where=lambda k: where(int(order[k]))):
+                                            where=lambda k, order=order: where(int(order[k]))):
                     emitted = k + 1
                     if pack is None:
                         continue

@@ -32,7 +32,8 @@ __all__ = ["decode_packs", "lap_source", "reorder"]
 
 
 def lap_source(ranges: Sequence, *, first: int, emitted: Container[int], open_shard: Callable[[int], object],
-               shard_name: Callable[[int], str], stats: Counter, handler: Handler) -> Iterator[tuple[int, bytes | None]]:
+               shard_name: Callable[[int], str], stats: Counter,
+               handler: Handler) -> Iterator[tuple[int, bytes | None]]:
     """Yield ``(position, bytes | None)`` for every lap position ``>= first`` not in ``emitted``, in order.
 
     Positions number the packs of the slot's ranges back to back. ``open_shard(shard, pack)``

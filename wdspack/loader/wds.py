@@ -266,7 +266,7 @@ def _decode_stage(src: Iterable[Any], *, seq_len: int, max_images: int, handler:
             return
         except ConfigError:
             raise
-        except Exception as exn:  # noqa: BLE001  (webdataset convention: the handler decides)
+        except Exception as exn:  # webdataset convention: the handler decides
             if handler(exn):
                 continue
             return
@@ -285,7 +285,7 @@ def _example_stage(src: Iterable[Any], *, seq_len: int, max_images: int, pad_tok
             return
         except ConfigError:
             raise  # set up unlike the dataset (budgets, another processor): not the sample's fault
-        except Exception as exn:  # noqa: BLE001  (webdataset convention: the handler decides)
+        except Exception as exn:  # webdataset convention: the handler decides
             if handler(exn):
                 continue
             return

@@ -69,7 +69,8 @@ def _pad_pixels(out: Mapping[str, torch.Tensor], processor: Any, budgets: Budget
         tokens = (grid.prod(dim=1) // (merge * merge)).tolist()
         if tokens != list(image_tokens):
             raise ConfigError(f"the image processor gives {tokens} tokens for these images but the pack reserved "
-                              f"{list(image_tokens)}; load with the processor (and settings) the dataset was packed with")
+                              f"{list(image_tokens)}; load with the processor (and settings) the dataset was "
+                              "packed with")
     blocks = tuple(pv or ())  # one patch block per image (``_pixels``)
     n = sum(int(b.shape[0]) for b in blocks) if k else 0
     if n > rows:

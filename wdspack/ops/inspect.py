@@ -135,8 +135,9 @@ def format_stats(stats: dict[str, Any]) -> list[str]:
         f"samples per pack  mean {stats['mean_samples_per_pack']:.2f}",
     ]
     if "packs_per_step" in stats:
-        lines.append(f"global batch  {stats['samples_per_step']} samples per step ≈ {stats['packs_per_step']} packs per "
-                     f"step ({stats['samples_per_step']} / {stats['mean_samples_per_pack']:.2f} samples per pack); "
+        lines.append(f"global batch  {stats['samples_per_step']} samples per step ≈ {stats['packs_per_step']} "
+                     f"packs per step ({stats['samples_per_step']} / {stats['mean_samples_per_pack']:.2f} samples "
+                     "per pack); "
                      "normalise the loss with wdspack.num_items_in_batch")
     if "balance" in stats:
         b = stats["balance"]

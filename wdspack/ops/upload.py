@@ -51,7 +51,7 @@ def upload_dataset(root: str | Path, repo_id: str, *, private: bool = False, rev
     manifest = read_manifest(root)
     _check_complete(root, manifest)
     api = api or HfApi(token=token)
-    card, plot = _write_card(root, repo_id, revision)
+    _, plot = _write_card(root, repo_id, revision)
     try:
         api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=True)
         if revision:
@@ -88,7 +88,8 @@ def _check_complete(root: Path, manifest) -> None:
     Found mid-upload instead, the missing file stopped the upload after the shards were committed,
     with huggingface_hub's "not a file" error and advice to re-run, which can never succeed.
     """
-    names = [s.name for s in manifest.shards] + [n for n in (manifest.dropped_file, manifest.pack_index.get("file")) if n]
+    names = [s.name for s in manifest.shards]
+    names += [n for n in (manifest.dropped_file, manifest.pack_index.get("file")) if n]
     missing = [n for n in names if not (root / n).is_file()]
     if missing:
         raise ManifestError(f"{root / missing[0]} is named by {root / MANIFEST_NAME} but does not exist "

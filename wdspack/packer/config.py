@@ -96,7 +96,8 @@ class PackSummary:
         dropped = ", ".join(f"{k} {v}" for k, v in sorted(self.dropped_by_reason.items())) or "none"
         rate = self.samples_read / self.seconds if self.seconds > 0 else 0.0
         return [
-            f"samples  read {self.samples_read}  packed {self.samples_packed}  dropped {self.samples_dropped} ({dropped})",
+            f"samples  read {self.samples_read}  packed {self.samples_packed}  "
+            f"dropped {self.samples_dropped} ({dropped})",
             f"packs    {self.packs}  fill {self.fill_ratio:.2%}  tokens {self.tokens}  images {self.images}",
             *([f"images   {_policy_text(self.image_policy)}"] if self.image_policy else []),
             f"shards   {self.shards}  {_human_bytes(self.bytes)}  in {self.output}",

@@ -265,5 +265,5 @@ class ProgressLog:
 
 def _clock(seconds: float) -> str:
     """``H:MM:SS``, as tqdm writes times."""
-    s = int(round(seconds))
+    s = round(seconds)
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"

@@ -167,7 +167,8 @@ def run_job(out: Location, fingerprint: str, measure: Callable[..., Any], tasks:
     write_dropped(out, dropped)
     read = measured.records if samples_read is None else samples_read
     manifest = _build_manifest(sources, config, info, infos, read, dropped, provenance,
-                               pack_index=index_entry(index), max_samples_per_pack=max((len(p) for p in plan), default=0),
+                               pack_index=index_entry(index),
+                               max_samples_per_pack=max((len(p) for p in plan), default=0),
                                max_images_per_pack=max((int(table["images"][p].sum()) for p in plan), default=0),
                                max_image_tokens_per_pack=max((int(table["image_tokens"][p].sum()) for p in plan),
                                                              default=0))

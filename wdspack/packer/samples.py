@@ -36,7 +36,7 @@ import io
 import os
 import re
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import lru_cache
 from typing import Any, Protocol
 
 import numpy as np
@@ -210,8 +210,9 @@ class SampleBuilder:
 
         Assistant turn ``i`` is what rendering ``messages[:i+1]`` adds to rendering ``messages[:i]``
         with a generation prompt, where both are prefixes of the full text (a first turn starts where
-        its words do: the template's opening, a system prompt and the assistant header, is no target). Where they are not (Mistral's templates write the tools and the
-        system prompt into whichever user turn is last), the turn's own text is cut from the end of
+        its words do: the template's opening, a system prompt and the assistant header, is no target).
+        Where they are not (Mistral's templates write the tools and the system prompt into whichever
+        user turn is last), the turn's own text is cut from the end of
         ``messages[:i+1]``'s rendering (where it departs from the same turns with the turn's words
         replaced by a marker) and found in the full text after the previous turn. A turn found in
         neither way (a template that rewrites earlier turns) drops its record, naming the turn.
@@ -250,7 +251,7 @@ class SampleBuilder:
             other = self._apply(marked, generation_prompt=False, tools=tools)
         except Exception:  # a template that refuses the marked turn: nothing to compare with
             return ""
-        at = len(os.path.commonprefix([after, other]))
+        at = len(os.path.commonprefix([after, other]))  # noqa: RUF071  (two texts, not paths: the character prefix is meant)
         return after[at:] if other.startswith(_MARK, at) else ""
 
     def template_warnings(self) -> list[str]:

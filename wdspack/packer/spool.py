@@ -111,7 +111,8 @@ class SpoolReader:
             for part, offset, length, *_ in refs:
                 f = self._files.get(part)
                 if f is None:
-                    f = self._files[part] = open(self._work.join("spool", bin_name(part)), "rb")
+                    # SIM115: the reader keeps one file per part open until its with-block exits
+                    f = self._files[part] = open(self._work.join("spool", bin_name(part)), "rb")  # noqa: SIM115
                 f.seek(offset)
                 blobs.append(f.read(length))
         return [msgpack.unpackb(b, raw=False) for b in blobs]

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any, Protocol
 
 import numpy as np
@@ -128,7 +129,8 @@ def build_text_sample(builder: TextBuilder, record: TextRecord) -> Sample:
             the tokenizer has no end-of-text token.
 
     Example:
-        >>> b = get_builder(SampleConfig("./tok", image_token="[IMG]", pretrain=PretrainConfig(eos_token="</s>")))  # doctest: +SKIP
+        >>> b = get_builder(SampleConfig("./tok", image_token="[IMG]",
+        ...                              pretrain=PretrainConfig(eos_token="</s>")))  # doctest: +SKIP
         >>> build_text_sample(b, TextRecord("s:0", "caption", (IMAGE, "A cat"), (png,))).loss_mask  # doctest: +SKIP
         array([0, 0, ..., 1, 1, 1], dtype=uint8)
     """
@@ -260,7 +262,8 @@ def _image_spans(builder: TextBuilder, images: list[bytes], counts: list, sid: s
     except ConfigError:
         raise
     except Exception as e:  # the processor refusing a size
-        raise SampleError("unreadable_image", f"the processor cannot lay out images of sizes {counts}: {e}", sid) from None
+        raise SampleError("unreadable_image", f"the processor cannot lay out images of sizes {counts}: {e}",
+                          sid) from None
     out = []
     for rep in reps:
         ids = np.asarray(builder.tokenizer(rep, add_special_tokens=False)["input_ids"], np.int64)
@@ -312,9 +315,9 @@ def _split(parts: list[_Part], *, budget: int, max_images: int | None, sid: str)
         if fit >= n:
             break
         if fit <= start:
-            raise SampleError("too_long", f"{'an image of ' + str(cost[start]) + ' tokens' if img[start] else 'a token'} "
-                              f"at atom {start} does not fit a piece of {budget} tokens (seq_len less <s> and "
-                              "</s>); raise --seq-len to keep the document", sid)
+            what = f"an image of {cost[start]} tokens" if img[start] else "a token"
+            raise SampleError("too_long", f"{what} at atom {start} does not fit a piece of {budget} tokens "
+                              "(seq_len less <s> and </s>); raise --seq-len to keep the document", sid)
         end = _best_cut(level_arr, start, fit)
         if end is None:
             raise SampleError("too_long", f"the document has no text boundary (image, line break, sentence end "
@@ -323,7 +326,7 @@ def _split(parts: list[_Part], *, budget: int, max_images: int | None, sid: str)
         cuts.append(end)
         start = end
     cuts.append(n)
-    return [_slice(parts, where, a, b) for a, b in zip(cuts[:-1], cuts[1:])]
+    return [_slice(parts, where, a, b) for a, b in pairwise(cuts)]
 
 
 def _best_cut(level: np.ndarray, start: int, fit: int) -> int | None:

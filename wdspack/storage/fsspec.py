@@ -75,7 +75,8 @@ class FsspecStream(RetryingStream):
     doc for how S3 is read (one streaming request per stream, our retries only).
 
     Example:
-        >>> with FsspecStream("s3://bucket/ds/train-000000.tar", storage_options={"profile": "data"}) as s:  # doctest: +SKIP
+        >>> with FsspecStream("s3://bucket/ds/train-000000.tar",
+        ...                   storage_options={"profile": "data"}) as s:  # doctest: +SKIP
         ...     header = s.read(512)
     """
 

@@ -13,6 +13,7 @@ Headers (a Hub token among them) are sent to the URL's host only: a redirect to 
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import logging
 import urllib.error
@@ -141,10 +142,8 @@ class HttpStream(RetryingStream):
 
     def _drop(self) -> None:
         if self._resp is not None:
-            try:
+            with contextlib.suppress(OSError):
                 self._resp.close()
-            except OSError:
-                pass
             self._resp = None
             self._remaining = None
 

@@ -14,12 +14,13 @@ class LocalStream:
     def __init__(self, path: str, *, offset: int = 0, block_size: int = 1 << 20) -> None:
         self.url = path[len("file://"):] if path.startswith("file://") else path
         try:
-            self._f = open(self.url, "rb", buffering=block_size)
+            self._f = open(self.url, "rb", buffering=block_size)  # noqa: SIM115  (the stream's own; close() closes it)
         except FileNotFoundError:
             raise NotFoundError(f"shard {self.url} does not exist; the manifest lists it, so the dataset folder "
                                 "is incomplete") from None
         except OSError as e:
-            raise SourceError(f"cannot open shard {self.url}: {e.strerror}; check the path (the manifest lists it)") from None
+            raise SourceError(f"cannot open shard {self.url}: {e.strerror}; check the path "
+                              "(the manifest lists it)") from None
         self._f.seek(offset)
         self.offset = offset
 

@@ -153,10 +153,7 @@ def _resolve_url(ref: str, image_root: str) -> str:
         raise SampleError("malformed_record", "an image path is the empty string; name the image file")
     root = image_root.rstrip("/")
     scheme, _, root_path = root.partition("://")
-    if is_url(ref):
-        joined = ref
-    else:
-        joined = f"{scheme}://" + posixpath.normpath(posixpath.join(root_path, ref))
+    joined = ref if is_url(ref) else f"{scheme}://" + posixpath.normpath(posixpath.join(root_path, ref))
     if not (joined == root or joined.startswith(root + "/")):
         raise SampleError("image_path_escape", f"image path {ref!r} resolves to {joined!r}, outside the "
                           f"image root {image_root!r}; keep image paths inside the root (or pass a "

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import glob
 import json
-import re
 import os
 import posixpath
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import mmap
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 
@@ -47,10 +48,8 @@ def _mapped(path: str) -> Iterator[bytes | mmap.mmap]:
         try:
             yield mm
         finally:
-            try:
+            with suppress(BufferError):  # numpy views of it are still alive; it closes when they go
                 mm.close()
-            except BufferError:  # numpy views of it are still alive; it closes when they go
-                pass
 
 
 def _is_blank(line: bytes) -> bool:
@@ -87,9 +86,8 @@ def jsonl_boundaries(path: str, *, every: int, block_bytes: int = BLOCK_BYTES) -
             out.extend(zip(starts[picked].tolist(), rows[picked].tolist()))
             count += len(starts)
             line_start = int(ends[-1]) + 1
-        if line_start < size and not _is_blank(_without_bom(data, line_start, size)):
-            if count % every == 0:
-                out.append((line_start, count))
+        if line_start < size and not _is_blank(_without_bom(data, line_start, size)) and count % every == 0:
+            out.append((line_start, count))
     return out
 
 
@@ -200,7 +198,7 @@ def split_array_chunk(chunk: bytes) -> list[bytes]:
     block = np.frombuffer(chunk, np.uint8)
     commas = _block_separators(block, 0, _ScanState(depth=1), top=1, with_brackets=False).tolist()
     bounds = [-1, *commas, len(chunk)]
-    return [chunk[a + 1:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    return [chunk[a + 1:b] for a, b in pairwise(bounds)]
 
 
 def _block_separators(block: np.ndarray, off: int, state: _ScanState, *, top: int,

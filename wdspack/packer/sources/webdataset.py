@@ -23,8 +23,9 @@ anything else                 ignored, never read: metadata (``json`` when a ``t
 A sample's id is ``{shard name}:{key}``. A tar that ends early (an interrupted download) or
 holds a garbled header drops the sample being read with ``malformed_record`` (it may be missing
 members), and a header that cannot be read drops the rest of the shard as one entry
-``{shard name}:@{byte offset}``: the loss is listed, never silent. Only tar headers and the members used are read; images are not decoded here (the
-sample builder checks them, as for every source).
+``{shard name}:@{byte offset}``: the loss is listed, never silent. Only tar headers and the
+members used are read; images are not decoded here (the sample builder checks them, as for every
+source).
 """
 
 from __future__ import annotations
