@@ -219,11 +219,12 @@ def _run_pack(args: argparse.Namespace) -> int:
                           "--tokenizer, --tokens-per-image and --image-token")
     if not args.processor and not args.tokenizer:
         raise ConfigError("give --tokenizer (fixed image tokens) or --processor (the model's own layout)")
-    tpi: int | str | None = args.tokens_per_image  # None without --processor: refused when the tokenizer loads
-    if tpi is not None and re.fullmatch(r"\d+", tpi):
-        tpi = int(tpi)
-    elif tpi is not None and not tpi.startswith("processor:"):
-        raise ConfigError(f"--tokens-per-image {tpi!r}: give a number (e.g. 64) or processor:NAME_OR_PATH")
+    given: str | None = args.tokens_per_image  # None without --processor: refused when the tokenizer loads
+    tpi: int | str | None = given
+    if given is not None and re.fullmatch(r"\d+", given):
+        tpi = int(given)
+    elif given is not None and not given.startswith("processor:"):
+        raise ConfigError(f"--tokens-per-image {given!r}: give a number (e.g. 64) or processor:NAME_OR_PATH")
     sample_config = SampleConfig(tokenizer=args.tokenizer, chat_template=template, tokens_per_image=tpi,
                                  image_token=args.image_token, max_image_side=args.max_image_side,
                                  processor=args.processor, pretrain=_pretrain_config(args))
@@ -248,7 +249,7 @@ def _check_template_syntax(template: str, path: str) -> None:
     try:  # the extensions transformers renders with; its own {% generation %} tag is not Jinja's
         jinja2.Environment(extensions=[jinja2.ext.loopcontrols]).parse(template)
     except jinja2.TemplateSyntaxError as e:
-        if "generation" not in e.message:
+        if "generation" not in (e.message or ""):
             raise ConfigError(f"--chat-template {path!r}, line {e.lineno}: {e.message}; fix the template's "
                               "Jinja syntax") from None
 

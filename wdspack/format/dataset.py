@@ -41,7 +41,7 @@ import tarfile
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -214,6 +214,12 @@ def _expand(text: str) -> list[str] | None:
     return urls
 
 
+@overload
+def _read_manifest(url: str, read_kwargs, *, required: Literal[True]) -> Manifest: ...
+@overload
+def _read_manifest(url: str, read_kwargs, *, required: bool) -> Manifest | None: ...
+
+
 def _read_manifest(url: str, read_kwargs, *, required: bool) -> Manifest | None:
     try:
         if is_remote(url):
@@ -257,4 +263,6 @@ def iter_dataset_packs(manifest: Manifest, root: str) -> Iterator[tuple[str, Pac
         with fsspec.open(f"{root}/{shard.name}", "rb") as f, tarfile.open(fileobj=f, mode="r|") as tar:
             for member in tar:
                 if member.isfile() and member.name.endswith(".mp"):
-                    yield shard.name, decode_pack(tar.extractfile(member).read())
+                    data = tar.extractfile(member)
+                    assert data is not None  # a regular file
+                    yield shard.name, decode_pack(data.read())

@@ -63,8 +63,8 @@ def plan_epoch_balanced(counts: Sequence[int], costs: Sequence[np.ndarray], *, r
         raise ConfigError(f"balance window ({window}) must be >= batch_size ({batch_size}) and run ({run}) >= 1")
     window = window // batch_size * batch_size
     rng = np.random.default_rng([seed, epoch, 0x5EED])
-    shard_order = rng.permutation(len(counts)) if shuffle else np.arange(len(counts))
-    runs = [(int(s), a, min(a + run, int(counts[s]))) for s in shard_order for a in range(0, int(counts[s]), run)]
+    shard_order = (rng.permutation(len(counts)) if shuffle else np.arange(len(counts))).tolist()
+    runs = [(s, a, min(a + run, int(counts[s]))) for s in shard_order for a in range(0, int(counts[s]), run)]
     if shuffle:
         runs = [runs[i] for i in np.random.default_rng([seed, epoch, 0x2A5]).permutation(len(runs))]
     top: set[tuple[int, int]] = set()
@@ -98,10 +98,12 @@ def plan_epoch_balanced(counts: Sequence[int], costs: Sequence[np.ndarray], *, r
             done[s] += sum(b - a for _, a, b in dealt[s])
         j += 1
     step_rng = np.random.default_rng([seed, epoch, 0xBA1])
-    perms = []
+    perms: list[np.ndarray] = []
     slots_out, orders = [], []
     for s in range(slots):
-        ranges, order, pos = [], [], 0
+        ranges: list[PackRange] = []
+        order: list[int] = []
+        pos = 0
         for j, round_runs in enumerate(pieces[s]):
             c = np.concatenate([costs[sh][a:b] for sh, a, b in round_runs]) if round_runs else np.zeros(0, np.int64)
             ranges.extend(PackRange(sh, a, b) for sh, a, b in round_runs)
@@ -133,11 +135,11 @@ def _deal(pool, costs, room: list[int], *, first: list[int] | None, top: set[tup
         for item in sorted(heap):
             s, a, b = item[2]
             n_top = sum((s, i) in top for i in range(a, b))
-            open_ = [t for t in first if left[t] > 0]
-            if n_top == 0 or not open_:
+            roomy = [t for t in first if left[t] > 0]
+            if n_top == 0 or not roomy:
                 rest.append(item)
                 continue
-            t = min(open_, key=lambda t: (held[t], load[t], t))
+            t = min(roomy, key=lambda t: (held[t], load[t], t))
             take = min(b - a, left[t])
             out[t].append((s, a, a + take))
             load[t] += int(costs[s][a:a + take].sum())

@@ -67,7 +67,8 @@ class ModelBatcher:
     def token_keys(self) -> tuple[str, ...]:
         return self.family.token_keys
 
-    def pack_parts(self, pack: Any, input_ids: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    def pack_parts(self, pack: Any, input_ids: torch.Tensor
+                   ) -> tuple[Mapping[str, torch.Tensor | Rows], dict[str, torch.Tensor]]:
         """``(pixels, token_rows)`` of one pack: pixel tensors at their static shapes, rows ``[..., L]``.
 
         Raises:

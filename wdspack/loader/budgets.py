@@ -36,9 +36,9 @@ def dataset_budgets(source: ResolvedSource, seq_len: int | None, max_images: int
     """
     m = source.manifest
     if m is None:
-        missing = [n for n, v in (("seq_len", seq_len), ("max_images", max_images), ("pad_token_id", pad_token_id))
-                   if v is None]
-        if missing:
+        if seq_len is None or max_images is None or pad_token_id is None:
+            missing = [n for n, v in (("seq_len", seq_len), ("max_images", max_images), ("pad_token_id", pad_token_id))
+                       if v is None]
             raise ConfigError(f"{source.display} has no manifest, so pass {', '.join(missing)} explicitly")
         return int(seq_len), int(max_images), int(pad_token_id)
     have_pad = m.tokenizer.get("pad_token_id")
@@ -49,10 +49,11 @@ def dataset_budgets(source: ResolvedSource, seq_len: int | None, max_images: int
     if pad_token_id is not None and have_pad is not None and int(pad_token_id) != int(have_pad):
         raise ConfigError(f"pad_token_id={pad_token_id} does not match the dataset's pad_token_id {have_pad} (the "
                           f"manifest of {source.display}); drop the argument")
-    if have_pad is None and pad_token_id is None:
+    pad = have_pad if pad_token_id is None else pad_token_id
+    if pad is None:
         raise ConfigError(f"the manifest of {source.display} names no pad_token_id; pass pad_token_id=")
     slots, _ = image_budget(source, max_images, **read)
-    return int(m.seq_len), slots, int(have_pad if pad_token_id is None else pad_token_id)
+    return int(m.seq_len), slots, int(pad)
 
 
 def image_budget(source: ResolvedSource, max_images: int | None = None, **read_kwargs: Any) -> tuple[int, int | None]:

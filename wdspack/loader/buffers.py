@@ -112,14 +112,14 @@ def staged_example(pack: Pack, *, seq_len: int, max_images: int, pad_token_id: i
     from .images import ImageTransform
 
     if batcher is not None:
-        example = pack_to_example(pack, seq_len=seq_len, max_images=max_images, pad_token_id=pad_token_id)
+        parts: dict[str, Any] = pack_to_example(pack, seq_len=seq_len, max_images=max_images, pad_token_id=pad_token_id)
         with naming_sample(pack):
-            pixels, rows = batcher.pack_parts(pack, example["input_ids"])
-        example[MODEL_KEY] = (batcher, pixels, rows)
-        return example
+            pixels, rows = batcher.pack_parts(pack, parts["input_ids"])
+        parts[MODEL_KEY] = (batcher, pixels, rows)
+        return parts
     staged = isinstance(image_transform, ImageTransform) and image_transform.writes_into
-    example = pack_to_example(pack, seq_len=seq_len, max_images=max_images, pad_token_id=pad_token_id,
-                              image_transform=None if staged else image_transform, pad_images=False)
+    example: dict[str, Any] = pack_to_example(pack, seq_len=seq_len, max_images=max_images, pad_token_id=pad_token_id,
+                                              image_transform=None if staged else image_transform, pad_images=False)
     if staged:
         example[PIXELS_KEY] = decode_pack_images(pack, image_transform)
     return example
@@ -171,7 +171,8 @@ def fresh_pixels(shape: tuple[int, ...], packs: int) -> tuple[torch.Tensor, list
 def new_shared(shape: tuple[int, ...]) -> torch.Tensor:
     """A new float32 tensor in shared memory; its bytes are zero (a new file, which the OS zero-fills)."""
     storage = torch.UntypedStorage._new_shared(4 * math.prod(shape))
-    return torch.empty(0, dtype=torch.float32).set_(storage, 0, shape)
+    # torch's stubs make `stride` required; set_ takes it as optional (contiguous)
+    return torch.empty(0, dtype=torch.float32).set_(storage, 0, shape)  # type: ignore[call-overload]
 
 
 def _insert_after(batch: dict[str, Any], anchor: str, key: str, value: Any) -> dict[str, Any]:
@@ -288,7 +289,7 @@ def _receive(items: list[tuple[str, bool, Any]], lease: Lease | None) -> dict[st
     """Unpickling a :class:`Shipment`: the batch, with the release of its pixel buffer arranged."""
     batch = {k: torch.from_numpy(v) if by_value else v for k, by_value, v in items}
     released = _RELEASE_TABLES.get(lease.table) if lease is not None else None
-    if released is not None:  # elsewhere than in the loader's process nothing is released: never wrong
+    if lease is not None and released is not None:  # elsewhere than in the loader's process nothing is released
         storage = batch["pixel_values"].untyped_storage()
         weakref.finalize(storage, _release, released, lease.worker, lease.index, lease.number).atexit = False
     return batch

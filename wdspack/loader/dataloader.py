@@ -137,7 +137,7 @@ class PackedLoader:
                                 max_segments=self.max_segments, buffers=buffers),
             pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory, **extra)
         self._epoch = dataset.epoch
-        self._positions: list[tuple[int, int, int]] = [(0, 0, 0)] * self._workers
+        self._positions: list[tuple[int, ...]] = [(0, 0, 0)] * self._workers  # (lap, emitted, yielded) per worker
         self._batches = 0
         self._resume = False
         self._stats_base: Counter = Counter()
@@ -276,8 +276,9 @@ class PackedLoader:
         if len(states) > 1 and sorted(by_rank) != list(range(world)):
             raise ConfigError(f"got the states of ranks {sorted(by_rank)} of a {world}-rank run; pass all {world}, "
                               "or just one")
-        ranks = [by_rank.get(r) for r in range(world)]
-        if any(p is None for p in ranks):
+        if all(r in by_rank for r in range(world)):
+            ranks = [by_rank[r] for r in range(world)]
+        else:
             ranks = self._lockstep(states[0], world, max(1, workers), epoch, prior)
         self._stats_base, self._stats_live = Counter(states[0].get("stats", {}) if len(states) == 1 else {}), {}
         self._epoch, self._batches, self._resume = epoch, 0, False
@@ -341,26 +342,29 @@ class _Collate:
 
     def __init__(self, *, attention_mask: str | None, padding_free: bool, max_segments: int | None,
                  buffers: PixelBuffers | None) -> None:
-        self.options = {"attention_mask": attention_mask, "padding_free": padding_free, "max_segments": max_segments}
+        self.options: dict[str, Any] = {"attention_mask": attention_mask, "padding_free": padding_free,
+                                        "max_segments": max_segments}
         self.buffers = buffers
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any] | Shipment:
         info = get_worker_info()
-        recycle = self.buffers is not None and info is not None
+        buffers = self.buffers if info is not None else None  # recycled in a worker only
+        recycle = buffers is not None
         meta = torch.stack([ex.pop(META_KEY) for ex in examples])
         lease = None
 
         def take(shape: tuple[int, ...], packs: int) -> tuple[torch.Tensor, list[int] | None]:
             nonlocal lease
-            if not recycle:
+            if buffers is None or info is None:
                 return fresh_pixels(shape, packs)
-            out, dirty, lease = self.buffers.take(shape, worker=info.id, packs=packs)
+            out, dirty, lease = buffers.take(shape, worker=info.id, packs=packs)
             return out, dirty
 
         batch, counts = collate_staged(examples, **self.options, take=take,
                                        share_memory=info is not None and not recycle)
         if lease is not None:
-            self.buffers.ship(lease, counts)
+            assert buffers is not None and counts is not None  # a lease is taken from the buffers, then written
+            buffers.ship(lease, counts)
         batch[META_KEY] = meta
         return Shipment(batch, lease) if recycle else batch
 

@@ -139,8 +139,8 @@ class PackedDataset(IterableDataset):
                               f"block_size ({block_size}) >= 512, retries ({retries}) >= 0")
         if not timeout > 0:
             raise ConfigError(f"timeout={timeout} must be > 0 seconds (how long a network read may wait)")
-        self._read = {"block_size": int(block_size), "retries": int(retries), "backoff": float(backoff),
-                      "timeout": float(timeout)}
+        self._read: dict[str, Any] = {"block_size": int(block_size), "retries": int(retries),
+                                      "backoff": float(backoff), "timeout": float(timeout)}
         self._source: ResolvedSource = resolve_source(source, storage_options=storage_options, **self._read)
         self.seq_len, self.max_images, self.pad_token_id = dataset_budgets(self._source, seq_len, max_images,
                                                                            pad_token_id, read=self._read)
@@ -155,6 +155,8 @@ class PackedDataset(IterableDataset):
                      sum(s.images for s in m.shards) if m is not None else 0,
                      processor=processor, image_transform=image_transform, text_only=text_only)
         self.model_batcher = self._model_batcher(processor)
+        self._costs: list[np.ndarray] | None = None  # per shard, the packs' costs (balance="cost")
+        self._offsets: list[np.ndarray] | None = None  # per shard, the packs' byte offsets (from the pack index)
         self._balance(balance, cost_model, heaviest_first, balance_window, balance_run)
         self.with_position = False  # PackedLoader turns it on: each example carries META_KEY
         self._control = torch.zeros(_CONTROL, dtype=torch.int64).share_memory_()
@@ -228,6 +230,7 @@ class PackedDataset(IterableDataset):
             return plan_remainder(counts, prior, slots=world * workers, epoch=epoch, seed=self.seed,
                                   shuffle=self.shuffle, remainder=self.remainder, batch_size=self.batch_size)
         if self.balance is not None:
+            assert self._costs is not None  # read with the balance (_balance)
             return plan_epoch_balanced(counts, self._costs, ranks=world, workers=workers, epoch=epoch,
                                        seed=self.seed, shuffle=self.shuffle, remainder=self.remainder,
                                        batch_size=self.batch_size, window=self.balance_window,
@@ -258,7 +261,7 @@ class PackedDataset(IterableDataset):
         """Resume in-process iteration at ``state`` (from :meth:`state_dict`)."""
         self._publish(int(state["epoch"]), [tuple(w) for w in state["workers"]])
 
-    def _publish(self, epoch: int, positions: Sequence[tuple[int, int, int]] | None, shift: int = 0) -> None:
+    def _publish(self, epoch: int, positions: Sequence[tuple[int, ...]] | None, shift: int = 0) -> None:
         """Write what the next iteration starts from; workers (even persistent ones) read it then.
 
         ``shift`` rotates worker roles: DataLoader worker ``i`` plays worker ``(i + shift) % n``, so
@@ -352,8 +355,6 @@ class PackedDataset(IterableDataset):
         self.heaviest_first = bool(heaviest_first)
         self.balance_window = int(self.shuffle_buffer if window is None else window)
         self.balance_run = int(run)
-        self._costs: list[np.ndarray] | None = None
-        self._offsets: list[np.ndarray] | None = None
         if balance is None:
             if heaviest_first or cost_model is not None:
                 raise ConfigError("heaviest_first and cost_model apply to balance='cost'; pass balance='cost'")
@@ -425,7 +426,7 @@ class PackedDataset(IterableDataset):
 
         def open_shard(index: int, pack: int):
             at = pack if offsets is not None and pack < len(offsets[index]) else 0
-            offset = int(offsets[index][at]) if at else 0
+            offset = int(offsets[index][at]) if offsets is not None and at else 0
             return open_stream(shards[index].url, offset=offset, headers=self._source.headers, stats=stats,
                                **self._read), at
 
@@ -441,7 +442,7 @@ class PackedDataset(IterableDataset):
             got = 0
             try:
                 for k, pack in decode_packs(items, seq_len=self.seq_len, max_images=self.max_images, handler=handler,
-                                            where=lambda k, order=order: where(int(order[k]))):
+                                            where=lambda k: where(int(order[k]))):  # noqa: B023  (decode_packs is used up in this lap)
                     emitted = k + 1
                     if pack is None:
                         continue

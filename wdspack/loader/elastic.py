@@ -100,7 +100,7 @@ def lockstep_positions(state: Mapping[str, Any], plan: EpochPlan, *, world: int,
     """
     own = [tuple(int(v) for v in p) for p in state["workers"]]
     rank = int(state["config"]["rank"])
-    out = []
+    out: list[list[tuple]] = []
     for r in range(world):
         if r == rank:
             out.append(own)

@@ -19,7 +19,8 @@ ever unpickled.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Container, Iterator, Sequence
+from collections.abc import Callable, Container, Generator, Iterator, Sequence
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -31,9 +32,9 @@ from ..format.tar import Handler, ShardError, shard_packs
 __all__ = ["decode_packs", "lap_source", "reorder"]
 
 
-def lap_source(ranges: Sequence, *, first: int, emitted: Container[int], open_shard: Callable[[int], object],
-               shard_name: Callable[[int], str], stats: Counter,
-               handler: Handler) -> Iterator[tuple[int, bytes | None]]:
+def lap_source(ranges: Sequence, *, first: int, emitted: Container[int],
+               open_shard: Callable[[int, int], tuple[Any, int]], shard_name: Callable[[int], str], stats: Counter,
+               handler: Handler) -> Generator[tuple[int, bytes | None], None, None]:
     """Yield ``(position, bytes | None)`` for every lap position ``>= first`` not in ``emitted``, in order.
 
     Positions number the packs of the slot's ranges back to back. ``open_shard(shard, pack)``
@@ -68,7 +69,7 @@ def _range_packs(rng, base, lo, skip, open_shard, where, stats, handler):
 
 
 def reorder(src: Iterator[tuple[int, bytes | None]], order: np.ndarray, *, start: int
-            ) -> Iterator[tuple[int, bytes | None]]:
+            ) -> Generator[tuple[int, bytes | None], None, None]:
     """Yield ``(k, item)`` for ``k = start..len(order)-1``, item being the one at position ``order[k]``.
 
     ``src`` yields ``(position, item)`` by increasing position and covers every position of

@@ -199,7 +199,7 @@ def to_examples(dataset: DatasetInfo | None = None, *, seq_len: int | None = Non
             max_image_tokens = dataset.max_image_tokens
         batcher = ModelBatcher(processor, seq_len=L, max_images=M, max_image_tokens=max_image_tokens)
         packed_for = dataset.image_policy.get("family") if dataset is not None else None
-        if packed_for is not None and packed_for != batcher.family.name:
+        if dataset is not None and packed_for is not None and packed_for != batcher.family.name:
             raise ConfigError(f"{dataset.display} was packed with a {packed_for} processor; this processor is "
                               f"{batcher.family.name} ({type(batcher.processor).__name__}); use the one it was "
                               "packed with")

@@ -88,9 +88,9 @@ class Family:
         pixels_per_sample: ``pixels`` gets the pack's images as one list per sub-sample that has
             images (``[[a], [b, c]]``, as ``apply_chat_template`` passes a batch of chats), for
             processors whose layout depends on how many images share a sample.
-        pad_pixels: ``(outputs, processor, budgets, k) -> {key: tensor}``: the pixel outputs of a
-            pack with ``k`` images, padded to shapes that depend only on the budgets; every key
-            is concatenated pack-major in the batch (dim 0).
+        pad_pixels: ``(outputs, processor, budgets, image_tokens) -> {key: tensor or Rows}``: the
+            pixel outputs of a pack whose images hold ``image_tokens`` tokens each, padded to shapes
+            that depend only on the budgets; every key is concatenated pack-major in the batch (dim 0).
         token_rows: ``(input_ids [L], seq_lens, pixel_outputs, processor) -> {key: tensor [..., L]}``:
             per-token rows, stacked to ``[..., B, L]`` in the batch (``[..., 1, N]`` padding-free).
         token_keys: the keys ``token_rows`` returns.
@@ -107,7 +107,7 @@ class Family:
     processors: tuple[str, ...]
     model_types: tuple[str, ...]
     replacements: Callable[[Any, Sequence[tuple[int, int]]], list[str]]
-    pad_pixels: Callable[[Mapping[str, torch.Tensor], Any, Budgets, int], dict[str, torch.Tensor]]
+    pad_pixels: Callable[[Mapping[str, torch.Tensor], Any, Budgets, Sequence[int]], Mapping[str, torch.Tensor | Rows]]
     model_kwargs: Callable[[Mapping[str, Any], Any], dict[str, Any]]
     feature_token: Callable[[Any], str] = lambda processor: processor.image_token
     placeholder: Callable[[Any], str] = lambda processor: processor.image_token

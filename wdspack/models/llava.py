@@ -59,13 +59,13 @@ def _output_side(ip: Any, *, square_input: bool) -> tuple[int, int]:
             non-square input with no center crop); the vision tower needs one fixed size.
     """
     crop = getattr(ip, "crop_size", None)
-    if getattr(ip, "do_center_crop", False) and _size(crop, "height"):
-        return _size(crop, "height"), _size(crop, "width")
+    if getattr(ip, "do_center_crop", False) and (h := _size(crop, "height")) and (w := _size(crop, "width")):
+        return h, w
     size = getattr(ip, "size", None)
-    if _size(size, "height") and _size(size, "width"):
-        return _size(size, "height"), _size(size, "width")
-    if square_input and _size(size, "shortest_edge"):
-        return _size(size, "shortest_edge"), _size(size, "shortest_edge")
+    if (h := _size(size, "height")) and (w := _size(size, "width")):
+        return h, w
+    if square_input and (side := _size(size, "shortest_edge")):
+        return side, side
     crops = getattr(ip, "do_center_crop", None)
     raise ConfigError(f"{type(ip).__name__} with size={size} and do_center_crop={crops} gives images of varying "
                       "sizes; set do_center_crop with crop_size (or size height/width) to the vision tower's "
@@ -139,8 +139,8 @@ def _llava_kwargs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]:
 def _tile_cut(ip: Any) -> int:
     """The side of the tiles the image is cut into (as ``LlavaOnevisionImageProcessor`` picks it)."""
     for d, key in ((getattr(ip, "crop_size", None), "height"), (ip.size, "height"), (ip.size, "shortest_edge")):
-        if _size(d, key):
-            return _size(d, key)
+        if side := _size(d, key):
+            return side
     raise ConfigError(f"{type(ip).__name__} has no tile size (size={ip.size}); set size height/width")
 
 

@@ -75,8 +75,9 @@ def resized_size(processor: Any, height: int, width: int) -> tuple[int, int]:
     from transformers.image_utils import ChannelDimension
 
     cell = _cell(processor)
-    return tuple(int(v) for v in rule(header, size=_bounds(processor), patch_size=(cell, cell),
-                                      input_data_format=ChannelDimension.LAST))
+    h, w = (int(v) for v in rule(header, size=_bounds(processor), patch_size=(cell, cell),
+                                 input_data_format=ChannelDimension.LAST))
+    return h, w
 
 
 def _replacements(processor: Any, sizes: Sequence[tuple[int, int]]) -> list[str]:
@@ -96,7 +97,8 @@ def canvas(processor: Any) -> tuple[int, int]:
         raise ConfigError(f"{type(ip).__name__} has do_resize=False, so images have no largest size to pad "
                           "a pack to; load with do_resize=True")
     cell = _cell(processor)
-    return tuple(-(-side // cell) * cell for side in _bounds(processor))
+    h, w = (-(-side // cell) * cell for side in _bounds(processor))
+    return h, w
 
 
 def _pad_pixels(out: Mapping[str, torch.Tensor], processor: Any, budgets: Budgets,

@@ -26,7 +26,7 @@ logger = logging.getLogger("wdspack.models")
 _PARTS = ("image_processor", "tokenizer", "video_processor", "feature_extractor", "chat_template")
 
 
-def assemble_processor(cls: type | str, *, image_processor: Any, tokenizer: Any, chat_template: str | None = None,
+def assemble_processor(cls: type[Any] | str, *, image_processor: Any, tokenizer: Any, chat_template: str | None = None,
                        **kwargs: Any) -> Any:
     """An instance of the processor class ``cls`` from its parts; a video processor it declares is left out.
 
@@ -39,26 +39,27 @@ def assemble_processor(cls: type | str, *, image_processor: Any, tokenizer: Any,
         >>> proc = assemble_processor("Qwen2_5_VLProcessor", image_processor=Qwen2VLImageProcessor(),
         ...                           tokenizer=tok, chat_template=template)  # doctest: +SKIP
     """
+    klass: Any = cls  # a ProcessorMixin subclass, built below by hand (a bare __new__, then its __init__)
     if isinstance(cls, str):
         import transformers
 
-        name, cls = cls, _processor_class(cls)
-        if cls is None:
-            raise ConfigError(f"transformers {transformers.__version__} has no processor class {name!r}; "
+        klass = _processor_class(cls)
+        if klass is None:
+            raise ConfigError(f"transformers {transformers.__version__} has no processor class {cls!r}; "
                               "upgrade transformers")
     from transformers.processing_utils import ProcessorMixin
 
-    attributes = cls.get_attributes()
+    attributes = klass.get_attributes()
     parts = {"image_processor": image_processor, "tokenizer": tokenizer}
     if "video_processor" in attributes:
         parts["video_processor"] = None
-    proc = cls.__new__(cls)
+    proc = klass.__new__(klass)
     proc.check_argument_for_proper_class = (  # instance attribute: shadows the class's check for this call only
         lambda name, arg: None if arg is None and name == "video_processor"
         else ProcessorMixin.check_argument_for_proper_class(proc, name, arg))
     try:
-        cls.__init__(proc, **{k: v for k, v in parts.items() if k in attributes}, chat_template=chat_template,
-                     **kwargs)
+        klass.__init__(proc, **{k: v for k, v in parts.items() if k in attributes}, chat_template=chat_template,
+                       **kwargs)
     finally:
         del proc.check_argument_for_proper_class
     return proc
@@ -138,7 +139,7 @@ def _load_image_side(name: str) -> Any:
                               **options)
 
 
-def _processor_class(name: str) -> type | None:
+def _processor_class(name: str) -> type[Any] | None:
     """The transformers processor class ``name`` (``None`` if transformers has none).
 
     Some processor modules import a helper from their torchvision image processor (transformers 5.23:

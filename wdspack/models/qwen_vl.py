@@ -59,7 +59,7 @@ def patch_rows(processor: Any, budgets: Budgets) -> int:
 
 
 def _pad_pixels(out: Mapping[str, torch.Tensor], processor: Any, budgets: Budgets,
-                image_tokens: Sequence[int]) -> dict[str, torch.Tensor]:
+                image_tokens: Sequence[int]) -> dict[str, torch.Tensor | Rows]:
     rows, M = patch_rows(processor, budgets), budgets.max_images
     k = len(image_tokens)
     merge = int(processor.image_processor.merge_size)

@@ -52,6 +52,6 @@ def index_dataset(root: str | os.PathLike[str]) -> dict:
     tmp = folder / f".{INDEX_NAME}.tmp"
     tmp.write_bytes(data)
     os.replace(tmp, folder / INDEX_NAME)
-    entry = index_entry(data)
-    write_json_atomic(folder / MANIFEST_NAME, dataclasses.replace(manifest, pack_index=entry).to_json())
-    return entry
+    index = index_entry(data)
+    write_json_atomic(folder / MANIFEST_NAME, dataclasses.replace(manifest, pack_index=index).to_json())
+    return index

@@ -70,7 +70,10 @@ def dataset_stats(source: str, *, deep: bool = False, batch_size: int = 8,
         stats["balance"] = _balance_stats(manifest, root, ranks)
     if not deep:
         return stats
-    tokens, samples, images, lengths = [], [], [], []
+    tokens: list[int] = []
+    samples: list[int] = []
+    images: list[int] = []
+    lengths: list[int] = []
     for _, pack in iter_dataset_packs(manifest, root):
         tokens.append(pack.num_tokens)
         samples.append(pack.num_samples)
@@ -103,7 +106,7 @@ def _balance_stats(manifest: Manifest, root: str, ranks: int) -> dict[str, Any]:
     if sum(counts) < ranks:
         return {"ranks": ranks, "error": f"{sum(counts)} packs are too few for {ranks} ranks"}
     costs = np.split(CostModel().costs(index), np.cumsum(counts)[:-1])
-    kw = dict(epoch=0, seed=0, shuffle=True, remainder="drop")
+    kw: dict[str, Any] = dict(epoch=0, seed=0, shuffle=True, remainder="drop")
     plans = {"shuffle_buffer": plan_epoch(counts, slots=ranks, **kw),
              "balanced": plan_epoch_balanced(counts, costs, ranks=ranks, workers=1, **kw)}
     out: dict[str, Any] = {"ranks": ranks, "cost_model": asdict(CostModel())}

@@ -22,6 +22,7 @@ import json
 import tarfile
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 from ..errors import FormatError, WdspackError
 from ..format.dataset import open_dataset
@@ -52,7 +53,7 @@ def verify_dataset(dataset: str, *, sources: Sequence[str] | None = None,
     rows: list[list[int] | None] = []  # what the pack index must say, pack by pack in manifest order
     for shard in manifest.shards:
         url = f"{root}/{shard.name}"
-        counts = Counter()
+        counts: Counter[str] = Counter()
         hasher = _Hashing()
         try:
             with fsspec.open(url, "rb") as raw:
@@ -68,7 +69,9 @@ def verify_dataset(dataset: str, *, sources: Sequence[str] | None = None,
                             problems.append(f"{shard.name}: pack key {key!r} appears twice in the dataset")
                         keys.add(key)
                         try:
-                            pack = decode_pack(tar.extractfile(m).read())
+                            member = tar.extractfile(m)
+                            assert member is not None  # a regular file
+                            pack = decode_pack(member.read())
                             if pack.num_tokens > manifest.seq_len:
                                 raise FormatError(f"{pack.num_tokens} tokens > seq_len {manifest.seq_len}")
                             if manifest.max_images is not None and pack.num_images > manifest.max_images:
@@ -205,7 +208,7 @@ class _Hashing(io.RawIOBase):
     """A read-only stream that hashes and counts what is read through it."""
 
     def __init__(self) -> None:
-        self._f = None
+        self._f: Any = None  # the stream wrap() gives
         self._h = hashlib.sha256()
         self.size = 0
 

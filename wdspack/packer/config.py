@@ -115,7 +115,7 @@ def _policy_text(policy: dict[str, Any]) -> str:
     return f"image processor {policy.get('name')}, tokens from each image's size"
 
 
-def _human_bytes(n: int) -> str:
+def _human_bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if n < 1000 or unit == "TB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

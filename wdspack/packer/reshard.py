@@ -67,7 +67,9 @@ def _split_shard(i: int, url: str, describe: dict, work: str) -> int:
             for member in tar:
                 if not (member.isfile() and member.name.endswith(".mp")):
                     continue
-                pack = decode_pack(tar.extractfile(member).read())
+                data = tar.extractfile(member)
+                assert data is not None  # a regular file
+                pack = decode_pack(data.read())
                 bounds = np.cumsum((0,) + pack.seq_lens)
                 for k, sid in enumerate(pack.sample_ids):
                     owned = [j for j, owner in enumerate(pack.image_sample) if owner == k]

@@ -37,13 +37,14 @@ import os
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 from PIL import Image
 
 from ..errors import ConfigError, SampleError
 from ..format.pack import token_dtype_for
+from .sources.documents import TextRecord
 from .text import build_text_sample
 from .tokenized import Sample
 
@@ -121,11 +122,11 @@ class SampleBuilder:
 
     # ---- public ----------------------------------------------------------------------------
 
-    def build(self, record: RecordLike) -> Sample:
+    def build(self, record: RecordLike | TextRecord) -> Sample:
         """Tokenize one record. Raises :class:`SampleError` with a drop reason for a bad record."""
         # ---- pre-training records (captions, documents) are not chats: wdspack.packer.text builds them
-        if hasattr(record, "segments"):
-            return build_text_sample(self, record)
+        if hasattr(record, "segments"):  # a TextRecord, or any record shaped like one
+            return build_text_sample(self, cast("TextRecord", record))
         if not self.template:
             raise ConfigError(f"{self.name!r} has no chat template, which chat records need; pass --chat-template FILE")
         # ---- end of the pre-training hook
@@ -326,7 +327,8 @@ class SampleBuilder:
     # ---- images ----------------------------------------------------------------------------
 
     def _prepare_images(self, images: tuple[bytes, ...], sid: str,
-                        names: tuple[str, ...] = ()) -> tuple[list[bytes], list[int]]:
+                        names: tuple[str, ...] = ()) -> tuple[list[bytes], list[Any]]:
+        """The checked images, and per image its token count, or ``(h, w)`` for a family to expand."""
         out, counts = [], []
         for k, data in enumerate(images):
             data, (w, h) = self._check_image(data, sid, k, names[k] if k < len(names) else "")
@@ -362,6 +364,7 @@ class SampleBuilder:
         if self.family is not None:
             return (h, w)  # the family expands from the size (_build_expanded)
         if self.processor is None:
+            assert self.config.tokens_per_image is not None  # fixed mode: _load_processor required it
             return int(self.config.tokens_per_image)
         return _processor_tokens(self.processor, h, w)
 
@@ -389,6 +392,7 @@ class SampleBuilder:
         if len(found) != len(images):
             raise SampleError("placeholder_mismatch", f"{len(found)} image placeholders {ph!r} in the rendered text "
                               f"for {len(images)} images", sid)
+        assert self.family is not None  # processor mode (build)
         try:
             reps = self.family.replacements(self.processor, sizes) if images else []
         except ConfigError:
@@ -513,8 +517,8 @@ def _default_image_token(tokenizer, processor) -> str:
 
 
 def _downscale(data: bytes, side: int, fmt: str | None) -> tuple[bytes, tuple[int, int]]:
-    with Image.open(io.BytesIO(data)) as img:
-        img = img.convert("RGB") if fmt == "JPEG" else img.copy()
+    with Image.open(io.BytesIO(data)) as src:
+        img = src.convert("RGB") if fmt == "JPEG" else src.copy()
         img.thumbnail((side, side), Image.Resampling.LANCZOS)
         buf = io.BytesIO()
         img.save(buf, format=fmt or "PNG", **({"quality": 90} if fmt == "JPEG" else {}))

@@ -137,7 +137,7 @@ def check_drops(out: Location, m: Measured, table: dict[str, Any], config: PackC
         raise TooManyDropsError("no samples were read from the sources, so nothing was packed; check the "
                                 "SOURCE paths or globs (and that the files are not empty)")
     counts = Counter(d.reason for d in new)
-    example = {}
+    example: dict[str, Dropped] = {}
     for d in new:
         example.setdefault(d.reason, d)
     top = counts.most_common(_DROP_EXAMPLES)

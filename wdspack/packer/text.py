@@ -214,6 +214,7 @@ def _parts(builder: TextBuilder, record: TextRecord, config: PretrainConfig, *, 
             parts.append(_Part(ids, False, images[k], n))
             k += 1
             continue
+        assert enc is not None  # a text: the texts were tokenized
         ids = np.asarray(enc["input_ids"][t], np.int64)
         where = np.asarray(enc["offset_mapping"][t], np.int64).reshape(-1, 2) if offsets else None
         if ids.size:
@@ -298,6 +299,7 @@ def _split(parts: list[_Part], *, budget: int, max_images: int | None, sid: str)
             level.append(0)
             where.append((pi, 0))
             continue
+        assert p.offsets is not None  # parts made for splitting carry their offsets
         lv = _text_levels(p.text, p.offsets)
         lv[0] = 0  # a part boundary: text meets an image or another text run
         cost += [1] * p.ids.size

@@ -118,6 +118,7 @@ class FsspecStream(RetryingStream):
     def _open_body(self) -> _S3Body | _FileBody | None:
         start = self.offset + len(self._buf)
         fs, path = _store(self.url, self._options, self._timeout)
+        body: _S3Body | _FileBody | None
         if "s3" in _protocols(fs) and hasattr(fs, "split_path") and hasattr(fs, "get_s3"):
             body = _S3Body.open(fs, path, start=start, url=self.url)
         else:

@@ -60,7 +60,7 @@ class HttpStream(RetryingStream):
         super().__init__(url, offset=offset, block_size=block_size, retries=retries, backoff=backoff, stats=stats,
                          timeout=timeout)
         self._headers = dict(headers or {})
-        self._resp = None
+        self._resp: http.client.HTTPResponse | None = None
         self._remaining: int | None = None  # body bytes the open response still owes
 
     # -- network --------------------------------------------------------------------------------
@@ -73,6 +73,7 @@ class HttpStream(RetryingStream):
                     self._connect()
                     if self._eof:
                         return
+                assert self._resp is not None  # _connect() opened it (or reached the end: _eof)
                 # read1: what has arrived, up to a block. read() would wait for the whole block and
                 # drop the part it holds when the connection then resets or times out, so a server
                 # that cuts every connection short of a block would never let the read progress.

@@ -236,10 +236,17 @@ class PackedTrainerMixin:
         >>> class MySFTTrainer(PackedTrainerMixin, SFTTrainer): ...  # doctest: +SKIP
     """
 
+    if TYPE_CHECKING:  # what the Trainer this is mixed into provides
+        args: Any
+        model: Any
+        accelerator: Any
+
+        def add_callback(self, callback: Any) -> None: ...
+
     def __init__(self, *args: Any, loader: PackedLoader, **kwargs: Any) -> None:
         self.loader = loader
         kwargs.setdefault("compute_loss_func", self._packed_loss)
-        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
+        super().__init__(*args, **kwargs)
         _check_training_args(self.args, loader)
         self.add_callback(__getattr__("LoaderStateCallback")(loader))
 
@@ -249,20 +256,25 @@ class PackedTrainerMixin:
     def compute_loss(self, model: Any, inputs: Mapping[str, Any], return_outputs: bool = False,
                      num_items_in_batch: torch.Tensor | int | None = None) -> Any:
         kwargs = model_inputs(inputs, self.accelerator.unwrap_model(model))
+        # super() is the Trainer this is mixed into, which mypy cannot see from the mixin: hence the ignore
         return super().compute_loss(model, kwargs, return_outputs=return_outputs,  # type: ignore[misc]
                                     num_items_in_batch=num_items_in_batch)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
+        checkpoint: str | None
         if resume_from_checkpoint is True:
             from transformers.trainer_utils import get_last_checkpoint
 
-            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
-            if resume_from_checkpoint is None:
+            checkpoint = get_last_checkpoint(self.args.output_dir)
+            if checkpoint is None:
                 raise ConfigError(f"resume_from_checkpoint=True, but {self.args.output_dir} has no checkpoint-* folder")
-        if resume_from_checkpoint:
-            load_loader_state(self.loader, resume_from_checkpoint)
-            _restore_renamed_weights(self.accelerator.unwrap_model(self.model), resume_from_checkpoint)
-        return super().train(resume_from_checkpoint or None, *args, **kwargs)  # type: ignore[misc]
+        else:
+            checkpoint = resume_from_checkpoint or None
+        if checkpoint:
+            load_loader_state(self.loader, checkpoint)
+            _restore_renamed_weights(self.accelerator.unwrap_model(self.model), checkpoint)
+        # super() is the Trainer this is mixed into, which mypy cannot see from the mixin: hence the ignore
+        return super().train(checkpoint, *args, **kwargs)  # type: ignore[misc]
 
     def _packed_loss(self, outputs: Any, labels: torch.Tensor,
                      num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:

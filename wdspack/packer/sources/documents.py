@@ -92,6 +92,8 @@ def build_document(row: Mapping[str, Any], *, sample_id: str, image_root: str) -
         ('Hello.',)
     """
     try:
+        segments: list[str | None]
+        refs: list[Any]
         if row.get("texts") is None:
             segments, refs = [row["text"]], []
         else:

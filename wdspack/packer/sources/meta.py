@@ -458,24 +458,24 @@ def _llava_next(src: Source) -> list[Source]:
         raise SourceError(f"{src.path!r} is not a LLaVA-NeXT data YAML: expected 'datasets:' with a list of "
                           "{json_path, sampling_strategy} entries")
     by_name: dict[str, dict] = {}
-    for k, e in enumerate(entries):
-        if not isinstance(e.get("json_path"), str):
+    for k, entry in enumerate(entries):
+        if not isinstance(entry.get("json_path"), str):
             raise SourceError(f"LLaVA-NeXT data YAML {src.path!r}: dataset {k} has no 'json_path'")
-        stem = posixpath.splitext(posixpath.basename(e["json_path"]))[0]
+        stem = posixpath.splitext(posixpath.basename(entry["json_path"]))[0]
         name, n = stem, 1
         while name in by_name:
             n += 1
             name = f"{stem}~{n}"
-        by_name[name] = e
+        by_name[name] = entry
     out = []
     for name in _select(src, list(by_name), "LLaVA-NeXT data YAML"):
-        e = by_name[name]
-        where = f"LLaVA-NeXT data YAML {src.path!r}, dataset {e['json_path']!r}"
-        strategy = str(e.get("sampling_strategy", "all")).strip()
+        entry = by_name[name]
+        where = f"LLaVA-NeXT data YAML {src.path!r}, dataset {entry['json_path']!r}"
+        strategy = str(entry.get("sampling_strategy", "all")).strip()
         if strategy != "all":
             raise SourceError(f"{where} has sampling_strategy {strategy!r}; wdspack packs every record of a "
                               "file: write the part to use to its own file and name that one, or use \"all\"")
-        out.append(Source(_resolve(e["json_path"], src.path, f"{where}: json_path"), image_root=src.image_root,
+        out.append(Source(_resolve(entry["json_path"], src.path, f"{where}: json_path"), image_root=src.image_root,
                           name=name))
     return out
 

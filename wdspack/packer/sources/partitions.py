@@ -421,7 +421,7 @@ def _cut_parquet(f: _SourceFile, root: str, per: int, where: str) -> list[Partit
 
 
 def _cut_arrow(f: _SourceFile, root: str, per: int, local: str) -> list[Partition]:
-    rows = []
+    rows: list[int] = []
     for batch in arrow_batches(local, shown=f.path):
         if not rows:
             _check_columns(batch.schema.names, f.path)

@@ -283,6 +283,7 @@ def _prompt_completion_turns(row: Mapping[str, Any]) -> list[Turn]:
 def _query_turns(row: Mapping[str, Any]) -> list[Turn]:
     """ms-swift's query-response: ``history`` pairs, then ``query`` and ``response``."""
     query, response = _str_field(row, "query", "query-response"), _str_field(row, "response", "query-response")
+    assert query is not None  # the caller picked this layout for its 'query'
     if response is None:
         raise SampleError("malformed_record", f"the record has 'query' but no 'response' (keys: "
                           f"{sorted(map(str, row))[:8]}); a query-response record needs query and response")
