@@ -8,7 +8,7 @@ LOCK   := requirements/dev.lock
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: env demo test test-fast test-latest lock bench clean
+.PHONY: env demo test test-fast lint test-latest lock bench clean
 
 $(STAMP): $(LOCK) pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,13 @@ test: env
 # The inner loop: everything but the integration tier (torchrun, Ray, servers, model families; tests/conftest.py).
 test-fast: env
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not integration"
+
+# Static checks (pyproject.toml configures each): ruff's rule set, mypy on the package, the import-linter
+# contracts (DESIGN.md section 7). PYTHONPATH=. : the layers are read from this checkout, wherever the venv points.
+lint: env
+	$(BIN)/ruff check wdspack tools examples tests
+	$(BIN)/mypy
+	PYTHONPATH=. $(BIN)/lint-imports
 
 # Re-resolve the lock from pyproject.toml's ranges (newest releases that fit; run the suite after).
 lock:
