@@ -123,7 +123,6 @@ def guide_workspace(tmp_path_factory) -> Path:
     sys.path.insert(0, str(ROOT / "examples"))
     try:
         from tiny_vlm import qwen2_5_vl
-
         from wdspack.models import save_processor
 
         save_processor(qwen2_5_vl.processor(demo / "qwen" / "tokenizer"), demo / "qwen" / "processor")
@@ -154,7 +153,7 @@ def page_runs() -> dict[str, _PageRun]:
 
 def _run_bash(block: Block, monkeypatch) -> None:
     logical = re.sub(r"\\\n", " ", block.code)
-    for number, line in enumerate(logical.splitlines()):
+    for line in logical.splitlines():
         words = shlex.split(line, comments=True)
         if not words:
             continue
@@ -222,7 +221,9 @@ def test_every_guide_block_is_run_or_marked():
             if re.match(r"^\s+`{3,}", line):
                 problems.append(f"{page.name}:{number}: an indented code fence is not run by this test")
             if "<!--" in line and re.search(r"no-run|file:", line) and not _MARK.match(line.strip()):
-                problems.append(f"{page.name}:{number}: write the mark as <!-- no-run: REASON --> or <!-- file: NAME -->")
+                problems.append(
+                    f"{page.name}:{number}: write the mark as <!-- no-run: REASON --> or <!-- file: NAME -->"
+                )
         blocks = parse_blocks(page.name, text)
         for b in blocks:
             if b.lang not in KNOWN_LANGS:
