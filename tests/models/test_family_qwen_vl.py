@@ -76,8 +76,8 @@ def test_packed_loss_and_gradients_equal_one_by_one(qwen, attn):
 
 
 def test_flex_attention_is_refused_by_the_class(qwen):
-    """Qwen2-VL and Qwen2.5-VL do not support FlexAttention in transformers (so the README's family
-    table lists SDPA and eager for them); the day they do, this fails and a flex check belongs here."""
+    """Qwen2-VL and Qwen2.5-VL do not support FlexAttention in transformers (so the Families table of
+    docs/guides/models.md lists SDPA and eager for them); the day they do, this fails and a flex check belongs here."""
     _, model, _ = qwen
     assert not type(model)._supports_flex_attn
     with pytest.raises(ValueError, match="flex_attention"):

@@ -18,7 +18,7 @@ family                processor class              model class
 ``mistral3``          ``PixtralProcessor``         ``Mistral3ForConditionalGeneration``
 ====================  ===========================  ===========================================
 
-(the README's table lists every family with its flags and keys).
+(the Families table of docs/guides/models.md lists every family with its flags and keys).
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ class Family:
         finish_batch: ``batch -> batch``: last per-batch rewrite (e.g. 4-row positions).
         model_kwargs: ``(batch, model) -> kwargs`` for ``model(**kwargs)`` (without labels; added by
             :func:`wdspack.model_inputs`).
-        notes: one line for the README table.
+        notes: one line for the Families table (docs/guides/models.md#families).
         aliases: short names for ``--tokens-per-image processor:NAME`` (fixed mode) that build
             ``image_processor`` from code instead of loading one.
         image_processor: builds the family's image processor with its published defaults.

@@ -200,7 +200,7 @@ def _raw_turns(row: Mapping[str, Any]) -> list[Turn]:
         return _alpaca_turns(row)
     raise SampleError("malformed_record", f"the record has none of 'conversations', 'messages', 'conversation', "
                       f"'texts', 'prompt' + 'completion', 'query', 'instruction' (keys: {sorted(map(str, row))[:8]}); "
-                      "use one of these layouts (the Sources table in the README)")
+                      "use one of these layouts (the Sources table, docs/guides/pack.md#sources)")
 
 
 def _message_turns(items: list, key: str, start: int = 0) -> list[Turn]:
