@@ -149,7 +149,8 @@ def check_drops(out: Location, m: Measured, table: dict[str, Any], config: PackC
     if not packed:
         head = f"nothing was packed: all {total} samples read were dropped (listed in {listing}):"
         fix = ("fix the inputs: a layout wdspack does not read (see the Sources table, "
-               "docs/guides/pack.md#sources), a wrong --image-root, or a --seq-len / --max-images too small for every sample")
+               "docs/guides/pack.md#sources), a wrong --image-root, or a --seq-len / --max-images too small for "
+               "every sample")
     else:
         accept = min(1.0, math.ceil(fraction * 100) / 100)
         head = (f"{len(new)} of {total} samples read ({fraction:.1%}) were dropped, over the tolerance "
