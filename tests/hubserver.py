@@ -24,7 +24,7 @@ Use from a test module::
         stop()
 
     sha = publish(mirrors, "org/packed", dataset_folder)      # a git commit on ``main``
-    PackedDataset("hf://datasets/org/packed@main", storage_options={"endpoint": endpoint})
+    PackedDataset("hf://datasets/org/packed@main", read={"storage_options": {"endpoint": endpoint}})
 
 Name the revision (``@main``) in every Hub call made to olah: a revision-less repo lookup
 (``/api/datasets/ORG/NAME``) is one it can only answer from upstream, so offline it answers 401.

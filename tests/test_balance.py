@@ -19,7 +19,7 @@ import pytest
 
 from httpserver import serve
 from synthetic import pack_numbers, write_dataset
-from wdspack import CostModel, verify_dataset
+from wdspack import Balance, CostModel, verify_dataset
 from wdspack.cli import main
 from wdspack.errors import ConfigError, ManifestError
 from wdspack.format.manifest import MANIFEST_NAME
@@ -142,13 +142,13 @@ def root(tmp_path_factory):
     return folder
 
 
-BALANCED = dict(balance="cost", balance_window=12, balance_run=4, seed=9, heaviest_first=True,
-                cost_model={"tokens": 1.0, "attention": 1 / 64, "images": 32.0})
+COST = {"tokens": 1.0, "attention": 1 / 64, "images": 32.0}
+BALANCED = dict(balance=Balance(window=12, run=4, heaviest_first=True, cost_model=COST), seed=9)
 
 
 def _pack_costs(root) -> np.ndarray:
     index = np.load(root / INDEX_NAME)
-    return CostModel(**BALANCED["cost_model"]).costs(index)
+    return CostModel(**COST).costs(index)
 
 
 def _stream(loader, n=None) -> list[list[int]]:
@@ -258,12 +258,21 @@ def test_clear_errors_and_wdspack_index_for_older_datasets(root, tmp_path, capsy
         json.loads((root / MANIFEST_NAME).read_text())["pack_index"]
     assert _stream(make_loader(plain, batch_size=2, num_workers=0, **BALANCED)) == \
         _stream(make_loader(root, batch_size=2, num_workers=0, **BALANCED))
-    with pytest.raises(ConfigError, match="balance='cost'"):
-        make_loader(root, batch_size=1, num_workers=0, heaviest_first=True)
     with pytest.raises(ConfigError, match="balance='speed' is not one of"):
         make_loader(root, batch_size=1, num_workers=0, balance="speed")
-    with pytest.raises(ConfigError, match="balance_window"):
-        make_loader(root, batch_size=4, num_workers=0, balance="cost", balance_window=2)
+    with pytest.raises(ConfigError, match=r"balance window \(2 packs\) must be >= batch_size \(4\)"):
+        make_loader(root, batch_size=4, num_workers=0, balance={"window": 2})
+    unknown = r"keys \['runs'\] are unknown; use \['cost_model', 'heaviest_first', 'window', 'run'\]"
+    with pytest.raises(ConfigError, match=unknown):
+        make_loader(root, batch_size=1, num_workers=0, balance={"runs": 2})
+    with pytest.raises(ConfigError, match="run=0 must be >= 1"):
+        Balance(run=0)
+    with pytest.raises(ConfigError, match="cost weights"):
+        Balance(cost_model={"speed": 1.0})
+    # the simple form and the record are one thing, and a loader's state says which it was built with
+    simple, record = (make_loader(root, batch_size=2, num_workers=0, balance=b) for b in ("cost", Balance()))
+    assert simple.dataset.balance == record.dataset.balance == Balance(run=32, window=None)
+    assert simple.state_dict()["config"]["balance"] == record.state_dict()["config"]["balance"]
 
 
 def test_inspect_tells_the_waiting_with_and_without_balance(root, tmp_path, capsys):

@@ -21,12 +21,17 @@ from httpserver import cut, ignore_range, redirect, serve, stall, status
 from synthetic import pack_numbers, write_dataset
 from wdspack.errors import ConfigError, ManifestError, SourceError
 from wdspack.format.manifest import MANIFEST_NAME
-from wdspack.loader import PackedDataset, make_loader
+from wdspack.loader import PackedDataset, ReadOptions, make_loader
 from wdspack.storage import base
 
 MANIFEST = "/" + MANIFEST_NAME
 SHARDS = [f"/train-{i:06d}.tar" for i in range(4)]
 FAST = {"retries": 5, "backoff": 0.01}  # retry waits stay in milliseconds unless a test says otherwise
+
+
+def fast(**read):
+    """``read=`` with FAST's retries and back-off, plus ``read``."""
+    return {"read": {**FAST, **read}}
 SECRET = "Bearer s3cr3t-TOKEN-do-not-print"
 
 
@@ -115,7 +120,7 @@ def test_dataloader_workers_add_no_requests(server, workers):
 def test_connection_cut_mid_shard_resumes_at_the_exact_byte(root, server, local_examples, block_size):
     server.script(SHARDS[1], cut(3000))
     server.script(SHARDS[2], cut(1500), cut(3000))  # the second cut is in the resumed (ranged) body
-    ds = PackedDataset(server.url, shuffle=False, block_size=block_size, **FAST)
+    ds = PackedDataset(server.url, shuffle=False, **fast(block_size=block_size))
     assert _same_examples(list(ds), local_examples)
     assert _gets(server, SHARDS[1]) == [(None, 200), (3000, 206)]
     assert _gets(server, SHARDS[2]) == [(None, 200), (1500, 206), (4500, 206)]
@@ -127,7 +132,7 @@ def test_connection_cut_mid_shard_resumes_at_the_exact_byte(root, server, local_
 def test_connection_reset_resumes_at_the_exact_byte(server, local_examples, caplog, block_size):
     server.script(SHARDS[0], cut(2500, reset=True))
     server.script(SHARDS[3], cut(700, reset=True), cut(2000, reset=True))
-    ds = PackedDataset(server.url, shuffle=False, block_size=block_size, **FAST)
+    ds = PackedDataset(server.url, shuffle=False, **fast(block_size=block_size))
     with caplog.at_level(logging.WARNING, logger="wdspack.loader"):
         got = list(ds)
     assert _same_examples(got, local_examples)
@@ -141,7 +146,7 @@ def test_connection_reset_resumes_at_the_exact_byte(server, local_examples, capl
 
 def test_every_connection_reset_short_of_a_block_still_progresses(server, local_examples):
     server.script(SHARDS[2], then=cut(3000, reset=True))  # the block (1 MiB) never arrives whole
-    ds = PackedDataset(server.url, shuffle=False, **FAST)
+    ds = PackedDataset(server.url, shuffle=False, **fast())
     assert _same_examples(list(ds), local_examples)
     assert [s for s, _ in _gets(server, SHARDS[2])] == [None, 3000, 6000, 9000]
 
@@ -151,7 +156,7 @@ def test_throttling_waits_as_told_by_retry_after(server, local_examples):
     server.script(SHARDS[0], status(503, retry_after="1"), status(429, retry_after="0"))
     server.script(SHARDS[2], status(503, retry_after="0"))
     began = time.monotonic()
-    ds = PackedDataset(server.url, shuffle=False, retries=5, backoff=5.0)  # back-off would wait >= 2.5 s
+    ds = PackedDataset(server.url, shuffle=False, read={"retries": 5, "backoff": 5.0})  # back-off would wait >= 2.5 s
     got = list(ds)
     elapsed = time.monotonic() - began
     assert _same_examples(got, local_examples)
@@ -168,7 +173,7 @@ def test_throttling_waits_as_told_by_retry_after(server, local_examples):
 def test_a_long_retry_after_is_capped(server, local_examples, monkeypatch):
     monkeypatch.setattr(base, "MAX_WAIT_S", 0.3)
     server.script(SHARDS[2], status(503, retry_after="20"))
-    ds = PackedDataset(server.url, shuffle=False, retries=5, backoff=5.0)
+    ds = PackedDataset(server.url, shuffle=False, read={"retries": 5, "backoff": 5.0})
     assert _same_examples(list(ds), local_examples)
     t = [r.at for r in server.requests(SHARDS[2])]
     assert len(t) == 2 and 0.25 <= t[1] - t[0] < 1.0
@@ -178,7 +183,7 @@ def test_a_long_retry_after_is_capped(server, local_examples, monkeypatch):
                          ids=["whole-file", "cut-again-while-discarding"])
 def test_server_ignoring_range_after_a_cut(server, local_examples, second):
     server.script(SHARDS[1], cut(3000), second, then=ignore_range())
-    ds = PackedDataset(server.url, shuffle=False, **FAST)
+    ds = PackedDataset(server.url, shuffle=False, **fast())
     assert _same_examples(list(ds), local_examples)
     gets = _gets(server, SHARDS[1])
     assert gets[:2] == [(None, 200), (3000, 200)]  # asked to resume, got the whole file: 3000 bytes discarded
@@ -190,7 +195,7 @@ def test_server_ignoring_range_after_a_cut(server, local_examples, second):
 def test_stalled_server_times_out_and_the_read_resumes(server, local_examples, after):
     server.script(SHARDS[2], stall(after, seconds=8))
     began = time.monotonic()
-    ds = PackedDataset(server.url, shuffle=False, timeout=1, **FAST)
+    ds = PackedDataset(server.url, shuffle=False, **fast(timeout=1))
     got = list(ds)
     assert time.monotonic() - began < 6.5  # the 1 s timeout, not the 8 s stall nor the default 60 s
     assert _same_examples(got, local_examples)
@@ -201,7 +206,7 @@ def test_stalled_server_times_out_and_the_read_resumes(server, local_examples, a
 
 def test_timeout_must_be_positive(root):
     with pytest.raises(ConfigError, match=r"timeout=0 must be > 0"):
-        PackedDataset(root, timeout=0)
+        PackedDataset(root, read={"timeout": 0})
 
 
 # -- faults that must stop it -------------------------------------------------------------------------
@@ -209,7 +214,7 @@ def test_timeout_must_be_positive(root):
 
 def test_missing_shard_raises_naming_its_url_without_retrying(server):
     server.script(SHARDS[2], then=status(404))
-    ds = PackedDataset(server.url, shuffle=False, **FAST)
+    ds = PackedDataset(server.url, shuffle=False, **fast())
     seen = []
     with pytest.raises(SourceError) as info:
         for ex in ds:
@@ -224,7 +229,7 @@ def test_missing_shard_raises_naming_its_url_without_retrying(server):
 def test_missing_manifest_raises_naming_it(server):
     server.script(MANIFEST, then=status(404))
     with pytest.raises(ManifestError, match=rf"{server.url}manifest.json does not exist"):
-        PackedDataset(server.url, **FAST)
+        PackedDataset(server.url, **fast())
     assert len(server.log) == 1
 
 
@@ -232,7 +237,7 @@ def test_missing_manifest_raises_naming_it(server):
                          ids=["503-retry-after", "503", "empty-body"])
 def test_retries_run_out_with_a_clear_error(server, failure):
     server.script(SHARDS[1], then=failure)
-    ds = PackedDataset(server.url, shuffle=False, retries=2, backoff=0.01)
+    ds = PackedDataset(server.url, shuffle=False, read={"retries": 2, "backoff": 0.01})
     with pytest.raises(SourceError, match=r"train-000001\.tar failed at byte 0 after 2 retries: .*raise retries="):
         list(ds)
     assert len(server.requests(SHARDS[1])) == 3  # the first try and 2 retries, then it stops
@@ -254,7 +259,7 @@ def test_headers_reach_the_server_but_no_log_error_or_repr(server, local_example
     server.script(SHARDS[1], cut(3000))
     server.script(SHARDS[3], then=status(404))
     caplog.set_level(logging.DEBUG)
-    ds = PackedDataset(server.url, shuffle=False, storage_options=options, **FAST)
+    ds = PackedDataset(server.url, shuffle=False, **fast(storage_options=options))
     with pytest.raises(SourceError) as info:
         list(ds)
     assert len(server.log) == 1 + 2 + 2 + 1 + 1
@@ -266,7 +271,8 @@ def test_headers_reach_the_server_but_no_log_error_or_repr(server, local_example
     assert caplog.records and str(exc)  # there was something to look at
 
     server.clear()
-    exhausted = PackedDataset(server.url, shuffle=False, storage_options=options, retries=1, backoff=0.01)
+    exhausted = PackedDataset(server.url, shuffle=False,
+                              read=ReadOptions(retries=1, backoff=0.01, storage_options=options))
     server.script(SHARDS[0], then=status(503))
     with pytest.raises(SourceError, match="after 1 retries") as info:
         list(exhausted)
@@ -278,8 +284,8 @@ def test_redirect_to_another_host_drops_authorization_but_keeps_range(root, serv
         server.script(SHARDS[1], then=redirect(other.url + SHARDS[1].lstrip("/")))
         server.script(SHARDS[2], redirect(server.url + SHARDS[2].lstrip("/")))  # same host
         other.script(SHARDS[1], cut(3000))
-        ds = PackedDataset(server.url, shuffle=False, storage_options={"headers": {"Authorization": SECRET}},
-                           **FAST)
+        ds = PackedDataset(server.url, shuffle=False,
+                           **fast(storage_options={"headers": {"Authorization": SECRET}}))
         assert _same_examples(list(ds), local_examples)
         assert _gets(other, SHARDS[1]) == [(None, 200), (3000, 206)]  # the resume went through the redirect
         assert all("Authorization" not in r.headers for r in other.log)
@@ -292,7 +298,7 @@ def test_request_counts_over_a_whole_epoch_with_faults(server):
     """Bounded: every retry is a request the server saw; nothing loops."""
     server.script(SHARDS[0], cut(1000), cut(1000), cut(1000))
     server.script(SHARDS[3], status(503, retry_after="0"), cut(500))
-    ds = PackedDataset(server.url, shuffle=True, seed=3, **FAST)
+    ds = PackedDataset(server.url, shuffle=True, seed=3, **fast())
     assert sorted(_numbers(ds)) == list(range(24))
     counts = Counter(r.path for r in server.log)
     assert counts == {MANIFEST: 1, SHARDS[0]: 4, SHARDS[1]: 1, SHARDS[2]: 1, SHARDS[3]: 3}
@@ -301,10 +307,10 @@ def test_request_counts_over_a_whole_epoch_with_faults(server):
     _resumes_at_exact_byte(server, SHARDS[3])
 
 
-def test_make_loader_takes_read_timeout_for_the_stream(server, local_examples):
+def test_make_loader_takes_the_read_timeout_for_the_stream(server, local_examples):
     server.script(SHARDS[2], stall(2048, seconds=8))
     began = time.monotonic()
-    loader = make_loader(server.url, batch_size=2, num_workers=0, shuffle=False, read_timeout=1, **FAST)
-    assert loader.dataset._read["timeout"] == 1.0
+    loader = make_loader(server.url, batch_size=2, num_workers=0, shuffle=False, **fast(timeout=1))
+    assert loader.dataset.read.timeout == 1.0 and loader.dataset.read.retries == 5
     got = [n for batch in loader for n in pack_numbers(batch["input_ids"])]
     assert time.monotonic() - began < 6.5 and sorted(got) == list(range(len(local_examples)))

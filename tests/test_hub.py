@@ -109,7 +109,7 @@ def _resolve(sha: str, name: str, repo: str = "org/packed") -> str:
 
 def test_hub_dataset_equals_the_local_folder(hub, packed):
     folder, sha = packed
-    ds = PackedDataset("hf://datasets/org/packed@main", storage_options=hub.options(), seed=7)
+    ds = PackedDataset("hf://datasets/org/packed@main", read={"storage_options": hub.options()}, seed=7)
     assert ds.shards == tuple(f"{hub.endpoint}{_resolve(sha, f'train-{i:06d}.tar')}" for i in range(SHARDS))
     remote, local = list(ds), list(PackedDataset(folder, seed=7))
     assert sorted(_numbers(remote)) == list(range(PACKS))
@@ -118,7 +118,7 @@ def test_hub_dataset_equals_the_local_folder(hub, packed):
     def batches(source, **options):
         return list(make_loader(source, batch_size=4, num_workers=2, seed=7, **options))
 
-    remote, local = batches("hf://datasets/org/packed@main", storage_options=hub.options()), batches(folder)
+    remote, local = batches("hf://datasets/org/packed@main", read={"storage_options": hub.options()}), batches(folder)
     assert sorted(_numbers(remote)) == list(range(PACKS))
     assert _same_tensors(remote, local)
 
@@ -127,7 +127,7 @@ def test_hub_dataset_equals_the_local_folder(hub, packed):
 def test_requests_per_epoch_do_not_grow_with_workers(hub, packed, workers):
     _, sha = packed
     new = _new(hub)
-    loader = make_loader("hf://datasets/org/packed@main", storage_options=hub.options(), batch_size=4,
+    loader = make_loader("hf://datasets/org/packed@main", read={"storage_options": hub.options()}, batch_size=4,
                          num_workers=workers, seed=7)
     # Resolving happens once, in this process: HfFileSystem checks that repo and revision exist,
     # repo_info pins main to its commit (the same route, asked twice: 2 requests), and the
@@ -152,34 +152,36 @@ def test_sub_folder_and_brace_patterns(hub, packed, tmp_path):
     folder, sha = packed
     shutil.copytree(folder, tmp_path / "nested" / "v1" / "train")
     nested = publish(hub.mirrors, "org/nested", tmp_path / "nested")
-    ds = PackedDataset("hf://datasets/org/nested@main/v1/train", storage_options=hub.options())
+    ds = PackedDataset("hf://datasets/org/nested@main/v1/train", read={"storage_options": hub.options()})
     assert ds.shards[0] == f"{hub.endpoint}{_resolve(nested, 'v1/train/train-000000.tar', 'org/nested')}"
     assert sorted(_numbers(ds)) == list(range(PACKS))
 
     new = _new(hub)
-    ds = PackedDataset("hf://datasets/org/packed@main/train-{000000..000003}.tar", storage_options=hub.options())
+    ds = PackedDataset("hf://datasets/org/packed@main/train-{000000..000003}.tar",
+                       read={"storage_options": hub.options()})
     assert sorted(_numbers(ds)) == list(range(PACKS))
     # Four shard names still cost one existence check and one pin (per repo and revision), then the manifest.
     assert [r["path"] for r in new()][:3] == ["/api/datasets/org/packed/revision/main"] * 2 + [
         _resolve(sha, "manifest.json")]
 
-    ds = PackedDataset("hf://datasets/org/packed@main/train-{000001..000002}.tar", storage_options=hub.options())
+    ds = PackedDataset("hf://datasets/org/packed@main/train-{000001..000002}.tar",
+                       read={"storage_options": hub.options()})
     assert sorted(_numbers(ds)) == list(range(6, 18))
     ds = PackedDataset("hf://datasets/org/nested@main/v1/train/train-{000000,000003}.tar",
-                       storage_options=hub.options())
+                       read={"storage_options": hub.options()})
     assert sorted(_numbers(ds)) == [*range(6), *range(18, 24)]
 
 
 def test_globs_missing_repos_and_revisions_are_refused_clearly(hub, packed):
     new = _new(hub)
     with pytest.raises(ConfigError, match=r"train-\*\.tar: globs are not expanded.*brace pattern"):
-        PackedDataset("hf://datasets/org/packed@main/train-*.tar", storage_options=hub.options())
+        PackedDataset("hf://datasets/org/packed@main/train-*.tar", read={"storage_options": hub.options()})
     assert new() == [], "a glob is refused before any request"
     with pytest.raises(SourceError, match=r"hf://datasets/org/missing@main: .*check the repo name"):
-        PackedDataset("hf://datasets/org/missing@main", storage_options=hub.options())
+        PackedDataset("hf://datasets/org/missing@main", read={"storage_options": hub.options()})
     # olah answers an unknown revision as an unknown repo (401 RepoNotFound); the error names both.
     with pytest.raises(SourceError, match=r"hf://datasets/org/packed@nobranch: .*check the repo name and the revision"):
-        PackedDataset("hf://datasets/org/packed@nobranch", storage_options=hub.options())
+        PackedDataset("hf://datasets/org/packed@nobranch", read={"storage_options": hub.options()})
 
 
 def test_a_repo_published_after_a_failed_lookup_is_found(hub, packed):
@@ -187,16 +189,16 @@ def test_a_repo_published_after_a_failed_lookup_is_found(hub, packed):
     # so the repo stayed missing (without a request) after it was uploaded.
     folder, _ = packed
     with pytest.raises(SourceError, match="org/late@main"):
-        PackedDataset("hf://datasets/org/late@main", storage_options=hub.options())
+        PackedDataset("hf://datasets/org/late@main", read={"storage_options": hub.options()})
     sha = publish(hub.mirrors, "org/late", folder)
-    ds = PackedDataset("hf://datasets/org/late@main", storage_options=hub.options())
+    ds = PackedDataset("hf://datasets/org/late@main", read={"storage_options": hub.options()})
     assert ds.shards[0].endswith(f"/resolve/{sha}/train-000000.tar")
 
 
 def test_a_source_without_revision_asks_for_main_by_name(hub, packed):
     _, sha = packed
     new = _new(hub)
-    ds = PackedDataset("hf://datasets/org/packed", storage_options=hub.options())
+    ds = PackedDataset("hf://datasets/org/packed", read={"storage_options": hub.options()})
     assert ds.shards[0].endswith(f"/resolve/{sha}/train-000000.tar")
     api = [r["path"] for r in new() if r["path"].startswith("/api/")]
     assert api == ["/api/datasets/org/packed/revision/main"] * 2, "never a revision-less lookup"
@@ -258,7 +260,7 @@ def test_upload_then_stream(hub, tmp_path):
     snippet = re.search(r'wdspack\.make_loader\("([^"]+)", batch_size=8', card)
     assert snippet and snippet.group(1) == "hf://datasets/org/uploaded"
     for source in ("hf://datasets/org/uploaded@main", snippet.group(1)):
-        loader = make_loader(source, storage_options=hub.options(), batch_size=2, num_workers=2, seed=3)
+        loader = make_loader(source, read={"storage_options": hub.options()}, batch_size=2, num_workers=2, seed=3)
         assert sorted(_numbers(loader)) == list(range(12)), source
 
 
@@ -268,8 +270,8 @@ def test_upload_then_stream(hub, tmp_path):
 def test_the_token_reaches_the_server_and_nowhere_else(hub, packed, caplog):
     caplog.set_level(logging.DEBUG)
     new = _new(hub)
-    ds = PackedDataset("hf://datasets/org/packed@main", storage_options=hub.options(token=TOKEN), batch_size=4,
-                       seed=7)
+    ds = PackedDataset("hf://datasets/org/packed@main", read={"storage_options": hub.options(token=TOKEN)},
+                       batch_size=4, seed=7)
     assert sorted(_numbers(ds)) == list(range(PACKS))  # in this process: its stream logs reach caplog
     loader = make_loader(ds, batch_size=4, num_workers=2)
     assert sorted(_numbers(loader)) == list(range(PACKS))
@@ -281,7 +283,7 @@ def test_the_token_reaches_the_server_and_nowhere_else(hub, packed, caplog):
     for source, error in [("hf://datasets/org/missing@main", SourceError),
                           ("hf://datasets/org/packed@main/*.tar", ConfigError)]:
         with pytest.raises(error) as e:
-            PackedDataset(source, storage_options=hub.options(token=TOKEN))
+            PackedDataset(source, read={"storage_options": hub.options(token=TOKEN)})
         errors.append(e.value)
     stream = HttpStream(f"{hub.endpoint}/datasets/org/missing/resolve/main/x.tar", headers=ds._source.headers,
                         retries=0)
@@ -366,10 +368,9 @@ def test_balanced_loader_reads_the_pack_index_once_and_equals_the_local_folder(h
     folder = tmp_path / "indexed"
     write_dataset(folder, shards=SHARDS, packs_per_shard=PACKS_PER_SHARD, seed=3, pack_index=True)
     sha = publish(hub.mirrors, "org/indexed", folder)
-    options = dict(batch_size=2, num_workers=2, seed=7, balance="cost", balance_window=6, balance_run=3,
-                   heaviest_first=True)
+    options = dict(batch_size=2, num_workers=2, seed=7, balance={"window": 6, "run": 3, "heaviest_first": True})
     new = _new(hub)
-    remote = make_loader("hf://datasets/org/indexed@main", storage_options=hub.options(), **options)
+    remote = make_loader("hf://datasets/org/indexed@main", read={"storage_options": hub.options()}, **options)
     index_gets = [r for r in new() if r["path"] == _resolve(sha, "pack_index.npy", "org/indexed")]
     assert len(index_gets) == 1
     new = _new(hub)
@@ -397,8 +398,9 @@ def test_requests_stay_flat_in_workers_and_a_split_shard_costs_one_ranged_read_p
         for ranks in (1, 2):
             for rank in range(ranks):
                 new = _new(hub)
-                loader = make_loader(f"hf://datasets/org/{name}-{workers}@main", storage_options=hub.options(),
-                                     batch_size=1, num_workers=workers, seed=7, rank=rank, world_size=ranks)
+                loader = make_loader(f"hf://datasets/org/{name}-{workers}@main",
+                                     read={"storage_options": hub.options()}, batch_size=1, num_workers=workers,
+                                     seed=7, rank=rank, world_size=ranks)
                 assert len(list(loader)) == len(loader)
                 got = new()
                 shard_gets = [r for r in got if r["path"].endswith(".tar")]

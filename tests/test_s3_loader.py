@@ -43,6 +43,11 @@ BUCKET = "wds-loader"
 SHARDS = 4
 PACKS_PER_SHARD = 6
 FAST = {"retries": 5, "backoff": 0.01}  # retry waits in milliseconds
+
+
+def fast(**read):
+    """``read=`` with FAST's retries and back-off, plus ``read``."""
+    return {"read": {**FAST, **read}}
 SECRET = "wdspack-S3CR3T-do-not-print"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -275,7 +280,7 @@ def test_pack_index_and_balance_from_s3(s3, remote, local):
     want = read_pack_index(resolve_source(local))
     got = read_pack_index(resolve_source(remote))
     assert len(got) == SHARDS and all(np.array_equal(a, b) for a, b in zip(got, want))
-    kw = dict(batch_size=2, num_workers=0, seed=4, balance="cost", balance_run=2)
+    kw = dict(batch_size=2, num_workers=0, seed=4, balance={"run": 2})
     expected = _batches(make_loader(local, **kw))
     before = len(server.requests())
     loader = make_loader(remote, **kw)
@@ -293,8 +298,7 @@ def clean(local):
 
 
 def _faulty_loader(remote, options, **kw):
-    return make_loader(remote, batch_size=2, num_workers=0, shuffle=False, storage_options=options,
-                       **{**FAST, **kw})
+    return make_loader(remote, batch_size=2, num_workers=0, shuffle=False, **fast(storage_options=options, **kw))
 
 
 @pytest.mark.parametrize("reset", [False, True], ids=["fin", "reset"])
@@ -320,7 +324,7 @@ def test_throttling_and_server_errors_are_retried_by_us_and_counted(remote, clea
 def test_a_stalled_read_times_out_and_resumes(remote, clean, via_proxy, proxy):
     proxy.script(_shard(0), Fault(cut_after=2048, stall_s=5.0))
     start = time.monotonic()
-    loader = _faulty_loader(remote, via_proxy, read_timeout=1.0)
+    loader = _faulty_loader(remote, via_proxy, timeout=1.0)
     assert _same(_batches(loader), clean)
     assert proxy.gets(_shard(0)) == [(None, 200), (2048, 206)]
     assert loader.stats["retries"] == 1 and time.monotonic() - start < 4.5
@@ -354,7 +358,7 @@ def test_a_missing_shard_fails_at_once_naming_it(s3, local, via_proxy, proxy):
 def test_resume_mid_epoch_continues_exactly(local, remote, via_proxy, workers, caplog):
     """Also: forking workers leaves the main process's connections working (no read times out: see
     ``streams._store`` for what closing the parent's filesystem in a worker used to do)."""
-    kw = dict(batch_size=2, num_workers=workers, seed=7, storage_options=via_proxy, read_timeout=5.0, **FAST)
+    kw = dict(batch_size=2, num_workers=workers, seed=7, **fast(storage_options=via_proxy, timeout=5.0))
     whole = _batches(make_loader(local, batch_size=2, num_workers=workers, seed=7))
     first = make_loader(remote, **kw)
     it = iter(first)
@@ -372,7 +376,7 @@ def test_resume_mid_epoch_continues_exactly(local, remote, via_proxy, workers, c
 def test_credentials_reach_no_log_error_or_repr(s3, local, remote, via_proxy, proxy, caplog):
     caplog.set_level(logging.DEBUG)
     proxy.script(_shard(1), cut(1000))
-    ds = PackedDataset(remote, shuffle=False, batch_size=2, storage_options=via_proxy, **FAST)
+    ds = PackedDataset(remote, shuffle=False, batch_size=2, **fast(storage_options=via_proxy))
     loader = make_loader(ds, batch_size=2, num_workers=0)
     _batches(loader)
     assert loader.stats["retries"] == 1 and "retry 1/5 at byte 1000" in caplog.text
@@ -385,7 +389,8 @@ def test_credentials_reach_no_log_error_or_repr(s3, local, remote, via_proxy, pr
         texts.append(str(e.value))
     proxy.script(_shard(0), then=Fault(status=403, code="AccessDenied"))
     with pytest.raises(SourceError, match="not authorised; give credentials through storage_options") as e:
-        _batches(make_loader(remote, batch_size=2, num_workers=0, shuffle=False, storage_options=via_proxy, **FAST))
+        _batches(make_loader(remote, batch_size=2, num_workers=0, shuffle=False,
+                             **fast(storage_options=via_proxy)))
     texts.append(str(e.value))
     assert all(SECRET not in t for t in texts)
 

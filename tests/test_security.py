@@ -194,12 +194,13 @@ def test_cli_help_advises_hf_token_over_the_token_flag(capsys):
 def test_loader_errors_hold_no_token(source, caplog, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with caplog.at_level(logging.DEBUG), pytest.raises(Exception) as e:
-        PackedDataset(source, storage_options={"token": SECRET, "headers": {"Authorization": f"Bearer {SECRET}"}})
+        PackedDataset(source, read={"storage_options": {"token": SECRET,
+                                                         "headers": {"Authorization": f"Bearer {SECRET}"}}})
     _no_secret_anywhere([str(e.value), repr(e.value), "".join(traceback.format_exception(e.value)), caplog.text])
 
 
 def test_loader_repr_holds_no_token(packed):
-    ds = PackedDataset(packed, storage_options={"headers": {"Authorization": f"Bearer {SECRET}"}})
+    ds = PackedDataset(packed, read={"storage_options": {"headers": {"Authorization": f"Bearer {SECRET}"}}})
     _no_secret_anywhere([repr(ds), str(ds.state_dict())])
 
 

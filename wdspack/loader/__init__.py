@@ -12,6 +12,7 @@ in a resumable DataLoader (:class:`PackedLoader`). The modules, in data-flow ord
 * :mod:`.collate` — packs → fixed-shape tensors (the batch contract); :mod:`.images` — image bytes
   → pixels; :mod:`.batching` — a model processor's keys; :mod:`.buffers` — the staged pixels and
   the shared memory a batch travels in
+* :mod:`.options` — the grouped options (:class:`ReadOptions`, :class:`Balance`)
 * :mod:`.dataset` — :class:`PackedDataset`;  :mod:`.dataloader` — :func:`make_loader`;
   :mod:`.elastic` — resuming under another layout
 * :mod:`.wds` — the same batches as stages of a ``webdataset`` pipeline you already have
@@ -23,13 +24,16 @@ from ..format.dataset import ResolvedSource, ShardRef, resolve_source
 from ..storage.urls import expand_braces
 from .dataloader import PackedLoader, make_loader
 from .dataset import STAT_KEYS, PackedDataset
+from .options import Balance, ReadOptions
 from .plan import EpochPlan, PackRange, plan_epoch, shuffle_order
 
 __all__ = [
+    "Balance",
     "EpochPlan",
     "PackRange",
     "PackedDataset",
     "PackedLoader",
+    "ReadOptions",
     "ResolvedSource",
     "STAT_KEYS",
     "ShardRef",

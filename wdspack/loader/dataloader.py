@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
 import json
 import logging
 import os
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -35,6 +36,7 @@ from ..errors import ConfigError
 from .buffers import PixelBuffers, Shipment, collate_staged, fresh_pixels
 from .dataset import META_KEY, STAT_KEYS, PackedDataset
 from .elastic import lockstep_positions
+from .options import Balance, ReadOptions
 
 __all__ = ["PackedLoader", "make_loader"]
 
@@ -46,32 +48,46 @@ STATE_VERSION = 1
 
 
 def make_loader(source: str | os.PathLike[str] | Sequence[str] | PackedDataset, *, batch_size: int,
-                num_workers: int = 2, attention_mask: str | None = None, padding_free: bool = False,
+                num_workers: int = 2, seed: int = 0, shuffle: bool = True, shuffle_buffer: int = 256,
+                rank: int | None = None, world_size: int | None = None, remainder: str = "drop",
+                seq_len: int | None = None, max_images: int | None = None, pad_token_id: int | None = None,
+                image_transform: Callable[[Sequence[bytes]], dict[str, torch.Tensor]] | None = None,
+                processor: Any = None, text_only: bool = False,
+                expect_tokenizer: str | Mapping[str, Any] | None = None, on_corrupt: str = "skip",
+                read: ReadOptions | Mapping[str, Any] | None = None,
+                balance: str | Balance | Mapping[str, Any] | None = None,
+                attention_mask: str | None = None, padding_free: bool = False,
                 max_segments: int | str | None = "auto", pin_memory: bool | None = None,
                 persistent_workers: bool | None = None, prefetch_factor: int | None = None,
                 multiprocessing_context: Any = None, timeout: float = 0,
-                reuse_buffers: bool = True, **dataset_kwargs: Any) -> PackedLoader:
+                reuse_buffers: bool = True) -> PackedLoader:
     """A DataLoader of fixed-shape batches over a packed dataset, with ``state_dict`` / ``load_state_dict``.
 
     Args:
-        source: anything :class:`PackedDataset` takes (or a dataset built already).
+        source: anything :class:`PackedDataset` takes, or a dataset built already (then the dataset
+            options below must stay at their defaults: they were the dataset's to take).
         batch_size: packs per batch (``B``); every batch is full.
         num_workers: DataLoader worker processes (0: read in this process).
+        seed, shuffle, shuffle_buffer, rank, world_size, remainder, seq_len, max_images, pad_token_id,
+            image_transform, processor, text_only, expect_tokenizer, on_corrupt: the dataset's options,
+            as :class:`PackedDataset` documents them (``image_transform`` or ``processor`` for pixels,
+            ``text_only`` for none).
+        read: how shards are read, a :class:`~wdspack.ReadOptions` or a dict of its fields
+            (``read={"timeout": 10}`` is the network timeout, which ``timeout`` here is not).
+        balance: ``"cost"``, a :class:`~wdspack.Balance` or a dict of its fields.
         attention_mask, padding_free: passed to ``collate.collate_packs``.
         max_segments: ``cu_seqlens`` gets ``max_segments + 1`` entries in every batch (static shapes),
             padded with empty segments. ``"auto"``: ``batch_size × (max_samples_per_pack + 1)`` from
             the manifest (each pack's sub-samples plus its padding tail); ``None``: only the real segments.
         pin_memory: default True when CUDA is available.
         persistent_workers: default True when ``num_workers > 0``.
-        prefetch_factor, multiprocessing_context, timeout: passed to the DataLoader.
+        prefetch_factor, multiprocessing_context, timeout: passed to the DataLoader (``timeout``: seconds
+            to wait for a worker's batch).
         reuse_buffers: with workers, each keeps ``prefetch_factor + 3`` ``pixel_values`` tensors in
             shared memory and writes a later batch into one once this process holds no view of it
             any more (new shared memory costs a page fault per 4 KiB: about a third of a worker's
             time). Pass False if batches go on to *other* processes uncopied (the main process
             cannot see when those let go).
-        **dataset_kwargs: :class:`PackedDataset` options (``seed``, ``shuffle``, ``remainder``,
-            ``max_images``, ``image_transform`` or ``processor`` for pixels, ``text_only`` for none, ...);
-            ``read_timeout`` is the dataset's ``timeout`` (network reads), which ``timeout`` here is not.
 
     Example:
         >>> loader = make_loader("hf://datasets/my-org/llava-packed@main", batch_size=8)  # doctest: +SKIP
@@ -80,23 +96,32 @@ def make_loader(source: str | os.PathLike[str] | Sequence[str] | PackedDataset, 
         ...     if step % 1000 == 0:
         ...         torch.save({"model": model.state_dict(), "data": loader.state_dict()}, "ckpt.pt")
     """
+    options = {"seed": seed, "shuffle": shuffle, "shuffle_buffer": shuffle_buffer, "rank": rank,
+               "world_size": world_size, "remainder": remainder, "seq_len": seq_len, "max_images": max_images,
+               "pad_token_id": pad_token_id, "image_transform": image_transform, "processor": processor,
+               "text_only": text_only, "expect_tokenizer": expect_tokenizer, "on_corrupt": on_corrupt,
+               "read": read, "balance": balance}
     if isinstance(source, PackedDataset):
-        if dataset_kwargs:
-            raise ConfigError(f"dataset options {sorted(dataset_kwargs)} were given with a dataset built already; "
+        given = sorted(k for k, v in options.items() if v is not _DATASET_DEFAULTS[k] and v != _DATASET_DEFAULTS[k])
+        if given:
+            raise ConfigError(f"dataset options {given} were given with a dataset built already; "
                               "pass them to PackedDataset instead")
         if source.batch_size != batch_size:
             raise ConfigError(f"the dataset was built with batch_size={source.batch_size}, the loader has "
                               f"{batch_size}; they must agree so every rank gets the same number of full batches")
         dataset = source
     else:
-        if "read_timeout" in dataset_kwargs:
-            dataset_kwargs["timeout"] = dataset_kwargs.pop("read_timeout")
-        dataset = PackedDataset(source, batch_size=batch_size, **dataset_kwargs)
+        dataset = PackedDataset(source, batch_size=batch_size, **options)
     return PackedLoader(dataset, batch_size=batch_size, num_workers=num_workers, attention_mask=attention_mask,
                         padding_free=padding_free, max_segments=max_segments, pin_memory=pin_memory,
                         persistent_workers=persistent_workers,
                         prefetch_factor=prefetch_factor, multiprocessing_context=multiprocessing_context,
                         timeout=timeout, reuse_buffers=reuse_buffers)
+
+
+#: PackedDataset's defaults of the options make_loader passes on (to tell "given" from "left alone").
+_DATASET_DEFAULTS = {name: p.default for name, p in inspect.signature(PackedDataset.__init__).parameters.items()
+                     if p.default is not inspect.Parameter.empty}
 
 
 class PackedLoader:
@@ -311,9 +336,9 @@ class PackedLoader:
                   "shuffle_buffer": ds.shuffle_buffer, "remainder": ds.remainder, "batch_size": self.batch_size,
                   "rank": ds.rank, "world_size": ds.world_size, "num_workers": self.num_workers}
         if ds.balance is not None:  # only then: states saved without balance stay loadable
-            config["balance"] = {"kind": ds.balance, "cost_model": dataclasses.asdict(ds.cost_model),
-                                 "heaviest_first": ds.heaviest_first, "window": ds.balance_window,
-                                 "run": ds.balance_run}
+            b = ds.balance
+            config["balance"] = {"kind": "cost", "cost_model": dataclasses.asdict(b.cost_model),
+                                 "heaviest_first": b.heaviest_first, "window": ds.balance_window, "run": b.run}
         return config
 
 

@@ -42,6 +42,7 @@ from ..storage.urls import is_remote
 from .balance import plan_epoch_balanced
 from .budgets import check_pixels, dataset_budgets
 from .elastic import SharedBasis, consumed_packs
+from .options import Balance, ReadOptions
 from .plan import REMAINDER_POLICIES, EpochPlan, plan_epoch, plan_remainder, slot_order
 from .stages import decode_packs, lap_source, reorder
 
@@ -58,7 +59,6 @@ MAX_WORKERS = 256
 _HEAD = 3  # epoch, has_resume, shift; then (lap, emitted, yielded) per worker
 _CONTROL = _HEAD + 3 * MAX_WORKERS
 ON_CORRUPT = ("skip", "raise")
-BALANCE = (None, "cost")
 
 
 class PackedDataset(IterableDataset):
@@ -92,26 +92,15 @@ class PackedDataset(IterableDataset):
             processor the dataset was packed with (``wdspack pack --processor``).
         expect_tokenizer: the tokenizer the training uses: a name, or a dict like the manifest's
             ``tokenizer`` entry (only its keys are compared); a mismatch raises :class:`ConfigError`.
-        block_size: bytes per read from a shard.
-        retries, backoff: transient network errors are retried ``retries`` times, waiting
-            ``backoff * 2**i`` seconds (or the server's ``Retry-After``).
-        timeout: seconds an HTTP(S) connect or read may wait for the server before it counts as a
-            transient error (and is retried). With :func:`make_loader`, whose own ``timeout`` is the
-            DataLoader's, build the dataset first and pass it in.
+        read: how shards are read: a :class:`~wdspack.ReadOptions` or a dict of its fields (block
+            size, retries and back-off, the network ``timeout``, ``storage_options``); default ``ReadOptions()``.
         batch_size: each slot yields a multiple of it, so a DataLoader with this batch size gives
             every rank the same number of full batches (:func:`make_loader` sets it).
-        storage_options: ``hf://``: HfFileSystem options (``token``, ``endpoint``); ``https://``:
-            ``{"headers": {...}}``. Never printed.
-        balance: ``"cost"`` deals each step's packs so every rank's share costs about the same under
-            ``cost_model`` (see :func:`~wdspack.loader.balance.plan_epoch_balanced`); it reads the
-            dataset's pack index (one request) and reads shards in runs of ``balance_run`` packs.
-            Replaces the shuffle buffer's order (the window and run order are still seeded).
-        cost_model: a :class:`~wdspack.CostModel` or a dict of its weights (tokens, attention,
-            images, image_tokens); default ``CostModel()``.
-        heaviest_first: with ``balance="cost"``, every epoch starts with its costliest step, so a
-            configuration that runs out of memory fails in its first step.
-        balance_window: packs a slot balances at a time (and holds at most); default ``shuffle_buffer``.
-        balance_run: packs read per request under ``balance="cost"``.
+        balance: ``"cost"`` (or a :class:`~wdspack.Balance`, or a dict of its fields: cost model,
+            heaviest first, window, run) deals each step's packs so every rank's share costs about the
+            same (see :func:`~wdspack.loader.balance.plan_epoch_balanced`); it reads the dataset's pack
+            index (one request). Replaces the shuffle buffer's order (the window and run order are still
+            seeded). None: the shuffle buffer's order.
 
     Example:
         >>> ds = PackedDataset("hf://datasets/my-org/llava-packed@main", seed=1)  # doctest: +SKIP
@@ -124,24 +113,20 @@ class PackedDataset(IterableDataset):
                  seed: int = 0, shuffle_buffer: int = 256, rank: int | None = None, world_size: int | None = None,
                  remainder: str = "drop", on_corrupt: str = "skip",
                  image_transform: Callable[[Sequence[bytes]], dict[str, torch.Tensor]] | None = None,
-                 expect_tokenizer: str | Mapping[str, Any] | None = None, block_size: int = 1 << 20,
-                 retries: int = 5, backoff: float = 0.5, timeout: float = 60.0, batch_size: int = 1,
-                 storage_options: Mapping[str, Any] | None = None, processor: Any = None,
-                 balance: str | None = None, cost_model: Any = None, heaviest_first: bool = False,
-                 balance_window: int | None = None, balance_run: int = 32, text_only: bool = False) -> None:
+                 expect_tokenizer: str | Mapping[str, Any] | None = None, batch_size: int = 1,
+                 read: ReadOptions | Mapping[str, Any] | None = None, processor: Any = None,
+                 balance: str | Balance | Mapping[str, Any] | None = None, text_only: bool = False) -> None:
         super().__init__()
         if remainder not in REMAINDER_POLICIES:
             raise ConfigError(f"remainder={remainder!r} is not one of {REMAINDER_POLICIES}")
         if on_corrupt not in ON_CORRUPT:
             raise ConfigError(f"on_corrupt={on_corrupt!r} is not one of {ON_CORRUPT}")
-        if shuffle_buffer < 1 or batch_size < 1 or block_size < 512 or retries < 0:
-            raise ConfigError(f"shuffle_buffer ({shuffle_buffer}) and batch_size ({batch_size}) must be >= 1, "
-                              f"block_size ({block_size}) >= 512, retries ({retries}) >= 0")
-        if not timeout > 0:
-            raise ConfigError(f"timeout={timeout} must be > 0 seconds (how long a network read may wait)")
-        self._read: dict[str, Any] = {"block_size": int(block_size), "retries": int(retries),
-                                      "backoff": float(backoff), "timeout": float(timeout)}
-        self._source: ResolvedSource = resolve_source(source, storage_options=storage_options, **self._read)
+        if shuffle_buffer < 1 or batch_size < 1:
+            raise ConfigError(f"shuffle_buffer ({shuffle_buffer}) and batch_size ({batch_size}) must be >= 1")
+        self.read = ReadOptions.of(read)
+        self._read: dict[str, Any] = self.read.stream_kwargs()
+        self._source: ResolvedSource = resolve_source(source, storage_options=self.read.storage_options,
+                                                     **self._read)
         self.seq_len, self.max_images, self.pad_token_id = dataset_budgets(self._source, seq_len, max_images,
                                                                            pad_token_id, read=self._read)
         if expect_tokenizer is not None:
@@ -157,7 +142,7 @@ class PackedDataset(IterableDataset):
         self.model_batcher = self._model_batcher(processor)
         self._costs: list[np.ndarray] | None = None  # per shard, the packs' costs (balance="cost")
         self._offsets: list[np.ndarray] | None = None  # per shard, the packs' byte offsets (from the pack index)
-        self._balance(balance, cost_model, heaviest_first, balance_window, balance_run)
+        self._balance(Balance.of(balance))
         self.with_position = False  # PackedLoader turns it on: each example carries META_KEY
         self._control = torch.zeros(_CONTROL, dtype=torch.int64).share_memory_()
         self._stats_done: Counter = Counter()
@@ -234,7 +219,7 @@ class PackedDataset(IterableDataset):
             return plan_epoch_balanced(counts, self._costs, ranks=world, workers=workers, epoch=epoch,
                                        seed=self.seed, shuffle=self.shuffle, remainder=self.remainder,
                                        batch_size=self.batch_size, window=self.balance_window,
-                                       run=self.balance_run, heaviest_first=self.heaviest_first)
+                                       run=self.balance.run, heaviest_first=self.balance.heaviest_first)
         return plan_epoch(counts, slots=world * workers, epoch=epoch, seed=self.seed, shuffle=self.shuffle,
                           remainder=self.remainder, batch_size=self.batch_size)
 
@@ -346,26 +331,24 @@ class PackedDataset(IterableDataset):
             self._offsets = [rows[:, COLUMNS.index("offset")].copy() for rows in index]
         return self._offsets is not None
 
-    def _balance(self, balance, cost_model, heaviest_first, window, run) -> None:
-        from ..format.pack_index import COLUMNS, CostModel
+    def _balance(self, balance: Balance | None) -> None:
+        from ..format.pack_index import COLUMNS
 
-        if balance not in BALANCE:
-            raise ConfigError(f"balance={balance!r} is not one of {BALANCE}")
         self.balance = balance
-        self.heaviest_first = bool(heaviest_first)
-        self.balance_window = int(self.shuffle_buffer if window is None else window)
-        self.balance_run = int(run)
         if balance is None:
-            if heaviest_first or cost_model is not None:
-                raise ConfigError("heaviest_first and cost_model apply to balance='cost'; pass balance='cost'")
             return
-        if self.balance_window < self.batch_size or self.balance_run < 1:
-            raise ConfigError(f"balance_window ({self.balance_window}) must be >= batch_size ({self.batch_size}) "
-                              f"and balance_run ({self.balance_run}) >= 1")
-        self.cost_model = CostModel.coerce(cost_model)
+        if self.balance_window < self.batch_size:
+            raise ConfigError(f"the balance window ({self.balance_window} packs) must be >= batch_size "
+                              f"({self.batch_size}); pass Balance(window=N) with N >= {self.batch_size}")
         index = read_pack_index(self._source, **self._read)
-        self._costs = [self.cost_model.costs(rows) for rows in index]
+        self._costs = [balance.cost_model.costs(rows) for rows in index]
         self._offsets = [rows[:, COLUMNS.index("offset")].copy() for rows in index]
+
+    @property
+    def balance_window(self) -> int:
+        """Packs a slot balances at a time: the balance's ``window``, else ``shuffle_buffer``."""
+        window = self.balance.window if self.balance is not None else None
+        return int(self.shuffle_buffer if window is None else window)
 
     def _model_batcher(self, processor: Any):
         if processor is None:
