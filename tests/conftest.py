@@ -1,6 +1,7 @@
 """Shared fixtures (real tokenizers loaded offline, the demo dataset) and the two test tiers.
 
 - ``tekken_dir``: a folder holding the Pixtral tokenizer (``tekken.json`` from mistral_common).
+- ``nemo_dir``: a folder holding Mistral-Nemo-Instruct-2407's tokenizer (mistral_common's July 2024 tekken).
 - ``pixtral_template``: the text of ``examples/chat_templates/pixtral.jinja``.
 - ``sample_config``: both as a :class:`~wdspack.packer.samples.SampleConfig`, 16 ``[IMG]`` tokens per image.
 - ``demo_data``: ``examples/make_demo_data.py``'s dataset (150 records, seed 11), generated once per session.
@@ -12,6 +13,7 @@ Tiers: the modules in :data:`INTEGRATION` and the tests marked ``slow`` are mark
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -50,6 +52,19 @@ def tekken_dir(tmp_path_factory) -> Path:
 
     folder = tmp_path_factory.mktemp("tekken")
     shutil.copyfile(Path(mistral_common.__file__).parent / "data" / "tekken_240911.json", folder / "tekken.json")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def nemo_dir(tmp_path_factory) -> Path:
+    """Mistral-Nemo-Instruct-2407's tokenizer (tekken, July 2024), shipped in mistral_common."""
+    import mistral_common
+
+    folder = tmp_path_factory.mktemp("nemo")
+    shutil.copyfile(Path(mistral_common.__file__).parent / "data" / "tekken_240718.json", folder / "tekken.json")
+    # the special tokens as the model's published tokenizer_config.json names them (the template needs eos_token)
+    (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>",
+                                                              "unk_token": "<unk>"}))
     return folder
 
 

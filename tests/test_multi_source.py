@@ -26,7 +26,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from demo_job import read_files
 from published import image_bytes, round_trip, write_image
+from resume import pack_interrupted_then_resumed
 from wdspack import cli
 from wdspack.errors import ConfigError, SampleError, SourceError, TooManyDropsError
 from wdspack.format.dataset import iter_dataset_packs, open_dataset
@@ -58,10 +60,6 @@ def _images_of(out: Path) -> dict[str, tuple[bytes, ...]]:
         for k, sid in enumerate(pack.sample_ids):
             found[sid] = tuple(b for b, owner in zip(pack.images, pack.image_sample) if owner == k)
     return found
-
-
-def _files(root: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(root.iterdir()) if p.is_file()}
 
 
 # ---- InternVL meta file -------------------------------------------------------------------------
@@ -393,7 +391,7 @@ def test_source_records_and_plain_strings_are_the_same_job(tmp_path, sample_conf
     pack_dataset(sources, tmp_path / "strings", sample_config=sample_config, config=config)
     records = [Source(s.split("::")[0], image_root=s.split("::")[1]) for s in sources]
     pack_dataset(records, tmp_path / "records", sample_config=sample_config, config=config)
-    assert _files(tmp_path / "strings") == _files(tmp_path / "records")
+    assert read_files(tmp_path / "strings") == read_files(tmp_path / "records")
     named = [Source(records[0].path, image_root=records[0].image_root, name="first"), records[1]]
     pack_dataset(named, tmp_path / "named", sample_config=sample_config, config=config)
     assert set(_images_of(tmp_path / "named")) == {f"{s}/{k}" for s in ("first", "b") for k in range(3)}
@@ -405,30 +403,17 @@ def test_source_records_and_plain_strings_are_the_same_job(tmp_path, sample_conf
 
 @pytest.mark.slow
 def test_several_sources_are_deterministic_and_resume_identically(tmp_path, sample_config, monkeypatch):
-    from wdspack.packer import job
-
     monkeypatch.chdir(tmp_path)
     meta = _internvl(tmp_path, n=6)
     sources = [str(meta), *_two_roots(tmp_path / "more")]
     config = lambda **kw: PackConfig(seq_len=1024, max_images=MAX_IMAGES, records_per_partition=2, **kw)  # noqa: E731
     pack_dataset(sources, tmp_path / "a", sample_config=sample_config, config=config())
     pack_dataset(sources, tmp_path / "b", sample_config=sample_config, config=config(workers=2))
-    assert _files(tmp_path / "a") == _files(tmp_path / "b")
+    assert read_files(tmp_path / "a") == read_files(tmp_path / "b")
     assert verify_dataset(str(tmp_path / "a"), sources=sources) == []
-    real, calls = job._measure_partition, []
-
-    def dies_on_the_fifth(*args):
-        calls.append(args[0])
-        if len(calls) == 5:
-            raise KeyboardInterrupt
-        return real(*args)
-
-    monkeypatch.setattr(job, "_measure_partition", dies_on_the_fifth)
-    with pytest.raises(KeyboardInterrupt):
-        pack_dataset(sources, tmp_path / "resumed", sample_config=sample_config, config=config())
-    monkeypatch.setattr(job, "_measure_partition", real)
-    pack_dataset(sources, tmp_path / "resumed", sample_config=sample_config, config=config(), resume=True)
-    assert _files(tmp_path / "a") == _files(tmp_path / "resumed")
+    pack_interrupted_then_resumed(monkeypatch, sources, tmp_path / "resumed", interrupt_at=5,
+                                  sample_config=sample_config, config=config())
+    assert read_files(tmp_path / "a") == read_files(tmp_path / "resumed")
 
 
 def _chats(path: Path, ids: list) -> Path:

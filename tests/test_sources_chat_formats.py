@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import io
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
+from demo_job import read_files
+from resume import pack_interrupted_then_resumed
 from wdspack.cli import main
 from wdspack.errors import ConfigError, Dropped, TooManyDropsError
 from wdspack.format.manifest import read_manifest
 from wdspack.ops.verify import verify_dataset
-from wdspack.packer.config import DEFAULT_MAX_DROP_FRACTION, PackConfig
+from wdspack.packer.config import DEFAULT_MAX_DROP_FRACTION, PackConfig, RunOptions
 from wdspack.packer.job import pack_dataset
 from wdspack.packer.samples import SampleConfig, get_builder
 from wdspack.packer.sources import Record, iter_records, list_partitions
@@ -335,19 +336,6 @@ def qwen_config(tekken_dir):
                         image_token="[IMG]")
 
 
-@pytest.fixture(scope="module")
-def nemo_dir(tmp_path_factory) -> Path:
-    """Mistral-Nemo-Instruct-2407's tokenizer (tekken, July 2024), shipped in mistral_common."""
-    import mistral_common
-
-    folder = tmp_path_factory.mktemp("nemo")
-    shutil.copyfile(Path(mistral_common.__file__).parent / "data" / "tekken_240718.json", folder / "tekken.json")
-    # the special tokens as the model's published tokenizer_config.json names them (the template needs eos_token)
-    (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>",
-                                                              "unk_token": "<unk>"}))
-    return folder
-
-
 def _targets(builder, sample) -> str:
     """The trained text: the decoded tokens under the loss mask."""
     return builder.tokenizer.decode(sample.input_ids[sample.loss_mask.astype(bool)].tolist())
@@ -439,10 +427,6 @@ def _pack_config(**kw) -> PackConfig:
     return PackConfig(**{"seq_len": 1024, "max_images": 4, "shard_max_packs": 3, "records_per_partition": 7, **kw})
 
 
-def _files(root: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(root.iterdir()) if p.is_file()}
-
-
 @pytest.mark.slow
 def test_alpaca_and_tool_files_pack_verify_and_are_deterministic(tmp_path, qwen_config):
     srcs = _write_formats(tmp_path / "data")
@@ -450,28 +434,15 @@ def test_alpaca_and_tool_files_pack_verify_and_are_deterministic(tmp_path, qwen_
     assert first.samples_read == 48 and first.samples_packed == 48 and first.samples_dropped == 0
     assert verify_dataset(str(tmp_path / "a"), sources=srcs) == []
     pack_dataset(srcs, tmp_path / "b", sample_config=qwen_config, config=_pack_config(workers=2))
-    assert _files(tmp_path / "a") == _files(tmp_path / "b")
+    assert read_files(tmp_path / "a") == read_files(tmp_path / "b")
 
 
 def test_resume_after_an_interrupted_measure_is_identical(tmp_path, qwen_config, monkeypatch):
-    from wdspack.packer import job
-
     srcs = _write_formats(tmp_path / "data")
     pack_dataset(srcs, tmp_path / "clean", sample_config=qwen_config, config=_pack_config())
-    real, calls = job._measure_partition, []
-
-    def dies_on_the_fourth(*args):
-        calls.append(args[0])
-        if len(calls) == 4:
-            raise KeyboardInterrupt
-        return real(*args)
-
-    monkeypatch.setattr(job, "_measure_partition", dies_on_the_fourth)
-    with pytest.raises(KeyboardInterrupt):
-        pack_dataset(srcs, tmp_path / "resumed", sample_config=qwen_config, config=_pack_config())
-    monkeypatch.setattr(job, "_measure_partition", real)
-    pack_dataset(srcs, tmp_path / "resumed", sample_config=qwen_config, config=_pack_config(), resume=True)
-    assert _files(tmp_path / "clean") == _files(tmp_path / "resumed")
+    pack_interrupted_then_resumed(monkeypatch, srcs, tmp_path / "resumed", interrupt_at=4,
+                                  sample_config=qwen_config, config=_pack_config())
+    assert read_files(tmp_path / "clean") == read_files(tmp_path / "resumed")
 
 
 def test_tool_records_under_a_template_without_tools_fail_the_cli_with_the_fix(tmp_path, tekken_dir, capsys):
@@ -489,9 +460,9 @@ def test_tool_records_under_a_template_without_tools_fail_the_cli_with_the_fix(t
 
 
 def test_default_tolerance_is_five_percent():
-    assert DEFAULT_MAX_DROP_FRACTION == 0.05 and PackConfig(seq_len=8).max_drop_fraction == 0.05
+    assert DEFAULT_MAX_DROP_FRACTION == 0.05 and PackConfig(seq_len=8).run.max_drop_fraction == 0.05
     with pytest.raises(ConfigError, match=r"--max-drop-fraction must be in \[0, 1\].*got 5"):
-        PackConfig(seq_len=8, max_drop_fraction=5)
+        RunOptions(max_drop_fraction=5)
 
 
 def test_a_job_that_packs_nothing_fails_with_reasons_and_examples(tmp_path, qwen_config):
@@ -532,7 +503,7 @@ def test_over_the_tolerance_fails_after_the_report_then_resume_accepts(tmp_path,
     assert summary.samples_packed == 40 and summary.samples_dropped == 3
     pack_dataset(srcs, tmp_path / "fresh", sample_config=qwen_config,
                          config=_pack_config(max_drop_fraction=1.0))
-    assert _files(out) == _files(tmp_path / "fresh")
+    assert read_files(out) == read_files(tmp_path / "fresh")
     assert verify_dataset(str(out), sources=srcs) == []
     assert read_manifest(out).totals["dropped_by_reason"] == {"malformed_record": 2, "unknown_role": 1}
 

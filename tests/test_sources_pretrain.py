@@ -18,11 +18,13 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
+from demo_job import read_files
+from resume import pack_interrupted_then_resumed
 from wdspack.cli import main
 from wdspack.errors import ConfigError, Dropped, SampleError
 from wdspack.format.dataset import open_dataset
 from wdspack.ops.verify import verify_dataset
-from wdspack.packer.config import PackConfig
+from wdspack.packer.config import PackConfig, RunOptions
 from wdspack.packer.job import pack_dataset
 from wdspack.packer.samples import SampleConfig, get_builder
 from wdspack.packer.sources import TextRecord, iter_records, list_partitions
@@ -360,10 +362,6 @@ def _packed_ids(folder: Path) -> list[str]:
     return [sid for _, pack in iter_dataset_packs(manifest, root) for sid in pack.sample_ids]
 
 
-def _files(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
-
-
 @pytest.mark.slow
 def test_pack_captions_and_documents_split_verify_and_repeat_byte_for_byte(tekken_dir, tmp_path, capsys):
     for j in range(2):
@@ -395,7 +393,7 @@ def test_pack_captions_and_documents_split_verify_and_repeat_byte_for_byte(tekke
     again = tmp_path / "again"
     assert main(_pack_argv(tekken_dir, sources, again, "--split-long-documents", "--workers", "2",
                            "--caption-template", "{image}Caption: {caption}")) == 0
-    assert _files(again) == _files(out)
+    assert read_files(again) == read_files(out)
     # without the option the long document is dropped whole, with its reason
     plain = tmp_path / "plain"
     assert main(_pack_argv(tekken_dir, sources, plain, "--caption-template", "{image}Caption: {caption}")) == 0
@@ -405,28 +403,16 @@ def test_pack_captions_and_documents_split_verify_and_repeat_byte_for_byte(tekke
 
 
 def test_splitting_jobs_resume_to_the_same_bytes(tekken_dir, tmp_path, monkeypatch):
-    from wdspack.packer import job
-
     files = _documents(tmp_path)
     sources = [str(files["jsonl"]), str(files["parquet"])]
     cfg = _config(tekken_dir, split_long_documents=True)
-    config = PackConfig(seq_len=128, max_images=4, shard_max_packs=2, records_per_partition=1, max_drop_fraction=1)
+    config = PackConfig(seq_len=128, max_images=4, shard_max_packs=2, records_per_partition=1,
+                        run=RunOptions(max_drop_fraction=1))
     pack_dataset(sources, tmp_path / "ok", sample_config=cfg, config=config)
     assert any("#1" in sid for sid in _packed_ids(tmp_path / "ok")), "a document was split"
-    real, calls = job._measure_partition, []
-
-    def crash_on_third(*args):
-        calls.append(args[0])
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real(*args)
-
-    monkeypatch.setattr(job, "_measure_partition", crash_on_third)
-    with pytest.raises(KeyboardInterrupt):
-        pack_dataset(sources, tmp_path / "crashy", sample_config=cfg, config=config)
-    monkeypatch.setattr(job, "_measure_partition", real)
-    pack_dataset(sources, tmp_path / "crashy", sample_config=cfg, config=config, resume=True)
-    assert _files(tmp_path / "crashy") == _files(tmp_path / "ok")
+    pack_interrupted_then_resumed(monkeypatch, sources, tmp_path / "crashy", interrupt_at=3, sample_config=cfg,
+                                  config=config)
+    assert read_files(tmp_path / "crashy") == read_files(tmp_path / "ok")
 
 
 def test_verify_understands_pieces_and_finds_a_missing_one():

@@ -11,7 +11,6 @@ first turns is not a prefix of rendering them all.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -26,15 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def nemo_config(tmp_path_factory) -> SampleConfig:
-    """Mistral-Nemo-Instruct-2407: its tokenizer (tekken, July 2024, in mistral_common) and template."""
-    import mistral_common
-
-    folder = tmp_path_factory.mktemp("nemo")
-    shutil.copyfile(Path(mistral_common.__file__).parent / "data" / "tekken_240718.json", folder / "tekken.json")
-    (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>",
-                                                              "unk_token": "<unk>"}))
-    return SampleConfig(tokenizer=str(folder), chat_template=MISTRAL_NEMO_TEMPLATE, tokens_per_image=4,
+def nemo_config(nemo_dir) -> SampleConfig:
+    """Mistral-Nemo-Instruct-2407: its tokenizer (``nemo_dir``) and template."""
+    return SampleConfig(tokenizer=str(nemo_dir), chat_template=MISTRAL_NEMO_TEMPLATE, tokens_per_image=4,
                         image_token="[IMG]")
 
 
