@@ -43,7 +43,14 @@ INTEGRATION = (
 
 #: How ``demo_packed`` packs the demo: several shards, and the deliberately bad records dropped.
 DEMO_PACK = dict(seq_len=2048, max_images=6, shard_max_bytes=150_000, records_per_partition=40,
-                 max_drop_fraction=1.0)
+                 run={"max_drop_fraction": 1.0})
+
+
+def demo_pack_config():
+    """:data:`DEMO_PACK` as a ``PackConfig``."""
+    from wdspack.packer.config import PackConfig, RunOptions
+
+    return PackConfig(**{**DEMO_PACK, "run": RunOptions(**DEMO_PACK["run"])})
 
 
 @pytest.fixture(scope="session")
@@ -93,11 +100,10 @@ def demo_data(tmp_path_factory) -> Path:
 def demo_packed(tmp_path_factory, demo_data, sample_config):
     """``(folder, summary)``: ``demo_data`` packed with :data:`DEMO_PACK`, shared: never write into it."""
     from demo_job import demo_sources
-    from wdspack.packer.config import PackConfig
     from wdspack.packer.job import pack_dataset
 
     out = tmp_path_factory.mktemp("demo-packed") / "ds"
-    summary = pack_dataset(demo_sources(demo_data), out, sample_config=sample_config, config=PackConfig(**DEMO_PACK))
+    summary = pack_dataset(demo_sources(demo_data), out, sample_config=sample_config, config=demo_pack_config())
     return out, summary
 
 

@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from wdspack.packer.config import PackConfig
+from wdspack.packer.config import PackConfig, RunOptions
 from wdspack.packer.job import WORK_DIR, run_job
 from wdspack.packer.spool import SpoolWriter
 from wdspack.storage.location import Location
@@ -52,7 +52,8 @@ def main(n: int, folder: str) -> dict:
         f.write("5")
     before = _status("VmRSS")
     start = time.perf_counter()
-    config = PackConfig(seq_len=4096, workers=2, shard_max_bytes=2_000_000)  # many shards: few in flight
+    # many shards: few in flight
+    config = PackConfig(seq_len=4096, shard_max_bytes=2_000_000, run=RunOptions(workers=2))
     summary = run_job(out, "driver-memory", lambda *a: None, [(i,) for i in range(PARTITIONS)], config,
                       describe=lambda: DESCRIBE, sources=["synthetic"], provenance={}, resume=True,
                       progress=False, start=start)

@@ -18,7 +18,7 @@ from PIL import Image
 from wdspack.format.dataset import open_dataset
 from wdspack.format.manifest import read_manifest
 from wdspack.ops.verify import verify_dataset
-from wdspack.packer.config import PackConfig, PackSummary
+from wdspack.packer.config import PackConfig, PackSummary, RunOptions
 from wdspack.packer.job import pack_dataset
 from wdspack.packer.samples import SampleConfig, get_builder
 
@@ -57,7 +57,7 @@ def round_trip(sources: Sequence[str], out: Path, sample_config: SampleConfig, *
 
     summary = pack_dataset(list(sources), out, sample_config=sample_config, image_root=image_root,
                            config=PackConfig(seq_len=seq_len, max_images=max_images,
-                                             max_drop_fraction=max_drop_fraction, **pack))
+                                             run=RunOptions(max_drop_fraction=max_drop_fraction), **pack))
     problems = verify_dataset(str(out), sources=list(sources), image_root=image_root)
     assert problems == [], problems
     manifest = read_manifest(out)

@@ -29,7 +29,7 @@ from wdspack import cli
 from wdspack.errors import DROP_REASONS, SampleError
 from wdspack.format.manifest import read_manifest
 from wdspack.format.pack import decode_pack
-from wdspack.packer.config import PackConfig
+from wdspack.packer.config import PackConfig, RunOptions
 from wdspack.packer.job import WORK_DIR, pack_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,7 +141,7 @@ def _config(**kw) -> PackConfig:
     # The matrix is mostly bad records on purpose: accept any drop fraction (the default 5 % would stop
     # the job, rightly, before it writes the packs these tests inspect).
     return PackConfig(**{"seq_len": SEQ_LEN, "max_images": MAX_IMAGES, "shard_max_packs": 2,
-                         "records_per_partition": 7, "max_drop_fraction": 1.0, **kw})
+                         "records_per_partition": 7, "run": RunOptions(max_drop_fraction=1.0), **kw})
 
 
 def _packed_ids(out: Path) -> list[str]:

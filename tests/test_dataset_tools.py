@@ -20,7 +20,7 @@ from wdspack.format.pack import decode_pack
 from wdspack.ops.inspect import dataset_stats, naive_padding_waste
 from wdspack.ops.upload import upload_dataset
 from wdspack.ops.verify import verify_dataset
-from wdspack.packer.config import PackConfig
+from wdspack.packer.config import PackConfig, RunOptions
 from wdspack.packer.job import pack_dataset
 from wdspack.packer.reshard import reshard_dataset
 
@@ -35,8 +35,9 @@ def packed(tmp_path_factory, demo_data, sample_config):
     for seq_len in (1024, 2048, 4096):
         out[seq_len] = base / f"p{seq_len}"
         pack_dataset(demo_sources(demo_data), out[seq_len], sample_config=sample_config,
+                     # the demo's bad records, many too long at 1024
                      config=PackConfig(seq_len=seq_len, max_images=8, shard_max_bytes=200_000,
-                                       max_drop_fraction=1.0))  # the demo's bad records, many too long at 1024
+                                       run=RunOptions(max_drop_fraction=1.0)))
     return out
 
 
@@ -62,7 +63,8 @@ def _dropped(root: Path) -> dict[str, str]:
 def test_reshard_equals_a_direct_pack(packed, tmp_path, new_len):
     src = packed[2048]
     out = tmp_path / f"r{new_len}"
-    summary = reshard_dataset(str(src), out, config=PackConfig(seq_len=new_len, max_images=8, max_drop_fraction=1.0))
+    summary = reshard_dataset(str(src), out, config=PackConfig(seq_len=new_len, max_images=8,
+                                                                   run=RunOptions(max_drop_fraction=1.0)))
     direct, resharded = _samples(packed[new_len]), _samples(out)
     # Samples too long for 2048 were dropped by the source job and stay dropped.
     lost_at_2048 = {sid for sid, r in _dropped(src).items() if r == "too_long"}

@@ -339,7 +339,7 @@ def test_pack_reads_sources_and_images_from_the_hub(hub, tmp_path, monkeypatch, 
     from huggingface_hub import HfFileSystem, constants
 
     from demo_job import demo_sources, generate_demo, read_files
-    from wdspack.packer.config import PackConfig
+    from wdspack.packer.config import PackConfig, RunOptions
     from wdspack.packer.job import pack_dataset
 
     data = generate_demo(tmp_path / "chats", records=60, seed=3)
@@ -349,7 +349,7 @@ def test_pack_reads_sources_and_images_from_the_hub(hub, tmp_path, monkeypatch, 
                         hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
     HfFileSystem.clear_instance_cache()
     config = PackConfig(seq_len=2048, max_images=6, shard_max_bytes=100_000, records_per_partition=1000,
-                        max_drop_fraction=1.0)  # 60 demo records hold its 6 deliberately bad ones
+                        run=RunOptions(max_drop_fraction=1.0))  # 60 demo records hold its 6 deliberately bad ones
     pack_dataset(demo_sources(data), tmp_path / "local", sample_config=sample_config, config=config)
     seen = _new(hub)
     sources = ["hf://datasets/org/chats/llava.jsonl", "hf://datasets/org/chats@main/messages.jsonl"]

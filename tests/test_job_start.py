@@ -16,7 +16,7 @@ import pytest
 from demo_job import demo_sources, generate_demo, read_files
 from wdspack.cli import main
 from wdspack.errors import OutputError, TooManyDropsError
-from wdspack.packer.config import PackConfig
+from wdspack.packer.config import PackConfig, RunOptions
 from wdspack.packer.executors import ProgressLog
 from wdspack.packer.job import WORK_DIR, pack_dataset
 from wdspack.packer.reshard import reshard_dataset
@@ -110,7 +110,8 @@ def test_a_job_with_finished_work_keeps_refusing_with_the_fix(demo_data, tekken_
 def packed(demo_data, sample_config, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("packed") / "ds"
     pack_dataset(demo_sources(demo_data), out, sample_config=sample_config,
-                 config=PackConfig(seq_len=2048, max_images=8, shard_max_packs=3, max_drop_fraction=0.5))
+                 config=PackConfig(seq_len=2048, max_images=8, shard_max_packs=3,
+                                   run=RunOptions(max_drop_fraction=0.5)))
     return out
 
 
@@ -136,7 +137,7 @@ def test_reshard_that_failed_before_writing_anything_is_started_over(packed, tmp
 def test_reshard_with_finished_work_keeps_refusing(packed, tmp_path):
     out = tmp_path / "ds"
     with pytest.raises(TooManyDropsError):  # most samples are longer than 256 tokens
-        reshard_dataset(str(packed), out, config=PackConfig(seq_len=256, max_drop_fraction=0))
+        reshard_dataset(str(packed), out, config=PackConfig(seq_len=256, run=RunOptions(max_drop_fraction=0)))
     assert _metas(out)
     with pytest.raises(OutputError, match="holds an unfinished pack job; pass --resume"):
         reshard_dataset(str(packed), out, config=PackConfig(seq_len=4096))

@@ -33,7 +33,7 @@ from wdspack import cli
 from wdspack.errors import ConfigError, SampleError, SourceError, TooManyDropsError
 from wdspack.format.dataset import iter_dataset_packs, open_dataset
 from wdspack.ops.verify import verify_dataset
-from wdspack.packer.config import PackConfig
+from wdspack.packer.config import PackConfig, RunOptions
 from wdspack.packer.job import pack_dataset
 from wdspack.packer.sources import Source, iter_records, list_partitions
 from wdspack.packer.sources.meta import RowMap, collision_key, expand_sources, parse_source
@@ -408,7 +408,7 @@ def test_several_sources_are_deterministic_and_resume_identically(tmp_path, samp
     sources = [str(meta), *_two_roots(tmp_path / "more")]
     config = lambda **kw: PackConfig(seq_len=1024, max_images=MAX_IMAGES, records_per_partition=2, **kw)  # noqa: E731
     pack_dataset(sources, tmp_path / "a", sample_config=sample_config, config=config())
-    pack_dataset(sources, tmp_path / "b", sample_config=sample_config, config=config(workers=2))
+    pack_dataset(sources, tmp_path / "b", sample_config=sample_config, config=config(run=RunOptions(workers=2)))
     assert read_files(tmp_path / "a") == read_files(tmp_path / "b")
     assert verify_dataset(str(tmp_path / "a"), sources=sources) == []
     pack_interrupted_then_resumed(monkeypatch, sources, tmp_path / "resumed", interrupt_at=5,

@@ -19,7 +19,7 @@ from wdspack.errors import ConfigError, Dropped, OutputError, SampleError, TooMa
 from wdspack.format.manifest import read_manifest
 from wdspack.format.pack import decode_pack
 from wdspack.packer import job
-from wdspack.packer.config import PackConfig
+from wdspack.packer.config import PackConfig, RunOptions
 from wdspack.packer.job import pack_dataset
 from wdspack.packer.samples import get_builder
 from wdspack.packer.sources import iter_records, list_partitions
@@ -120,7 +120,7 @@ def test_manifest_describes_the_job(packed):
 def test_two_runs_and_two_workers_give_identical_bytes(packed, demo_data, sample_config, tmp_path):
     out, _ = packed
     again = tmp_path / "again"
-    pack_dataset(demo_sources(demo_data), again, sample_config=sample_config, config=_config(workers=2))
+    pack_dataset(demo_sources(demo_data), again, sample_config=sample_config, config=_config(run=RunOptions(workers=2)))
     assert read_files(again) == read_files(out)
 
 
@@ -234,7 +234,7 @@ def test_drop_tolerance(demo_data, sample_config, tmp_path):
     """Over the tolerance: the job fails after writing dropped.jsonl, before any shard or manifest."""
     with pytest.raises(TooManyDropsError, match=r"over the tolerance --max-drop-fraction 0\.001"):
         pack_dataset(demo_sources(demo_data), tmp_path / "ds", sample_config=sample_config,
-                     config=_config(max_drop_fraction=0.001))
+                     config=_config(run=RunOptions(max_drop_fraction=0.001)))
     assert (tmp_path / "ds" / "dropped.jsonl").read_text().count("\n") >= 6
     assert not (tmp_path / "ds" / "manifest.json").exists() and not list((tmp_path / "ds").glob("*.tar"))
 
@@ -242,11 +242,29 @@ def test_drop_tolerance(demo_data, sample_config, tmp_path):
 @pytest.mark.parametrize("kw, match", [
     (dict(algorithm="magic"), "unknown --algorithm 'magic'"),
     (dict(on_error="ignore"), "--on-error"),
-    (dict(workers=0), "--workers"),
+    (dict(records_per_partition=0), "records_per_partition must be >= 1"),
+    (dict(run=dict(workers=4)), "pass a wdspack.RunOptions"),
 ])
 def test_config_errors(kw, match):
     with pytest.raises(ConfigError, match=match):
         _config(**kw)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(workers=0), "--workers must be >= 1"),
+    (dict(executor="spark"), "unknown --executor 'spark'"),
+    (dict(ray_address="auto"), "--ray-address needs --executor ray"),
+    (dict(max_drop_fraction=5), r"--max-drop-fraction must be in \[0, 1\]"),
+])
+def test_run_options_errors(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        RunOptions(**kw)
+
+
+def test_where_tasks_run_is_not_part_of_what_decides_the_output():
+    busy = _config(run=RunOptions(workers=4, max_drop_fraction=1))
+    assert busy.output_fields() == _config().output_fields() and "run" not in busy.output_fields()
+    assert _config(seed=1).output_fields() != _config().output_fields()
 
 
 def test_parquet_and_saved_dataset_sources_pack_with_a_real_tokenizer(sample_config, tmp_path):

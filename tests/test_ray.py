@@ -20,7 +20,7 @@ from demo_job import demo_sources, generate_demo, read_files
 from wdspack.cli import main
 from wdspack.errors import ConfigError, SampleError
 from wdspack.packer import job
-from wdspack.packer.config import PackConfig
+from wdspack.packer.config import PackConfig, RunOptions
 from wdspack.packer.executors import run_tasks
 from wdspack.packer.job import pack_dataset
 
@@ -55,6 +55,9 @@ def _config(**kw) -> PackConfig:
     return PackConfig(**base)
 
 
+RAY = _config(run=RunOptions(executor="ray"))
+
+
 @pytest.fixture(scope="module")
 def local_files(tmp_path_factory, demo_data, sample_config):
     out = tmp_path_factory.mktemp("local") / "ds"
@@ -65,7 +68,7 @@ def local_files(tmp_path_factory, demo_data, sample_config):
 
 def test_ray_equals_local_byte_for_byte(ray_cluster, local_files, demo_data, sample_config, tmp_path):
     out = tmp_path / "ds"
-    pack_dataset(demo_sources(demo_data), out, sample_config=sample_config, config=_config(executor="ray"))
+    pack_dataset(demo_sources(demo_data), out, sample_config=sample_config, config=RAY)
     files = read_files(out)
     assert {"manifest.json", "dropped.jsonl"} <= files.keys()
     assert files.keys() == local_files.keys()
@@ -103,7 +106,7 @@ def test_killed_worker_is_retried_with_identical_output(ray_cluster, local_files
     monkeypatch.setattr(job, "_measure_partition", _measure_dies_once)
     monkeypatch.setattr(job, "_write_shard", _write_dies_once)
     out = tmp_path / "ds"
-    pack_dataset(demo_sources(demo_data), out, sample_config=sample_config, config=_config(executor="ray"))
+    pack_dataset(demo_sources(demo_data), out, sample_config=sample_config, config=RAY)
     for stage, k in (("measure", VICTIM_PART), ("write", VICTIM_SHARD)):
         marker = tmp_path / f"{stage}-{k}.died"
         assert marker.exists(), f"the {stage} task {k} never ran its dying first attempt"
@@ -165,7 +168,7 @@ def test_cli_without_ray_names_the_extra(monkeypatch, demo_data, tekken_dir, tmp
 
 def test_executor_flags_are_checked():
     with pytest.raises(ConfigError, match="unknown --executor 'spark'"):
-        PackConfig(seq_len=64, executor="spark")
+        RunOptions(executor="spark")
     with pytest.raises(ConfigError, match="--ray-address needs --executor ray"):
-        PackConfig(seq_len=64, ray_address="auto")
+        RunOptions(ray_address="auto")
     assert main(["pack", "x.jsonl", "-o", "out", "--tokenizer", "t", "--seq-len", "8", "--executor", "dask"]) == 2

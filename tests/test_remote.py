@@ -17,7 +17,7 @@ from s3server import running_s3, upload_folder
 from wdspack.errors import ConfigError, OutputError, SourceError, TooManyDropsError
 from wdspack.format.manifest import Manifest
 from wdspack.packer import job
-from wdspack.packer.config import PackConfig
+from wdspack.packer.config import PackConfig, RunOptions
 from wdspack.packer.job import pack_dataset
 from wdspack.packer.sources import iter_records, list_partitions
 from wdspack.storage.location import Location
@@ -32,11 +32,12 @@ def s3(tmp_path_factory):
         yield server_and_fs
 
 
-def _config(**kw) -> PackConfig:
+def _config(run=None, **kw) -> PackConfig:
+    run = run or {}
     # conftest's DEMO_PACK, which packed ``local``. 150 demo records hold its 6 deliberately bad ones, and a few
     # are too long: accept the drops
-    base = dict(seq_len=2048, max_images=6, shard_max_bytes=150_000, records_per_partition=40, max_drop_fraction=1.0)
-    base.update(kw)
+    base = dict(seq_len=2048, max_images=6, shard_max_bytes=150_000, records_per_partition=40)
+    base.update(kw, run=RunOptions(max_drop_fraction=1.0, **run))
     return PackConfig(**base)
 
 
@@ -65,7 +66,8 @@ def _remote_files(fs, url: str) -> dict[str, bytes]:
 def test_output_on_s3_equals_local(s3, local, demo_data, sample_config, workers):
     _, fs = s3
     url = f"s3://{BUCKET}/out-{workers}"
-    summary = pack_dataset(demo_sources(demo_data), url, sample_config=sample_config, config=_config(workers=workers))
+    summary = pack_dataset(demo_sources(demo_data), url, sample_config=sample_config,
+                           config=_config({"workers": workers}))
     assert summary.output == url
     files = _remote_files(fs, url)
     assert files == local[1]  # every shard, the manifest and the dropped list; no work folder, no temp names
@@ -167,7 +169,7 @@ def test_ray_reads_and_writes_s3_like_local(s3, local, remote_demo, sample_confi
     try:
         url = f"s3://{BUCKET}/ray"
         sources = [f"{remote_demo}/llava.jsonl", f"{remote_demo}/messages.jsonl"]
-        pack_dataset(sources, url, sample_config=sample_config, config=_config(executor="ray"))
+        pack_dataset(sources, url, sample_config=sample_config, config=_config({"executor": "ray"}))
     finally:
         ray.shutdown()
     files, expected = _remote_files(fs, url), local[1]

@@ -247,12 +247,12 @@ def test_dataset_packed_to_s3_streams_like_its_local_copy(s3, sample_config, tmp
     """``pack_dataset(output="s3://...")`` then the loader on that URL: the batches of the folder
     packed locally from the same inputs."""
     from demo_job import demo_sources, generate_demo
-    from wdspack.packer.config import PackConfig
+    from wdspack.packer.config import PackConfig, RunOptions
     from wdspack.packer.job import pack_dataset
 
     demo = generate_demo(tmp_path / "demo", records=60, seed=2)
     config = PackConfig(seq_len=2048, max_images=6, shard_max_bytes=120_000, records_per_partition=30,
-                        max_drop_fraction=0.5)  # the demo inputs hold bad records on purpose
+                        run=RunOptions(max_drop_fraction=0.5))  # the demo inputs hold bad records on purpose
     pack_dataset(demo_sources(demo), tmp_path / "packed", sample_config=sample_config, config=config)
     url = f"s3://{BUCKET}/packed"
     pack_dataset(demo_sources(demo), url, sample_config=sample_config, config=config)

@@ -433,7 +433,7 @@ def test_alpaca_and_tool_files_pack_verify_and_are_deterministic(tmp_path, qwen_
     first = pack_dataset(srcs, tmp_path / "a", sample_config=qwen_config, config=_pack_config())
     assert first.samples_read == 48 and first.samples_packed == 48 and first.samples_dropped == 0
     assert verify_dataset(str(tmp_path / "a"), sources=srcs) == []
-    pack_dataset(srcs, tmp_path / "b", sample_config=qwen_config, config=_pack_config(workers=2))
+    pack_dataset(srcs, tmp_path / "b", sample_config=qwen_config, config=_pack_config(run=RunOptions(workers=2)))
     assert read_files(tmp_path / "a") == read_files(tmp_path / "b")
 
 
@@ -472,7 +472,7 @@ def test_a_job_that_packs_nothing_fails_with_reasons_and_examples(tmp_path, qwen
                     + '{"broken\n')
     out = tmp_path / "out"
     with pytest.raises(TooManyDropsError) as e:
-        pack_dataset([str(path)], out, sample_config=qwen_config, config=_pack_config(max_drop_fraction=1.0))
+        pack_dataset([str(path)], out, sample_config=qwen_config, config=_pack_config(run=RunOptions(max_drop_fraction=1.0)))
     msg = str(e.value)
     assert msg.startswith("nothing was packed: all 31 samples read were dropped")
     assert "malformed_record" in msg and "'dolly.jsonl:0': the record has none of 'conversations'" in msg
@@ -498,11 +498,11 @@ def test_over_the_tolerance_fails_after_the_report_then_resume_accepts(tmp_path,
     assert "malformed_record" in msg and "unknown_role" in msg and "'tools.jsonl:20'" in msg
     assert "--resume --max-drop-fraction 0.07" in msg
     assert len((out / "dropped.jsonl").read_text().splitlines()) == 3 and not (out / "manifest.json").exists()
-    summary = pack_dataset(srcs, out, sample_config=qwen_config, config=_pack_config(max_drop_fraction=0.07),
+    summary = pack_dataset(srcs, out, sample_config=qwen_config, config=_pack_config(run=RunOptions(max_drop_fraction=0.07)),
                            resume=True)
     assert summary.samples_packed == 40 and summary.samples_dropped == 3
     pack_dataset(srcs, tmp_path / "fresh", sample_config=qwen_config,
-                         config=_pack_config(max_drop_fraction=1.0))
+                         config=_pack_config(run=RunOptions(max_drop_fraction=1.0)))
     assert read_files(out) == read_files(tmp_path / "fresh")
     assert verify_dataset(str(out), sources=srcs) == []
     assert read_manifest(out).totals["dropped_by_reason"] == {"malformed_record": 2, "unknown_role": 1}

@@ -41,13 +41,14 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 
 def _pack(sources: list[str], out: Path, sample_config, workers: int, seq_len: int, max_images: int) -> dict:
-    from wdspack.packer.config import PackConfig
+    from wdspack.packer.config import PackConfig, RunOptions
     from wdspack.packer.job import pack_dataset
 
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
     s = pack_dataset(sources, str(out), sample_config=sample_config,
-                     config=PackConfig(seq_len=seq_len, max_images=max_images, workers=workers), progress=False)
+                     config=PackConfig(seq_len=seq_len, max_images=max_images, run=RunOptions(workers=workers)),
+                     progress=False)
     seconds = time.perf_counter() - t0
     return {"samples": s.samples_read, "packed": s.samples_packed, "seconds": round(seconds, 2),
             "samples_per_s": round(s.samples_read / seconds, 1), "fill": round(s.fill_ratio, 4)}

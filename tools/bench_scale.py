@@ -34,7 +34,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from wdspack.packer import job  # noqa: E402
-from wdspack.packer.config import PackConfig  # noqa: E402
+from wdspack.packer.config import PackConfig, RunOptions  # noqa: E402
 from wdspack.packer.job import pack_dataset  # noqa: E402
 from wdspack.packer.planner import plan_packs  # noqa: E402
 from wdspack.packer.samples import SampleConfig  # noqa: E402
@@ -94,7 +94,7 @@ class StageTimer:
 
 def run_setting(sources, sample_config, work: Path, *, executor: str, workers: int, label: str) -> dict:
     config = PackConfig(seq_len=SEQ_LEN, max_images=MAX_IMAGES, shard_max_bytes=8 * 10**6,
-                        records_per_partition=100, workers=workers, executor=executor)
+                        records_per_partition=100, run=RunOptions(workers=workers, executor=executor))
     for attempt in range(2):  # the first run warms up; the second is measured
         out = work / f"{label}-{attempt}"
         with StageTimer() as timer:

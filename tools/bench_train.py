@@ -344,7 +344,7 @@ def prepare(args: argparse.Namespace, work: Path, device: torch.device) -> tuple
     from make_demo_data import generate
     from tiny_vlm import qwen2_5_vl
     from wdspack.models import save_processor
-    from wdspack.packer.config import PackConfig
+    from wdspack.packer.config import PackConfig, RunOptions
     from wdspack.packer.job import pack_dataset
     from wdspack.packer.samples import SampleConfig
 
@@ -353,7 +353,8 @@ def prepare(args: argparse.Namespace, work: Path, device: torch.device) -> tuple
     processor = qwen2_5_vl.processor(work / "tok")
     folder = save_processor(processor, work / "processor")
     summary = pack_dataset(sources, str(work / "packed"), sample_config=SampleConfig(processor=str(folder)),
-                           config=PackConfig(seq_len=args.seq_len, max_images=args.max_images, max_drop_fraction=1.0),
+                           config=PackConfig(seq_len=args.seq_len, max_images=args.max_images,
+                                             run=RunOptions(max_drop_fraction=1.0)),
                            progress=False)  # the demo's deliberately bad records, and chats over seq_len
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     model = build_model(processor, hidden=args.hidden, layers=args.layers).to(device, dtype).train()

@@ -43,7 +43,7 @@ if typing.TYPE_CHECKING:  # the names _LAZY loads on first use, as type checkers
     from .ops.inspect import dataset_stats
     from .ops.upload import upload_dataset
     from .ops.verify import verify_dataset
-    from .packer.config import PackConfig, PackSummary
+    from .packer.config import PackConfig, PackSummary, RunOptions
     from .packer.job import pack_dataset
     from .packer.reshard import reshard_dataset
     from .packer.samples import Sample, SampleBuilder, SampleConfig
@@ -53,7 +53,8 @@ if typing.TYPE_CHECKING:  # the names _LAZY loads on first use, as type checkers
 #: Name -> the module (below this package) it is loaded from on first use.
 _LAZY = {
     # pack
-    "PackConfig": "packer.config", "PackSummary": "packer.config", "pack_dataset": "packer.job",
+    "PackConfig": "packer.config", "PackSummary": "packer.config", "RunOptions": "packer.config",
+    "pack_dataset": "packer.job",
     "SampleConfig": "packer.samples", "Sample": "packer.samples", "SampleBuilder": "packer.samples",
     "Record": "packer.sources", "list_partitions": "packer.sources", "iter_records": "packer.sources",
     "reshard_dataset": "packer.reshard",
@@ -75,8 +76,8 @@ __all__ = [
     # the format
     "FORMAT", "Manifest", "Pack", "ShardInfo", "decode_pack", "encode_pack", "read_manifest",
     # pack
-    "ALGORITHMS", "PackConfig", "PackSummary", "Record", "Sample", "SampleBuilder", "SampleConfig", "iter_records",
-    "list_partitions", "lower_bound", "pack_dataset", "plan_packs", "reshard_dataset",
+    "ALGORITHMS", "PackConfig", "PackSummary", "Record", "RunOptions", "Sample", "SampleBuilder", "SampleConfig",
+    "iter_records", "list_partitions", "lower_bound", "pack_dataset", "plan_packs", "reshard_dataset",
     # operations on a packed dataset
     "CostModel", "dataset_stats", "upload_dataset", "verify_dataset",
     # load and train

@@ -203,9 +203,9 @@ def _add_pack(sub) -> None:
 
 
 def _run_pack(args: argparse.Namespace) -> int:
-    from .packer.config import PackConfig
+    from .packer.config import PackConfig, RunOptions
     from .packer.job import pack_dataset
-    from .packer.samples import SampleConfig
+    from .packer.samples import SampleConfig, check_template_syntax
 
     template = None
     if args.chat_template:
@@ -213,45 +213,21 @@ def _run_pack(args: argparse.Namespace) -> int:
         if not path.is_file():
             raise ConfigError(f"--chat-template {args.chat_template!r} is not a file")
         template = path.read_text(encoding="utf-8")
-        _check_template_syntax(template, args.chat_template)
-    if args.processor and (args.tokenizer or args.tokens_per_image or args.image_token):
-        raise ConfigError("--processor supplies the tokenizer, the image token and the tokens per image; drop "
-                          "--tokenizer, --tokens-per-image and --image-token")
-    if not args.processor and not args.tokenizer:
-        raise ConfigError("give --tokenizer (fixed image tokens) or --processor (the model's own layout)")
-    given: str | None = args.tokens_per_image  # None without --processor: refused when the tokenizer loads
-    tpi: int | str | None = given
-    if given is not None and re.fullmatch(r"\d+", given):
-        tpi = int(given)
-    elif given is not None and not given.startswith("processor:"):
-        raise ConfigError(f"--tokens-per-image {given!r}: give a number (e.g. 64) or processor:NAME_OR_PATH")
-    sample_config = SampleConfig(tokenizer=args.tokenizer, chat_template=template, tokens_per_image=tpi,
+        check_template_syntax(template, f"--chat-template {args.chat_template!r}")
+    sample_config = SampleConfig(tokenizer=args.tokenizer, chat_template=template,
+                                 tokens_per_image=args.tokens_per_image,
                                  image_token=args.image_token, max_image_side=args.max_image_side,
                                  processor=args.processor, pretrain=_pretrain_config(args))
+    run = RunOptions(workers=args.workers, executor=args.executor, ray_address=args.ray_address,
+                     max_drop_fraction=_drop_fraction(args))
     config = PackConfig(seq_len=args.seq_len, max_images=args.max_images, algorithm=args.algorithm,
                         seed=args.seed, shard_max_bytes=parse_size(args.shard_size),
-                        shard_max_packs=args.shard_packs, workers=args.workers, on_error=args.on_error,
-                        max_drop_fraction=_drop_fraction(args), split=args.split, executor=args.executor,
-                        ray_address=args.ray_address)
+                        shard_max_packs=args.shard_packs, on_error=args.on_error, split=args.split, run=run)
     summary = pack_dataset(args.sources, args.output, sample_config=sample_config, config=config,
                    image_root=args.image_root, resume=args.resume, progress=not args.quiet)
     for line in summary.lines():
         print(line)
     return 0
-
-
-def _check_template_syntax(template: str, path: str) -> None:
-    """Refuse a chat template with a Jinja syntax error now, naming the line: at pack time every record
-    would be dropped with it, after tokenizing the whole input."""
-    import jinja2
-    import jinja2.ext
-
-    try:  # the extensions transformers renders with; its own {% generation %} tag is not Jinja's
-        jinja2.Environment(extensions=[jinja2.ext.loopcontrols]).parse(template)
-    except jinja2.TemplateSyntaxError as e:
-        if "generation" not in (e.message or ""):
-            raise ConfigError(f"--chat-template {path!r}, line {e.lineno}: {e.message}; fix the template's "
-                              "Jinja syntax") from None
 
 
 def _drop_fraction(args: argparse.Namespace) -> float:
@@ -383,13 +359,13 @@ def _add_reshard(sub) -> None:
 
 
 def _run_reshard(args: argparse.Namespace) -> int:
-    from .packer.config import PackConfig
+    from .packer.config import PackConfig, RunOptions
     from .packer.reshard import reshard_dataset
 
     config = PackConfig(seq_len=args.seq_len, max_images=args.max_images, algorithm=args.algorithm,
                         seed=args.seed, shard_max_bytes=parse_size(args.shard_size),
-                        shard_max_packs=args.shard_packs, workers=args.workers,
-                        max_drop_fraction=_drop_fraction(args))
+                        shard_max_packs=args.shard_packs,
+                        run=RunOptions(workers=args.workers, max_drop_fraction=_drop_fraction(args)))
     summary = reshard_dataset(args.source, args.output, config=config, resume=args.resume, progress=not args.quiet)
     for line in summary.lines():
         print(line)

@@ -143,7 +143,8 @@ def test_captions_and_documents_pack_for_the_processor_and_feed_its_model(qwen, 
     config = SampleConfig(processor=str(folder / "processor"), pretrain=pretrain)
     out = tmp_path / "out"
     wdspack.pack_dataset([str(shard), str(docs["parquet"])], out, sample_config=config,
-                         config=wdspack.PackConfig(seq_len=512, max_images=8, max_drop_fraction=1))
+                         config=wdspack.PackConfig(seq_len=512, max_images=8,
+                                                   run=wdspack.RunOptions(max_drop_fraction=1)))
     pad = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
     manifest, root = open_dataset(str(out))
     kinds = set()

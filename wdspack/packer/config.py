@@ -2,31 +2,66 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..errors import ConfigError
 from .executors import EXECUTORS
 from .planner import ALGORITHMS
 
-__all__ = ["DEFAULT_MAX_DROP_FRACTION", "PackConfig", "PackSummary"]
+__all__ = ["DEFAULT_MAX_DROP_FRACTION", "PackConfig", "PackSummary", "RunOptions"]
 
-# Where tasks run, and whether the job may go on after its drops: never changes the output bytes (a
-# job stopped by the drop tolerance resumes with a new max_drop_fraction, its tokenized samples kept).
-_EXECUTION_FIELDS = ("workers", "executor", "ray_address", "max_drop_fraction")
 #: A job that drops more than this fraction of the samples it read fails (after writing dropped.jsonl).
 DEFAULT_MAX_DROP_FRACTION = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """Where a pack job's tasks run, and whether it may go on after its drops.
+
+    None of it changes the output bytes, so a job may be resumed under other values (a job stopped
+    by the drop tolerance resumes with a higher ``max_drop_fraction``, its tokenized samples kept).
+
+    Attributes:
+        workers: processes (``"local"``) or concurrent tasks (``"ray"``), >= 1.
+        executor: ``"local"`` (a process pool on this machine) or ``"ray"``.
+        ray_address: the Ray cluster to join (``executor="ray"`` only); None: start or find one.
+        max_drop_fraction: the job fails, after writing ``dropped.jsonl`` and before planning, when
+            it drops more than this fraction of the samples it read (``1`` or ``None``: any); a job
+            that would pack nothing always fails. Resume it with a higher value to accept the drops.
+
+    Example:
+        >>> RunOptions(workers=4).executor
+        'local'
+    """
+
+    workers: int = 1
+    executor: str = "local"
+    ray_address: str | None = None
+    max_drop_fraction: float | None = DEFAULT_MAX_DROP_FRACTION
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ConfigError(f"--workers must be >= 1, got {self.workers}")
+        if self.executor not in EXECUTORS:
+            raise ConfigError(f"unknown --executor {self.executor!r}; choose one of {', '.join(EXECUTORS)}")
+        if self.ray_address is not None and self.executor != "ray":
+            raise ConfigError("--ray-address needs --executor ray")
+        if self.max_drop_fraction is not None and not 0 <= self.max_drop_fraction <= 1:
+            raise ConfigError(f"--max-drop-fraction must be in [0, 1] (0.05 = 5 %; 1 accepts any drops), "
+                              f"got {self.max_drop_fraction}")
 
 
 @dataclass(frozen=True, slots=True)
 class PackConfig:
     """How to plan and write (everything but the tokenizer, which is :class:`~.samples.SampleConfig`).
 
-    ``workers``, ``executor`` (``"local"`` or ``"ray"``) and ``ray_address`` say where the tasks
-    run; they change nothing in the output, so a job may be resumed under other values.
-    ``max_drop_fraction``: the job fails, after writing ``dropped.jsonl`` and before planning, when
-    it drops more than this fraction of the samples it read (``1`` or ``None``: any); a job that would
-    pack nothing always fails. Resume it with a higher value to accept the drops.
+    Every field but ``run`` decides the output bytes (and a resumed job must keep them); ``run``
+    (:class:`RunOptions`) says where the tasks run and may change between runs of one job.
+
+    Example:
+        >>> PackConfig(seq_len=4096, max_images=16, run=RunOptions(workers=4)).run.workers
+        4
     """
 
     seq_len: int
@@ -35,13 +70,10 @@ class PackConfig:
     seed: int = 0
     shard_max_bytes: int = 512 * 10**6
     shard_max_packs: int | None = None
-    workers: int = 1
     on_error: str = "skip"
-    max_drop_fraction: float | None = DEFAULT_MAX_DROP_FRACTION
     split: str = "train"
     records_per_partition: int = 1000
-    executor: str = "local"
-    ray_address: str | None = None
+    run: RunOptions = field(default_factory=RunOptions)
 
     def __post_init__(self) -> None:
         if self.seq_len <= 0:
@@ -54,19 +86,15 @@ class PackConfig:
             raise ConfigError(f"--on-error must be 'skip' or 'raise', got {self.on_error!r}")
         if self.shard_max_bytes <= 0 or (self.shard_max_packs is not None and self.shard_max_packs <= 0):
             raise ConfigError("shard size limits must be positive")
-        if self.workers < 1:
-            raise ConfigError(f"--workers must be >= 1, got {self.workers}")
-        if self.executor not in EXECUTORS:
-            raise ConfigError(f"unknown --executor {self.executor!r}; choose one of {', '.join(EXECUTORS)}")
-        if self.ray_address is not None and self.executor != "ray":
-            raise ConfigError("--ray-address needs --executor ray")
-        if self.max_drop_fraction is not None and not 0 <= self.max_drop_fraction <= 1:
-            raise ConfigError(f"--max-drop-fraction must be in [0, 1] (0.05 = 5 %; 1 accepts any drops), "
-                              f"got {self.max_drop_fraction}")
+        if self.records_per_partition < 1:
+            raise ConfigError(f"records_per_partition must be >= 1, got {self.records_per_partition}")
+        if not isinstance(self.run, RunOptions):
+            raise ConfigError(f"run={self.run!r}: pass a wdspack.RunOptions (workers, executor, ray_address, "
+                              "max_drop_fraction)")
 
     def output_fields(self) -> dict[str, Any]:
-        """The fields that decide the output (for resume fingerprints): all but where tasks run."""
-        return {k: v for k, v in asdict(self).items() if k not in _EXECUTION_FIELDS}
+        """The fields that decide the output (for resume fingerprints): all but ``run``."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "run"}
 
 
 @dataclass(frozen=True, slots=True)

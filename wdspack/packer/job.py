@@ -146,7 +146,7 @@ def run_job(out: Location, fingerprint: str, measure: Callable[..., Any], tasks:
     template (a path that does not load fails here, leaving no work folder to block the corrected
     re-run).
     """
-    check_executor(config.executor)  # before touching the output: a missing Ray is a usage error
+    check_executor(config.run.executor)  # before touching the output: a missing Ray is a usage error
     if progress and not sys.stderr.isatty():
         progress_interval()  # a bad WDSPACK_PROGRESS_INTERVAL is a usage error too
     info = describe()
@@ -448,8 +448,8 @@ def _run(fn: Callable[..., Any], tasks: Iterable[tuple], config: PackConfig, *, 
             log.update()
 
     try:
-        yield from run_tasks(fn, tasks, executor=config.executor, workers=config.workers,
-                             ray_address=config.ray_address, on_done=done)
+        yield from run_tasks(fn, tasks, executor=config.run.executor, workers=config.run.workers,
+                             ray_address=config.run.ray_address, on_done=done)
     finally:
         bar.close()
         if log is not None:

@@ -45,10 +45,10 @@ from PIL import Image
 from ..errors import ConfigError, SampleError
 from ..format.pack import token_dtype_for
 from .sources.documents import TextRecord
-from .text import build_text_sample
+from .text import PretrainConfig, build_text_sample
 from .tokenized import Sample
 
-__all__ = ["Sample", "SampleBuilder", "SampleConfig", "get_builder"]
+__all__ = ["ProcessorLike", "Sample", "SampleBuilder", "SampleConfig", "check_template_syntax", "get_builder"]
 
 
 class RecordLike(Protocol):
@@ -57,23 +57,91 @@ class RecordLike(Protocol):
     images: tuple[bytes, ...]
 
 
+class ProcessorLike(Protocol):
+    """A model's processor object (``transformers.ProcessorMixin``): what wdspack reads of it."""
+
+    tokenizer: Any
+    image_processor: Any
+
+
 @dataclass(frozen=True, slots=True)
 class SampleConfig:
-    """How samples are built; picklable, shipped to worker processes.
+    """How samples are built; picklable, shipped to worker processes. It checks itself when built,
+    so a library caller gets the errors ``wdspack pack`` gives (naming both the flag and the field).
+
+    Attributes:
+        tokenizer: a tokenizer folder or cached model name (fixed image tokens); or give ``processor``.
+        chat_template: the template's text; default the tokenizer's (or the processor's).
+        tokens_per_image: the tokens one image takes (an int >= 0, or digits), or
+            ``"processor:NAME_OR_PATH"`` for a dynamic-resolution image processor's count, or an
+            image processor object; required with ``tokenizer``, refused with ``processor``.
+        image_token: the image token; default the tokenizer's (refused with ``processor``).
+        max_image_side, max_image_pixels: images above these are dropped (``image_too_large``).
+        processor: the model's processor (a folder, a cached model name or the object): its
+            tokenizer, chat template and image layout, token for token.
+        pretrain: how captions and documents are laid out (:class:`~wdspack.packer.text.PretrainConfig`).
 
     Example:
-        >>> SampleConfig("./pixtral", tokens_per_image=64, image_token="[IMG]").tokens_per_image
+        >>> SampleConfig("./pixtral", tokens_per_image="64", image_token="[IMG]").tokens_per_image
         64
     """
 
-    tokenizer: str | None = None
+    tokenizer: str | os.PathLike[str] | None = None
     chat_template: str | None = None
-    tokens_per_image: int | str | None = None  # required without a processor: no count fits every model
+    tokens_per_image: int | str | Any | None = None
     image_token: str | None = None
     max_image_side: int | None = None
     max_image_pixels: int = 64_000_000
-    processor: Any = None  # a processor folder / cached model name, or a processor object
-    pretrain: Any = None  # a wdspack.packer.text.PretrainConfig: how captions and documents are laid out
+    processor: str | os.PathLike[str] | ProcessorLike | None = None
+    pretrain: PretrainConfig | None = None
+
+    def __post_init__(self) -> None:
+        if self.processor is not None and (self.tokenizer or self.tokens_per_image is not None or self.image_token):
+            raise ConfigError("--processor supplies the tokenizer, the image token and the tokens per image; drop "
+                              "--tokenizer, --tokens-per-image and --image-token (in Python: processor= without "
+                              "tokenizer=, tokens_per_image=, image_token=)")
+        if self.processor is None and not self.tokenizer:
+            raise ConfigError("give --tokenizer (tokenizer=: fixed image tokens) or --processor (processor=: the "
+                              "model's own layout)")
+        object.__setattr__(self, "tokens_per_image", _tokens_per_image(self.tokens_per_image, self.processor))
+        if self.max_image_side is not None and self.max_image_side < 1:
+            raise ConfigError(f"--max-image-side must be >= 1 pixel, got {self.max_image_side}")
+        if self.max_image_pixels < 1:
+            raise ConfigError(f"max_image_pixels must be >= 1, got {self.max_image_pixels}")
+        if self.pretrain is not None and not isinstance(self.pretrain, PretrainConfig):
+            raise ConfigError(f"pretrain={self.pretrain!r}: pass a wdspack.packer.text.PretrainConfig")
+        if self.chat_template is not None:
+            check_template_syntax(self.chat_template, "chat_template")
+
+
+def _tokens_per_image(value: Any, processor: Any) -> Any:
+    """``tokens_per_image`` checked: digits become an int; None only with a processor."""
+    if value is None and processor is None:  # a silent default trained models on the wrong number of image tokens
+        raise ConfigError("a tokenizer without --processor (fixed image tokens) needs --tokens-per-image N "
+                          "(tokens_per_image=N): the tokens one image takes in your model, e.g. 64 for nanoVLM, "
+                          "576 for LLaVA-1.5, any number (0) for data without images; or processor:NAME_OR_PATH "
+                          "for a dynamic-resolution image processor's count; or pass --processor NAME_OR_PATH "
+                          "for the model's own layout")
+    if isinstance(value, str) and re.fullmatch(r"\d+", value):
+        return int(value)
+    if isinstance(value, bool) or (isinstance(value, str) and not value.startswith("processor:")):
+        raise ConfigError(f"--tokens-per-image {value!r}: give a number (e.g. 64) or processor:NAME_OR_PATH")
+    if isinstance(value, int) and value < 0:
+        raise ConfigError(f"--tokens-per-image must be >= 0, got {value}")
+    return value
+
+
+def check_template_syntax(template: str, where: str) -> None:
+    """Refuse a chat template with a Jinja syntax error now, naming ``where`` and the line: at pack time
+    every record would be dropped with it, after tokenizing the whole input."""
+    import jinja2
+    import jinja2.ext
+
+    try:  # the extensions transformers renders with; its own {% generation %} tag is not Jinja's
+        jinja2.Environment(extensions=[jinja2.ext.loopcontrols]).parse(template)
+    except jinja2.TemplateSyntaxError as e:
+        if "generation" not in (e.message or ""):
+            raise ConfigError(f"{where}, line {e.lineno}: {e.message}; fix the template's Jinja syntax") from None
 
 
 @lru_cache(maxsize=4)
@@ -458,7 +526,7 @@ def _typed_content(parts: list[dict]) -> list[dict]:
     return out
 
 
-def _load_tokenizer(name: str | None):
+def _load_tokenizer(name: str | os.PathLike[str] | None):
     from transformers import AutoTokenizer
 
     if not name:
@@ -476,20 +544,11 @@ def _error_text(e: BaseException) -> str:
 
 
 def _load_processor(tokens_per_image: int | str | Any):
-    if tokens_per_image is None:  # a silent default trained models on the wrong number of image tokens
-        raise ConfigError("a tokenizer without --processor (fixed image tokens) needs --tokens-per-image N "
-                          "(tokens_per_image=N): the tokens one image takes in your model, e.g. 64 for nanoVLM, "
-                          "576 for LLaVA-1.5, any number (0) for data without images; or processor:NAME_OR_PATH "
-                          "for a dynamic-resolution image processor's count; or pass --processor NAME_OR_PATH "
-                          "for the model's own layout")
-    if isinstance(tokens_per_image, int):
-        if tokens_per_image < 0:
-            raise ConfigError(f"--tokens-per-image must be >= 0, got {tokens_per_image}")
+    """The image processor that counts image tokens (None for a fixed count); checked by SampleConfig."""
+    if tokens_per_image is None or isinstance(tokens_per_image, int):
         return None
     if not isinstance(tokens_per_image, str):
         return tokens_per_image  # a processor object
-    if not tokens_per_image.startswith("processor:"):
-        raise ConfigError(f"--tokens-per-image {tokens_per_image!r}: give a number or processor:NAME_OR_PATH")
     from ..models import image_processor_for
 
     return image_processor_for(tokens_per_image.split(":", 1)[1])

@@ -127,7 +127,7 @@ def check_drops(out: Location, m: Measured, table: dict[str, Any], config: PackC
     """
     new = m.dropped + table["dropped"]
     total, packed = m.records, int(table["keep"].sum())
-    limit = config.max_drop_fraction
+    limit = config.run.max_drop_fraction
     fraction = len(new) / total if total else 0.0
     if packed and (limit is None or fraction <= limit):
         return
