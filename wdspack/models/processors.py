@@ -71,7 +71,8 @@ def load_processor(spec: str | os.PathLike[str] | Any) -> Any:
 
     Tries ``AutoProcessor.from_pretrained`` first; when that fails (typically: its video processor
     needs torchvision), builds the processor class from the folder's tokenizer, image processor,
-    chat template and processor options without the video side, and logs that it did.
+    chat template and processor options without the video side, and logs that it did. A video
+    processor that cannot load is found before ``AutoProcessor`` runs, so the tokenizer loads once.
 
     Raises:
         ConfigError: neither way loads; the message gives both reasons.
@@ -84,17 +85,21 @@ def load_processor(spec: str | os.PathLike[str] | Any) -> Any:
     from transformers import AutoProcessor
 
     name = os.fspath(spec)
-    try:
-        return AutoProcessor.from_pretrained(name)
-    except Exception as e:  # transformers raises ImportError/OSError/ValueError/AttributeError here
-        first = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    # AutoProcessor loads the tokenizer (seconds for a large vocabulary) before the video processor
+    # that fails; asking the video processor first spares loading the tokenizer a second time.
+    first = _video_side_error(name)
+    if first is None:
+        try:
+            return AutoProcessor.from_pretrained(name)
+        except Exception as e:  # transformers raises ImportError/OSError/ValueError/AttributeError here
+            first = f"AutoProcessor said {_reason(e)}"
     try:
         proc = _load_image_side(name)
     except Exception as e:
-        raise ConfigError(f"cannot load processor {name!r}: AutoProcessor said {first}; loading its image side "
+        raise ConfigError(f"cannot load processor {name!r}: {first}; loading its image side "
                           f"alone said {type(e).__name__}: {e}. Give a local processor folder (or a model name in "
                           "the Hugging Face cache; runs are offline)") from None
-    logger.info("loaded %s from %r without its video processor (AutoProcessor: %s); images and text work",
+    logger.info("loaded %s from %r without its video processor (%s); images and text work",
                 type(proc).__name__, name, first)
     return proc
 
@@ -115,12 +120,41 @@ def save_processor(processor: Any, folder: str | os.PathLike[str]) -> Path:
     return out
 
 
+def _reason(e: BaseException) -> str:
+    """``Type: first line`` of an exception, for a one-line message."""
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _declared_class(name: str) -> str | None:
+    """The processor class that ``name``'s processor, image processor or tokenizer config names."""
+    return _read_json(name, "processor_config.json").get("processor_class") \
+        or _read_json(name, "preprocessor_config.json").get("processor_class") \
+        or _read_json(name, "tokenizer_config.json").get("processor_class")
+
+
+def _video_side_error(name: str) -> str | None:
+    """Why the video processor of ``name``'s processor class cannot load (``AutoVideoProcessor``'s
+    error, as ``AutoProcessor`` would meet it); ``None`` where it loads, where the class has no video
+    processor, or where no class is named (``AutoProcessor`` then finds the class its own way)."""
+    cls = _declared_class(name)
+    klass = _processor_class(cls) if cls else None
+    if klass is None or getattr(klass, "is_dummy", False) or "video_processor" not in klass.get_attributes():
+        return None
+    from transformers import AutoVideoProcessor
+
+    try:
+        AutoVideoProcessor.from_pretrained(name)
+    except Exception as e:  # without torchvision: ImportError
+        return f"its video processor cannot load: {_reason(e)}"
+    return None
+
+
 def _load_image_side(name: str) -> Any:
     from transformers import AutoImageProcessor, AutoTokenizer
 
     config = _read_json(name, "processor_config.json")
-    cls = config.get("processor_class") or _read_json(name, "preprocessor_config.json").get("processor_class") \
-        or _read_json(name, "tokenizer_config.json").get("processor_class")
+    cls = _declared_class(name)
     if not cls:
         raise ConfigError("no processor_class in processor_config.json, preprocessor_config.json or "
                           "tokenizer_config.json")
