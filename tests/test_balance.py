@@ -25,7 +25,7 @@ from wdspack.errors import ConfigError, ManifestError
 from wdspack.format.manifest import MANIFEST_NAME
 from wdspack.format.pack_index import COLUMNS, INDEX_NAME
 from wdspack.loader import make_loader
-from wdspack.loader.balance import plan_epoch_balanced, step_costs
+from wdspack.loader.balance import RUNS, TARGET_WAITING, choose_run, plan_epoch_balanced, step_costs, waiting
 from wdspack.loader.plan import plan_epoch
 
 COUNTS = [40, 33, 47, 40, 18, 62]  # uneven shards, 240 packs
@@ -271,8 +271,47 @@ def test_clear_errors_and_wdspack_index_for_older_datasets(root, tmp_path, capsy
         Balance(cost_model={"speed": 1.0})
     # the simple form and the record are one thing, and a loader's state says which it was built with
     simple, record = (make_loader(root, batch_size=2, num_workers=0, balance=b) for b in ("cost", Balance()))
-    assert simple.dataset.balance == record.dataset.balance == Balance(run=32, window=None)
+    assert simple.dataset.balance == record.dataset.balance == Balance(run=None, window=None)
     assert simple.state_dict()["config"]["balance"] == record.state_dict()["config"]["balance"]
+
+
+def test_the_run_length_is_chosen_from_the_storage_and_the_data(root):
+    """Local files: every pack its own run (requests are free, the dealing evens out best). Over a
+    network: the longest run that keeps the slowest rank within 5 % of the mean, never longer."""
+    index = np.load(root / INDEX_NAME)
+    costs = [CostModel().costs(index[a:b]) for a, b in zip(np.cumsum([0, *COUNTS[:-1]]), np.cumsum(COUNTS))]
+    kw = dict(ranks=4, workers=2, batch_size=2, seed=3, shuffle=True, remainder="drop", window=16,
+              heaviest_first=False)
+    assert choose_run(COUNTS, costs, remote=False, **kw) == 1
+    chosen = choose_run(COUNTS, costs, remote=True, **kw)
+    assert chosen in RUNS
+
+    def waits(run):
+        plan = plan_epoch_balanced(COUNTS, costs, run=run, epoch=0, **kw)
+        return waiting(step_costs(plan, costs, ranks=4, workers=2, batch_size=2, seed=3))
+
+    assert chosen == RUNS[-1] or waits(chosen) <= TARGET_WAITING
+    longer = [r for r in RUNS if r > chosen]
+    assert all(waits(r) > TARGET_WAITING for r in longer)  # the longest that meets the target
+    loader = make_loader(root, batch_size=2, num_workers=0, rank=0, world_size=4, balance="cost")
+    assert loader.state_dict()["config"]["balance"]["run"] == 1  # a local folder
+
+
+def test_a_state_saved_with_a_run_length_resumes_with_it(root):
+    """A balance that chooses its own run adopts the one a state was saved with (states saved before the
+    choice existed held 32), so the resumed stream is the saved one's."""
+    saved_with = make_loader(root, batch_size=2, num_workers=0, balance={"run": 4}, seed=2)
+    it = iter(saved_with)
+    [next(it) for _ in range(3)]
+    state = saved_with.state_dict()
+    rest = _stream(saved_with)
+    chooser = make_loader(root, batch_size=2, num_workers=0, balance="cost", seed=2)
+    chooser.load_state_dict(state)
+    assert chooser.state_dict()["config"]["balance"]["run"] == 4
+    assert _stream(chooser) == rest
+    fixed = make_loader(root, batch_size=2, num_workers=0, balance={"run": 8}, seed=2)
+    with pytest.raises(ConfigError, match="cannot resume"):
+        fixed.load_state_dict(state)  # a run the user fixed is not overridden
 
 
 def test_inspect_tells_the_waiting_with_and_without_balance(root, tmp_path, capsys):

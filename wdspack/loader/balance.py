@@ -16,7 +16,12 @@ import numpy as np
 from ..errors import ConfigError
 from .plan import EpochPlan, PackRange, epoch_shares, slot_order
 
-__all__ = ["plan_epoch_balanced", "step_costs"]
+__all__ = ["RUNS", "TARGET_WAITING", "choose_run", "plan_epoch_balanced", "step_costs", "waiting"]
+
+#: Run lengths :func:`choose_run` tries, longest first, where requests cost something.
+RUNS = (32, 16, 8, 4, 2, 1)
+#: The slowest rank may cost this much more than the mean, summed over an epoch's steps.
+TARGET_WAITING = 1.05
 
 
 def plan_epoch_balanced(counts: Sequence[int], costs: Sequence[np.ndarray], *, ranks: int, workers: int, epoch: int,
@@ -199,3 +204,40 @@ def step_costs(plan: EpochPlan, costs: Sequence[np.ndarray], *, ranks: int, work
                 seq = np.concatenate([seq, flat[order]])
             out[w::workers, r] = seq[:plan.per_slot].reshape(-1, batch_size).sum(1)
     return out
+
+
+def waiting(steps: np.ndarray) -> float:
+    """``Σ_t max_r / Σ_t mean_r`` of a ``[steps, ranks]`` cost table: 1.0 when no rank ever waits."""
+    if steps.size == 0:
+        return 1.0
+    return float(steps.max(1).sum() / max(steps.mean(1).sum(), 1e-12))
+
+
+def choose_run(counts: Sequence[int], costs: Sequence[np.ndarray], *, remote: bool, ranks: int, workers: int,
+               batch_size: int, seed: int, shuffle: bool, remainder: str, window: int, heaviest_first: bool,
+               shuffle_buffer: int = 256, target: float = TARGET_WAITING) -> int:
+    """The packs per request of ``balance="cost"`` when the user gives none.
+
+    A run is read with one request, and a shorter run lets the dealing even out the ranks better
+    (on 659 packs over 8 ranks, 2 packs a step: 1.132 at 32 packs per run, 1.011 at 1). Local files
+    make requests free, so every pack is its own run there; over a network the longest of
+    :data:`RUNS` whose epoch-0 plan keeps :func:`waiting` within ``target`` is taken (the shortest
+    when none does). The choice is a pure function of the integers every slot holds.
+
+    Example:
+        >>> c = [np.arange(64) % 7 + 1]
+        >>> choose_run([64], c, remote=False, ranks=2, workers=1, batch_size=1, seed=0, shuffle=True,
+        ...            remainder="drop", window=16, heaviest_first=False)
+        1
+    """
+    if not remote:
+        return 1
+    kw = dict(ranks=ranks, workers=workers, epoch=0, seed=seed, shuffle=shuffle, remainder=remainder,
+              batch_size=batch_size, window=window, heaviest_first=heaviest_first)
+    for run in RUNS:
+        plan = plan_epoch_balanced(counts, costs, run=run, **kw)  # type: ignore[arg-type]
+        steps = step_costs(plan, costs, ranks=ranks, workers=workers, batch_size=batch_size, seed=seed,
+                           shuffle=shuffle, shuffle_buffer=shuffle_buffer)
+        if waiting(steps) <= target:
+            return run
+    return RUNS[-1]

@@ -258,6 +258,7 @@ class PackedLoader:
                 raise ConfigError(f"loader state version {s.get('version')!r} is not {STATE_VERSION}; it was saved "
                                   "by another wdspack version")
         layout = ("rank", "world_size", "num_workers")
+        self._adopt_balance_run(states[0]["config"])
         saved, now = states[0]["config"], self._config()
         if saved.get("plan") != now["plan"]:
             raise ConfigError(f"the state was saved by a wdspack that splits shards over ranks and workers another way "
@@ -275,6 +276,17 @@ class PackedLoader:
             self._restore(mine[0])
         else:
             self._restore_elastic(states)
+
+    def _adopt_balance_run(self, saved: Mapping[str, Any]) -> None:
+        """A balance that chooses its run length resumes with the one the state was saved with."""
+        ds, run = self.dataset, (saved.get("balance") or {}).get("run")
+        if ds.balance is None or ds.balance.run is not None or run is None:
+            return
+        if run != ds.balance_run(ds.world_size, self._workers):
+            if getattr(self.dataloader, "_iterator", None) is not None:
+                raise ConfigError(f"the state was saved with balance run {run}; load it before the first batch "
+                                  f"(the workers already hold this loader's plan), or pass balance={{'run': {run}}}")
+            ds.adopt_balance_run(int(run))
 
     def _restore(self, state: Mapping[str, Any]) -> None:
         workers = [tuple(int(v) for v in p) for p in state["workers"]]
@@ -337,8 +349,9 @@ class PackedLoader:
                   "rank": ds.rank, "world_size": ds.world_size, "num_workers": self.num_workers}
         if ds.balance is not None:  # only then: states saved without balance stay loadable
             b = ds.balance
+            run = ds.balance_run(ds.world_size, self._workers)
             config["balance"] = {"kind": "cost", "cost_model": dataclasses.asdict(b.cost_model),
-                                 "heaviest_first": b.heaviest_first, "window": ds.balance_window, "run": b.run}
+                                 "heaviest_first": b.heaviest_first, "window": ds.balance_window, "run": run}
         return config
 
 

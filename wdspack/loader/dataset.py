@@ -39,7 +39,7 @@ from ..format.dataset import ResolvedSource, read_pack_index, resolve_source
 from ..format.tar import Handler
 from ..storage.streams import open_stream
 from ..storage.urls import is_remote
-from .balance import plan_epoch_balanced
+from .balance import choose_run, plan_epoch_balanced
 from .budgets import check_pixels, dataset_budgets
 from .elastic import SharedBasis, consumed_packs
 from .options import Balance, ReadOptions
@@ -219,7 +219,7 @@ class PackedDataset(IterableDataset):
             return plan_epoch_balanced(counts, self._costs, ranks=world, workers=workers, epoch=epoch,
                                        seed=self.seed, shuffle=self.shuffle, remainder=self.remainder,
                                        batch_size=self.batch_size, window=self.balance_window,
-                                       run=self.balance.run, heaviest_first=self.balance.heaviest_first)
+                                       run=self.balance_run(world, workers), heaviest_first=self.balance.heaviest_first)
         return plan_epoch(counts, slots=world * workers, epoch=epoch, seed=self.seed, shuffle=self.shuffle,
                           remainder=self.remainder, batch_size=self.batch_size)
 
@@ -335,6 +335,8 @@ class PackedDataset(IterableDataset):
         from ..format.pack_index import COLUMNS
 
         self.balance = balance
+        self._runs: dict[tuple[int, int], int] = {}
+        self._run_override: int | None = None
         if balance is None:
             return
         if self.balance_window < self.batch_size:
@@ -343,6 +345,26 @@ class PackedDataset(IterableDataset):
         index = read_pack_index(self._source, **self._read)
         self._costs = [balance.cost_model.costs(rows) for rows in index]
         self._offsets = [rows[:, COLUMNS.index("offset")].copy() for rows in index]
+
+    def balance_run(self, world: int, workers: int) -> int:
+        """Packs per request under the balance for ``world × workers`` slots: the balance's ``run``, the
+        run of a restored state, or :func:`~.balance.choose_run`'s (computed once per layout)."""
+        assert self.balance is not None and self._costs is not None
+        if self.balance.run is not None or self._run_override is not None:
+            return int(self.balance.run or self._run_override)  # type: ignore[arg-type]
+        key = (world, workers)
+        if key not in self._runs:
+            remote = any(is_remote(s.url) for s in self._source.shards)
+            self._runs[key] = choose_run([s.packs for s in self._source.shards], self._costs, remote=remote,
+                                         ranks=world, workers=workers, batch_size=self.batch_size, seed=self.seed,
+                                         shuffle=self.shuffle, remainder=self.remainder, window=self.balance_window,
+                                         heaviest_first=self.balance.heaviest_first)
+        return self._runs[key]
+
+    def adopt_balance_run(self, run: int) -> None:
+        """Resume with the run length a state was saved with (only where this balance chooses its own)."""
+        assert self.balance is not None and self.balance.run is None
+        self._run_override = int(run)
 
     @property
     def balance_window(self) -> int:

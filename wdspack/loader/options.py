@@ -102,7 +102,10 @@ class Balance:
             of memory fails in its first step.
         window: packs a slot balances at a time (and holds at most); None: the dataset's
             ``shuffle_buffer``. At least the batch size.
-        run: packs read per request (>= 1).
+        run: packs read per request (>= 1). None (the default) chooses it from the storage and the
+            data (:func:`~wdspack.loader.balance.choose_run`): one pack per run where requests are
+            free (local files), else the longest run that keeps the slowest rank within 5 % of the
+            mean; a state saved with a run length resumes with it.
 
     Example:
         >>> Balance.of("cost") == Balance()
@@ -112,15 +115,16 @@ class Balance:
     cost_model: CostModel = field(default_factory=CostModel)
     heaviest_first: bool = False
     window: int | None = None
-    run: int = 32
+    run: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cost_model", CostModel.coerce(self.cost_model))
         if self.window is not None and int(self.window) < 1:
             raise ConfigError(f"Balance: window={self.window} must be >= 1 pack (None: the shuffle buffer's size)")
-        if int(self.run) < 1:
-            raise ConfigError(f"Balance: run={self.run} must be >= 1 pack per request")
-        object.__setattr__(self, "run", int(self.run))
+        if self.run is not None:
+            if int(self.run) < 1:
+                raise ConfigError(f"Balance: run={self.run} must be >= 1 pack per request (None: chosen)")
+            object.__setattr__(self, "run", int(self.run))
         object.__setattr__(self, "heaviest_first", bool(self.heaviest_first))
 
     @classmethod
