@@ -24,6 +24,7 @@ A batch of two such packs (``B = 2``, ``L = 10``, ``max_images`` ``M = 2``)::
 
     input_ids, labels, position_ids   [B, L] int64       (rows are the packs above)
     seq_idx                           [B, L] int32
+    source_idx                        [B] int64          each pack's source (a mixture); zeros for one dataset
     cu_seqlens    [0, 6, 9, 10, 16, 19, 20]  int32       every segment of the flattened [B·L]
     max_seqlen    6                          int         tokens, padding tails included, so
                                                          cu_seqlens[-1] == B·L (flash-attn varlen
@@ -90,6 +91,8 @@ IGNORE_INDEX = -100
 
 _TEXT_KEYS = ("input_ids", "labels", "position_ids", "seq_idx")
 _COUNT_KEYS = ("num_tokens", "num_samples")
+#: Each pack's source in a mixture (:mod:`.mixed`); an example without it is from source 0
+SOURCE_KEY = "source_idx"
 
 
 def pack_to_example(pack: Pack, *, seq_len: int, max_images: int, pad_token_id: int,
@@ -187,7 +190,8 @@ def collate_packs(examples: Sequence[dict[str, torch.Tensor]], *, attention_mask
 
     Returns:
         Text tensors as above; ``cu_seqlens`` ``[S+1]`` int32 and ``max_seqlen`` (a Python int)
-        over the flattened tokens; ``num_tokens``, ``num_samples`` ``[B]``; the image slot
+        over the flattened tokens; ``num_tokens``, ``num_samples`` ``[B]``; ``source_idx`` ``[B]``
+        int64 (each pack's source in a mixture, zeros for one dataset); the image slot
         tensors concatenated pack-major (``[B·M, ...]``) with ``image_pack_idx`` ``[B·M]``.
 
     Example:
@@ -212,8 +216,9 @@ def collate_packs(examples: Sequence[dict[str, torch.Tensor]], *, attention_mask
     shared = torch.utils.data.get_worker_info() is not None if share_memory is None else share_memory
     batch: dict[str, Any] = {key: _join([e[key] for e in examples], stack=True, shared=shared)
                              for key in _TEXT_KEYS + _COUNT_KEYS}
+    batch[SOURCE_KEY] = torch.tensor([int(e.get(SOURCE_KEY, 0)) for e in examples], dtype=torch.int64)
     for key in examples[0]:
-        if key not in _TEXT_KEYS + _COUNT_KEYS:  # image slots and image tensors: pack-major
+        if key not in (*_TEXT_KEYS, *_COUNT_KEYS, SOURCE_KEY):  # image slots and image tensors: pack-major
             tensors = [e[key] for e in examples]
             if any(t.shape[0] != M for t in tensors) and "image_grid_thw" not in examples[0]:
                 batch[key] = _pad_join(tensors, M, key=key, shared=shared)  # pad_images=False: real images only

@@ -36,6 +36,7 @@ from ..errors import ConfigError
 from .buffers import PixelBuffers, Shipment, collate_staged, fresh_pixels
 from .dataset import META_KEY, STAT_KEYS, PackedDataset
 from .elastic import lockstep_positions
+from .mixture import Mixture
 from .options import Balance, ReadOptions
 
 __all__ = ["PackedLoader", "make_loader"]
@@ -47,7 +48,7 @@ PLAN_VERSION = 2
 STATE_VERSION = 1
 
 
-def make_loader(source: str | os.PathLike[str] | Sequence[str] | PackedDataset, *, batch_size: int,
+def make_loader(source: str | os.PathLike[str] | Sequence[Any] | Mixture | PackedDataset, *, batch_size: int,
                 num_workers: int = 2, seed: int = 0, shuffle: bool = True, shuffle_buffer: int = 256,
                 rank: int | None = None, world_size: int | None = None, remainder: str = "drop",
                 seq_len: int | None = None, max_images: int | None = None, pad_token_id: int | None = None,
@@ -64,8 +65,8 @@ def make_loader(source: str | os.PathLike[str] | Sequence[str] | PackedDataset, 
     """A DataLoader of fixed-shape batches over a packed dataset, with ``state_dict`` / ``load_state_dict``.
 
     Args:
-        source: anything :class:`PackedDataset` takes, or a dataset built already (then the dataset
-            options below must stay at their defaults: they were the dataset's to take).
+        source: anything :class:`PackedDataset` takes (one dataset or a mixture), or a dataset built
+            already (then the dataset options below must stay at their defaults: they were the dataset's to take).
         batch_size: packs per batch (``B``); every batch is full.
         num_workers: DataLoader worker processes (0: read in this process).
         seed, shuffle, shuffle_buffer, rank, world_size, remainder, seq_len, max_images, pad_token_id,
@@ -179,6 +180,11 @@ class PackedLoader:
         return self._epoch
 
     @property
+    def source_names(self) -> tuple[str, ...]:
+        """The sources' names, indexed by each batch's ``source_idx`` (one dataset: one name)."""
+        return self.dataset.source_names
+
+    @property
     def stats(self) -> dict[str, int]:
         """Counters summed over workers and epochs: corrupt_packs, truncated_shards, ignored_members, retries, ..."""
         total = Counter(self._stats_base)
@@ -267,11 +273,24 @@ class PackedLoader:
                               f"with loader.set_epoch({int(states[0]['epoch']) + 1})")
         diff = [f"{k}: saved {saved.get(k)!r}, now {now.get(k)!r}" for k in (*now, *(k for k in saved if k not in now))
                 if k not in layout and saved.get(k) != now.get(k)]
+        mixed = [d for d in diff if d.startswith("mixture:")]
+        if mixed:
+            raise ConfigError(f"cannot resume: the state was saved for another mixture ({mixed[0]}); continuing a "
+                              "stopped run under new weights or sources is not supported yet (issue #21, item 5): "
+                              "restore with the mixture that saved the state, or start the new mixture with "
+                              f"loader.set_epoch({int(states[0]['epoch']) + 1})")
         if diff:
             raise ConfigError("cannot resume: the loader differs from the one that saved the state ("
                               + "; ".join(diff) + "); restore with the same settings (see PackedLoader's docstring)")
         mine = [s for s in states if s["config"]["rank"] == now["rank"]]
         same = all(saved[k] == now[k] for k in ("world_size", "num_workers")) and mine
+        if not same and self.dataset.mixture is not None:
+            raise ConfigError(f"the state was saved by {saved['world_size']} ranks × {saved['num_workers']} workers "
+                              f"(rank {saved['rank']}), this mixture loader is rank {now['rank']} of "
+                              f"{now['world_size']} × {now['num_workers']} workers; a mixture resumes only under the "
+                              "layout that saved it for now (elastic resume of a mixture: issue #21, item 4): restore "
+                              f"with world_size={saved['world_size']}, num_workers={saved['num_workers']}, or start "
+                              f"the next epoch on the new layout with loader.set_epoch({int(states[0]['epoch']) + 1})")
         if same:
             self._restore(mine[0])
         else:
@@ -347,6 +366,8 @@ class PackedLoader:
         config = {"plan": PLAN_VERSION, "dataset": digest[:16], "seed": ds.seed, "shuffle": ds.shuffle,
                   "shuffle_buffer": ds.shuffle_buffer, "remainder": ds.remainder, "batch_size": self.batch_size,
                   "rank": ds.rank, "world_size": ds.world_size, "num_workers": self.num_workers}
+        if ds.mixture is not None:  # only then: a single dataset's state is unchanged
+            config["mixture"] = ds.mixture.config()
         if ds.balance is not None:  # only then: states saved without balance stay loadable
             b = ds.balance
             run = ds.balance_run(ds.world_size, self._workers)

@@ -42,6 +42,8 @@ from ..storage.urls import is_remote
 from .balance import choose_run, plan_epoch_balanced
 from .budgets import check_pixels, dataset_budgets
 from .elastic import SharedBasis, consumed_packs
+from .mixed import MixedSources
+from .mixture import Mixture, default_name, is_mixture_spec
 from .options import Balance, ReadOptions
 from .plan import REMAINDER_POLICIES, EpochPlan, plan_epoch, plan_remainder, slot_order
 from .stages import decode_packs, lap_source, reorder
@@ -67,7 +69,10 @@ class PackedDataset(IterableDataset):
     Args:
         source: a dataset folder, a ``manifest.json`` path or URL, an ``https://`` dataset root,
             ``hf://datasets/ORG/NAME@REV[/path]``, or shards (a list, a local glob, a brace pattern);
-            see :mod:`wdspack.format.dataset`.
+            see :mod:`wdspack.format.dataset`. Or a mixture of such datasets (DESIGN.md section 8): a
+            :class:`~wdspack.loader.Mixture`, a mixture file (``.yaml``/``.yml``/``.json`` with
+            ``sources``) or a list of ``(path, weight)``; see :mod:`.mixed`. Its examples carry
+            ``source_idx`` (the index in :attr:`source_names`); its image slots are the largest source's.
         seq_len: tokens per example; default the manifest's. A different value raises :class:`ConfigError`.
         max_images: image slots per example (``M``); default the manifest's ``max_images``, or for a
             dataset packed without an image limit the images of its fullest pack. More slots than
@@ -108,7 +113,7 @@ class PackedDataset(IterableDataset):
         torch.Size([4096])
     """
 
-    def __init__(self, source: str | os.PathLike[str] | Sequence[str], *, seq_len: int | None = None,
+    def __init__(self, source: str | os.PathLike[str] | Sequence[Any] | Mixture, *, seq_len: int | None = None,
                  max_images: int | None = None, pad_token_id: int | None = None, shuffle: bool = True,
                  seed: int = 0, shuffle_buffer: int = 256, rank: int | None = None, world_size: int | None = None,
                  remainder: str = "drop", on_corrupt: str = "skip",
@@ -125,10 +130,18 @@ class PackedDataset(IterableDataset):
             raise ConfigError(f"shuffle_buffer ({shuffle_buffer}) and batch_size ({batch_size}) must be >= 1")
         self.read = ReadOptions.of(read)
         self._read: dict[str, Any] = self.read.stream_kwargs()
-        self._source: ResolvedSource = resolve_source(source, storage_options=self.read.storage_options,
-                                                     **self._read)
-        self.seq_len, self.max_images, self.pad_token_id = dataset_budgets(self._source, seq_len, max_images,
-                                                                           pad_token_id, read=self._read)
+        self.mixture: MixedSources | None = None
+        if is_mixture_spec(source):  # many datasets with weights: read through .mixed
+            self.mixture = MixedSources.open(source, read=self.read, seq_len=seq_len, max_images=max_images,
+                                             pad_token_id=pad_token_id)
+            self._source: ResolvedSource = self.mixture.combined
+            self.seq_len, self.max_images, self.pad_token_id = (self.mixture.seq_len, self.mixture.max_images,
+                                                                self.mixture.pad_token_id)
+        else:
+            assert not isinstance(source, Mixture)  # is_mixture_spec says so
+            self._source = resolve_source(source, storage_options=self.read.storage_options, **self._read)
+            self.seq_len, self.max_images, self.pad_token_id = dataset_budgets(self._source, seq_len, max_images,
+                                                                               pad_token_id, read=self._read)
         if expect_tokenizer is not None:
             check_tokenizer(self._source, expect_tokenizer)
         self.rank, self.world_size = _rank_and_world(rank, world_size)
@@ -150,7 +163,7 @@ class PackedDataset(IterableDataset):
         self._progress: dict[int, tuple[int, int, int]] = {}
         self._elastic = SharedBasis()
         self._plans: dict[tuple[int, int, str], EpochPlan] = {}  # the last balanced or elastic plan
-        self._count_plan(1, 0)  # fail now, not in a worker, when there are too few packs for the ranks
+        self.packs_per_slot(1, 0)  # fail now, not in a worker, when there are too few packs for the ranks
 
     # -- what it holds --------------------------------------------------------------------------
 
@@ -168,6 +181,11 @@ class PackedDataset(IterableDataset):
         return sum(s.packs for s in self._source.shards)
 
     @property
+    def source_names(self) -> tuple[str, ...]:
+        """The sources' names, indexed by each batch's ``source_idx`` (one dataset: one name)."""
+        return self.mixture.names if self.mixture is not None else (default_name(self._source.display),)
+
+    @property
     def epoch(self) -> int:
         return int(self._control[0])
 
@@ -183,6 +201,8 @@ class PackedDataset(IterableDataset):
     def packs_per_slot(self, workers: int = 1, epoch: int | None = None) -> int:
         """Packs each ``(rank, worker)`` slot yields per epoch (the same for every slot)."""
         epoch = self.epoch if epoch is None else epoch
+        if self.mixture is not None:
+            return self.mixture.per_slot(self.world_size * workers, self.batch_size)
         elastic = self.elastic()
         if elastic is not None and elastic["epoch"] == epoch:
             return self._plan(workers, epoch).per_slot
@@ -277,7 +297,6 @@ class PackedDataset(IterableDataset):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         worker = (worker + int(self._control[2])) % workers
         epoch = self.epoch
-        plan = self._plan(workers, epoch)
         slot = self.rank * workers + worker
         stats: Counter = Counter()
         if info is None:
@@ -286,7 +305,14 @@ class PackedDataset(IterableDataset):
         start = self._resume_point(worker)
         if info is None:
             self.load_offsets_if_split(1)
-        for example, position in self._iter_slot(plan, slot, epoch, start, stats):
+        if self.mixture is not None:
+            examples = self.mixture.iter_slot(
+                slot=slot, slots=self.world_size * workers, epoch=epoch, position=start, batch_size=self.batch_size,
+                seed=self.seed, shuffle=self.shuffle, shuffle_buffer=self.shuffle_buffer, read=self._read,
+                stats=stats, handler=make_handler(self.on_corrupt, stats), to_example=self._to_example)
+        else:
+            examples = self._iter_slot(self._plan(workers, epoch), slot, epoch, start, stats)
+        for example, position in examples:
             if info is None:
                 self._progress[0] = position
             if self.with_position:
@@ -339,6 +365,9 @@ class PackedDataset(IterableDataset):
         self._run_override: int | None = None
         if balance is None:
             return
+        if self.mixture is not None:
+            raise ConfigError("balance='cost' does not take a mixture yet (issue #21, item 4); load the mixture "
+                              "without balance=")
         if self.balance_window < self.batch_size:
             raise ConfigError(f"the balance window ({self.balance_window} packs) must be >= batch_size "
                               f"({self.batch_size}); pass Balance(window=N) with N >= {self.batch_size}")

@@ -1,0 +1,207 @@
+"""The loader over a mixture (issue #21, DESIGN.md section 8): make_loader / PackedDataset read several
+packed datasets as one stream in the schedule's order, every batch names its packs' sources, the
+stream resumes exactly, and per-source losses come from the token losses.
+
+Three small synthetic datasets (tests/synthetic.py): every pack's first token is 1000 + its row in
+its dataset, so a batch tells which pack of which source each row is."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from synthetic import pack_numbers, write_dataset
+from wdspack.errors import ConfigError
+from wdspack.format.pack_index import COLUMNS, INDEX_NAME
+from wdspack.loader import Mixture, MixtureSource, PackedDataset, make_loader
+from wdspack.train.loss import token_losses
+from wdspack.train.mixture import per_source_losses
+
+COUNTS = {"a": [5, 7, 6], "b": [9, 4], "c": [4, 4, 4]}
+WEIGHTS = {"a": 0.5, "b": 0.3, "c": 0.2}
+OPTIONS = dict(batch_size=2, shuffle_buffer=9, seed=3, text_only=True)
+
+
+@pytest.fixture(scope="module")
+def roots(tmp_path_factory):
+    base = tmp_path_factory.mktemp("mixture")
+    for k, (name, counts) in enumerate(COUNTS.items()):
+        write_dataset(base / name, shards=len(counts), packs_per_shard=counts, seq_len=64,
+                      max_images=2 if name == "a" else 0, seed=10 + k, pack_index=True)
+    return base
+
+
+def _mix(roots, weights=WEIGHTS):
+    return [(str(roots / name), w) for name, w in weights.items()]
+
+
+def _rows(loader, n=None) -> list[tuple[int, int]]:
+    """(source, pack row) of every pack, in order; at most ``n`` batches."""
+    out: list[tuple[int, int]] = []
+    for k, batch in enumerate(loader):
+        out += list(zip(batch["source_idx"].tolist(), pack_numbers(batch["input_ids"])))
+        if n is not None and k + 1 == n:
+            break
+    return out
+
+
+def _schedule(loader, *, slot=0, slots=1, epoch=0):
+    ds = loader.dataset
+    return ds.mixture.schedule(slot=slot, slots=slots, epoch=epoch, positions=ds.mixture.per_slot(slots, 2),
+                               batch_size=2, seed=ds.seed, shuffle=True, shuffle_buffer=ds.shuffle_buffer)
+
+
+def _units(roots) -> dict[str, np.ndarray]:
+    return {name: np.load(roots / name / INDEX_NAME)[:, COLUMNS.index("tokens")] for name in COUNTS}
+
+
+def test_the_stream_is_the_schedule_and_keeps_the_token_shares(roots):
+    loader = make_loader(_mix(roots), num_workers=0, **OPTIONS)
+    assert loader.source_names == ("a", "b", "c") and loader.dataset.max_images == 2
+    units = _units(roots)
+    for epoch in range(2):
+        got = _rows(loader)
+        plan = _schedule(loader, epoch=epoch)
+        assert [s for s, _ in got] == plan.source.tolist()
+        assert [r for _, r in got] == plan.row.tolist()  # each source's own packs, in the schedule's order
+        assert len(got) == len(loader) * 2
+        given = np.zeros(3)
+        for s, r in got:
+            given[s] += units["abc"[s]][r]
+        share = given / given.sum()
+        most = max(int(u.max()) for u in units.values())
+        for i, w in enumerate(WEIGHTS.values()):  # within about a pack's tokens of the weight (schedule.py)
+            assert abs(share[i] - w) <= most / given.sum(), (share, epoch)
+
+
+def test_every_pack_of_a_pass_is_read_once_over_the_slots(roots):
+    """Two ranks, three epochs: per source, each completed pass gives every pack exactly once over
+    both ranks, and an unfinished one none twice."""
+    ranks, epochs = 2, 3
+    seen: dict[tuple[int, int], list[int]] = {}
+    ends = []
+    for rank in range(ranks):
+        loader = make_loader(_mix(roots), num_workers=0, rank=rank, world_size=ranks, **OPTIONS)
+        for epoch in range(epochs):
+            got = _rows(loader)
+            plan = _schedule(loader, slot=rank, slots=ranks, epoch=epoch)
+            assert [r for _, r in got] == plan.row.tolist()
+            for (s, r), p in zip(got, plan.pass_no.tolist()):
+                seen.setdefault((s, p), []).append(r)
+        ends.append(plan.end)
+    for (s, p), rows in seen.items():
+        done = all(end[s].pass_no > p for end in ends)
+        total = sum(COUNTS["abc"[s]])
+        if done:
+            assert sorted(rows) == list(range(total)), (s, p)
+        else:
+            assert len(rows) == len(set(rows)) < total, (s, p)
+    assert any(all(end[s].pass_no > 1 for end in ends) for s in range(3))  # some source made two whole passes
+
+
+def test_same_seed_same_stream_and_workers_follow_their_slots(roots):
+    first = _rows(make_loader(_mix(roots), num_workers=0, **OPTIONS))
+    assert first == _rows(make_loader(_mix(roots), num_workers=0, **OPTIONS))
+    assert first != _rows(make_loader(_mix(roots), num_workers=0, **{**OPTIONS, "seed": 4}))
+
+    two = make_loader(_mix(roots), num_workers=2, **OPTIONS)
+    got = _rows(two)
+    plans = [_schedule(two, slot=w, slots=2) for w in range(2)]
+    # the DataLoader's round robin: a batch of 2 from worker 0, then worker 1, ...
+    want = [(int(p.source[i]), int(p.row[i])) for b in range(len(plans[0].source) // 2) for p in plans
+            for i in (2 * b, 2 * b + 1)]
+    assert got == want
+    by_ranks = [row for r in range(2) for row in _rows(make_loader(_mix(roots), num_workers=0, rank=r, world_size=2,
+                                                                  **OPTIONS))]
+    assert sorted(got) == sorted(by_ranks)  # 1 rank × 2 workers reads what 2 ranks × 1 worker read
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_mid_epoch_is_exact(roots, workers):
+    def loader():
+        return make_loader(_mix(roots), num_workers=workers, **OPTIONS)
+
+    whole = loader()
+    full = _rows(whole) + _rows(whole, 5)  # into the second epoch
+    first = loader()
+    head = _rows(first, 7)
+    state = json.loads(json.dumps(first.state_dict()))
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert head + _rows(resumed) + _rows(resumed, 5) == full
+
+    reweighted = make_loader(_mix(roots, {"a": 0.2, "b": 0.3, "c": 0.5}), num_workers=workers, **OPTIONS)
+    with pytest.raises(ConfigError, match=r"another mixture.*item 5"):
+        reweighted.load_state_dict(state)
+    other = make_loader(_mix(roots), num_workers=1 if workers == 0 else 0, **OPTIONS)
+    with pytest.raises(ConfigError, match="resumes only under the layout that saved it"):
+        other.load_state_dict(state)
+    single = make_loader(roots / "a", num_workers=workers, **OPTIONS)
+    with pytest.raises(ConfigError, match="mixture"):
+        single.load_state_dict(state)
+
+
+def test_a_yaml_file_with_relative_paths(roots, tmp_path):
+    folder = tmp_path / "mixtures"
+    folder.mkdir()
+    rel = folder / "stage1.yaml"
+    rel.write_text("unit: tokens\nsources:\n" + "".join(
+        f"  - {{path: {os.path.relpath(roots / name, folder)}, weight: {w}}}\n" for name, w in WEIGHTS.items()))
+    assert "../" in rel.read_text()
+    from_file = make_loader(str(rel), num_workers=0, **OPTIONS)
+    assert from_file.source_names == ("a", "b", "c")
+    assert _rows(from_file) == _rows(make_loader(_mix(roots), num_workers=0, **OPTIONS))
+    as_record = Mixture([MixtureSource(str(roots / n), w) for n, w in WEIGHTS.items()])
+    ds = PackedDataset(as_record, **{**OPTIONS, "batch_size": 1})
+    assert ds.source_names == ("a", "b", "c") and ds.packs_per_slot() == ds.mixture.per_slot(1, 1)
+
+
+def test_incompatible_or_unindexed_sources_are_refused(roots, tmp_path):
+    write_dataset(tmp_path / "short", shards=1, packs_per_shard=6, seq_len=32, max_images=0, seed=1,
+                  pack_index=True)
+    with pytest.raises(ConfigError, match=r"mixture source 'short' has seq_len 32 .*`wdspack reshard"):
+        make_loader([(str(roots / "a"), 1), (str(tmp_path / "short"), 1)], num_workers=0, **OPTIONS)
+    write_dataset(tmp_path / "old", shards=1, packs_per_shard=6, seq_len=64, max_images=0, seed=1)
+    with pytest.raises(ConfigError, match=r"'old' .* no pack index .*`wdspack index"):
+        make_loader([(str(roots / "a"), 1), (str(tmp_path / "old"), 1)], num_workers=0, **OPTIONS)
+    with pytest.raises(ConfigError, match="balance"):
+        make_loader(_mix(roots), num_workers=0, balance="cost", **OPTIONS)
+
+
+def test_single_dataset_batches_carry_source_zero(roots):
+    loader = make_loader(roots / "b", num_workers=0, **OPTIONS)
+    assert loader.source_names == ("b",)
+    batches = list(loader)
+    assert all(b["source_idx"].dtype == torch.int64 and b["source_idx"].tolist() == [0, 0] for b in batches)
+    assert "mixture" not in loader.state_dict()["config"]  # a single dataset's checkpoint is unchanged
+
+
+def test_per_source_losses_padded_and_padding_free(roots):
+    names = ("a", "b", "c")
+    padded = next(iter(make_loader(_mix(roots), num_workers=0, **{**OPTIONS, "batch_size": 4})))
+    flat = next(iter(make_loader(_mix(roots), num_workers=0, padding_free=True, **{**OPTIONS, "batch_size": 4})))
+
+    def fake_losses(batch):  # the loss of a target is the token it predicts
+        after = batch["labels"][:, 1:]
+        return torch.nn.functional.pad(torch.where(after >= 0, after.float(), torch.zeros(())), (0, 1))
+
+    got = per_source_losses(fake_losses(padded), padded, names)
+    want_sum, want_n = np.zeros(3), np.zeros(3, np.int64)
+    for row, s in zip(padded["labels"], padded["source_idx"].tolist()):
+        targets = row[row >= 0]
+        want_sum[s] += float(targets.float().sum())
+        want_n[s] += len(targets)
+    assert [int(n) for _, n in got.values()] == want_n.tolist() and want_n.sum() == int(padded["num_targets"].sum())
+    assert np.allclose([float(x) for x, _ in got.values()], want_sum)
+    free = per_source_losses(fake_losses(flat), flat, names)
+    assert {k: (float(x), int(n)) for k, (x, n) in free.items()} == {k: (float(x), int(n)) for k, (x, n) in got.items()}
+    logits = torch.randn(*padded["labels"].shape, 1100, requires_grad=True)
+    losses = token_losses(logits, padded["labels"])
+    parts = per_source_losses(losses, padded, names)
+    assert torch.allclose(sum(x for x, _ in parts.values()), losses.sum())
+    sum(x for x, _ in parts.values()).backward()  # in the graph: a source's loss can be weighted
+    assert logits.grad is not None
