@@ -245,17 +245,22 @@ def _pretrain_config(args: argparse.Namespace):
 
 
 def _add_inspect(sub) -> None:
-    p = sub.add_parser("inspect", help="numbers and a picture of a packed dataset",
+    p = sub.add_parser("inspect", help="numbers and a picture of a packed dataset or a mixture",
                        description="Fill ratio, packs, samples, images, tokens, drops; with --deep (or "
                                    "--plot) the per-pack distributions and the padding a pad-to-longest "
-                                   "loader would waste.",
+                                   "loader would waste. For a mixture file: each source's weight, passes, "
+                                   "packs, tokens, supervised tokens and images per epoch, and the mix "
+                                   "achieved over the first --steps global steps (--plot: over steps).",
                        epilog="examples:\n  wdspack inspect packed/ --plot fill.png\n"
                               "  wdspack inspect packed/ --samples-per-step 256"
                               "   # the matching global batch in packs\n"
                               "  wdspack inspect packed/ --ranks 64   # waiting for the slowest rank, balanced or not\n"
-                              "  wdspack inspect hf://datasets/org/name@main --json",
+                              "  wdspack inspect hf://datasets/org/name@main --json\n"
+                              "  wdspack inspect mix.yaml --ranks 8 --batch-size 2 --plot mix.png"
+                              "   # a mixture's epoch and achieved mix",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("dataset", help="dataset folder, https:// or hf://datasets/ORG/NAME[@REV]")
+    p.add_argument("dataset", help="dataset folder, https:// or hf://datasets/ORG/NAME[@REV], or a mixture file "
+                                   "(.yaml/.json with sources)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--deep", action="store_true", help="read every pack for distributions")
     p.add_argument("--plot", metavar="FILE.png", help="write a picture (implies --deep; needs matplotlib)")
@@ -264,17 +269,28 @@ def _add_inspect(sub) -> None:
                         "(N / mean samples per pack)")
     p.add_argument("--ranks", type=int, metavar="N",
                    help="how long the slowest of N ranks makes a step wait, with and without balance='cost' "
-                        "(needs the pack index)")
+                        "(needs the pack index); for a mixture, the ranks of a global step (default 1)")
+    mix = p.add_argument_group("mixture", "the layout whose achieved mix is shown (MIXTURE.yaml only)")
+    mix.add_argument("--steps", type=int, default=100, metavar="N", help="global steps measured (default 100)")
+    mix.add_argument("--batch-size", type=int, default=1, metavar="B", help="packs per rank per step (default 1)")
+    mix.add_argument("--workers", type=int, default=1, metavar="K", help="loader workers per rank (default 1)")
+    mix.add_argument("--seed", type=int, default=0, help="the loader's seed (default 0)")
     p.set_defaults(run=_run_inspect)
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
     import json
 
-    from .ops.inspect import dataset_stats, format_stats, plot_stats
+    from .ops.inspect import dataset_stats, format_stats, is_mixture, plot_stats
 
-    stats = dataset_stats(args.dataset, deep=args.deep or bool(args.plot), samples_per_step=args.samples_per_step,
-                          ranks=args.ranks)
+    if is_mixture(args.dataset):
+        from .ops.mixture import mixture_stats
+
+        stats = mixture_stats(args.dataset, steps=args.steps, ranks=args.ranks or 1, workers=args.workers,
+                              batch_size=args.batch_size, seed=args.seed)
+    else:
+        stats = dataset_stats(args.dataset, deep=args.deep or bool(args.plot),
+                              samples_per_step=args.samples_per_step, ranks=args.ranks)
     if args.plot:
         plot_stats(stats, args.plot)
     shown = {k: v for k, v in stats.items() if not k.startswith("_")}

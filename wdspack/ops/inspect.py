@@ -2,11 +2,14 @@
 
 From the manifest alone: fill ratio, packs, samples, images, tokens, dropped counts by reason.
 With ``deep=True`` (reads every pack): distributions of tokens, samples and images per pack, and
-the padding a naive pad-to-longest loader would have wasted on the same samples.
+the padding a naive pad-to-longest loader would have wasted on the same samples. A mixture (a
+``.yaml``/``.json`` file of sources and weights) is answered by :mod:`.mixture`: what an epoch
+takes from each source, and the mix over the first steps.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict
 from typing import Any
 
@@ -16,7 +19,7 @@ from ..errors import ConfigError
 from ..format.dataset import iter_dataset_packs, open_dataset
 from ..format.manifest import Manifest
 
-__all__ = ["dataset_stats", "format_stats", "naive_padding_waste", "plot_stats"]
+__all__ = ["dataset_stats", "format_stats", "is_mixture", "naive_padding_waste", "plot_stats"]
 
 
 def naive_padding_waste(lengths: np.ndarray, *, batch_size: int = 8, seed: int = 0) -> float:
@@ -38,9 +41,30 @@ def naive_padding_waste(lengths: np.ndarray, *, batch_size: int = 8, seed: int =
     return 1.0 - float(lengths.sum()) / padded
 
 
+def is_mixture(source: Any) -> bool:
+    """True when ``source`` names a mixture, not one dataset (a folder or URL is answered without
+    importing the loader).
+
+    Example:
+        >>> is_mixture("packed/"), is_mixture([("a/", 1), ("b/", 1)])
+        (False, True)
+    """
+    if isinstance(source, (str, os.PathLike)):
+        lower = os.fspath(source).lower()
+        if not lower.endswith((".yaml", ".yml", ".json")) or lower.endswith("manifest.json"):
+            return False
+    from ..loader.mixture import is_mixture_spec
+
+    return is_mixture_spec(source)
+
+
 def dataset_stats(source: str, *, deep: bool = False, batch_size: int = 8,
                   samples_per_step: int | None = None, ranks: int | None = None) -> dict[str, Any]:
     """Numbers about a packed dataset (see the module docstring); JSON-serialisable.
+
+    A mixture (:func:`is_mixture`) gives :func:`~.mixture.mixture_stats` over ``ranks`` ranks (1
+    by default), one pack per rank per step; ``deep``, ``batch_size`` and ``samples_per_step``
+    apply to one dataset only.
 
     ``samples_per_step``: a per-sample global batch size (as a padded recipe states it); the stats
     then give the global batch in packs that matches it: that many samples divided by the mean
@@ -49,6 +73,10 @@ def dataset_stats(source: str, *, deep: bool = False, batch_size: int = 8,
     per step, the default :class:`~wdspack.CostModel`, from the pack index), with the loader's
     default order and with ``balance="cost"``.
     """
+    if is_mixture(source):
+        from .mixture import mixture_stats
+
+        return mixture_stats(source, ranks=ranks or 1)
     manifest, root = open_dataset(source)
     t = manifest.totals
     stats: dict[str, Any] = {
@@ -126,6 +154,10 @@ def _describe(x: np.ndarray) -> dict[str, float]:
 
 def format_stats(stats: dict[str, Any]) -> list[str]:
     """Human-readable lines for ``wdspack inspect``."""
+    if "mixture" in stats:
+        from .mixture import format_mixture_stats
+
+        return format_mixture_stats(stats)
     dropped = ", ".join(f"{k} {v}" for k, v in stats["dropped_by_reason"].items()) or "none"
     limit = "unlimited" if stats["max_images"] is None else stats["max_images"]
     fullest = stats.get("max_images_per_pack")
@@ -161,8 +193,14 @@ def format_stats(stats: dict[str, Any]) -> list[str]:
 def plot_stats(stats: dict[str, Any], path: str) -> None:
     """Per-pack bars of real tokens vs padding, and histograms of samples and images per pack.
 
-    Needs ``deep`` stats and matplotlib (``pip install wdspack[plot]``).
+    Needs ``deep`` stats and matplotlib (``pip install wdspack[plot]``). A mixture's stats give
+    :func:`~.mixture.plot_mixture_stats`.
     """
+    if "mixture" in stats:
+        from .mixture import plot_mixture_stats
+
+        plot_mixture_stats(stats, path)
+        return
     import matplotlib
 
     matplotlib.use("Agg")
