@@ -3,6 +3,11 @@
     python tools/bench_balance.py                       # 200k LLaVA-like samples, 8 and 64 ranks
     python tools/bench_balance.py --json docs/bench_balance.json --plot docs/balance.png
 
+Small datasets too (``small``): about 660 packs in shards of 100 over 8 ranks, 2 packs a step, where
+a fixed run of 32 packs per request leaves few runs to deal; the run length the loader chooses by
+default (:func:`~wdspack.loader.balance.choose_run`: 1 for local files, over a network the longest
+run that keeps the slowest rank within 5 %) against fixed runs of 32 and 1, with their requests.
+
 The workload is the packing benchmark's LLaVA-like mix (``tools/bench_packing.py``: seq_len 4096,
 16 images per pack, bfd), with the packs in the seeded shuffled order ``wdspack pack`` writes and
 cut into shards of 1,000 packs. Each pack's index row (tokens, Σ length², images, ...) is computed
@@ -35,7 +40,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 from bench_packing import llava_like  # noqa: E402
 from wdspack import CostModel, plan_packs  # noqa: E402
 from wdspack.format.pack_index import COLUMNS  # noqa: E402
-from wdspack.loader.balance import plan_epoch_balanced, step_costs  # noqa: E402
+from wdspack.loader.balance import choose_run, plan_epoch_balanced, step_costs  # noqa: E402
 from wdspack.loader.plan import plan_epoch  # noqa: E402
 
 
@@ -90,6 +95,25 @@ def run(index: list[np.ndarray], *, ranks: int, workers: int, batch_size: int, s
     return out
 
 
+def small(index: list[np.ndarray], *, ranks: int, workers: int, batch_size: int, seed: int) -> dict:
+    """Waiting and requests with fixed runs of 32 and 1 and with the run the loader chooses."""
+    costs = [CostModel().costs(x) for x in index]
+    counts = [len(x) for x in index]
+    kw = dict(ranks=ranks, workers=workers, epoch=0, seed=seed, shuffle=True, remainder="drop",
+              batch_size=batch_size, window=256, heaviest_first=False)
+    choose = {k: v for k, v in kw.items() if k != "epoch"}
+    runs = {"run 32 (fixed)": 32, "run 1 (fixed)": 1,
+            "chosen, local files": choose_run(counts, costs, remote=False, **choose),  # type: ignore[arg-type]
+            "chosen, over a network": choose_run(counts, costs, remote=True, **choose)}  # type: ignore[arg-type]
+    out = {"packs": sum(counts), "shards": len(counts), "ranks": ranks, "workers": workers,
+           "batch_size": batch_size, "runs": {}}
+    for name, run_length in runs.items():
+        plan = plan_epoch_balanced(counts, costs, run=run_length, **kw)  # type: ignore[arg-type]
+        steps = step_costs(plan, costs, ranks=ranks, workers=workers, batch_size=batch_size, seed=seed)
+        out["runs"][name] = {"run": run_length, "slowest_over_mean": waiting(steps), "requests": requests(plan)}
+    return out
+
+
 def plot(index: list[np.ndarray], path: str, *, ranks: int, workers: int, seed: int, steps: int = 200) -> None:
     import matplotlib
 
@@ -126,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--small-samples", type=int, default=5000, help="the small dataset (about 750 packs)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--plot", help="a PNG of each step's slowest rank over the mean, 64 ranks, batch 1")
     args = ap.parse_args(argv)
@@ -147,12 +172,18 @@ def main(argv: list[str] | None = None) -> int:
                   f"{sc['attention']:.2f}->{c['attention']:.3f}   {q['shuffle_buffer']:>5} -> {q['balanced']:<6} "
                   f"{t['shuffle_buffer']:.3f} / {t['balanced']:.2f}"
                   + ("" if r["first_step_is_costliest"] else "   (first step NOT the costliest)"))
+    small_index = workload(args.small_samples, 100, args.seed)
+    sm = small(small_index, ranks=8, workers=1, batch_size=2, seed=args.seed)
+    print(f"\nsmall dataset: {sm['packs']} packs in {sm['shards']} shards, 8 ranks x 1 worker, 2 packs a step")
+    for name, r in sm["runs"].items():
+        print(f"  {name:<24} run {r['run']:>2}   slowest/mean {r['slowest_over_mean']:.3f}   "
+              f"requests/epoch {r['requests']}")
     if args.plot:
         plot(index, args.plot, ranks=max(args.ranks), workers=args.workers, seed=args.seed)
     if args.json:
         doc = {"workload": {"samples": args.samples, "packs": packs, "shards": len(index), "seq_len": 4096,
                             "max_images": 16, "algorithm": "bfd"},
-               "cost_model": vars(CostModel()), "results": results}
+               "cost_model": vars(CostModel()), "results": results, "small": sm}
         Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
     return 0
 
