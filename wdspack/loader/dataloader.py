@@ -69,10 +69,20 @@ def make_loader(source: str | os.PathLike[str] | Sequence[Any] | Mixture | Packe
             already (then the dataset options below must stay at their defaults: they were the dataset's to take).
         batch_size: packs per batch (``B``); every batch is full.
         num_workers: DataLoader worker processes (0: read in this process).
-        seed, shuffle, shuffle_buffer, rank, world_size, remainder, seq_len, max_images, pad_token_id,
-            image_transform, processor, text_only, expect_tokenizer, on_corrupt: the dataset's options,
-            as :class:`PackedDataset` documents them (``image_transform`` or ``processor`` for pixels,
-            ``text_only`` for none).
+        seed: the shuffling seed (the same on every rank).
+        shuffle: shuffle shard order per epoch and packs through a buffer (both seeded).
+        shuffle_buffer: packs held by the shuffle buffer per worker.
+        rank: default from ``torch.distributed`` when initialised, else 0.
+        world_size: default from ``torch.distributed`` when initialised, else 1.
+        remainder: ``"drop"`` or ``"wrap"``: how ranks are evened out.
+        seq_len: tokens per example; default the manifest's.
+        max_images: image slots per example; default the manifest's.
+        pad_token_id: default the manifest tokenizer's.
+        image_transform: image bytes → tensors (``wdspack.make_image_transform``), for pixels.
+        processor: the model's processor, for what its ``forward`` takes.
+        text_only: stream an image dataset's text without pixels on purpose.
+        expect_tokenizer: the tokenizer the training uses; a mismatch raises :class:`ConfigError`.
+        on_corrupt: ``"skip"`` or ``"raise"`` for corrupt packs and truncated shards.
         read: how shards are read, a :class:`~wdspack.ReadOptions` or a dict of its fields
             (``read={"timeout": 10}`` is the network timeout, which ``timeout`` here is not).
         balance: ``"cost"``, a :class:`~wdspack.Balance` or a dict of its fields.
