@@ -31,6 +31,17 @@ a collective hangs), ``state_dict()`` resumes mid-shard and mid-buffer exactly, 
 connection resumes at the exact byte (``Range``) instead of losing the shard's remaining packs,
 and one ranged GET per shard read with the token in a header (webdataset's ``hf://`` opener asks
 the Hub API once more per shard).
+
+**A mixture is not a dataset here** (DESIGN.md section 8): :func:`read_dataset` refuses one (a
+mixture file, a :class:`~wdspack.loader.Mixture`, a list of ``(path, weight)``) with a
+:class:`ConfigError` that names :func:`wdspack.make_loader`. A mixture is exact in tokens because
+its schedule interleaves single packs of every source, each source read in its own seeded order
+from shard *pieces* (a pass's share, cut where the epoch ends); a webdataset pipeline reads whole
+URLs one after the other in the order of its shard list and its own shuffle, so the schedule's
+order could only be given to it as one URL per pack (a request per pack, each a ``pipe:`` command
+that cuts a byte range) or by holding a slot's whole epoch in memory to reorder it. Neither is
+worth having next to ``make_loader``, which reads the schedule in ranged reads and yields the same
+batch contract with ``source_idx``.
 """
 
 from __future__ import annotations
@@ -97,6 +108,8 @@ def read_dataset(source: str | os.PathLike[str], *, storage_options: Mapping[str
     Args:
         source: a dataset folder, its ``manifest.json``, an ``https://`` dataset root or
             ``hf://datasets/ORG/NAME@REV[/sub]`` (anything :func:`wdspack.make_loader` takes that has a manifest).
+            Not a mixture: that raises :class:`ConfigError` naming :func:`wdspack.make_loader` (see the
+            module docstring).
         storage_options: for ``hf://``: HfFileSystem options (``endpoint``, ``token``); never printed.
         hf_urls: for a Hub source, give ``hf://...@COMMIT/...`` shard URLs (webdataset's ``hf://``
             opener adds the token); False gives the ``https://.../resolve/COMMIT/...`` URLs, which
@@ -109,7 +122,10 @@ def read_dataset(source: str | os.PathLike[str], *, storage_options: Mapping[str
     """
     from ..format.dataset import resolve_source
     from .budgets import image_budget
+    from .mixture import is_mixture_spec
 
+    if is_mixture_spec(source):
+        raise ConfigError(_mixture_refusal(source))
     text = os.fspath(source)
     resolved = resolve_source(text, storage_options=storage_options)
     m = resolved.manifest
@@ -380,6 +396,15 @@ def _budgets(dataset: DatasetInfo | None, seq_len, max_images, pad_token_id) -> 
                           f"holds {least} images; pass max_images >= {least} (extra slots stay empty) or leave it "
                           f"out (default {dataset.max_images})")
     return dataset.seq_len, int(max_images), dataset.pad_token_id
+
+
+def _mixture_refusal(source: Any) -> str:
+    what = repr(os.fspath(source)) if isinstance(source, (str, os.PathLike)) else f"this {type(source).__name__}"
+    return (f"read_dataset reads one packed dataset, and {what} is a mixture: a webdataset pipeline reads whole "
+            "shards in its own order, so it cannot follow the mixture's token-exact schedule (single packs of every "
+            "source interleaved, each source read in pieces of its own seeded passes); stream the mixture with "
+            "wdspack.make_loader(mixture, ...), which gives the same batches with source_idx, or give each source's "
+            "folder to read_dataset for a pipeline of its own")
 
 
 def _where(sample: Any) -> str:
