@@ -8,7 +8,9 @@ of its sub-samples); with :func:`~.loss.token_losses` that is one line per step:
         log(f"loss/{name}", total / targets.clamp(min=1))
 
 Sum ``total`` and ``targets`` over the steps (and ranks) you log before dividing, so each source's
-figure is its exact token mean.
+figure is its exact token mean: :func:`source_totals` gives them as two tensors to add up and
+reduce once per log, which is what :class:`~wdspack.train.trainers.PackedTrainer` does to log
+``loss/<name>`` and ``tokens/<name>``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 
 from ..loader.collate import IGNORE_INDEX, SOURCE_KEY
 
-__all__ = ["per_source_losses"]
+__all__ = ["per_source_losses", "source_totals"]
 
 
 def per_source_losses(token_losses: torch.Tensor, batch: Mapping[str, Any], source_names: Sequence[str]
@@ -44,6 +46,24 @@ def per_source_losses(token_losses: torch.Tensor, batch: Mapping[str, Any], sour
         >>> {k: (float(s), int(n)) for k, (s, n) in out.items()}
         {'a': (4.0, 1), 'b': (3.0, 2)}
     """
+    total, number = source_totals(token_losses, batch, len(source_names))
+    return {name: (total[i], number[i]) for i, name in enumerate(source_names)}
+
+
+def source_totals(token_losses: torch.Tensor, batch: Mapping[str, Any], num_sources: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`per_source_losses` as two ``[num_sources]`` tensors: loss sums and target counts, by ``source_idx``.
+
+    What a training loop accumulates between logs (``PackedTrainer`` does): add them up step after
+    step, reduce once over ranks when logging, divide.
+
+    Example:
+        >>> batch = {"labels": torch.tensor([[-100, 5, 6], [-100, 7, -100]]), "num_tokens": torch.tensor([3, 2]),
+        ...          "source_idx": torch.tensor([1, 0])}
+        >>> total, number = source_totals(torch.tensor([[1.0, 2.0, 0.0], [4.0, 0.0, 0.0]]), batch, 2)
+        >>> total.tolist(), number.tolist()
+        ([4.0, 3.0], [1, 2])
+    """
     labels = batch["labels"]
     if token_losses.shape != labels.shape:
         raise ValueError(f"token_losses has shape {tuple(token_losses.shape)}, the batch's labels "
@@ -62,10 +82,9 @@ def per_source_losses(token_losses: torch.Tensor, batch: Mapping[str, Any], sour
         pack = torch.searchsorted(ends, torch.arange(1, T + 1, device=device)[None], right=True)
         pack = pack.clamp(max=counts.shape[0] - 1)
     owner = sources[pack][targets]
-    k = len(source_names)
+    k = num_sources
     if owner.numel() and int(owner.max()) >= k:
-        raise ValueError(f"the batch has source_idx {int(owner.max())} but {k} source names {list(source_names)}; "
-                         "pass the loader's source_names")
+        raise ValueError(f"the batch has source_idx {int(owner.max())} but the mixture has {k} sources; "
+                         "pass the loader's source_names (or their number)")
     total = torch.zeros(k, dtype=token_losses.dtype, device=device).index_add(0, owner, token_losses[targets])
-    number = torch.bincount(owner, minlength=k)
-    return {name: (total[i], number[i]) for i, name in enumerate(source_names)}
+    return total, torch.bincount(owner, minlength=k)

@@ -11,7 +11,8 @@ piece                           what it does
 ==============================  ==========================================================
 :class:`PackedTrainer`          ``Trainer`` over the loader as is: no ``accelerator.prepare``
                                 of the data, no ``set_epoch``, no batch skipping on resume;
-                                the loss is the model's causal-LM loss over the step's targets
+                                the loss is the model's causal-LM loss over the step's targets;
+                                over a mixture it logs ``loss/<name>``, ``tokens/<name>``
 :class:`LoaderStateCallback`    writes ``wdspack-loader-rank{R}.json`` into each checkpoint
 :func:`save_loader_state`,      the same file in any checkpoint folder, on every rank
 :func:`load_loader_state`       (``accelerator.save_state`` writes registered objects from
@@ -47,8 +48,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import ConfigError, WdspackError
+from ..loader.collate import IGNORE_INDEX
 from ..models import model_inputs
-from .loss import num_items_in_batch
+from .loss import num_items_in_batch, token_losses
+from .mixture import source_totals
 
 if TYPE_CHECKING:
     from ..loader import PackedLoader
@@ -227,7 +230,9 @@ class PackedTrainerMixin:
     * the loss is :func:`causal_lm_loss` over Trainer's ``num_items_in_batch`` (targets of the
       accumulation window, summed over ranks), set as ``compute_loss_func`` unless you pass one;
     * a :class:`LoaderStateCallback` saves each rank's loader state in every checkpoint, and
-      ``train(resume_from_checkpoint=...)`` restores it before Trainer restores the rest.
+      ``train(resume_from_checkpoint=...)`` restores it before Trainer restores the rest;
+    * over a mixture (DESIGN.md section 8), every training log also has ``loss/<name>`` and
+      ``tokens/<name>`` per source (:meth:`log`); one dataset logs nothing more.
 
     Needs ``TrainingArguments(max_steps=N, ignore_data_skip=True)``: the stream has no length,
     and the loader resumes from its own state instead of Trainer re-reading the batches seen.
@@ -245,6 +250,10 @@ class PackedTrainerMixin:
 
     def __init__(self, *args: Any, loader: PackedLoader, **kwargs: Any) -> None:
         self.loader = loader
+        # Over a mixture: per source, the loss sum and the target count since the last log
+        # (float64, exact for counts below 2**53), one row each; None for one dataset.
+        self._source_totals: torch.Tensor | None = None
+        self._step_losses: torch.Tensor | None = None  # the token losses _packed_loss computed, for compute_loss
         kwargs.setdefault("compute_loss_func", self._packed_loss)
         super().__init__(*args, **kwargs)
         _check_training_args(self.args, loader)
@@ -256,9 +265,35 @@ class PackedTrainerMixin:
     def compute_loss(self, model: Any, inputs: Mapping[str, Any], return_outputs: bool = False,
                      num_items_in_batch: torch.Tensor | int | None = None) -> Any:
         kwargs = model_inputs(inputs, self.accelerator.unwrap_model(model))
-        # super() is the Trainer this is mixed into, which mypy cannot see from the mixin: hence the ignore
-        return super().compute_loss(model, kwargs, return_outputs=return_outputs,  # type: ignore[misc]
-                                    num_items_in_batch=num_items_in_batch)
+        if self.loader.dataset.mixture is None or not model.training:  # one dataset, or evaluation
+            # super() is the Trainer this is mixed into, which mypy cannot see from the mixin: hence the ignore
+            return super().compute_loss(model, kwargs, return_outputs=return_outputs,  # type: ignore[misc]
+                                        num_items_in_batch=num_items_in_batch)
+        self._step_losses = None
+        loss, outputs = super().compute_loss(model, kwargs, return_outputs=True,  # type: ignore[misc]
+                                             num_items_in_batch=num_items_in_batch)
+        losses, self._step_losses = self._step_losses, None
+        if losses is None:  # a compute_loss_func of your own: the token losses once more, outside the graph
+            with torch.no_grad():
+                losses = token_losses(outputs["logits"].detach(), inputs["labels"].to(outputs["logits"].device))
+        self._count_sources(losses, inputs)
+        return (loss, outputs) if return_outputs else loss
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        """Trainer's ``log``; over a mixture, a training log (one with ``loss``) also gets, per source:
+
+        * ``loss/<name>``: the token mean of the source's target tokens since the last log, over
+          every micro-batch of every step and every rank (left out where the source had none);
+        * ``tokens/<name>``: those target tokens (they sum to all the targets since the last log).
+
+        The sums add up on each rank step after step and are reduced over the ranks here: one
+        ``all_reduce`` per log, in the log Trainer makes on every rank at the same step. Trainer's
+        own ``loss`` is the mean of the steps' token means, so with ``logging_steps`` > 1 it differs
+        from the token-weighted mean of the ``loss/<name>`` slightly; with ``logging_steps=1`` they agree.
+        """
+        if self.loader.dataset.mixture is not None and "loss" in logs:
+            logs.update(self._source_logs())
+        super().log(logs, *args, **kwargs)  # type: ignore[misc]
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
         checkpoint: str | None
@@ -279,7 +314,43 @@ class PackedTrainerMixin:
     def _packed_loss(self, outputs: Any, labels: torch.Tensor,
                      num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
         model = self.accelerator.unwrap_model(self.model)
-        return causal_lm_loss(model, outputs["logits"], labels, num_items_in_batch)
+        if self.loader.dataset.mixture is None or not model.training or not _stock_causal_lm_loss(model):
+            return causal_lm_loss(model, outputs["logits"], labels, num_items_in_batch)
+        # Over a mixture, the per-source sums need each token's loss: computed once, in the graph,
+        # the model's loss is their sum over the step's targets (transformers' ForCausalLMLoss,
+        # written out), so the logits are read once, not once more for the accounting.
+        losses = token_losses(outputs["logits"], labels)
+        self._step_losses = losses.detach()
+        count = (labels != IGNORE_INDEX).sum() if num_items_in_batch is None else num_items_in_batch
+        if torch.is_tensor(count):
+            count = count.to(losses.device)
+        return losses.sum() / count
+
+    def _count_sources(self, losses: torch.Tensor, batch: Mapping[str, Any]) -> None:
+        total, number = source_totals(losses, batch, len(self.loader.source_names))
+        step = torch.stack([total.to(torch.float64), number.to(torch.float64)])
+        self._source_totals = step if self._source_totals is None else self._source_totals + step
+
+    def _source_logs(self) -> dict[str, float]:
+        """Per source, the token mean loss and the target tokens since the last log, over all ranks."""
+        totals = self._source_totals
+        if totals is None:  # no step since the last log; every rank still joins the reduction
+            totals = torch.zeros(2, len(self.loader.source_names), dtype=torch.float64, device=self.args.device)
+        sums = self.accelerator.reduce(totals, reduction="sum").tolist()
+        self._source_totals = None
+        logs: dict[str, float] = {}
+        for name, total, number in zip(self.loader.source_names, *sums):
+            if number:
+                logs[f"loss/{name}"] = total / number
+            logs[f"tokens/{name}"] = int(number)
+        return logs
+
+
+def _stock_causal_lm_loss(model: Any) -> bool:
+    """Whether the model's ``loss_function`` is transformers' own causal-LM loss (not one of its own)."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    return getattr(model, "loss_function", None) is ForCausalLMLoss
 
 
 def _restore_renamed_weights(model: Any, folder: str | os.PathLike[str]) -> None:
