@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import shutil
@@ -28,6 +29,7 @@ from wdspack.loader.schedule import (
     pass_share,
     plan_slot,
     share_order,
+    slot_phase,
     slot_stream,
     source_layout,
 )
@@ -292,10 +294,13 @@ def _layouts(seed: int, n: int = 16_000, shards: int = 20, kinds=("uniform", "fu
     return out
 
 
-def _epoch(layouts, shares, *, slots, batch, seed=0, cursors=None, **kw):
+def _epoch(layouts, shares, *, slots, batch, seed=0, cursors=None, workers=1, **kw):
+    """Every slot's plan of one epoch (``slots`` = ranks × workers; ``cursors`` per slot)."""
     m = Mixture.of([(f"s{k}", w) for k, w in enumerate(shares)])
     e = mixture_epoch(m, [int(x.units.sum()) for x in layouts], [x.packs for x in layouts])
     per_slot = e.per_slot(slots, batch)
+    if workers > 1:
+        kw = {"workers": workers, "batch_size": batch, **kw}
     return [plan_slot(layouts, m.shares, slot=s, slots=slots, per_slot=per_slot, seed=seed,
                       cursors=None if cursors is None else cursors[s], **kw) for s in range(slots)]
 
@@ -312,11 +317,18 @@ def _window_error(units: np.ndarray, source: np.ndarray, shares, min_steps: int 
     return 100 * worst
 
 
-def _steps(plans, batch):
-    """``[steps, slots * batch]`` units and sources: global step t is every slot's t-th batch."""
-    steps = len(plans[0].source) // batch
-    units = np.stack([p.units.reshape(steps, batch) for p in plans], 1).reshape(steps, -1)
-    source = np.stack([p.source.reshape(steps, batch) for p in plans], 1).reshape(steps, -1)
+def _steps(plans, batch, workers=1):
+    """``[steps, ranks * batch]`` units and sources as the DataLoaders yield them: rank r's batch t is
+    worker ``t % workers``'s batch ``t // workers`` (slot ``r * workers + t % workers``), and global
+    step t is every rank's t-th batch."""
+    per = len(plans[0].source) // batch  # batches per worker
+    ranks = len(plans) // workers
+    units = np.empty((per * workers, ranks * batch), np.int64)
+    source = np.empty_like(units)
+    for s, p in enumerate(plans):
+        r, w = divmod(s, workers)
+        units[w::workers, r * batch:(r + 1) * batch] = p.units.reshape(per, batch)
+        source[w::workers, r * batch:(r + 1) * batch] = p.source.reshape(per, batch)
     return units, source
 
 
@@ -365,6 +377,41 @@ def test_achieved_share_over_every_window(kinds, shares, capsys):
     assert epoch <= 0.1
 
 
+@pytest.mark.parametrize(("ranks", "workers"), [(8, 2), (4, 4)])
+@pytest.mark.parametrize(("kinds", "shares"), [
+    (("uniform", "full"), (0.5, 0.5)),
+    (("uniform", "full"), (0.2, 0.8)),
+    (("uniform", "full", "wide"), (0.5, 0.3, 0.2)),
+])
+def test_achieved_share_over_every_window_with_workers(kinds, shares, ranks, workers, capsys):
+    """The same target with several DataLoader workers per rank, in the order the DataLoader yields
+    their batches (round robin): the rank's merge spans its workers, so its error is one worker's.
+
+    With 4 ranks a window of 100 steps holds 800 packs, half the 8-rank one's, and the three-source
+    mix sits at the packs' granularity: one worker per rank gives 0.47-0.60 points globally there
+    too (seeds 0-2). So for fewer than 8 ranks the global error is held to one worker's (+0.05)."""
+    batch = 2
+    layouts = _layouts(1, kinds=kinds)
+    plans = _epoch(layouts, shares, slots=ranks * workers, batch=batch, workers=workers)
+    for r in range(ranks):  # every worker of a rank plans the same rank: the same cursors
+        assert len({plans[r * workers + w].end for w in range(workers)}) == 1
+    units, source = _steps(plans, batch, workers)
+    assert len(units) >= 1500
+    glob, rank, epoch = _errors(units, source, shares, ranks, batch)
+    line = (f"\n{kinds} {shares} {ranks} ranks × {workers} workers: {len(units)} steps; max error (points) over "
+            f"windows >= 100 steps: global {glob:.3f} per rank {rank:.3f} epoch {epoch:.4f}")
+    bound = 0.5
+    if ranks < 8:
+        one = _errors(*_steps(_epoch(layouts, shares, slots=ranks, batch=batch), batch), shares, ranks, batch)
+        bound = max(bound, one[0] + 0.05)
+        line += f"; one worker per rank: global {one[0]:.3f} per rank {one[1]:.3f}"
+    with capsys.disabled():
+        print(line)
+    assert glob <= bound
+    assert rank <= 1.0
+    assert epoch <= 0.1
+
+
 def test_equal_packs_are_dephased_between_slots():
     """Equal packs give every slot the same pattern; the slots' phases keep the global error small anyway."""
     layouts = [source_layout(f"s{k}", [4000] * 4, np.full(16_000, 4000)) for k in range(3)]
@@ -373,11 +420,12 @@ def test_equal_packs_are_dephased_between_slots():
     assert glob <= 0.25 and rank <= 1.0 and epoch <= 0.01
 
 
-def test_same_inputs_same_schedule_and_seed_matters():
+@pytest.mark.parametrize("workers", [1, 2])
+def test_same_inputs_same_schedule_and_seed_matters(workers):
     layouts = _layouts(2, n=3000)
-    a = _epoch(layouts, (0.5, 0.5), slots=4, batch=2, seed=7)
-    b = _epoch(layouts, (0.5, 0.5), slots=4, batch=2, seed=7)
-    c = _epoch(layouts, (0.5, 0.5), slots=4, batch=2, seed=8)
+    a = _epoch(layouts, (0.5, 0.5), slots=4, batch=2, seed=7, workers=workers)
+    b = _epoch(layouts, (0.5, 0.5), slots=4, batch=2, seed=7, workers=workers)
+    c = _epoch(layouts, (0.5, 0.5), slots=4, batch=2, seed=8, workers=workers)
     for x, y in zip(a, b):
         for field in ("source", "pass_no", "shard", "pack", "row", "units"):
             assert np.array_equal(getattr(x, field), getattr(y, field))
@@ -411,6 +459,90 @@ def test_every_pack_of_a_pass_once_and_passes_in_order():
         assert sorted(seen[(0, q)]) == list(range(32))
     for rows in seen.values():
         assert len(rows) == len(set(rows))  # within a pass nothing twice, finished or not
+
+
+def _open_pass(cursor: SourceCursor) -> int:
+    """The first pass a rank has not handed out whole (its frontier's, or a held block's)."""
+    return min([cursor.pass_no] + [h[1] for h in cursor.held])
+
+
+def test_every_pack_of_a_pass_once_as_workers_and_weights_change():
+    """Epochs with 2, 2, 4, 1, 3 and 2 workers per rank and new weights at two stage boundaries, each
+    from the cursors the one before left: within a pass no pack is read twice (across ranks, workers
+    and epochs), every pass handed out whole is read whole, a worker's passes go up within an epoch,
+    and all the workers of a rank end at the same cursor."""
+    rng = np.random.default_rng(5)
+    small = source_layout("small", [7, 9, 5, 11], rng.integers(1000, 4000, 32))
+    big = source_layout("big", [40] * 10, rng.integers(1000, 4000, 400))
+    ranks, batch = 2, 2
+    cursors: list = [None] * ranks
+    seen: dict[tuple[int, int], list[int]] = {}
+    for workers, shares in [(2, (0.5, 0.5)), (2, (0.5, 0.5)), (4, (0.3, 0.7)), (1, (0.3, 0.7)), (3, (0.6, 0.4)),
+                            (2, (0.6, 0.4))]:
+        plans = _epoch([small, big], shares, slots=ranks * workers, batch=batch, seed=3, shuffle_buffer=8,
+                       workers=workers, cursors=[cursors[s // workers] for s in range(ranks * workers)])
+        for r in range(ranks):
+            assert len({p.end for p in plans[r * workers:(r + 1) * workers]}) == 1
+        cursors = [plans[r * workers].end for r in range(ranks)]
+        for p in plans:
+            for i in range(2):
+                passes = p.pass_no[p.source == i]
+                assert (np.diff(passes) >= 0).all()
+                for q in np.unique(passes):
+                    seen.setdefault((i, int(q)), []).extend(p.row[(p.source == i) & (p.pass_no == q)].tolist())
+    for rows in seen.values():
+        assert len(rows) == len(set(rows))  # within a pass nothing twice, finished or not
+    for i, layout in enumerate((small, big)):
+        whole = min(_open_pass(c[i]) for c in cursors)
+        assert whole >= (10 if i == 0 else 2)  # the small source made many passes, the big one a few
+        for q in range(whole):
+            assert sorted(seen[(i, q)]) == list(range(layout.packs))
+    assert any(c[1].held for c in cursors)  # the big source's blocks outlive an epoch
+
+
+def test_a_worker_finishes_its_block_in_the_next_epoch():
+    """A block a worker began (a held block of the rank's cursor) is that worker's to finish: its first
+    packs of the source in the next epoch come from the block's reading positions."""
+    layouts = _layouts(6, n=4000, shards=8)
+    ranks, workers = 2, 3
+    first = _epoch(layouts, (0.5, 0.5), slots=ranks * workers, batch=2, seed=2, workers=workers)
+    second = _epoch(layouts, (0.5, 0.5), slots=ranks * workers, batch=2, seed=2, workers=workers,
+                    cursors=[p.end for p in first])
+    checked = 0
+    for r in range(ranks):
+        for i, layout in enumerate(layouts):
+            for v, q, a, b, done in first[r * workers].end[i].held:
+                share = pass_share(layout.counts, slots=ranks, slot=r, pass_no=q, seed=2, key=layout.key)
+                starts = np.cumsum([0, *layout.counts])
+                reading = np.concatenate([starts[x.shard] + np.arange(x.start, x.stop) for x in share])
+                mine = second[r * workers + v]
+                rows = mine.row[mine.source == i][:b - a - done]  # the rest of its block
+                assert set(rows.tolist()) <= set(reading[a:b].tolist())
+                assert (mine.pass_no[mine.source == i][:b - a - done] == q).all()
+                checked += 1
+    assert checked >= ranks * workers  # a block of the big source is held on every worker
+
+
+@pytest.mark.parametrize(("workers", "batch"), [(2, 1), (2, 2), (3, 2), (4, 3)])
+def test_workers_take_their_batches_of_the_rank_merge(workers, batch):
+    """Equal packs within each source: the pack a source gives next weighs the same on every worker, so
+    the rank's batches, in the DataLoader's round robin, are exactly the one merge of the rank (one
+    sort, :func:`merge_sources`, with the rank's phases); a longer plan begins with the shorter one."""
+    units = (4000, 1000, 2500)
+    layouts = [source_layout(n, [30] * 4, np.full(120, u)) for n, u in zip("abc", units)]
+    shares, ranks, per_slot = (0.5, 0.3, 0.2), 2, 12 * batch
+    for r in range(ranks):
+        plans = [plan_slot(layouts, shares, slot=r * workers + v, slots=ranks * workers, per_slot=per_slot, seed=0,
+                           workers=workers, batch_size=batch) for v in range(workers)]
+        got = np.concatenate([plans[t % workers].source[t // workers * batch:(t // workers + 1) * batch]
+                              for t in range(per_slot // batch * workers)])
+        offsets = [slot_phase(r, ranks, i) * u / w for i, (u, w) in enumerate(zip(units, shares))]
+        want, _ = merge_sources([np.full(1000, u) for u in units], shares, len(got), offsets=offsets)
+        assert got.tolist() == want.tolist()
+        longer = plan_slot(layouts, shares, slot=r * workers + 1, slots=ranks * workers, per_slot=per_slot + batch + 1,
+                           seed=0, workers=workers, batch_size=batch)
+        for field in ("source", "row", "pass_no"):
+            assert np.array_equal(getattr(longer, field)[:per_slot], getattr(plans[1], field))
 
 
 def test_shares_of_a_pass_partition_it():
@@ -459,21 +591,43 @@ def test_share_order_is_the_shuffle_buffer_order():
         assert np.array_equal(fast, slow)
 
 
-def test_reads_cover_the_schedule_and_keep_the_request_economy():
+@pytest.mark.parametrize("workers", [1, 2, 4])
+def test_reads_cover_the_schedule_and_keep_the_request_economy(workers, capsys):
+    """Each slot's reads cover its packs; a rank's workers never read the same pack in an epoch (each
+    reads its own blocks); a rank-epoch makes at most Σ(shards + 3) requests (4 ranks, 3 epochs)."""
     layouts = _layouts(4, n=6000, shards=30, kinds=("uniform", "full", "wide"))
-    slots = 4
-    plans = _epoch(layouts, (0.5, 0.3, 0.2), slots=slots, batch=2, shuffle_buffer=64)
+    ranks = 4
     budget = sum(len(x.counts) + 3 for x in layouts)  # Σ(shards + 3) requests per rank-epoch
-    for p in plans:
-        assert len(p.reads) <= budget
-        by_key: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
-        for r in p.reads:
-            by_key.setdefault((r.source, r.pass_no, r.shard), []).append((r.start, r.stop))
-        for i, q, sh, k in zip(p.source.tolist(), p.pass_no.tolist(), p.shard.tolist(), p.pack.tolist()):
-            assert any(a <= k < b for a, b in by_key[(i, q, sh)])
+    cursors, counts = None, []
+    for _ in range(3):
+        plans = _epoch(layouts, (0.5, 0.3, 0.2), slots=ranks * workers, batch=2, shuffle_buffer=64, workers=workers,
+                       cursors=cursors)
+        cursors = [p.end for p in plans]
+        for r in range(ranks):
+            mine = plans[r * workers:(r + 1) * workers]
+            counts.append(sum(len(p.reads) for p in mine))
+            assert counts[-1] <= budget
+            spans = sorted((x.source, x.pass_no, x.shard, x.start, x.stop) for p in mine for x in p.reads)
+            for a, b in itertools.pairwise(spans):
+                assert a[:3] != b[:3] or a[4] <= b[3], (a, b)  # no pack read twice in the rank-epoch
+            for p in mine:
+                by_key: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
+                for x in p.reads:
+                    by_key.setdefault((x.source, x.pass_no, x.shard), []).append((x.start, x.stop))
+                for i, q, sh, k in zip(p.source.tolist(), p.pass_no.tolist(), p.shard.tolist(), p.pack.tolist()):
+                    assert any(a <= k < b for a, b in by_key[(i, q, sh)])
+    with capsys.disabled():
+        print(f"\n{ranks} ranks × {workers} workers: ranged reads per rank-epoch {min(counts)}-{max(counts)} "
+              f"(budget Σ(shards + 3) = {budget})")
 
 
 def test_cursor_from_another_layout_is_refused():
     layout = source_layout("a", [10, 10], np.ones(20, np.int64))
     with pytest.raises(ConfigError, match="saved under another layout"):
         plan_slot([layout], [1], slot=0, slots=4, per_slot=2, seed=0, cursors=[SourceCursor(0, 9)])
+    # ranks of 10 packs: a block past a share's end, a frontier past it
+    for bad in (SourceCursor(0, 0, ((0, 0, 3, 14, 1),), True), SourceCursor(0, 11, (), True)):
+        with pytest.raises(ConfigError, match="saved under another layout of ranks"):
+            plan_slot([layout], [1], slot=0, slots=4, per_slot=2, seed=0, workers=2, cursors=[bad])
+    with pytest.raises(ConfigError, match=r"slots=5 must be ranks × workers with workers=2"):
+        plan_slot([layout], [1], slot=0, slots=5, per_slot=2, seed=0, workers=2)

@@ -1,35 +1,35 @@
 """A mixture's schedule: which source's pack each position of a slot's epoch holds (pure functions).
 
-Every ``(rank, worker)`` slot computes its own schedule from integers alone (the seed, each
-source's packs per shard and unit values from its pack index, the weights, the cursors), before
-any byte is read. Two layers:
+Every ``(rank, worker)`` slot computes its schedule from integers alone (the seed, each source's
+packs per shard and unit values from its pack index, the weights, the cursors), before any byte is
+read; the workers of a rank compute the same rank plan and each keeps its own positions. Two layers:
 
-**One stream per source.** Pass ``p`` of a source is split over the slots as :mod:`.plan` splits an
-epoch: its shards in a seeded order (seeded by ``(seed, source key, p)``: each source has its own
-order, reshuffled every pass), cut into consecutive runs, one per slot, that differ by at most one
-pack (the slots given the extra pack rotate from pass to pass); nothing is dropped or repeated, so
-every pack of a pass goes to exactly one slot. A slot reads its share as ranged reads (a shard is
-split only where a share ends) and emits it in a seeded shuffle-buffer order
-(:func:`~.plan.shuffle_order`). A slot's stream of source ``i`` is its share of pass 0, then of
-pass 1, ...: a pass is finished, on that slot, before the next one starts. Where a slot stands in
-a source is a :class:`SourceCursor` ``(pass_no, pos)``; the streams do not depend on the weights,
-so a cursor stays valid when the weights change or a source is added or removed.
+**One stream per source and rank** (:mod:`.source_stream`): the rank's share of each pass, pass
+after pass, handed out to its workers in blocks that each worker reads as ranged reads and emits in
+a seeded shuffle-buffer order; where a rank stands in a source is a :class:`SourceCursor`.
 
 **The merge**, a low-discrepancy rule in the mixture's unit (weighted fair queueing, as a stride
-scheduler): the ``k``-th pack of source ``i`` in the slot's stream, of ``u_ik`` units, gets the tag
-``(U_i(k) + u_ik / 2) / w_i + φ_i``, with ``U_i(k)`` the units of the packs before it; the epoch
-emits the ``per_slot`` packs of smallest tag (ties: lowest source index). At any cut, source
+scheduler), once per rank, over the rank's positions in the order the rank consumes them: its
+batches, the workers' in turn (a DataLoader takes worker ``w``'s batches as the rank's batches
+``w, w + W, w + 2W, ...``). The ``k``-th pack of source ``i`` the rank takes, of ``u_ik`` units,
+has the tag ``(U_i(k) + u_ik / 2) / w_i + φ_i``, with ``U_i(k)`` the units of the packs before it;
+each position takes the source of smallest tag (ties: lowest source index). At any cut, source
 ``i`` has given ``w_i · τ`` units to within half a pack of its own, so every window's share is off
-by at most about one pack's units, on every slot: no random draw. For three sources at 1/2, 1/4,
+by at most about one pack's units, on every rank: no random draw. For three sources at 1/2, 1/4,
 1/4 with equal packs::
 
     tags        a: 1 3 5 7 ...   b: 2 6 10 ...   c: 2 6 10 ...
     emitted     a b c a a b c a a b c a ...
 
-The tags are independent per source, so the merge is one sort (an epoch of a million packs per
-slot plans in a fraction of a second). ``φ_i`` is a phase, spread evenly over the slots (a
-fraction of a mean pack, ``slot_phase``): slots that start together do not err together, so the
-global share is closer still. Tags restart at every epoch, from the cursors the epoch before left.
+With one worker per rank the tags are known ahead, so the merge is one sort (an epoch of a million
+packs plans in about 0.3 s). With several, the pack a source gives next depends on the worker
+(each emits its own block), so the merge walks the rank's positions one at a time, with each
+source's tag for the next pack it would give that position's worker (about 1.5 s for a rank-epoch
+of a million packs). Merging each worker's slot on its own instead would leave each worker's
+error whole, and a window of the rank's batches sums its workers' errors. ``φ_i`` is a phase,
+spread evenly over the ranks (a fraction of a mean pack, ``slot_phase``): ranks that start together
+do not err together, so the global share is closer still. Tags restart at every epoch, from the
+cursors the epoch before left.
 
 A pack of 0 units (a text pack under ``unit="images"``) costs nothing and rides along with its
 neighbours; a source holding none of the unit is refused by :func:`~.mixture.mixture_epoch`.
@@ -37,190 +37,31 @@ neighbours; a source holding none of the unit is refused by :func:`~.mixture.mix
 
 from __future__ import annotations
 
-import hashlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import ConfigError
-from .plan import PackRange
+from .source_stream import (
+    Block,
+    RankStream,
+    SlotRead,
+    SourceCursor,
+    SourceLayout,
+    block_reads,
+    pass_share,
+    share_order,
+    slot_stream,
+    source_key,
+    source_layout,
+)
 
 __all__ = ["SlotRead", "SlotSchedule", "SourceCursor", "SourceLayout", "merge_sources", "pass_share", "plan_slot",
            "share_order", "slot_phase", "slot_stream", "source_key", "source_layout"]
 
-_GOLDEN = 0.6180339887498949  # spreads the sources' phases on a slot (an irrational step never repeats)
-
-
-@dataclass(frozen=True, slots=True)
-class SourceCursor:
-    """Where a slot stands in one source: ``pos`` packs of its share of pass ``pass_no`` emitted."""
-
-    pass_no: int = 0
-    pos: int = 0
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class SourceLayout:
-    """One source as the schedule sees it: packs per shard (manifest order), each pack's units, its key."""
-
-    counts: tuple[int, ...]
-    #: ``[packs]`` int64: each pack's value in the mixture's unit, in manifest order
-    units: np.ndarray
-    #: seeds the source's shard orders: from its name, so adding a source leaves the others' orders alone
-    key: int
-
-    @property
-    def packs(self) -> int:
-        return len(self.units)
-
-    @property
-    def mean_units(self) -> float:
-        return float(self.units.sum()) / max(len(self.units), 1)
-
-
-def source_key(name: str) -> int:
-    """A stable 63-bit key of a source name (the same in every process and Python version).
-
-    Example:
-        >>> source_key("llava") == source_key("llava") != source_key("captions")
-        True
-    """
-    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little") >> 1
-
-
-def source_layout(name: str, counts: Sequence[int], units: np.ndarray) -> SourceLayout:
-    """A :class:`SourceLayout`; checks that ``units`` has one value per pack.
-
-    Example:
-        >>> source_layout("a", [2, 1], np.array([5, 6, 7])).mean_units
-        6.0
-    """
-    values = np.ascontiguousarray(units, dtype=np.int64)
-    if values.ndim != 1 or len(values) != sum(int(c) for c in counts):
-        raise ConfigError(f"source {name!r}: {values.shape} unit values for {sum(int(c) for c in counts)} packs")
-    if len(values) == 0:
-        raise ConfigError(f"source {name!r} holds no packs; drop it from the mixture")
-    if (values < 0).any():
-        raise ConfigError(f"source {name!r} has negative unit values; its pack index is corrupt "
-                          "(re-create it with `wdspack index DATASET`)")
-    return SourceLayout(tuple(int(c) for c in counts), values, source_key(name))
-
-
-# ---------------------------------------------------------------------------------------------
-# One source's stream on one slot
-
-
-def _share_bounds(total: int, *, slots: int, slot: int, pass_no: int) -> tuple[int, int]:
-    """Slot ``slot``'s run ``[start, stop)`` of a pass of ``total`` packs: ``total // slots`` packs,
-    one more for ``total % slots`` slots, which rotate with the pass (no slot is always the longer)."""
-    q, extra = divmod(total, slots)
-    rot = pass_no * extra % slots
-    longer = (np.arange(slot + 1) - rot) % slots < extra
-    start = slot * q + int(longer[:slot].sum())
-    return start, start + q + int(longer[slot])
-
-
-def _shard_order(shards: int, *, seed: int, key: int, pass_no: int, shuffle: bool) -> np.ndarray:
-    if not shuffle:
-        return np.arange(shards)
-    return np.random.default_rng([seed, key, pass_no, 0x5EED]).permutation(shards)
-
-
-def pass_share(counts: Sequence[int], *, slots: int, slot: int, pass_no: int, seed: int, key: int,
-               shuffle: bool = True) -> tuple[PackRange, ...]:
-    """Slot ``slot``'s share of pass ``pass_no`` of one source, as ranges in reading order.
-
-    Example:
-        >>> [(r.shard, r.start, r.stop) for s in range(2)
-        ...  for r in pass_share([3, 3], slots=2, slot=s, pass_no=0, seed=0, key=1, shuffle=False)]
-        [(0, 0, 3), (1, 0, 3)]
-    """
-    if slots < 1 or not 0 <= slot < slots:
-        raise ConfigError(f"slot {slot} is not one of {slots} slots")
-    sizes = np.asarray(counts, np.int64)
-    start, stop = _share_bounds(int(sizes.sum()), slots=slots, slot=slot, pass_no=pass_no)
-    order = _shard_order(len(sizes), seed=seed, key=key, pass_no=pass_no, shuffle=shuffle)
-    ends = np.cumsum(sizes[order])
-    begins = ends - sizes[order]
-    first, last = int(np.searchsorted(ends, start, side="right")), int(np.searchsorted(begins, stop, side="left"))
-    out = []
-    for j in range(first, last):
-        a, b = max(start, int(begins[j])) - int(begins[j]), min(stop, int(ends[j])) - int(begins[j])
-        if b > a:
-            out.append(PackRange(int(order[j]), a, b))
-    return tuple(out)
-
-
-def share_order(n: int, *, buffer_size: int, seed: int, key: int, pass_no: int, slot: int,
-                shuffle: bool = True) -> np.ndarray:
-    """The order a slot emits its ``n`` packs of a pass in: :func:`~.plan.shuffle_order`'s, computed
-    without a Python loop (the same array for the same seed).
-
-    Example:
-        >>> sorted(share_order(5, buffer_size=3, seed=0, key=1, pass_no=0, slot=0).tolist())
-        [0, 1, 2, 3, 4]
-    """
-    if not shuffle or buffer_size <= 1 or n <= 1:
-        return np.arange(n, dtype=np.int64)
-    rng = np.random.default_rng([seed, key, pass_no, slot, 0xB0F])
-    size = min(buffer_size, n)
-    m = n - size
-    picks = (rng.random(m) * size).astype(np.int64)
-    # emission k takes the item in buffer place picks[k]: the one put there by the last earlier pick
-    # of that place (item size + k'), or the place's first item
-    by = np.argsort(picks.astype(np.uint16 if size <= 1 << 16 else np.int64), kind="stable")  # a radix sort
-    same = picks[by[1:]] == picks[by[:-1]]
-    prev = np.full(m, -1, np.int64)
-    prev[by[1:][same]] = by[:-1][same]
-    out = np.empty(n, np.int64)
-    out[:m] = np.where(prev >= 0, size + prev, picks)
-    buf = np.arange(size, dtype=np.int64)
-    last = by[np.r_[~same, True]] if m else by
-    buf[picks[last]] = size + last
-    out[m:] = buf[rng.permutation(size)]
-    return out
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class _Share:
-    """One pass's share of a source on a slot, emission order: the rows it emits from ``first`` on."""
-
-    pass_no: int
-    ranges: tuple[PackRange, ...]
-    order: np.ndarray  # emission k -> reading position
-    rows: np.ndarray  # emission k -> pack row in the source (manifest order)
-    first: int  # packs of the share emitted before (a cursor inside it)
-
-
-def _shares(layout: SourceLayout, *, slot: int, slots: int, seed: int, start: SourceCursor, shuffle: bool,
-            shuffle_buffer: int) -> Iterator[_Share]:
-    """The slot's shares of passes ``start.pass_no``, ``+1``, ... (empty shares skipped), endless."""
-    starts = np.cumsum((0, *layout.counts))[:-1]
-    pass_no, empty = start.pass_no, 0
-    while True:
-        ranges = pass_share(layout.counts, slots=slots, slot=slot, pass_no=pass_no, seed=seed, key=layout.key,
-                            shuffle=shuffle)
-        lengths = np.fromiter((len(r) for r in ranges), np.int64, len(ranges))
-        n = int(lengths.sum())
-        first = start.pos if pass_no == start.pass_no else 0
-        if first > n:
-            raise ConfigError(f"cursor {start} is past the end of slot {slot}'s share of pass {pass_no} ({n} packs "
-                              f"of {slots} slots): the cursor was saved under another layout of ranks × workers")
-        if n > first:
-            empty = 0
-            base = np.repeat(starts[[r.shard for r in ranges]] + [r.start for r in ranges] - np.cumsum(lengths)
-                             + lengths, lengths)
-            reading = base + np.arange(n)
-            order = share_order(n, buffer_size=shuffle_buffer, seed=seed, key=layout.key, pass_no=pass_no, slot=slot,
-                                shuffle=shuffle)
-            yield _Share(pass_no, ranges, order, reading[order], first)
-        else:
-            empty += 1
-            if empty > slots + 1:  # every slot gets a pack within `slots` passes when the source has any
-                raise ConfigError(f"slot {slot} of {slots} gets no pack of a source of {layout.packs} packs")
-        pass_no += 1
+_GOLDEN = 0.6180339887498949  # spreads the sources' phases on a rank (an irrational step never repeats)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -281,26 +122,12 @@ def merge_sources(units: Sequence[np.ndarray], shares: Sequence[float], n: int, 
     return source, np.bincount(source, minlength=len(units))
 
 
-# ---------------------------------------------------------------------------------------------
-# One slot's epoch
-
-
-@dataclass(frozen=True, slots=True)
-class SlotRead:
-    """One ranged read: packs ``[start, stop)`` of shard ``shard`` of source ``source``, for pass ``pass_no``."""
-
-    source: int
-    pass_no: int
-    shard: int
-    start: int
-    stop: int
-
-
 @dataclass(frozen=True, slots=True, eq=False)
 class SlotSchedule:
     """One slot's epoch: per position (``per_slot`` of them, in emission order) its source, pass, shard,
-    pack within the shard and within the source, and units; the cursors it starts and ends at; the
-    ranged reads it needs (each source's share read in order, up to what its shuffle buffer emits)."""
+    pack within the shard and within the source, and units; the rank's cursors it starts and ends at
+    (the same on every worker of the rank); the ranged reads it needs (each source's blocks read in
+    order, each from the first pack it emits to the last, for its shuffle buffer)."""
 
     source: np.ndarray
     pass_no: np.ndarray
@@ -320,11 +147,23 @@ class SlotSchedule:
 
 def plan_slot(layouts: Sequence[SourceLayout], shares: Sequence[float], *, slot: int, slots: int, per_slot: int,
               seed: int, cursors: Sequence[SourceCursor] | None = None, shuffle: bool = True,
-              shuffle_buffer: int = 256) -> SlotSchedule:
+              shuffle_buffer: int = 256, workers: int = 1, batch_size: int = 1) -> SlotSchedule:
     """Slot ``slot``'s ``per_slot`` packs of one mixture epoch, from each source's cursor on.
 
     ``per_slot`` is :meth:`~.mixture.MixtureEpoch.per_slot` (the same on every slot); the next epoch
     starts from ``plan.end``. Deterministic: a function of its arguments alone.
+
+    Args:
+        slot: ``rank * workers + worker``.
+        slots: ``ranks * workers``.
+        workers: DataLoader workers per rank. With more than one, the rank's sources are merged once,
+            over the rank's batches in the order the DataLoader yields them (worker ``w`` gives the
+            rank's batches ``w, w + workers, ...``), and this slot gets its batches' positions; every
+            worker of a rank computes the same rank plan, and ``start`` / ``end`` are the rank's cursors
+            (see the module docstring). ``1`` (the default): the slot is the rank.
+        batch_size: packs per batch; decides which positions of the rank's merge are this worker's
+            (unused with one worker). ``per_slot`` need not be a multiple of it: the rank plan then
+            runs to the end of the last batch, and ``end`` is the rank's cursor there.
 
     Example:
         >>> a = source_layout("a", [4, 4], np.full(8, 100))
@@ -342,101 +181,132 @@ def plan_slot(layouts: Sequence[SourceLayout], shares: Sequence[float], *, slot:
         raise ConfigError(f"{len(cursors)} cursors for {k} sources")
     if per_slot < 0:
         raise ConfigError(f"per_slot={per_slot} must be >= 0")
+    if workers < 1 or batch_size < 1 or slots % workers:
+        raise ConfigError(f"slots={slots} must be ranks × workers with workers={workers} >= 1 dividing it, "
+                          f"and batch_size={batch_size} >= 1")
+    if not 0 <= slot < slots:
+        raise ConfigError(f"slot {slot} is not one of {slots} slots")
+    rank, ranks, worker = slot // workers, slots // workers, slot % workers
+    src = [RankStream(layout, c, rank=rank, ranks=ranks, workers=workers, seed=seed, shuffle=shuffle,
+                      shuffle_buffer=shuffle_buffer) for layout, c in zip(layouts, cursors)]
     means = np.array([max(layout.mean_units, 1e-9) for layout in layouts])
-    offsets = np.array([slot_phase(slot, slots, i) for i in range(k)]) * means / w
+    offsets = np.array([slot_phase(rank, ranks, i) for i in range(k)]) * means / w
+    if workers == 1:
+        source, runs, held = _merge_one(src, w, offsets, per_slot)
+    else:
+        source, runs, held = _merge_workers(src, w, offsets, per_slot, workers=workers, worker=worker,
+                                            batch_size=batch_size)
+    out = {name: np.empty(len(source), np.int64) for name in ("pass_no", "shard", "pack", "row", "units")}
+    reads: list[SlotRead] = []
+    for i, layout in enumerate(layouts):
+        mask = source == i
+        rows = np.concatenate([b.rows[a:e] for b, a, e in runs[i]]) if runs[i] else np.zeros(0, np.int64)
+        starts = np.cumsum((0, *layout.counts))
+        shard = np.searchsorted(starts, rows, side="right") - 1
+        out["row"][mask], out["shard"][mask], out["pack"][mask] = rows, shard, rows - starts[shard]
+        if runs[i]:
+            out["units"][mask] = np.concatenate([b.units[a:e] for b, a, e in runs[i]])
+            out["pass_no"][mask] = np.repeat([b.pass_no for b, _, _ in runs[i]], [e - a for _, a, e in runs[i]])
+        reads.extend(r for b, a, e in runs[i] for r in block_reads(b, a, e, i))
+    return SlotSchedule(source=source, start=cursors, end=tuple(s.cursor(h) for s, h in zip(src, held)),
+                        reads=tuple(reads), **out)
+
+
+_Runs = list[list[list]]  # per source, the slot's runs [block, first, stop) of emission positions, in order
+
+
+def _merge_one(src: list[RankStream], w: np.ndarray, offsets: np.ndarray,
+               n: int) -> tuple[np.ndarray, _Runs, list[list[Block]]]:
+    """One worker: each source's stream is known ahead, so the merge is one sort of the tags."""
+    k = len(src)
+    means = np.array([max(s.layout.mean_units, 1e-9) for s in src])
     expected = w / means / (w / means).sum()  # fraction of packs each source gives
-    gens = [_shares(layout, slot=slot, slots=slots, seed=seed, start=c, shuffle=shuffle, shuffle_buffer=shuffle_buffer)
-            for layout, c in zip(layouts, cursors)]
-    got: list[list[_Share]] = [[] for _ in range(k)]
+    got: list[list[Block]] = [[] for _ in range(k)]
     have = [0] * k
-    want = [min(per_slot, math.ceil(per_slot * f * 1.05) + 64) for f in expected]
+    want = [min(n, math.ceil(n * f * 1.05) + 64) for f in expected]
     while True:
         for i in range(k):
             while have[i] < want[i]:
-                piece = next(gens[i])
-                got[i].append(piece)
-                have[i] += len(piece.rows) - piece.first
-        units = [layouts[i].units[_rows(got[i])] for i in range(k)]
-        tags = [_tags(u, w[i], offsets[i]) for i, u in enumerate(units)]
+                got[i].append(src[i].take(0))
+                have[i] += len(got[i][-1].rows) - got[i][-1].done
+        tags = [_tags(np.concatenate([b.units[b.done:] for b in got[i]]) if got[i] else np.zeros(0, np.int64),
+                      w[i], offsets[i]) for i in range(k)]
         flat = np.concatenate(tags)
-        picked = np.argsort(flat, kind="stable")[:per_slot]
-        tau = flat[picked[-1]] if per_slot else -np.inf
-        short = [i for i in range(k) if have[i] < per_slot and (not len(tags[i]) or tags[i][-1] <= tau)]
+        picked = np.argsort(flat, kind="stable")[:n]
+        tau = flat[picked[-1]] if n else -np.inf
+        short = [i for i in range(k) if have[i] < n and (not len(tags[i]) or tags[i][-1] <= tau)]
         if not short:
             break
         for i in short:  # a source gave more than expected: its stream must reach past the cut
-            want[i] = min(per_slot, 2 * want[i])
-    lengths = [len(t) for t in tags]
-    source = np.repeat(np.arange(k), lengths)[picked]
-    taken = np.bincount(source, minlength=k)
-    out = {name: np.empty(per_slot, np.int64) for name in ("pass_no", "shard", "pack", "row", "units")}
-    ends, reads = [], []
-    for i, layout in enumerate(layouts):
-        rows, passes = _rows(got[i]), _passes(got[i])
-        t = int(taken[i])
-        mask = source == i
-        starts = np.cumsum((0, *layout.counts))
-        shard = np.searchsorted(starts, rows[:t], side="right") - 1
-        out["row"][mask], out["pass_no"][mask], out["units"][mask] = rows[:t], passes[:t], units[i][:t]
-        out["shard"][mask], out["pack"][mask] = shard, rows[:t] - starts[shard]
-        end, piece_reads = _end_and_reads(got[i], t, i, cursors[i])
-        ends.append(end)
-        reads.extend(piece_reads)
-    return SlotSchedule(source=source.astype(np.int64), start=cursors, end=tuple(ends), reads=tuple(reads), **out)
+            want[i] = min(n, 2 * want[i])
+    source = np.repeat(np.arange(k), [len(t) for t in tags])[picked]
+    runs: _Runs = [[] for _ in range(k)]
+    held: list[list[Block]] = [[] for _ in range(k)]
+    for i, left in enumerate(np.bincount(source, minlength=k).tolist()):
+        for b in got[i]:
+            m = min(left, len(b.rows) - b.done)
+            if m:
+                runs[i].append([b, b.done, b.done + m])
+                b.done += m
+                left -= m
+                if b.done < len(b.rows):
+                    held[i].append(b)
+        for b in reversed(got[i][len(runs[i]):]):  # taken to look ahead, not read
+            src[i].untake(b)
+    return source.astype(np.int64), runs, held
 
 
-def _rows(pieces: list[_Share]) -> np.ndarray:
-    return np.concatenate([p.rows[p.first:] for p in pieces]) if pieces else np.zeros(0, np.int64)
+def _merge_workers(src: list[RankStream], w: np.ndarray, offsets: np.ndarray, n: int, *, workers: int,
+                   worker: int, batch_size: int) -> tuple[np.ndarray, _Runs, list[list[Block]]]:
+    """Several workers: the rank's positions one at a time, in the DataLoader's order (the workers'
+    batches in turn), each given the source of smallest tag among the packs the sources would give
+    that position's worker next (its block's next, or the first of the block it would take)."""
+    k = len(src)
+    off, d2 = offsets.tolist(), (2.0 * w).tolist()
+    cur: list[list[Block | None]] = [[None] * k for _ in range(workers)]
+    cand = [[s.peek(v).unit[s.peek(v).done] for s in src] for v in range(workers)]  # each worker's next packs
+    used = [0] * k
+    # _tags, one pack at a time: tags[v][i] is the tag of the pack source i would give worker v next
+    tags = [[off[i] + cand[v][i] / d2[i] for i in range(k)] for v in range(workers)]
+    source: list[int] = []
+    runs: _Runs = [[] for _ in range(k)]
+    mine = 0
+    log: list[int] = []  # the source of every position so far
+    seen = [0] * workers  # log entries each worker's tags account for
+    for t in range(-(-n // batch_size) * workers):
+        v = t % workers
+        cv, curv, tv = cand[v], cur[v], tags[v]
+        for j in set(log[seen[v]:]):  # the sources the other workers took from since this one's last batch
+            tv[j] = off[j] + (2 * used[j] + cv[j]) / d2[j]
+        for _ in range(batch_size):
+            i = tv.index(min(tv))  # ties: the lower source
+            s, b = src[i], curv[i]
+            if b is None:
+                b = curv[i] = s.take(v)
+                for x in range(workers):  # the others now take the block after it
+                    if cur[x][i] is None:
+                        nxt = s.peek(x)
+                        cand[x][i] = nxt.unit[nxt.done]
+            a = b.done
+            used[i] += b.unit[a]
+            if v == worker and mine < n:
+                mine += 1
+                source.append(i)
+                if runs[i] and runs[i][-1][0] is b:
+                    runs[i][-1][2] = a + 1
+                else:
+                    runs[i].append([b, a, a + 1])
+            b.done = a + 1
+            if b.done == len(b.unit):
+                curv[i] = None
+                nxt = s.peek(v)
+                cv[i] = nxt.unit[nxt.done]
+            else:
+                cv[i] = b.unit[a + 1]
+            tv[i] = off[i] + (2 * used[i] + cv[i]) / d2[i]
+            log.append(i)
+        seen[v] = len(log)
+    held = [[b for c in cur for b in (c[i],) if b is not None] for i in range(k)]
+    return np.array(source, np.int64), runs, held
 
 
-def _passes(pieces: list[_Share]) -> np.ndarray:
-    if not pieces:
-        return np.zeros(0, np.int64)
-    return np.repeat([p.pass_no for p in pieces], [len(p.rows) - p.first for p in pieces])
-
-
-def _end_and_reads(pieces: list[_Share], taken: int, source: int,
-                   start: SourceCursor) -> tuple[SourceCursor, list[SlotRead]]:
-    """The cursor after ``taken`` packs of ``pieces``, and the ranged reads that emitting them needs."""
-    reads: list[SlotRead] = []
-    left = taken
-    end = SourceCursor(pieces[0].pass_no, pieces[0].first) if pieces else start
-    for p in pieces:
-        n = min(left, len(p.rows) - p.first)
-        if n <= 0:
-            break
-        a, b = p.first, p.first + n
-        left -= n
-        end = SourceCursor(p.pass_no + 1, 0) if b == len(p.rows) else SourceCursor(p.pass_no, b)
-        lo, hi = int(p.order[a:b].min()), int(p.order[a:b].max()) + 1  # reading positions the emitted ones need
-        pos = 0
-        for r in p.ranges:
-            if pos + len(r) > lo and pos < hi:
-                reads.append(SlotRead(source, p.pass_no, r.shard, r.start + max(lo - pos, 0),
-                                      r.start + min(hi - pos, len(r))))
-            pos += len(r)
-    return end, reads
-
-
-def slot_stream(layout: SourceLayout, *, slot: int, slots: int, seed: int, packs: int,
-                start: SourceCursor = SourceCursor(), shuffle: bool = True,
-                shuffle_buffer: int = 256) -> tuple[np.ndarray, np.ndarray, SourceCursor]:
-    """The next ``packs`` packs of one source on one slot, from ``start``: ``(pass_no, row, end)``.
-
-    ``row`` is the pack's row in the source (manifest order, the pack index's row).
-
-    Example:
-        >>> a = source_layout("a", [2, 2], np.ones(4, np.int64))
-        >>> passes, rows, end = slot_stream(a, slot=0, slots=2, seed=0, packs=3, shuffle=False)
-        >>> passes.tolist(), rows.tolist(), end
-        ([0, 0, 1], [0, 1, 0], SourceCursor(pass_no=1, pos=1))
-    """
-    pieces: list[_Share] = []
-    have = 0
-    gen = _shares(layout, slot=slot, slots=slots, seed=seed, start=start, shuffle=shuffle,
-                  shuffle_buffer=shuffle_buffer)
-    while have < packs:
-        pieces.append(next(gen))
-        have += len(pieces[-1].rows) - pieces[-1].first
-    end, _ = _end_and_reads(pieces, packs, 0, start)
-    return _passes(pieces)[:packs], _rows(pieces)[:packs], end
