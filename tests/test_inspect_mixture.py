@@ -18,7 +18,7 @@ from wdspack.cli import main
 from wdspack.errors import ConfigError
 from wdspack.format.manifest import read_manifest
 from wdspack.format.pack_index import COLUMNS, INDEX_NAME
-from wdspack.loader import PackedDataset
+from wdspack.loader import PackedDataset, make_loader
 from wdspack.loader.mixture import Mixture, MixtureSource, mixture_epoch
 from wdspack.loader.schedule import plan_slot, source_layout
 from wdspack.ops.inspect import dataset_stats, format_stats, is_mixture
@@ -76,8 +76,9 @@ def test_epoch_numbers_follow_the_pack_index(sources):
 
 @pytest.mark.parametrize(("ranks", "workers", "batch_size"), [(2, 1, 2), (2, 2, 1), (3, 1, 1)])
 def test_achieved_mix_is_the_schedules_first_steps(sources, ranks, workers, batch_size):
-    """Rebuild the first steps from each slot's whole-epoch plan: worker ``t % workers`` of every rank
-    serves step ``t``; the shares are each source's units over all of them."""
+    """Rebuild the first steps from each slot's whole-epoch plan (planned as the loader plans it: the
+    layout's workers and batch size): worker ``t % workers`` of every rank serves step ``t``; the shares
+    are each source's units over all of them."""
     steps = 12
     stats = mixture_stats(str(sources / "mix.yaml"), steps=steps, ranks=ranks, workers=workers,
                           batch_size=batch_size, seed=3)
@@ -86,7 +87,8 @@ def test_achieved_mix_is_the_schedules_first_steps(sources, ranks, workers, batc
     layouts = [source_layout(n, c, _col(x, "targets")) for n, c, x in zip(("long", "captions"), counts, idx)]
     slots = ranks * workers
     per_slot = stats["epoch"]["packs_per_slot"]
-    plans = [plan_slot(layouts, (0.7, 0.3), slot=s, slots=slots, per_slot=per_slot, seed=3, shuffle_buffer=128)
+    plans = [plan_slot(layouts, (0.7, 0.3), slot=s, slots=slots, per_slot=per_slot, seed=3, shuffle_buffer=128,
+                       workers=workers, batch_size=batch_size)
              for s in range(slots)]  # the loader's default buffer of 256, shared by the two sources
     units = np.zeros((steps, 2), np.int64)
     tokens = np.zeros((steps, 2), np.int64)
@@ -107,20 +109,28 @@ def test_achieved_mix_is_the_schedules_first_steps(sources, ranks, workers, batc
     assert a["max_error_points"] == pytest.approx(100 * np.abs(units.sum(0) / units.sum() - (0.7, 0.3)).max())
 
 
-def test_the_loader_reads_what_inspect_shows(sources):
-    """Each rank's PackedDataset over the mixture yields, batch after batch, the packs the first steps
-    name: the source (``source_idx``) and the pack (its first token, 1000 + its row; tests/synthetic.py)."""
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_loader_reads_what_inspect_shows(sources, workers):
+    """Each rank's loader over the mixture yields, batch after batch, the packs the first steps name:
+    the source (``source_idx``) and the pack (its first token, 1000 + its row; tests/synthetic.py). With
+    two DataLoader workers a rank's batches come from its workers in turn, as inspect lays them out."""
     ranks, batch_size, steps = 2, 2, 9
-    stats = mixture_stats(str(sources / "mix.yaml"), steps=steps, ranks=ranks, batch_size=batch_size, seed=5,
-                          shuffle_buffer=16)
+    stats = mixture_stats(str(sources / "mix.yaml"), steps=steps, ranks=ranks, workers=workers,
+                          batch_size=batch_size, seed=5, shuffle_buffer=16)
     source, row = np.array(stats["_steps"]["source"]), np.array(stats["_steps"]["row"])
     for r in range(ranks):
-        ds = PackedDataset(str(sources / "mix.yaml"), rank=r, world_size=ranks, batch_size=batch_size, seed=5,
-                           shuffle_buffer=16, text_only=True)
-        got = [(int(ex["source_idx"]), pack_numbers(ex["input_ids"])[0]) for _, ex in zip(range(steps * batch_size),
-                                                                                           ds)]
+        if workers == 1:  # the dataset alone, in this process
+            ds = PackedDataset(str(sources / "mix.yaml"), rank=r, world_size=ranks, batch_size=batch_size, seed=5,
+                               shuffle_buffer=16, text_only=True)
+            got = [(int(ex["source_idx"]), pack_numbers(ex["input_ids"])[0])
+                   for _, ex in zip(range(steps * batch_size), ds)]
+        else:
+            loader = make_loader(str(sources / "mix.yaml"), num_workers=workers, rank=r, world_size=ranks,
+                                 batch_size=batch_size, seed=5, shuffle_buffer=16, text_only=True)
+            got = [pair for _, batch in zip(range(steps), loader)
+                   for pair in zip(batch["source_idx"].tolist(), pack_numbers(batch["input_ids"]))]
         cols = slice(r * batch_size, (r + 1) * batch_size)
-        assert got == list(zip(source[:, cols].ravel().tolist(), row[:, cols].ravel().tolist()))
+        assert got == list(zip(source[:, cols].ravel().tolist(), row[:, cols].ravel().tolist())), r
 
 
 def test_steps_are_capped_at_the_epoch_and_text_lines(sources):

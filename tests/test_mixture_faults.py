@@ -203,13 +203,14 @@ def _reads(loader, *, rank: int, workers: int, epoch: int) -> list:
     per_slot = ds.mixture.per_slot(slots, B)
     out = []
     for w in range(max(workers, 1)):
-        plan = ds.mixture.schedule(slot=rank * max(workers, 1) + w, slots=slots, epoch=epoch, positions=per_slot,
-                                   batch_size=B, seed=ds.seed, shuffle=ds.shuffle, shuffle_buffer=ds.shuffle_buffer)
+        plan = ds.mixture.schedule(slot=rank * max(workers, 1) + w, slots=slots, workers=max(workers, 1), epoch=epoch,
+                                   positions=per_slot, batch_size=B, seed=ds.seed, shuffle=ds.shuffle,
+                                   shuffle_buffer=ds.shuffle_buffer)
         out += plan.reads
     return out
 
 
-@pytest.mark.parametrize("ranks, workers", [(1, 0), (2, 0), (1, 2)])
+@pytest.mark.parametrize("ranks, workers", [(1, 0), (2, 0), (1, 2), (2, 2)])
 def test_request_economy_over_http(roots, ranks, workers):
     """Per rank and epoch: the requests the loader counts are the shard GETs the server saw, no more
     than its schedule's ranged reads, and within Σ_sources (shards + 3) plus one per piece of a split

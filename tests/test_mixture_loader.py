@@ -49,10 +49,29 @@ def _rows(loader, n=None) -> list[tuple[int, int]]:
     return out
 
 
-def _schedule(loader, *, slot=0, slots=1, epoch=0):
+def _schedule(loader, *, slot=0, slots=1, workers=1, epoch=0):
+    """Slot ``slot`` (``rank * workers + worker``) of ``slots`` (``ranks * workers``): its plan of ``epoch``."""
     ds = loader.dataset
-    return ds.mixture.schedule(slot=slot, slots=slots, epoch=epoch, positions=ds.mixture.per_slot(slots, 2),
-                               batch_size=2, seed=ds.seed, shuffle=True, shuffle_buffer=ds.shuffle_buffer)
+    return ds.mixture.schedule(slot=slot, slots=slots, workers=workers, epoch=epoch,
+                               positions=ds.mixture.per_slot(slots, 2), batch_size=2, seed=ds.seed, shuffle=True,
+                               shuffle_buffer=ds.shuffle_buffer)
+
+
+def _round_robin(plans, batch=2) -> list[tuple[int, int]]:
+    """The rank's stream as a DataLoader yields it: worker 0's first batch, worker 1's, ..., then the next."""
+    return [(int(p.source[i]), int(p.row[i])) for b in range(len(plans[0].source) // batch) for p in plans
+            for i in range(b * batch, (b + 1) * batch)]
+
+
+def _within_a_pack(got, units, what):
+    """Each source's share of the tokens of ``got`` is within one pack's tokens of its weight (schedule.py)."""
+    given = np.zeros(3)
+    for s, r in got:
+        given[s] += units["abc"[s]][r]
+    share = given / given.sum()
+    most = max(int(u.max()) for u in units.values())
+    for i, w in enumerate(WEIGHTS.values()):
+        assert abs(share[i] - w) <= most / given.sum(), (share, what)
 
 
 def _units(roots) -> dict[str, np.ndarray]:
@@ -69,55 +88,69 @@ def test_the_stream_is_the_schedule_and_keeps_the_token_shares(roots):
         assert [s for s, _ in got] == plan.source.tolist()
         assert [r for _, r in got] == plan.row.tolist()  # each source's own packs, in the schedule's order
         assert len(got) == len(loader) * 2
-        given = np.zeros(3)
-        for s, r in got:
-            given[s] += units["abc"[s]][r]
-        share = given / given.sum()
-        most = max(int(u.max()) for u in units.values())
-        for i, w in enumerate(WEIGHTS.values()):  # within about a pack's tokens of the weight (schedule.py)
-            assert abs(share[i] - w) <= most / given.sum(), (share, epoch)
+        _within_a_pack(got, units, epoch)
 
 
-def test_every_pack_of_a_pass_is_read_once_over_the_slots(roots):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_every_pack_of_a_pass_is_read_once_over_the_slots(roots, workers):
     """Two ranks, three epochs: per source, each completed pass gives every pack exactly once over
-    both ranks, and an unfinished one none twice."""
-    ranks, epochs = 2, 3
+    both ranks (and, with workers, over their workers), and an unfinished one none twice."""
+    ranks, epochs, w = 2, 3, max(workers, 1)
     seen: dict[tuple[int, int], list[int]] = {}
     ends = []
     for rank in range(ranks):
-        loader = make_loader(_mix(roots), num_workers=0, rank=rank, world_size=ranks, **OPTIONS)
+        loader = make_loader(_mix(roots), num_workers=workers, rank=rank, world_size=ranks, **OPTIONS)
         for epoch in range(epochs):
             got = _rows(loader)
-            plan = _schedule(loader, slot=rank, slots=ranks, epoch=epoch)
-            assert [r for _, r in got] == plan.row.tolist()
-            for (s, r), p in zip(got, plan.pass_no.tolist()):
+            plans = [_schedule(loader, slot=rank * w + v, slots=ranks * w, workers=w, epoch=epoch) for v in range(w)]
+            assert got == _round_robin(plans)
+            passes = [int(p.pass_no[i]) for b in range(len(plans[0].source) // 2) for p in plans
+                      for i in (2 * b, 2 * b + 1)]
+            for (s, r), p in zip(got, passes):
                 seen.setdefault((s, p), []).append(r)
-        ends.append(plan.end)
+            assert len({p.end for p in plans}) == 1  # the cursors are the rank's
+        ends.append(plans[0].end)
+    def finished(cursor, p):  # every pack of pass p handed out, and no block of it held unfinished
+        return cursor.pass_no > p and all(q != p for _, q, *_ in cursor.held)
+
     for (s, p), rows in seen.items():
-        done = all(end[s].pass_no > p for end in ends)
+        done = all(finished(end[s], p) for end in ends)
         total = sum(COUNTS["abc"[s]])
         if done:
             assert sorted(rows) == list(range(total)), (s, p)
         else:
             assert len(rows) == len(set(rows)) < total, (s, p)
-    assert any(all(end[s].pass_no > 1 for end in ends) for s in range(3))  # some source made two whole passes
+    assert any(all(finished(end[s], 1) for end in ends) for s in range(3))  # some source made two whole passes
 
 
-def test_same_seed_same_stream_and_workers_follow_their_slots(roots):
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")  # a 2-core machine
+def test_same_seed_same_stream_and_workers_share_the_rank_merge(roots):
+    """Same seed, same stream. With W DataLoader workers the rank's stream is the round robin of its
+    workers' schedules (plan_slot with workers=W: one merge over the rank's batches in that order), no
+    pack is read by two workers of the rank, and the rank's token shares stay within a pack of the
+    weights, as with one worker."""
     first = _rows(make_loader(_mix(roots), num_workers=0, **OPTIONS))
     assert first == _rows(make_loader(_mix(roots), num_workers=0, **OPTIONS))
     assert first != _rows(make_loader(_mix(roots), num_workers=0, **{**OPTIONS, "seed": 4}))
 
-    two = make_loader(_mix(roots), num_workers=2, **OPTIONS)
-    got = _rows(two)
-    plans = [_schedule(two, slot=w, slots=2) for w in range(2)]
-    # the DataLoader's round robin: a batch of 2 from worker 0, then worker 1, ...
-    want = [(int(p.source[i]), int(p.row[i])) for b in range(len(plans[0].source) // 2) for p in plans
-            for i in (2 * b, 2 * b + 1)]
-    assert got == want
-    by_ranks = [row for r in range(2) for row in _rows(make_loader(_mix(roots), num_workers=0, rank=r, world_size=2,
-                                                                  **OPTIONS))]
-    assert sorted(got) == sorted(by_ranks)  # 1 rank × 2 workers reads what 2 ranks × 1 worker read
+    units = _units(roots)
+    for workers in (2, 3):
+        loader = make_loader(_mix(roots), num_workers=workers, **OPTIONS)
+        for epoch in range(2):
+            got = _rows(loader)
+            plans = [_schedule(loader, slot=w, slots=workers, workers=workers, epoch=epoch) for w in range(workers)]
+            assert got == _round_robin(plans) and len(got) == len(loader) * 2, (workers, epoch)
+            assert {len(p.source) for p in plans} == {loader.dataset.packs_per_slot(workers)}
+            read: dict[tuple[int, int, int, int], int] = {}  # (source, pass, shard, pack) -> the worker reading it
+            for w, p in enumerate(plans):
+                for r in p.reads:
+                    for pack in range(r.start, r.stop):
+                        assert read.setdefault((r.source, r.pass_no, r.shard, pack), w) == w, (workers, epoch, r)
+            for w, p in enumerate(plans):  # each worker's packs lie in its own reads
+                for s, q, shard, pack in zip(p.source.tolist(), p.pass_no.tolist(), p.shard.tolist(),
+                                             p.pack.tolist()):
+                    assert read[s, q, shard, pack] == w
+            _within_a_pack(got, units, (workers, epoch))
 
 
 @pytest.mark.parametrize("workers", [0, 2])

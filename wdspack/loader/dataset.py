@@ -307,9 +307,9 @@ class PackedDataset(IterableDataset):
             self.load_offsets_if_split(1)
         if self.mixture is not None:
             examples = self.mixture.iter_slot(
-                slot=slot, slots=self.world_size * workers, epoch=epoch, position=start, batch_size=self.batch_size,
-                seed=self.seed, shuffle=self.shuffle, shuffle_buffer=self.shuffle_buffer, read=self._read,
-                stats=stats, handler=make_handler(self.on_corrupt, stats), to_example=self._to_example)
+                slot=slot, slots=self.world_size * workers, workers=workers, epoch=epoch, position=start,
+                batch_size=self.batch_size, seed=self.seed, shuffle=self.shuffle, shuffle_buffer=self.shuffle_buffer,
+                read=self._read, stats=stats, handler=make_handler(self.on_corrupt, stats), to_example=self._to_example)
         else:
             examples = self._iter_slot(self._plan(workers, epoch), slot, epoch, start, stats)
         for example, position in examples:

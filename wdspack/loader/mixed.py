@@ -3,22 +3,30 @@ the schedule's order (DESIGN.md section 8; the pure parts are :mod:`.mixture` an
 
 Per ``(rank, worker)`` slot and epoch::
 
-    cursors (chained from epoch 0) ─► plan_slot ─► per source: its share of each pass, read in
-    order (lap_source over the share's ranges) ─► the schedule's positions, each taken from its
-    source's read-ahead ─► decode_packs ─► example (+ ``source_idx``)
+    the rank's cursors (chained from epoch 0) ─► plan_slot (the rank's merge over its workers'
+    batches in the DataLoader's round robin; this worker's positions) ─► per source: the slot's
+    ranged reads (``plan.reads``: its blocks of the rank's share, pass after pass) ─► the
+    schedule's positions, each taken from its source's read-ahead ─► decode_packs ─► example
+    (+ ``source_idx``)
 
-Each source reads only the packs its positions need, pass after pass, each pass one ranged read per
-piece of a shard (opened at the pack's byte offset from the pack index). A source's packs leave in
-its shuffle-buffer order, so what it has read ahead and not yet given is at most its buffer
-(``max(1, shuffle_buffer // sources)`` packs): the mixture holds about ``shuffle_buffer`` packs, as
-one dataset does.
+Each source reads only the packs this worker's positions need: the blocks of the rank's share the
+schedule handed this worker, each as ranged reads from its first needed pack to its last (opened
+at the pack's byte offset from the pack index), so no pack is read by two workers of a rank. A
+block's packs leave in its shuffle-buffer order, so what a source has read ahead and not yet given
+is at most its buffer (``max(1, shuffle_buffer // sources)`` packs): the mixture holds about
+``shuffle_buffer`` packs, as one dataset does.
+
+The number of workers ``W`` is the DataLoader's (``get_worker_info()``; 1 without workers): every
+worker of a rank plans the same rank merge, so the rank's batches, worker ``w``'s being the rank's
+``w, w + W, ...``, follow the weights as one stream would, and the cursors an epoch ends at are
+the rank's.
 
 The position of a slot is ``(0, emitted, yielded)``: ``emitted`` positions of the schedule consumed
 (corrupt ones included), ``yielded`` examples given. A slot that skipped corrupt packs plans a longer
-schedule of the same epoch (``emitted + per_slot - yielded`` positions: the merge is a sort, so a
-longer schedule begins with the shorter one), so every slot still yields ``per_slot`` packs and a
-restored position recomputes the very same schedule. The next epoch starts from the cursors at
-``per_slot``.
+schedule of the same epoch (``emitted + per_slot - yielded`` positions: the merge is a sort with one
+worker and a walk over the rank's batches with several, so a longer schedule begins with the
+shorter one), so every slot still yields ``per_slot`` packs and a restored position recomputes the
+very same schedule. The next epoch starts from the rank's cursors at ``per_slot``.
 """
 
 from __future__ import annotations
@@ -42,7 +50,7 @@ from .collate import SOURCE_KEY
 from .mixture import Mixture, MixtureEpoch, check_compatible, mixture_epoch, unit_values
 from .options import ReadOptions
 from .plan import PackRange
-from .schedule import SlotSchedule, SourceCursor, SourceLayout, pass_share, plan_slot, source_layout
+from .schedule import SlotSchedule, SourceCursor, SourceLayout, plan_slot, source_layout
 from .stages import decode_packs, lap_source
 
 __all__ = ["MixedSources"]
@@ -119,35 +127,50 @@ class MixedSources:
         return {"names": list(self.names), "shares": [round(w, 12) for w in self.mixture.shares],
                 "unit": self.mixture.unit, "packs": [list(layout.counts) for layout in self.layouts]}
 
-    def schedule(self, *, slot: int, slots: int, epoch: int, positions: int, batch_size: int, seed: int,
-                 shuffle: bool, shuffle_buffer: int) -> SlotSchedule:
-        """Slot ``slot``'s first ``positions`` packs of ``epoch`` (``per_slot`` of them, more after skips)."""
+    def schedule(self, *, slot: int, slots: int, workers: int, epoch: int, positions: int, batch_size: int,
+                 seed: int, shuffle: bool, shuffle_buffer: int) -> SlotSchedule:
+        """Slot ``slot``'s first ``positions`` packs of ``epoch`` (``per_slot`` of them, more after skips).
+
+        ``slot`` is ``rank * workers + worker``, ``slots`` is ``ranks * workers``, ``workers`` the
+        DataLoader's workers per rank (at least 1) and ``batch_size`` its batch: the rank's merge runs
+        over its workers' batches in the order the DataLoader yields them (:func:`.schedule.plan_slot`).
+
+        Example:
+            >>> plan = ds.mixture.schedule(slot=1, slots=2, workers=2, epoch=0, positions=4, batch_size=2,
+            ...                            seed=0, shuffle=True, shuffle_buffer=256)  # doctest: +SKIP
+            >>> len(plan.source)  # worker 1's first 4 packs: the rank's batches 1 and 3  # doctest: +SKIP
+            4
+        """
         per_slot = self.per_slot(slots, batch_size)
         buffer = self.buffer(shuffle_buffer)
 
         def plan(n: int, cursors: tuple[SourceCursor, ...]) -> SlotSchedule:
             return plan_slot(self.layouts, self.mixture.shares, slot=slot, slots=slots, per_slot=n, seed=seed,
-                             cursors=cursors, shuffle=shuffle, shuffle_buffer=buffer)
+                             cursors=cursors, shuffle=shuffle, shuffle_buffer=buffer, workers=workers,
+                             batch_size=batch_size)
 
-        starts = self._starts.setdefault((slot, slots, per_slot, seed, shuffle, buffer),
+        # the cursors are the rank's: every worker of a rank chains the same ones
+        starts = self._starts.setdefault((slot // workers, slots, workers, batch_size, per_slot, seed, shuffle, buffer),
                                          [(SourceCursor(),) * len(self.layouts)])
         while len(starts) <= epoch:  # every epoch starts where the one before left each source
             starts.append(plan(per_slot, starts[-1]).end)
         return plan(positions, starts[epoch])
 
-    def iter_slot(self, *, slot: int, slots: int, epoch: int, position: tuple[int, int, int], batch_size: int,
-                  seed: int, shuffle: bool, shuffle_buffer: int, read: dict[str, Any], stats: Counter,
-                  handler: Handler, to_example: Callable[[Any], dict[str, Any]]
+    def iter_slot(self, *, slot: int, slots: int, workers: int, epoch: int, position: tuple[int, int, int],
+                  batch_size: int, seed: int, shuffle: bool, shuffle_buffer: int, read: dict[str, Any],
+                  stats: Counter, handler: Handler, to_example: Callable[[Any], dict[str, Any]]
                   ) -> Iterator[tuple[dict[str, Any], tuple[int, int, int]]]:
-        """Yield ``(example, (0, emitted, yielded))`` until the slot has yielded its ``per_slot`` packs."""
+        """Yield ``(example, (0, emitted, yielded))`` until the slot has yielded its ``per_slot`` packs
+        (``slot``, ``slots``, ``workers``, ``batch_size``: as :meth:`schedule` takes them)."""
         per_slot = self.per_slot(slots, batch_size)
         _, emitted, yielded = position
         while yielded < per_slot:
-            sched = self.schedule(slot=slot, slots=slots, epoch=epoch, positions=emitted + per_slot - yielded,
-                                  batch_size=batch_size, seed=seed, shuffle=shuffle, shuffle_buffer=shuffle_buffer)
+            sched = self.schedule(slot=slot, slots=slots, workers=workers, epoch=epoch,
+                                  positions=emitted + per_slot - yielded, batch_size=batch_size, seed=seed,
+                                  shuffle=shuffle, shuffle_buffer=shuffle_buffer)
             begin, got = emitted, 0
-            reads = [self._source_packs(i, sched, emitted, slot=slot, slots=slots, seed=seed, shuffle=shuffle,
-                                        read=read, stats=stats, handler=handler) for i in range(len(self.sources))]
+            reads = [self._source_packs(i, sched, emitted, read=read, stats=stats, handler=handler)
+                     for i in range(len(self.sources))]
             items = _in_order(sched, emitted, reads)
 
             def where(k: int, sched: SlotSchedule = sched) -> str:
@@ -181,14 +204,16 @@ class MixedSources:
                 raise WdspackError(f"slot {slot} read {emitted - begin} packs of the mixture and none was readable "
                                    "(see the warnings above); a source is damaged")
 
-    def _source_packs(self, i: int, sched: SlotSchedule, first: int, *, slot: int, slots: int, seed: int,
-                      shuffle: bool, read: dict[str, Any], stats: Counter, handler: Handler
-                      ) -> Generator[tuple[tuple[int, int], bytes | None], None, None]:
-        """Source ``i``'s packs that positions ``first..`` of ``sched`` take, as ``((pass, row), bytes | None)``
-        in reading order: each pass's share read from its first needed pack to its last, the others passed over."""
+    def _source_packs(self, i: int, sched: SlotSchedule, first: int, *, read: dict[str, Any], stats: Counter,
+                      handler: Handler) -> Generator[tuple[tuple[int, int], bytes | None], None, None]:
+        """Source ``i``'s packs that positions ``first..`` of ``sched`` take, as ``((pass, row), bytes | None)``:
+        the slot's ranged reads of the source (``sched.reads``, in order), each from its first needed pack
+        to its last, the others passed over; a read with none needed (positions before ``first``) is not made.
+        """
         layout, src, offsets = self.layouts[i], self.sources[i], self.offsets[i]
         mine = sched.source[first:] == i
-        rows, passes = sched.row[first:][mine], sched.pass_no[first:][mine]
+        # (pass, row) as one integer, so the packs a read holds are looked up at once
+        wanted = sched.pass_no[first:][mine] * layout.packs + sched.row[first:][mine]
         starts = np.cumsum((0, *layout.counts))
 
         def open_shard(shard: int, pack: int):
@@ -196,24 +221,21 @@ class MixedSources:
             return open_stream(src.shards[shard].url, offset=int(offsets[shard][at]) if at else 0,
                                headers=src.headers, stats=stats, **read), at
 
-        for pass_no in np.unique(passes).tolist():  # a slot finishes a pass of a source before the next
-            ranges = pass_share(layout.counts, slots=slots, slot=slot, pass_no=pass_no, seed=seed, key=layout.key,
-                                shuffle=shuffle)
-            reading = np.concatenate([starts[r.shard] + np.arange(r.start, r.stop) for r in ranges])
-            needed = np.isin(reading, rows[passes == pass_no])
+        for r in sched.reads:
+            if r.source != i:
+                continue
+            rows = starts[r.shard] + np.arange(r.start, r.stop)
+            needed = np.isin(r.pass_no * layout.packs + rows, wanted)
+            if not needed.any():
+                continue
             lo, hi = int(np.argmax(needed)), len(needed) - int(np.argmax(needed[::-1]))
-            clipped, pos = [], 0
-            for r in ranges:
-                a, b = max(lo - pos, 0), min(hi - pos, len(r))
-                if b > a:
-                    clipped.append(PackRange(r.shard, r.start + a, r.start + b))
-                pos += len(r)
             skip = set(np.flatnonzero(~needed[lo:hi]).tolist())
-            packs = lap_source(clipped, first=0, emitted=skip, open_shard=open_shard,
-                               shard_name=lambda s: src.shards[s].url, stats=stats, handler=handler)
+            packs = lap_source([PackRange(r.shard, r.start + lo, r.start + hi)], first=0, emitted=skip,
+                               open_shard=open_shard, shard_name=lambda s: src.shards[s].url, stats=stats,
+                               handler=handler)
             try:
                 for p, data in packs:
-                    yield (pass_no, int(reading[lo + p])), data
+                    yield (r.pass_no, int(rows[lo + p])), data
             finally:
                 packs.close()
 

@@ -6,7 +6,8 @@ and in packs, tokens, supervised tokens (targets), images and samples, and how m
 the source that is; then the mix the schedule (:func:`~wdspack.loader.schedule.plan_slot`, the
 loader's own function) actually gives over the first global steps of epoch 0, for a layout of
 ranks × workers × packs per batch. A global step is every rank's next batch, served by worker
-``step % workers`` of each rank (slot ``rank * workers + worker``)::
+``step % workers`` of each rank (slot ``rank * workers + worker``), in the DataLoader's round robin;
+the workers of a rank share one merge over the rank's batches in that order, as the loader's do::
 
     step 0   rank 0: slot 0 batch 0   rank 1: slot 2 batch 0     (2 ranks × 2 workers)
     step 1   rank 0: slot 1 batch 0   rank 1: slot 3 batch 0
@@ -121,7 +122,9 @@ def step_mix(layouts: Sequence[SourceLayout], shares: Sequence[float], *, steps:
     the source of every pack and its row in that source's pack index, as the loader reads them.
 
     Each slot plans only the packs those steps take: the schedule is a stream, so the first ``n``
-    positions of a slot's epoch do not depend on how many follow (``per_slot`` bounds them). The
+    positions of a slot's epoch do not depend on how many follow (``per_slot`` bounds them). Each
+    slot is planned with the layout's ``workers`` and ``batch_size``, as the loader plans it (the
+    rank's merge runs over its workers' batches in the DataLoader's round robin). The
     loader shares its ``shuffle_buffer`` out among the sources (:meth:`MixedSources.buffer
     <wdspack.loader.mixed.MixedSources.buffer>`); so does this.
 
@@ -137,7 +140,8 @@ def step_mix(layouts: Sequence[SourceLayout], shares: Sequence[float], *, steps:
         raise ConfigError(f"{steps} steps asked of an epoch of {per_slot // batch_size * workers}")
     buffer = max(1, shuffle_buffer // len(layouts))
     plans: list[SlotSchedule] = [plan_slot(layouts, shares, slot=s, slots=ranks * workers, per_slot=need, seed=seed,
-                                           shuffle_buffer=buffer) for s in range(ranks * workers)]
+                                           shuffle_buffer=buffer, workers=workers, batch_size=batch_size)
+                                 for s in range(ranks * workers)]
     source = np.empty((steps, ranks * batch_size), np.int64)
     row = np.empty_like(source)
     for r in range(ranks):
