@@ -38,6 +38,7 @@ if typing.TYPE_CHECKING:  # the names _LAZY loads on first use, as type checkers
     from .loader import PackedDataset, make_loader
     from .loader.collate import collate_packs, pack_to_example
     from .loader.images import make_image_transform
+    from .loader.mixture import Mixture, MixtureSource
     from .loader.options import Balance, ReadOptions
     from .models import load_processor, model_inputs
     from .ops.inspect import dataset_stats
@@ -63,6 +64,7 @@ _LAZY = {
     "CostModel": "format.pack_index",
     # load and train
     "PackedDataset": "loader", "make_loader": "loader", "ReadOptions": "loader.options", "Balance": "loader.options",
+    "Mixture": "loader.mixture", "MixtureSource": "loader.mixture",
     "pack_to_example": "loader.collate", "collate_packs": "loader.collate", "make_image_transform": "loader.images",
     "model_inputs": "models", "load_processor": "models",
     "num_items_in_batch": "train.loss", "num_samples_in_batch": "train.loss", "sample_mean_loss": "train.loss",
@@ -81,8 +83,9 @@ __all__ = [
     # operations on a packed dataset
     "CostModel", "dataset_stats", "upload_dataset", "verify_dataset",
     # load and train
-    "Balance", "PackedDataset", "ReadOptions", "collate_packs", "load_processor", "make_image_transform",
-    "make_loader", "model_inputs", "num_items_in_batch", "num_samples_in_batch", "pack_to_example", "sample_mean_loss",
+    "Balance", "Mixture", "MixtureSource", "PackedDataset", "ReadOptions", "collate_packs", "load_processor",
+    "make_image_transform", "make_loader", "model_inputs", "num_items_in_batch", "num_samples_in_batch",
+    "pack_to_example", "sample_mean_loss",
     "token_losses",
     "__version__",
 ]
