@@ -60,6 +60,8 @@ bench: env
 	$(BIN)/python -W ignore tools/bench_wds.py --json docs/bench_wds.json
 	$(BIN)/python tools/bench_sources.py --json docs/bench_sources.json
 	$(BIN)/python tools/bench_mixture.py --json docs/bench_mixture.json
+	$(BIN)/python tools/bench_mixture_loader.py --json docs/bench_mixture_loader.json
+	$(BIN)/python tools/bench_pack_speed.py --json docs/bench_pack_speed.json
 
 # The documentation site (mkdocs.yml, docs/) into build/site. --strict: any warning fails the build (a broken
 # link or anchor, a name of wdspack.__all__ without its API entry); the CLI and API pages are generated.

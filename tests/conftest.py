@@ -35,6 +35,7 @@ INTEGRATION = (
     "test_s3_loader",  # the loader on moto's S3
     "test_hub",  # olah, a Hub mirror
     "test_http",  # HTTP servers
+    "test_bench_mixture_loader",  # the same, for the mixture loader bench
     "test_webdataset_pipeline",  # olah, the example in a process, model processors
     "test_elastic",  # checkpoints of real DataLoader worker processes resumed on other layouts
     "test_templates",  # published chat templates (Qwen2.5, Mistral-Nemo) with their tokenizers
