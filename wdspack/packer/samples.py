@@ -44,6 +44,8 @@ from PIL import Image
 
 from ..errors import ConfigError, SampleError
 from ..format.pack import token_dtype_for
+from .render import learn_layout, mark_assistant, spans_from_marked
+from .render import typed_content as _typed_content
 from .sources.documents import TextRecord
 from .text import PretrainConfig, build_text_sample
 from .tokenized import Sample
@@ -179,6 +181,7 @@ class SampleBuilder:
             raise ConfigError(f"image token {feature!r} is not a single token in the vocabulary of "
                               f"{self.name!r}; pass the model's image token with --image-token")
         self.feature_token, self.image_token_id = feature, int(ids[0])
+        self._layouts: dict[bool, Any] | None = None
         self.typed_images = self._template_renders_typed_images()
         self.tool_support = self._template_renders_tools()
 
@@ -272,8 +275,8 @@ class SampleBuilder:
         return self.tokenizer.apply_chat_template(messages, tools=tools, chat_template=self.template,
                                                   tokenize=False, add_generation_prompt=generation_prompt)
 
-    def _render(self, messages: list[dict], sid: str, *,
-                tools: list[dict] | None = None) -> tuple[str, list[tuple[int, int]]]:
+    def _render(self, messages: list[dict], sid: str, *, tools: list[dict] | None = None,
+                one_render: bool = True) -> tuple[str, list[tuple[int, int]]]:
         """The full text and the character spans of the assistant turns (tool calls included: they
         are what the model says; tool results are not).
 
@@ -290,6 +293,9 @@ class SampleBuilder:
             text = self._apply(messages, generation_prompt=False, tools=tools)
         except Exception as e:  # jinja raises on templates that reject a conversation shape
             raise SampleError("malformed_record", f"the chat template rejected the conversation: {e}", sid) from None
+        found = self._one_render(messages, text) if one_render and not tools else None
+        if found is not None:  # the same spans from one more rendering, not two per turn (wdspack.packer.render)
+            return text, found
         spans: list[tuple[int, int]] = []
         for i, m in enumerate(messages):
             if m["role"] != "assistant":
@@ -311,6 +317,21 @@ class SampleBuilder:
                                   "rewrites earlier turns); pass a template that does not (--chat-template)", sid)
             spans.append((at, at + len(turn)))
         return text, spans
+
+    def _one_render(self, messages: list[dict], text: str) -> list[tuple[int, int]] | None:
+        """The spans from one marked rendering where the template's layout vouches for them, else None."""
+        if messages[0]["role"] == "assistant" or any(m["role"] == "tool" for m in messages):
+            return None
+        if self._layouts is None:  # learned once per builder, on the first chat
+            self._layouts = learn_layout(self._apply, self._message)
+        layout = self._layouts[any(m["role"] == "system" for m in messages)]
+        marked = mark_assistant(messages) if layout is not None else None
+        try:
+            other = self._apply(marked, generation_prompt=False) if marked is not None else ""
+        except Exception:  # a template that refuses the marked words: the prefix renderings decide
+            return None
+        turns = sum(m["role"] == "assistant" for m in messages)
+        return spans_from_marked(text, other, layout, turns) if marked is not None and layout else None
 
     def _turn_text(self, earlier: list[dict], after: str, *, tools: list[dict] | None) -> str:
         """The text of the last turn of ``after`` (the rendering of ``earlier`` + an assistant turn):
@@ -505,25 +526,6 @@ class SampleBuilder:
 
 #: Stands for an assistant turn's words when locating the turn (a private-use character: in no real text).
 _MARK = "\ue000"
-
-
-def _typed_content(parts: list[dict]) -> list[dict]:
-    """Typed parts for a template that renders images itself (many print their own newline after
-    one): the newline the source wrote right after an image (``<image>\\n``) is left to it, not doubled.
-
-    Example:
-        >>> _typed_content([{"type": "image"}, {"type": "text", "text": "\\nWhat is it?"}])
-        [{'type': 'image'}, {'type': 'text', 'text': 'What is it?'}]
-    """
-    out: list[dict] = []
-    for p in parts:
-        p = dict(p)
-        if out and out[-1].get("type") == "image" and p.get("type") == "text" and p.get("text", "").startswith("\n"):
-            p["text"] = p["text"][1:]
-            if not p["text"]:
-                continue
-        out.append(p)
-    return out
 
 
 def _load_tokenizer(name: str | os.PathLike[str] | None):

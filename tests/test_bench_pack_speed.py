@@ -1,0 +1,89 @@
+"""tools/bench_pack_speed.py runs, and the one-render spans are the prefix renderings' spans.
+
+Real parts: the Pixtral and Mistral-Nemo tekken tokenizers, the published Qwen2.5 and Mistral-Nemo
+templates and the Pixtral one. Speed is measured by the tool, not asserted here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from test_sources_chat_formats import MISTRAL_NEMO_TEMPLATE, QWEN25_TEMPLATE
+from wdspack.packer.render import mark_assistant, spans_from_marked
+from wdspack.packer.samples import SampleConfig, get_builder
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("bench_pack_speed", ROOT / "tools" / "bench_pack_speed.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _conversations(tmp_path: Path, n: int) -> list[list[dict]]:
+    """The benchmark's LLaVA records as typed turns, plus system prompts and words with edge spaces."""
+    out = []
+    for k, line in enumerate(_tool().make_llava(tmp_path / "llava", n).read_text().splitlines()):
+        turns = []
+        for t in json.loads(line)["conversations"]:
+            value = t["value"]
+            parts = ([{"type": "image"}, {"type": "text", "text": value[len("<image>"):]}]
+                     if value.startswith("<image>") else [{"type": "text", "text": value}])
+            turns.append({"role": "user" if t["from"] == "human" else "assistant", "content": parts})
+        if k % 3 == 1:
+            turns.insert(0, {"role": "system", "content": [{"type": "text", "text": "Answer briefly."}]})
+        if k % 5 == 2:  # words a template may strip: the one-render check must notice
+            turns[-1]["content"][0]["text"] = "  " + turns[-1]["content"][0]["text"] + "\n"
+        out.append(turns)
+    return out
+
+
+@pytest.mark.parametrize("name", ["pixtral", "qwen2.5", "mistral-nemo"])
+def test_one_render_spans_are_the_prefix_spans(name, tmp_path, tekken_dir, nemo_dir, pixtral_template):
+    template = {"pixtral": pixtral_template, "qwen2.5": QWEN25_TEMPLATE, "mistral-nemo": MISTRAL_NEMO_TEMPLATE}[name]
+    builder = get_builder(SampleConfig(str(nemo_dir if name == "mistral-nemo" else tekken_dir),
+                                       chat_template=template, tokens_per_image=4, image_token="[IMG]"))
+    fast = 0
+    for k, raw in enumerate(_conversations(tmp_path, 60)):
+        messages = [builder._message(m) for m in raw]
+        one = builder._render(messages, f"s{k}")
+        assert one == builder._render(messages, f"s{k}", one_render=False), (name, k)
+        fast += builder._one_render(messages, one[0]) is not None
+    if name != "mistral-nemo":  # prefix-stable: nearly every record takes one rendering
+        assert fast >= 48, (name, fast, builder._layouts)
+    else:  # its system prompt moves into the last user turn: those records take the prefix renderings
+        assert builder._layouts[True] is None
+
+
+def test_one_render_refuses_what_it_cannot_vouch_for():
+    layout = ("", "</s>")
+    assert spans_from_marked("[/INST]Yo</s>", "[/INST]\ue001Yo\ue002</s>", layout, 1) == [(7, 13)]
+    # the template stripped the words: the text without markers is not the plain rendering
+    assert spans_from_marked("[/INST]Yo</s>", "[/INST]\ue001 Yo\ue002</s>", layout, 1) is None
+    # the tail is not where the layout puts it; a turn missing; markers out of order
+    assert spans_from_marked("[/INST]Yo<eos>", "[/INST]\ue001Yo\ue002<eos>", layout, 1) is None
+    assert spans_from_marked("[/INST]Yo</s>", "[/INST]\ue001Yo\ue002</s>", layout, 2) is None
+    assert spans_from_marked("[/INST]Yo</s>", "[/INST]\ue002Yo\ue001</s>", layout, 1) is None
+    # tool calls and the markers' own characters in a record: no one-render path
+    assert mark_assistant([{"role": "assistant", "content": "", "tool_calls": [{"id": "1"}]}]) is None
+    assert mark_assistant([{"role": "user", "content": "a \ue001 b"}]) is None
+
+
+@pytest.mark.slow  # loads the Pixtral tokenizer and packs twice (~30 s)
+def test_bench_quick_reports_sane_ratios(tmp_path):
+    out = tmp_path / "bench.json"
+    assert _tool().main(["--quick", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    for name in ("chat", "captions"):
+        row = result[name]
+        assert row["records"] == 120
+        assert row["floor_sps"] > 0 and row["measure_sps"] > 0 and row["pack_sps"] > 0
+        # the pack job does the floor's work and more: a ratio far above 1 means the floor skipped work
+        assert 0 < row["pack_vs_floor"] < 1.5 and 0 < row["measure_vs_floor"] < 1.5, row
+    assert 1 <= result["chat"]["rounds_mean"] <= 5

@@ -1,0 +1,239 @@
+"""The pack job's speed per process against the tokenizer's floor, side by side in one run.
+
+    python tools/bench_pack_speed.py                          # 2000 LLaVA records + 2000 captions
+    python tools/bench_pack_speed.py --quick                  # a few hundred: a smoke run
+    python tools/bench_pack_speed.py --json docs/bench_pack_speed.json
+
+1. **Chat (LLaVA / ShareGPT with ``<image>``).** Held-out-style records: one JPEG each (256-640 px,
+   Pillow-drawn, saved as files), 1-5 rounds of question and answer with long-tailed answers, the
+   real Pixtral tokenizer (``tekken.json`` from mistral_common) and its chat template, 16 images per
+   pack. The **floor** is what any packer pays: render each record's chat template once and tokenize
+   the text once (``apply_chat_template(..., tokenize=False)`` then ``tokenizer(text)``), records
+   already in memory. Against it: ``pack_dataset(..., RunOptions(workers=1))`` end to end (read,
+   check images, tokenize, spool, plan, write shards), and its **measure** stage alone (the same
+   partitions through the pack job's own measure task: read, images checked, tokenized, spooled).
+   The builder (tokenizer, template) is loaded before timing: start-up is paid once per process,
+   and is reported on its own.
+2. **Captions (WebDataset shards).** ``.jpg`` + ``.txt`` pairs; the floor tokenizes each caption
+   once; the pack job and its measure stage as above.
+
+Each figure is samples per second, the best of ``--repeats`` passes; ratios are pack / floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import platform
+import shutil
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+WORDS = ("the a an image shows picture photo scene object color red green blue yellow bright dark small large left "
+         "right top bottom center near far person dog cat car tree sky road building window table chart graph value "
+         "trend increase decrease because therefore however first second finally answer question describe explain "
+         "count how many what where why which is are was were has have this that these those with without under "
+         "over between inside outside").split()
+QUESTIONS = ("What is the man doing in the picture?", "Describe the image in detail.",
+             "What color is the largest object?", "How many people are visible?", "Where might this photo be taken?",
+             "What can you infer about the weather?", "Is there anything unusual here?")
+
+
+def _text(rng: np.random.Generator, n: int) -> str:
+    words = [WORDS[int(k)] for k in rng.integers(0, len(WORDS), n)]
+    out, i = [], 0
+    while i < len(words):  # sentences of 6-20 words
+        j = i + int(rng.integers(6, 21))
+        out.append(" ".join(words[i:j]).capitalize() + ".")
+        i = j
+    return " ".join(out)
+
+
+def _jpeg(rng: np.random.Generator) -> bytes:
+    w, h = (int(v) for v in rng.integers(256, 641, 2))
+    img = Image.new("RGB", (w, h), tuple(int(c) for c in rng.integers(0, 256, 3)))
+    draw = ImageDraw.Draw(img)
+    for _ in range(int(rng.integers(3, 9))):
+        x0, y0 = int(rng.integers(0, w - 20)), int(rng.integers(0, h - 20))
+        box = (x0, y0, x0 + int(rng.integers(10, w // 2)), y0 + int(rng.integers(10, h // 2)))
+        draw.ellipse(box, fill=tuple(int(c) for c in rng.integers(0, 256, 3)))
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=85)
+    return buf.getvalue()
+
+
+def make_llava(folder: Path, n: int, seed: int = 0) -> Path:
+    """``n`` LLaVA records (``folder/llava.jsonl``) with one JPEG each under ``folder/images``."""
+    rng = np.random.default_rng(seed)
+    (folder / "images").mkdir(parents=True, exist_ok=True)
+    with open(folder / "llava.jsonl", "w", encoding="utf-8") as f:
+        for k in range(n):
+            name = f"images/{k:07d}.jpg"
+            (folder / name).write_bytes(_jpeg(rng))
+            turns = []
+            for r in range(int(rng.choice([1, 1, 2, 3, 4, 5]))):  # LLaVA-Instruct: many single, a tail of rounds
+                q = QUESTIONS[int(rng.integers(len(QUESTIONS)))] + (" " + _text(rng, int(rng.integers(0, 12))))
+                turns.append({"from": "human", "value": ("<image>\n" if r == 0 else "") + q.strip()})
+                answer = int(min(400, rng.lognormal(3.6, 0.8)))  # median ~37 words, a long tail
+                turns.append({"from": "gpt", "value": _text(rng, max(3, answer))})
+            f.write(json.dumps({"id": f"llava-{k}", "image": name, "conversations": turns}) + "\n")
+    return folder / "llava.jsonl"
+
+
+def make_captions(folder: Path, n: int, seed: int = 1, per_shard: int = 1000) -> list[str]:
+    """``n`` image + caption pairs as WebDataset shards (``.jpg``, ``.txt``)."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for s in range(0, n, per_shard):
+        path = folder / f"{s // per_shard:05d}.tar"
+        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for k in range(s, min(n, s + per_shard)):
+                for ext, data in (("jpg", _jpeg(rng)), ("txt", _text(rng, int(rng.integers(5, 40))).encode())):
+                    info = tarfile.TarInfo(f"{k:09d}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        paths.append(str(path))
+    return paths
+
+
+def _best(fn, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def chat_floor(builder, path: Path) -> tuple[list[list[dict]], callable]:
+    """The records as the template takes them, and the floor: one render + one tokenize per record."""
+    convs = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        rec = json.loads(line)
+        convs.append([{"role": "user" if t["from"] == "human" else "assistant",
+                       "content": t["value"].replace("<image>", builder.image_token)} for t in rec["conversations"]])
+    tok, template = builder.tokenizer, builder.template
+
+    def run() -> None:
+        for messages in convs:
+            text = tok.apply_chat_template(messages, chat_template=template, tokenize=False)
+            tok(text, add_special_tokens=False)
+    return convs, run
+
+
+def caption_floor(builder, paths: list[str]) -> callable:
+    captions = []
+    for p in paths:
+        with tarfile.open(p) as tar:
+            captions += [tar.extractfile(m).read().decode() for m in tar.getmembers() if m.name.endswith(".txt")]
+    tok = builder.tokenizer
+    return lambda: [tok(c, add_special_tokens=False) for c in captions]
+
+
+def measure_stage(sources: list[str], sample_config, config, work: Path) -> callable:
+    """The pack job's measure task over every partition, in this process (what workers=1 runs)."""
+    from wdspack.packer.job import _measure_partition
+    from wdspack.packer.sources import list_partitions
+
+    parts = list_partitions(sources, records_per_partition=config.records_per_partition)
+
+    def run() -> None:
+        shutil.rmtree(work, ignore_errors=True)
+        (work / "spool").mkdir(parents=True)
+        for i, p in enumerate(parts):
+            _measure_partition(i, p, sample_config, "skip", config.seq_len, config.max_images, str(work))
+    return run
+
+
+def pack_run(sources: list[str], sample_config, config, out: Path) -> callable:
+    from wdspack.packer.job import pack_dataset
+
+    def run() -> None:
+        shutil.rmtree(out, ignore_errors=True)
+        pack_dataset(sources, out, sample_config=sample_config, config=config)
+    return run
+
+
+def bench(n_chat: int, n_captions: int, repeats: int, work: Path) -> dict:
+    import mistral_common
+
+    from wdspack.packer.config import PackConfig, RunOptions
+    from wdspack.packer.samples import SampleConfig, get_builder
+    from wdspack.packer.text import PretrainConfig
+
+    tok_dir = work / "tekken"
+    tok_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(Path(mistral_common.__file__).parent / "data" / "tekken_240911.json", tok_dir / "tekken.json")
+    template = (Path(__file__).resolve().parents[1] / "examples" / "chat_templates" / "pixtral.jinja").read_text()
+    config = PackConfig(seq_len=4096, max_images=16, run=RunOptions(workers=1))
+    result: dict = {"machine": platform.processor() or platform.machine(), "python": platform.python_version(),
+                    "repeats": repeats}
+
+    chat_cfg = SampleConfig(str(tok_dir), chat_template=template, tokens_per_image=64, image_token="[IMG]")
+    t = time.perf_counter()
+    builder = get_builder(chat_cfg)
+    result["startup_s"] = round(time.perf_counter() - t, 3)
+    path = make_llava(work / "llava", n_chat)
+    convs, floor = chat_floor(builder, path)
+    floor()  # warm-up: the template compiled, the page cache filled
+    row = {"records": n_chat, "rounds_mean": round(float(np.mean([len(c) / 2 for c in convs])), 2)}
+    row["floor_sps"] = n_chat / _best(floor, repeats)
+    row["measure_sps"] = n_chat / _best(measure_stage([str(path)], chat_cfg, config, work / "spool-chat"), repeats)
+    row["pack_sps"] = n_chat / _best(pack_run([str(path)], chat_cfg, config, work / "out-chat"), repeats)
+    result["chat"] = _ratios(row)
+
+    if n_captions:
+        cap_cfg = SampleConfig(str(tok_dir), tokens_per_image=64, image_token="[IMG]",
+                               pretrain=PretrainConfig(eos_token="</s>"))
+        get_builder(cap_cfg)
+        shards = make_captions(work / "captions", n_captions)
+        floor = caption_floor(get_builder(cap_cfg), shards)
+        floor()
+        row = {"records": n_captions, "floor_sps": n_captions / _best(floor, repeats)}
+        row["measure_sps"] = n_captions / _best(measure_stage(shards, cap_cfg, config, work / "spool-cap"), repeats)
+        row["pack_sps"] = n_captions / _best(pack_run(shards, cap_cfg, config, work / "out-cap"), repeats)
+        result["captions"] = _ratios(row)
+    return result
+
+
+def _ratios(row: dict) -> dict:
+    for k in ("floor_sps", "measure_sps", "pack_sps"):
+        row[k] = round(row[k], 1)
+    row["measure_vs_floor"] = round(row["measure_sps"] / row["floor_sps"], 3)
+    row["pack_vs_floor"] = round(row["pack_sps"] / row["floor_sps"], 3)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=2000, help="LLaVA records")
+    ap.add_argument("--captions", type=int, default=2000, help="caption pairs (0: skip)")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="a smoke run: 120 records, 120 captions, one pass")
+    ap.add_argument("--json", help="write the figures here")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.records, args.captions, args.repeats = 120, 120, 1
+    with tempfile.TemporaryDirectory(prefix="bench_pack_speed_") as tmp:
+        result = bench(args.records, args.captions, args.repeats, Path(tmp))
+    for name in ("chat", "captions"):
+        if name in result:
+            r = result[name]
+            print(f"{name:9s} floor {r['floor_sps']:8.1f}/s  measure {r['measure_sps']:8.1f}/s "
+                  f"({r['measure_vs_floor']:.0%})  pack {r['pack_sps']:8.1f}/s ({r['pack_vs_floor']:.0%})")
+    print(f"start-up (tokenizer + template checks): {result['startup_s']:.2f} s per process")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""The assistant spans of a conversation from one rendering (and a check), not one per turn.
+
+:meth:`~wdspack.packer.samples.SampleBuilder._render` defines assistant turn ``i`` as what rendering
+``messages[:i+1]`` adds to rendering ``messages[:i]`` with a generation prompt: two renderings per
+turn, about 5 per sample, each as long as the conversation so far. Most templates lay every
+assistant turn out the same way: a fixed ``head`` between the generation prompt's end and the turn's
+words (usually nothing) and a fixed ``tail`` after them (``</s>``, ``<|im_end|>\\n``). For those the
+spans follow from one rendering in which each assistant turn's words are wrapped in two markers::
+
+    marked  <s>[INST]Hi[/INST]\\ue001Hello\\ue002</s>[INST]More[/INST]\\ue001Sure\\ue002</s>
+    text    <s>[INST]Hi[/INST]Hello</s>[INST]More[/INST]Sure</s>       (markers removed)
+    spans   [(18, 27), (44, 52)]     (words - len(head) .. words + len(tail))
+
+The layout is learned once per builder (:func:`learn_layout`) from probe conversations rendered both
+ways; where the probes disagree with it (a template that is not prefix-stable, e.g. Mistral's with
+a system prompt, or lays turns out differently) there is no layout and every record takes the prefix
+renderings. Per record the one-render path is taken only when the marked rendering, markers
+removed, is the plain rendering character for character (a template that strips or inspects the
+words fails this) and the head and tail are where the layout puts them; otherwise, and for tool
+calling, the prefix renderings decide, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["CLOSE", "OPEN", "Layout", "learn_layout", "mark_assistant", "spans_from_marked", "typed_content"]
+
+#: Wrap an assistant turn's words (private-use characters: in no real text).
+OPEN, CLOSE = "\ue001", "\ue002"
+_PRIVATE = ("\ue000", OPEN, CLOSE)
+
+#: ``(head, tail)``: the text between a generation prompt's end and an assistant turn's words, and
+#: after the words to the turn's end, the same for every turn.
+Layout = tuple[str, str]
+
+Apply = Callable[..., str]
+
+
+def mark_assistant(messages: list[dict]) -> list[dict] | None:
+    """The messages with each assistant turn's words wrapped in :data:`OPEN` / :data:`CLOSE`; None
+    where a turn cannot be wrapped (tool calls, an image at either end, the markers in the text).
+
+    Example:
+        >>> mark_assistant([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}])[1]
+        {'role': 'assistant', 'content': '\\ue001Yo\\ue002'}
+    """
+    out = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, str):
+            if any(c in content for c in _PRIVATE):
+                return None
+        elif isinstance(content, list) and any(any(c in p.get("text", "") for c in _PRIVATE) for p in content):
+            return None
+        if m["role"] != "assistant":
+            out.append(m)
+            continue
+        if m.get("tool_calls") or m.get("function_call"):
+            return None
+        if isinstance(content, str):
+            out.append({**m, "content": OPEN + content + CLOSE})
+        elif isinstance(content, list) and content and all(p.get("type") == "text" for p in (content[0], content[-1])):
+            parts = [dict(p) for p in content]
+            parts[0]["text"] = OPEN + parts[0].get("text", "")
+            parts[-1]["text"] = parts[-1].get("text", "") + CLOSE
+            out.append({**m, "content": parts})
+        else:
+            return None
+    return out
+
+
+def _words(marked: str) -> tuple[str, list[tuple[int, int]]] | None:
+    """The text without markers and where each marked pair of words sits in it (None if unpaired)."""
+    pieces, words, at, pos, start = [], [], 0, 0, -1
+    while True:
+        k = min((i for i in (marked.find(OPEN, at), marked.find(CLOSE, at)) if i >= 0), default=-1)
+        if k < 0:
+            break
+        pieces.append(marked[at:k])
+        pos += k - at
+        if (marked[k] == OPEN) != (start < 0):
+            return None  # two opens or a close first: the template moved words around
+        if marked[k] == OPEN:
+            start = pos
+        else:
+            words.append((start, pos))
+            start = -1
+        at = k + 1
+    if start >= 0:
+        return None
+    pieces.append(marked[at:])
+    return "".join(pieces), words
+
+
+def spans_from_marked(text: str, marked: str, layout: Layout, turns: int) -> list[tuple[int, int]] | None:
+    """The assistant spans in ``text`` from its marked rendering, or None where the one-render path
+    cannot vouch for them (the prefix renderings then decide).
+
+    Example:
+        >>> spans_from_marked("[/INST]Yo</s>", "[/INST]\\ue001Yo\\ue002</s>", ("", "</s>"), 1)
+        [(7, 13)]
+    """
+    found = _words(marked)
+    if found is None or found[0] != text or len(found[1]) != turns:
+        return None
+    head, tail = layout
+    spans, last = [], 0
+    for start, end in found[1]:
+        if not (text.startswith(head, start - len(head)) and start - len(head) >= last
+                and text.startswith(tail, end)):
+            return None
+        spans.append((start - len(head), end + len(tail)))
+        last = end + len(tail)
+    return spans
+
+
+def _probes(message: Callable[[dict], dict]) -> dict[bool, list[list[dict]]]:
+    """Probe conversations, without and with a system prompt (an image in the first user turn)."""
+    def turn(role: str, text: str, image: bool = False) -> dict:
+        words = [{"type": "text", "text": "\n" + text if image else text}]
+        return message({"role": role, "content": [{"type": "image"}, *words] if image else words})
+
+    chat = [turn("user", "What is it?", image=True), turn("assistant", "A cat."),
+            turn("user", "And the colour?"), turn("assistant", "Grey, with white paws."),
+            turn("user", "Thanks"), turn("assistant", "You are welcome")]
+    system = turn("system", "You are a helpful assistant.")
+    return {False: [chat[:2], chat], True: [[system, *chat[:2]], [system, *chat]]}
+
+
+def learn_layout(apply: Apply, message: Callable[[dict], dict]) -> dict[bool, Layout | None]:
+    """Per "has a system prompt": the :data:`Layout` every probe's assistant turns share where the
+    template is prefix-stable on them, else None (no one-render path).
+
+    ``apply(messages, generation_prompt=...)`` renders; ``message`` turns a record's message into
+    the template's form.
+
+    Example:
+        >>> learn_layout(builder._apply, builder._message)  # doctest: +SKIP
+        {False: ('', '</s>'), True: ('', '</s>')}
+    """
+    out: dict[bool, Layout | None] = {}
+    for key, convs in _probes(message).items():
+        layouts: set[Layout] = set()
+        try:
+            for messages in convs:
+                layouts |= _probe_layouts(apply, messages)
+        except Exception:  # a template that refuses a probe: the prefix renderings, as before
+            layouts = set()
+        out[key] = layouts.pop() if len(layouts) == 1 else None
+    return out
+
+
+def _probe_layouts(apply: Apply, messages: list[dict]) -> set[Any]:
+    """Each assistant turn's (head, tail), from the prefix renderings; a sentinel where they fail."""
+    text = apply(messages, generation_prompt=False)
+    marked = mark_assistant(messages)
+    found = _words(apply(marked, generation_prompt=False)) if marked is not None else None
+    if found is None or found[0] != text:
+        return {None, "unmarkable"}
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    out: set[Any] = set()
+    for i, (start, end) in zip(turns, found[1]):
+        after = apply(messages[: i + 1], generation_prompt=False)
+        before = apply(messages[:i], generation_prompt=True)
+        if not (text.startswith(after) and after.startswith(before) and len(before) <= start and end <= len(after)):
+            return {None, "not prefix-stable"}
+        out.add((text[len(before):start], text[end:len(after)]))
+    return out
+
+
+def typed_content(parts: list[dict]) -> list[dict]:
+    """Typed parts for a template that renders images itself (many print their own newline after
+    one): the newline the source wrote right after an image (``<image>\\n``) is left to it, not doubled.
+
+    Example:
+        >>> typed_content([{"type": "image"}, {"type": "text", "text": "\\nWhat is it?"}])
+        [{'type': 'image'}, {'type': 'text', 'text': 'What is it?'}]
+    """
+    out: list[dict] = []
+    for p in parts:
+        p = dict(p)
+        if out and out[-1].get("type") == "image" and p.get("type") == "text" and p.get("text", "").startswith("\n"):
+            p["text"] = p["text"][1:]
+            if not p["text"]:
+                continue
+        out.append(p)
+    return out
