@@ -147,7 +147,9 @@ def test_config_errors(tekken_dir, pixtral_template):
         SampleBuilder(SampleConfig(str(tekken_dir), chat_template=pixtral_template, tokens_per_image=16,
                                    image_token="<nope>"))
     with pytest.raises(ConfigError, match="cannot load tokenizer"):
-        SampleBuilder(SampleConfig("/nonexistent/tokenizer", chat_template=pixtral_template))
+        SampleBuilder(SampleConfig("/nonexistent/tokenizer", chat_template=pixtral_template, tokens_per_image=16))
+    with pytest.raises(ConfigError, match="needs --tokens-per-image N"):  # refused before any tokenizer loads
+        SampleConfig("/nonexistent/tokenizer", chat_template=pixtral_template)
 
 
 def test_describe_and_pickle(builder):
