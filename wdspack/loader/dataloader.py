@@ -217,6 +217,13 @@ class PackedLoader:
             self._next_epoch()
             self.dataset._publish(self._epoch, None)
             epoch_len = len(self)
+        mix = self.dataset.mixture
+        if (mix is not None and self.num_workers > 0 and getattr(self.dataloader, "_iterator", None) is None
+                and not mix.mid_stage(self._epoch)):
+            ds = self.dataset  # the epoch's start cursors, computed once here: the workers inherit them
+            mix.epoch_start(rank=ds.rank, slots=ds.world_size * self._workers, workers=self._workers,
+                            epoch=self._epoch, batch_size=self.batch_size, seed=ds.seed, shuffle=ds.shuffle,
+                            shuffle_buffer=ds.shuffle_buffer)
         for batch in self.dataloader:
             meta = batch.pop(META_KEY)
             self._note(meta)
@@ -255,6 +262,12 @@ class PackedLoader:
         elastic = self.dataset.elastic()
         if elastic is not None and elastic["epoch"] == self._epoch:
             state["elastic"] = elastic
+        ds = self.dataset
+        if ds.mixture is not None:  # the rank's cursor per source, so another mixture can continue from here
+            state["mixture"] = ds.mixture.save_point(
+                rank=ds.rank, slots=ds.world_size * self._workers, workers=self._workers, epoch=self._epoch,
+                emitted=[p[1] for p in self._positions], batch_size=self.batch_size, seed=ds.seed,
+                shuffle=ds.shuffle, shuffle_buffer=ds.shuffle_buffer)
         return state
 
     def load_state_dict(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
@@ -284,11 +297,14 @@ class PackedLoader:
         diff = [f"{k}: saved {saved.get(k)!r}, now {now.get(k)!r}" for k in (*now, *(k for k in saved if k not in now))
                 if k not in layout and saved.get(k) != now.get(k)]
         mixed = [d for d in diff if d.startswith("mixture:")]
-        if mixed:
-            raise ConfigError(f"cannot resume: the state was saved for another mixture ({mixed[0]}); continuing a "
-                              "stopped run under new weights or sources is not supported yet (issue #21, item 5): "
-                              "restore with the mixture that saved the state, or start the new mixture with "
+        if mixed and (self.dataset.mixture is None or saved.get("mixture") is None or "mixture" not in states[0]):
+            raise ConfigError(f"cannot resume: the state was saved for another mixture ({mixed[0]}) by a loader that "
+                              "kept no per-source cursors (a single dataset, or a wdspack before stages); restore "
+                              "with the mixture that saved the state, or start the new mixture with "
                               f"loader.set_epoch({int(states[0]['epoch']) + 1})")
+        if mixed:  # a new stage: other weights, sources added or removed (checked by name below)
+            diff = [d for d in diff if not d.startswith(("mixture:", "dataset:"))]
+            _check_kept_sources(saved["mixture"], now["mixture"])
         if diff:
             raise ConfigError("cannot resume: the loader differs from the one that saved the state ("
                               + "; ".join(diff) + "); restore with the same settings (see PackedLoader's docstring)")
@@ -303,6 +319,8 @@ class PackedLoader:
                               f"the next epoch on the new layout with loader.set_epoch({int(states[0]['epoch']) + 1})")
         if same:
             self._restore(mine[0])
+            if self.dataset.mixture is not None:
+                self._restore_stage(mine[0], changed=bool(mixed))
         else:
             self._restore_elastic(states)
 
@@ -316,6 +334,25 @@ class PackedLoader:
                 raise ConfigError(f"the state was saved with balance run {run}; load it before the first batch "
                                   f"(the workers already hold this loader's plan), or pass balance={{'run': {run}}}")
             ds.adopt_balance_run(int(run))
+
+    def _restore_stage(self, state: Mapping[str, Any], *, changed: bool) -> None:
+        """A mixture's stage: the saved one, an anchor at the saved epoch, or a new one (another mixture)."""
+        mix = self.dataset.mixture
+        assert mix is not None
+        if "mixture" not in state:  # saved before stages: every epoch chains from epoch 0, as then
+            mix.set_stage(None)
+            return
+        yielded = [p[2] for p in self._positions]
+        epoch, reset = mix.resume_stage(state["mixture"], epoch=self._epoch, batches=self._batches, yielded=yielded,
+                                        workers=self._workers, changed=changed)
+        if reset:
+            self._epoch, self._batches, self._resume = epoch, 0, False
+            self._positions = [(0, 0, 0)] * self._workers
+        elif changed:  # the stage's schedule starts after what each worker yielded
+            self._positions = [(0, y, y) for y in yielded]
+        if changed:
+            logger.info("mixture stage: epoch %d continues from batch %d under %s", self._epoch, self._batches,
+                        ", ".join(f"{n} {w:.3f}" for n, w in zip(mix.names, mix.mixture.shares)))
 
     def _restore(self, state: Mapping[str, Any]) -> None:
         workers = [tuple(int(v) for v in p) for p in state["workers"]]
@@ -384,6 +421,17 @@ class PackedLoader:
             config["balance"] = {"kind": "cost", "cost_model": dataclasses.asdict(b.cost_model),
                                  "heaviest_first": b.heaviest_first, "window": ds.balance_window, "run": run}
         return config
+
+
+def _check_kept_sources(saved: Mapping[str, Any], now: Mapping[str, Any]) -> None:
+    """A source kept by name across a stage must be the same data: its shards' pack counts."""
+    before = dict(zip(saved["names"], saved["packs"]))
+    for name, packs in zip(now["names"], now["packs"]):
+        if name in before and list(before[name]) != list(packs):
+            raise ConfigError(f"mixture source {name!r} had {sum(before[name])} packs in {len(before[name])} shards "
+                              f"when the state was saved and has {sum(packs)} in {len(packs)} now, so its cursor "
+                              "means other packs; give the new data another name (it then starts at its first "
+                              "pass), or restore with the data that saved the state")
 
 
 def _max_segments(value: int | str | None, dataset: PackedDataset, batch_size: int) -> int | None:

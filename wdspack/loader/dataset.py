@@ -202,7 +202,7 @@ class PackedDataset(IterableDataset):
         """Packs each ``(rank, worker)`` slot yields per epoch (the same for every slot)."""
         epoch = self.epoch if epoch is None else epoch
         if self.mixture is not None:
-            return self.mixture.per_slot(self.world_size * workers, self.batch_size)
+            return self.mixture.per_slot(self.world_size * workers, self.batch_size, epoch)
         elastic = self.elastic()
         if elastic is not None and elastic["epoch"] == epoch:
             return self._plan(workers, epoch).per_slot

@@ -32,9 +32,10 @@ very same schedule. The next epoch starts from the rank's cursors at ``per_slot`
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from collections import Counter
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -47,13 +48,15 @@ from ..format.tar import Handler
 from ..storage.streams import open_stream
 from .budgets import dataset_budgets
 from .collate import SOURCE_KEY
+from .elastic import SharedBasis
 from .mixture import Mixture, MixtureEpoch, check_compatible, mixture_epoch, unit_values
 from .options import ReadOptions
 from .plan import PackRange
 from .schedule import SlotSchedule, SourceCursor, SourceLayout, plan_slot, source_layout
+from .source_stream import RankStream
 from .stages import decode_packs, lap_source
 
-__all__ = ["MixedSources"]
+__all__ = ["MixedSources", "cursor_from_json", "cursor_to_json", "rank_cursors"]
 
 logger = logging.getLogger("wdspack.loader")
 
@@ -77,6 +80,9 @@ class MixedSources:
         self.seq_len, self.max_images, self.pad_token_id = budgets
         self.combined = _combined(mixture, self.sources, self.max_images)
         self._starts: dict[tuple, list[tuple[SourceCursor, ...]]] = {}  # per slot setup: each epoch's cursors
+        # the stage the stream continues from (set by a resume under another mixture; see stage()), in
+        # shared memory: persistent DataLoader workers read it at each iteration
+        self._stage = SharedBasis()
 
     @classmethod
     def open(cls, value: Any, *, read: ReadOptions, seq_len: int | None = None, max_images: int | None = None,
@@ -114,12 +120,20 @@ class MixedSources:
     def names(self) -> tuple[str, ...]:
         return self.mixture.names
 
-    def per_slot(self, slots: int, batch_size: int) -> int:
-        """Packs every slot yields per epoch (the same in every epoch)."""
+    def per_slot(self, slots: int, batch_size: int, epoch: int | None = None) -> int:
+        """Packs every slot yields per epoch: the mixture's, except in the epoch a stage began in, which
+        keeps the length it began with (:meth:`stage`)."""
+        stage = self.stage()
+        if stage is not None and epoch == stage["epoch"] and stage["length"] is not None:
+            return int(stage["length"])
         return self.epoch.per_slot(slots, batch_size)
 
     def buffer(self, shuffle_buffer: int) -> int:
-        """Each source's shuffle buffer: the dataset's, shared out."""
+        """Each source's shuffle buffer: the dataset's, shared out (a stage keeps the one it began with:
+        a cursor's emitted packs are a prefix of its blocks' buffer order)."""
+        stage = self.stage()
+        if stage is not None:
+            return int(stage["buffer"])
         return max(1, shuffle_buffer // len(self.sources))
 
     def config(self) -> dict[str, Any]:
@@ -127,9 +141,142 @@ class MixedSources:
         return {"names": list(self.names), "shares": [round(w, 12) for w in self.mixture.shares],
                 "unit": self.mixture.unit, "packs": [list(layout.counts) for layout in self.layouts]}
 
+    # -- stages ---------------------------------------------------------------------------------
+
+    def mid_stage(self, epoch: int) -> bool:
+        """Whether a stage began inside ``epoch`` (its schedule then runs from the stage's cursors)."""
+        return _mid(self.stage(), epoch)
+
+    def stage(self) -> dict[str, Any] | None:
+        """The stage the stream continues from, or None (every epoch chained from epoch 0).
+
+        A stage is plain JSON: ``{"epoch", "names", "start", "before", "shift", "length", "buffer",
+        "workers"}``. From the point of ``epoch`` where worker ``w`` had yielded ``before[w]`` packs,
+        the rest of the epoch is this mixture's schedule from the rank's cursors ``start`` (one per
+        name, :func:`cursor_to_json`), the workers' roles rotated by ``shift`` (the worker whose batch
+        came next is role 0); the epoch keeps ``length`` packs per worker (None: this mixture's
+        ``per_slot``), and later epochs chain from where the stage ends. ``buffer`` is each source's
+        shuffle buffer (kept from the first mixture: a cursor's blocks are emitted in its order).
+        An *anchor* (``before`` all 0, ``shift`` 0) only saves replanning the epochs before it.
+        """
+        return self._stage.get()
+
+    def set_stage(self, stage: Mapping[str, Any] | None) -> None:
+        """Publish ``stage`` (None: none) to this process and the workers (persistent ones too)."""
+        if stage is not None and list(stage["names"]) != list(self.names):
+            raise ConfigError(f"the stage is for sources {stage['names']}, this mixture has {list(self.names)}")
+        self._stage.set(stage)
+
+    def _plan(self, n: int, cursors: Sequence[SourceCursor], *, slot: int, slots: int, workers: int,
+              batch_size: int, seed: int, shuffle: bool, shuffle_buffer: int) -> SlotSchedule:
+        return plan_slot(self.layouts, self.mixture.shares, slot=slot, slots=slots, per_slot=n, seed=seed,
+                         cursors=cursors, shuffle=shuffle, shuffle_buffer=self.buffer(shuffle_buffer),
+                         workers=workers, batch_size=batch_size)
+
+    def epoch_start(self, *, rank: int, slots: int, workers: int, epoch: int, batch_size: int, seed: int,
+                    shuffle: bool, shuffle_buffer: int) -> tuple[SourceCursor, ...]:
+        """The rank's cursors at the start of ``epoch`` (not the stage's own epoch, unless an anchor),
+        chained from epoch 0 or from the stage's end; cached, so call it in the main process before the
+        workers start and they inherit the chain."""
+        kw = dict(slots=slots, workers=workers, batch_size=batch_size, seed=seed, shuffle=shuffle,
+                  shuffle_buffer=shuffle_buffer)
+        stage = self.stage()
+        anchor = stage is not None and not any(stage["before"]) and not stage["shift"] and stage["length"] is None
+        if stage is not None and (epoch > stage["epoch"] or (anchor and epoch == stage["epoch"])):
+            first = stage["epoch"] if anchor else stage["epoch"] + 1
+            key: tuple = (rank, *kw.values(), self.buffer(shuffle_buffer), json.dumps(stage, sort_keys=True))
+        else:
+            stage, first = None, 0
+            key = (rank, *kw.values(), self.buffer(shuffle_buffer), None)
+        starts = self._starts.get(key)
+        if starts is None:
+            if stage is None:
+                origin = (SourceCursor(),) * len(self.layouts)
+            elif anchor:
+                origin = tuple(cursor_from_json(c) for c in stage["start"])
+            else:
+                origin = self.stage_point(rank=rank, **kw)  # type: ignore[arg-type]
+            starts = self._starts[key] = [origin]
+        per_slot = self.epoch.per_slot(slots, batch_size)
+        while len(starts) <= epoch - first:  # every epoch starts where the one before left each source
+            starts.append(self._plan(per_slot, starts[-1], slot=rank * workers, **kw).end)  # type: ignore[arg-type]
+        return starts[epoch - first]
+
+    def stage_point(self, *, rank: int, slots: int, workers: int, batch_size: int, seed: int, shuffle: bool,
+                    shuffle_buffer: int, emitted: Sequence[int] | None = None) -> tuple[SourceCursor, ...]:
+        """The rank's cursors in the stage's epoch once worker ``w`` has emitted ``emitted[w]`` positions
+        of it (counted from the epoch's start; default: the whole epoch), in the workers' own numbering."""
+        stage = self.stage()
+        assert stage is not None
+        r, before = int(stage["shift"]), stage["before"]
+        length = self.per_slot(slots, batch_size, stage["epoch"])
+        done = list(emitted) if emitted is not None else [length] * workers
+        counts = [done[(u + r) % workers] - before[(u + r) % workers] for u in range(workers)]
+        start = tuple(cursor_from_json(c) for c in stage["start"])
+        end = rank_cursors(self.layouts, self.mixture.shares, start, counts, rank=rank, ranks=slots // workers,
+                           workers=workers, batch_size=batch_size, seed=seed, shuffle=shuffle,
+                           shuffle_buffer=self.buffer(shuffle_buffer))
+        return tuple(_owners(c, lambda u: (u + r) % workers) for c in end)
+
+    def save_point(self, *, rank: int, slots: int, workers: int, epoch: int, emitted: Sequence[int], batch_size: int,
+                   seed: int, shuffle: bool, shuffle_buffer: int) -> dict[str, Any]:
+        """What a loader state keeps of the mixture (plain JSON): the rank's cursors (by source name) where
+        its workers stand, the epoch's start cursors and length, each source's buffer, and the stage."""
+        kw = dict(slots=slots, workers=workers, batch_size=batch_size, seed=seed, shuffle=shuffle,
+                  shuffle_buffer=shuffle_buffer)
+        stage = self.stage()
+        if _mid(stage, epoch):
+            start = None
+            cursors = self.stage_point(rank=rank, emitted=emitted, **kw)  # type: ignore[arg-type]
+        else:
+            start = self.epoch_start(rank=rank, epoch=epoch, **kw)  # type: ignore[arg-type]
+            cursors = rank_cursors(self.layouts, self.mixture.shares, start, list(emitted), rank=rank,
+                                   ranks=slots // workers, workers=workers, batch_size=batch_size, seed=seed,
+                                   shuffle=shuffle, shuffle_buffer=self.buffer(shuffle_buffer))
+        return {"names": list(self.names), "cursors": [cursor_to_json(c) for c in cursors],
+                "start": None if start is None else [cursor_to_json(c) for c in start],
+                "length": self.per_slot(slots, batch_size, epoch), "buffer": self.buffer(shuffle_buffer),
+                "workers": workers, "stage": stage}
+
+    def resume_stage(self, saved: Mapping[str, Any], *, epoch: int, batches: int, yielded: Sequence[int],
+                     workers: int, changed: bool) -> tuple[int, bool]:
+        """Set the stage a loader state continues from (``saved``: its :meth:`save_point`); returns the epoch
+        to continue in and whether the workers' positions start the epoch afresh.
+
+        Under the mixture that saved it (``changed`` False) the saved stage, or an anchor at the saved
+        epoch's start cursors (so no worker replans the epochs before it). Under another mixture (new
+        weights, sources added or removed: ``changed``) a new stage begins where the rank stood: each
+        source kept (by name) continues from its cursor, a new one starts at its first pass, and the rest
+        of the epoch keeps its length; an epoch consumed whole makes the next epoch an anchor instead.
+        """
+        old = dict(zip(saved["names"], saved["cursors"]))
+        fresh = cursor_to_json(SourceCursor())
+        length, buffer = saved["length"], int(saved["buffer"])
+        common = {"names": list(self.names), "buffer": buffer, "workers": workers}
+        if not changed:
+            stage = saved.get("stage")
+            if not (_mid(stage, epoch)):
+                stage = None if saved.get("start") is None else {
+                    **common, "epoch": epoch, "start": saved["start"], "before": [0] * workers, "shift": 0,
+                    "length": None}
+            self.set_stage(stage)
+            return epoch, False
+        if all(y >= length for y in yielded) or batches == 0:  # at an epoch's end or start: an anchor
+            epoch += batches > 0
+            self.set_stage({**common, "epoch": epoch, "start": [old.get(n, fresh) for n in self.names],
+                            "before": [0] * workers, "shift": 0, "length": None})
+            return epoch, True
+        r = batches % workers  # the worker whose batch comes next is the stage's worker 0
+        start = [cursor_to_json(_owners(cursor_from_json(old[n]), lambda w: (w - r) % workers)) if n in old else fresh
+                 for n in self.names]
+        self.set_stage({**common, "epoch": epoch, "start": start, "before": [int(y) for y in yielded], "shift": r,
+                        "length": int(length)})
+        return epoch, False
+
     def schedule(self, *, slot: int, slots: int, workers: int, epoch: int, positions: int, batch_size: int,
                  seed: int, shuffle: bool, shuffle_buffer: int) -> SlotSchedule:
-        """Slot ``slot``'s first ``positions`` packs of ``epoch`` (``per_slot`` of them, more after skips).
+        """Slot ``slot``'s first ``positions`` packs of ``epoch`` (``per_slot`` of them, more after skips;
+        in a stage's epoch, of the stage: counted from where it began).
 
         ``slot`` is ``rank * workers + worker``, ``slots`` is ``ranks * workers``, ``workers`` the
         DataLoader's workers per rank (at least 1) and ``batch_size`` its batch: the rank's merge runs
@@ -141,29 +288,32 @@ class MixedSources:
             >>> len(plan.source)  # worker 1's first 4 packs: the rank's batches 1 and 3  # doctest: +SKIP
             4
         """
-        per_slot = self.per_slot(slots, batch_size)
-        buffer = self.buffer(shuffle_buffer)
-
-        def plan(n: int, cursors: tuple[SourceCursor, ...]) -> SlotSchedule:
-            return plan_slot(self.layouts, self.mixture.shares, slot=slot, slots=slots, per_slot=n, seed=seed,
-                             cursors=cursors, shuffle=shuffle, shuffle_buffer=buffer, workers=workers,
-                             batch_size=batch_size)
-
-        # the cursors are the rank's: every worker of a rank chains the same ones
-        starts = self._starts.setdefault((slot // workers, slots, workers, batch_size, per_slot, seed, shuffle, buffer),
-                                         [(SourceCursor(),) * len(self.layouts)])
-        while len(starts) <= epoch:  # every epoch starts where the one before left each source
-            starts.append(plan(per_slot, starts[-1]).end)
-        return plan(positions, starts[epoch])
+        kw = dict(slots=slots, workers=workers, batch_size=batch_size, seed=seed, shuffle=shuffle,
+                  shuffle_buffer=shuffle_buffer)
+        rank, worker = divmod(slot, workers)
+        stage = self.stage()
+        if stage is not None and _mid(stage, epoch):
+            role = rank * workers + (worker - int(stage["shift"])) % workers
+            start = tuple(cursor_from_json(c) for c in stage["start"])
+            return self._plan(positions, start, slot=role, **kw)  # type: ignore[arg-type]
+        start = self.epoch_start(rank=rank, epoch=epoch, **kw)  # type: ignore[arg-type]
+        return self._plan(positions, start, slot=slot, **kw)  # type: ignore[arg-type]
 
     def iter_slot(self, *, slot: int, slots: int, workers: int, epoch: int, position: tuple[int, int, int],
                   batch_size: int, seed: int, shuffle: bool, shuffle_buffer: int, read: dict[str, Any],
                   stats: Counter, handler: Handler, to_example: Callable[[Any], dict[str, Any]]
                   ) -> Iterator[tuple[dict[str, Any], tuple[int, int, int]]]:
         """Yield ``(example, (0, emitted, yielded))`` until the slot has yielded its ``per_slot`` packs
-        (``slot``, ``slots``, ``workers``, ``batch_size``: as :meth:`schedule` takes them)."""
-        per_slot = self.per_slot(slots, batch_size)
+        (``slot``, ``slots``, ``workers``, ``batch_size``: as :meth:`schedule` takes them; positions count
+        from the epoch's start, in a stage's epoch too)."""
+        per_slot = self.per_slot(slots, batch_size, epoch)
         _, emitted, yielded = position
+        stage = self.stage()
+        before = 0
+        if stage is not None and _mid(stage, epoch):
+            # the stage's schedule counts from where it began: positions here are the epoch's
+            before = int(stage["before"][slot % workers])
+            emitted, yielded, per_slot = emitted - before, yielded - before, per_slot - before
         while yielded < per_slot:
             sched = self.schedule(slot=slot, slots=slots, workers=workers, epoch=epoch,
                                   positions=emitted + per_slot - yielded, batch_size=batch_size, seed=seed,
@@ -193,7 +343,7 @@ class MixedSources:
                     example[SOURCE_KEY] = torch.tensor(int(sched.source[k]), dtype=torch.int64)
                     got += 1
                     yielded += 1
-                    yield example, (0, emitted, yielded)
+                    yield example, (0, emitted + before, yielded + before)
                     if yielded >= per_slot:
                         return
             finally:
@@ -277,3 +427,97 @@ def _combined(mixture: Mixture, sources: Sequence[ResolvedSource], max_images: i
                    for s in src.shards)
     display = "mixture of " + ", ".join(f"{n} ({s.display})" for n, s in zip(mixture.names, sources))
     return ResolvedSource(display, shards, manifest)
+
+
+# ---------------------------------------------------------------------------------------------
+# Cursors at any point of a rank's schedule
+
+
+def cursor_to_json(c: SourceCursor) -> list:
+    """A cursor as plain JSON: ``[pass_no, pos, [[worker, pass_no, start, stop, emitted], ...], frontier]``.
+
+    Example:
+        >>> cursor_to_json(SourceCursor(2, 5))
+        [2, 5, [], False]
+    """
+    return [int(c.pass_no), int(c.pos), [[int(v) for v in h] for h in c.held], bool(c.frontier)]
+
+
+def cursor_from_json(value: Sequence[Any]) -> SourceCursor:
+    """The inverse of :func:`cursor_to_json`.
+
+    Example:
+        >>> cursor_from_json([2, 5, [], False])
+        SourceCursor(pass_no=2, pos=5)
+    """
+    pass_no, pos, held, frontier = value
+    return SourceCursor(int(pass_no), int(pos), tuple(tuple(int(v) for v in h) for h in held),  # type: ignore[misc]
+                        bool(frontier))
+
+
+def _mid(stage: Mapping[str, Any] | None, epoch: int) -> bool:
+    """Whether ``stage`` began inside ``epoch`` (not at its start, as an anchor does)."""
+    return stage is not None and stage["epoch"] == epoch and (any(stage["before"]) or bool(stage["shift"]))
+
+
+def _owners(c: SourceCursor, owner: Callable[[int], int]) -> SourceCursor:
+    """``c`` with its held blocks' workers renumbered."""
+    if not c.held:
+        return c
+    return SourceCursor(c.pass_no, c.pos, tuple((owner(h[0]), *h[1:]) for h in c.held), c.frontier)
+
+
+def rank_cursors(layouts: Sequence[SourceLayout], shares: Sequence[float], start: Sequence[SourceCursor],
+                 counts: Sequence[int], *, rank: int, ranks: int, workers: int, batch_size: int, seed: int,
+                 shuffle: bool, shuffle_buffer: int) -> tuple[SourceCursor, ...]:
+    """The rank's cursors once worker ``w`` has emitted the first ``counts[w]`` positions of its plan from
+    ``start`` (:func:`~.schedule.plan_slot`), which need not be whole rounds of the workers' batches.
+
+    ``plan_slot(...).end`` gives the cursors after whole rounds; here the rank's merge is replayed from
+    the workers' plans in the DataLoader's order, each position taking its pack from its worker's block
+    (a worker takes the next block where the merge does), and a block's emitted packs are those among
+    its worker's first ``counts[w]`` (a block taken and not emitted from is held with 0 emitted).
+
+    Example:
+        >>> a = source_layout("a", [6], np.full(6, 10))
+        >>> rank_cursors([a], [1.0], [SourceCursor()], [2], rank=0, ranks=1, workers=1, batch_size=1, seed=0,
+        ...              shuffle=False, shuffle_buffer=1)
+        (SourceCursor(pass_no=0, pos=2),)
+    """
+    kw = dict(seed=seed, cursors=start, shuffle=shuffle, shuffle_buffer=shuffle_buffer, workers=workers,
+              batch_size=batch_size)
+    if workers == 1:
+        return plan_slot(layouts, shares, slot=rank, slots=ranks, per_slot=int(counts[0]), **kw).end  # type: ignore[arg-type]
+    n = -(-max(counts) // batch_size) * batch_size
+    plans = [plan_slot(layouts, shares, slot=rank * workers + w, slots=ranks * workers, per_slot=n, **kw)  # type: ignore[arg-type]
+             for w in range(workers)]
+    streams = [RankStream(layout, c, rank=rank, ranks=ranks, workers=workers, seed=seed, shuffle=shuffle,
+                          shuffle_buffer=shuffle_buffer) for layout, c in zip(layouts, start)]
+    cur: list[list[Any]] = [[None] * len(layouts) for _ in range(workers)]
+    taken: list[tuple[int, Any]] = []
+    emitted: dict[int, int] = {}
+    last = max(((c - 1) // batch_size * workers + w for w, c in enumerate(counts) if c > 0), default=-1)
+    for t in range(last + 1):  # the rank's batches in the DataLoader's order, up to the last one emitted from
+        v, j = t % workers, t // workers
+        plan = plans[v]
+        for p in range(j * batch_size, (j + 1) * batch_size):
+            i = int(plan.source[p])
+            b = cur[v][i]
+            if b is None:
+                b = cur[v][i] = streams[i].take(v)
+                taken.append((i, b))
+                emitted[id(b)] = b.done
+            if int(b.rows[b.done]) != int(plan.row[p]) or b.pass_no != int(plan.pass_no[p]):
+                raise RuntimeError(f"replaying rank {rank}'s merge: worker {v} position {p} is not its block's next "
+                                   "pack; this is a wdspack bug")
+            b.done += 1
+            if p < counts[v]:
+                emitted[id(b)] = b.done
+            if b.done == len(b.rows):
+                cur[v][i] = None
+    held: list[list[Any]] = [[] for _ in layouts]
+    for i, b in taken:
+        b.done = emitted[id(b)]
+        if b.done < len(b.rows):
+            held[i].append(b)
+    return tuple(s.cursor(h) for s, h in zip(streams, held))

@@ -1,0 +1,190 @@
+"""Mixture stages (issue #21, item 5; DESIGN.md section 8): a loader state saved under one mixture
+continues under another (new weights, a source added, a source removed, matched by name), each kept
+source's pass going on where it stopped: nothing within a pass read twice or skipped, the epoch's
+length kept on every rank, and a state saved inside a stage resumes exactly.
+
+Three small synthetic datasets (tests/synthetic.py): every pack's first token is 1000 + its row in
+its dataset, so a batch tells which pack of which source each row is; the pass of each pack comes
+from the schedule the loader follows (checked against the batches)."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+import pytest
+
+from synthetic import pack_numbers, write_dataset
+from wdspack.errors import ConfigError
+from wdspack.loader import make_loader
+
+COUNTS = {"a": [5, 7, 6], "b": [9, 4], "c": [4, 4, 4]}
+OPTIONS = dict(batch_size=2, shuffle_buffer=9, seed=3, text_only=True)
+M1 = {"a": 0.5, "b": 0.3, "c": 0.2}
+
+
+@pytest.fixture(scope="module")
+def roots(tmp_path_factory):
+    base = tmp_path_factory.mktemp("stages")
+    for k, (name, counts) in enumerate(COUNTS.items()):
+        write_dataset(base / name, shards=len(counts), packs_per_shard=counts, seq_len=64,
+                      max_images=2 if name == "a" else 0, seed=10 + k, pack_index=True)
+    return base
+
+
+def _loader(roots, weights, *, workers, rank=0, world=1):
+    return make_loader([(str(roots / n), w) for n, w in weights.items()], num_workers=workers, rank=rank,
+                       world_size=world, **OPTIONS)
+
+
+def _planned(loader, epoch: int) -> dict[int, list[tuple[str, int, int]]]:
+    """Rank batch index -> its packs as (source name, pass, row), from the mixture's schedule of ``epoch``
+    (the stage's, when one began inside it), in the order the DataLoader yields them."""
+    ds, b = loader.dataset, loader.batch_size
+    mix, w_ = ds.mixture, max(1, loader.num_workers)
+    slots = ds.world_size * w_
+    per = mix.per_slot(slots, b, epoch)
+    stage = mix.stage()
+    mid = mix.mid_stage(epoch)
+    before = stage["before"] if mid else [0] * w_
+    plans = {w: mix.schedule(slot=ds.rank * w_ + w, slots=slots, workers=w_, epoch=epoch, positions=per - before[w],
+                             batch_size=b, seed=ds.seed, shuffle=ds.shuffle, shuffle_buffer=ds.shuffle_buffer)
+             for w in range(w_)}
+    taken = dict.fromkeys(range(w_), 0)
+    first = sum(before) // b
+    out = {}
+    for t in range(first, w_ * per // b):
+        w = t % w_
+        p, k = plans[w], taken[w]
+        out[t] = [(mix.names[int(p.source[i])], int(p.pass_no[i]), int(p.row[i])) for i in range(k, k + b)]
+        taken[w] = k + b
+    return out
+
+
+def _read(loader, n: int | None = None) -> list[tuple[int, int, list[tuple[str, int]]]]:
+    """(epoch, batch index, [(source name, row)]) of the next ``n`` batches (default: to the epoch's end)."""
+    out = []
+    epoch, t = loader.epoch, loader._batches
+    for batch in loader:
+        names = [loader.source_names[s] for s in batch["source_idx"].tolist()]
+        out.append((epoch, t, list(zip(names, pack_numbers(batch["input_ids"])))))
+        t += 1
+        if loader.epoch != epoch:  # that was the epoch's last batch
+            if n is None:
+                break
+            epoch, t = loader.epoch, 0
+        if n is not None and len(out) == n:
+            break
+    return out
+
+
+def _with_passes(loader, got) -> list[tuple[str, int, int]]:
+    """The batches ``got`` as (source, pass, row), checked against the loader's schedule."""
+    out = []
+    plans: dict[int, dict] = {}
+    for epoch, t, rows in got:
+        plan = plans.setdefault(epoch, _planned(loader, epoch))[t]
+        assert [(s, r) for s, _, r in plan] == rows, (epoch, t)
+        out += plan
+    return out
+
+
+def _check_passes(packs: list[tuple[str, int, int]], sources=("a", "b", "c")) -> None:
+    """Within every pass of every source no pack twice; every pass before the last two of a source whole."""
+    seen: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for s, p, r in packs:
+        seen[s, p].append(r)
+    for (s, p), rows in seen.items():
+        assert len(rows) == len(set(rows)), f"source {s} pass {p} read a pack twice"
+        last = max(q for (t, q) in seen if t == s)
+        if p < last - 1:
+            assert sorted(rows) == list(range(sum(COUNTS[s]))), f"source {s} pass {p} skipped packs"
+    assert {s for s, _ in seen} <= set(sources)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("change", ["weights", "added", "removed"])
+def test_a_new_mixture_continues_every_pass_where_it_stopped(roots, workers, change):
+    before = {"weights": M1, "added": {"a": 0.6, "b": 0.4}, "removed": M1}[change]
+    after = {"weights": {"a": 0.2, "b": 0.3, "c": 0.5}, "added": M1, "removed": {"a": 0.5, "c": 0.5}}[change]
+    world, stop = 2, 5
+    packs = []
+    for rank in range(world):
+        first = _loader(roots, before, workers=workers, rank=rank, world=world)
+        length = len(first)
+        head = _read(first) + _read(first, stop)  # into the second epoch
+        head_packs = _with_passes(first, head)
+        state = json.loads(json.dumps(first.state_dict()))
+        second = _loader(roots, after, workers=workers, rank=rank, world=world)
+        second.load_state_dict(state)
+        assert second.epoch == 1 and len(second) == length  # the epoch keeps its length on every rank
+        rest = _read(second)
+        assert [t for _, t, _ in rest] == list(range(stop, length))
+        later = _read(second)  # the next epoch: the new mixture's own length
+        assert len(later) == len(second) == len(_loader(roots, after, workers=workers, rank=rank, world=world))
+        tail = _with_passes(second, rest + later)
+        if change == "removed":
+            assert all(s != "b" for s, _, _ in tail)
+        if change == "added":
+            assert any(s == "c" for s, _, _ in tail)
+        packs += head_packs + tail
+    _check_passes(packs)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_state_saved_inside_a_stage_resumes_exactly(roots, workers):
+    first = _loader(roots, M1, workers=workers)
+    _read(first, 3)
+    state = json.loads(json.dumps(first.state_dict()))
+    after = {"a": 0.2, "c": 0.8}
+
+    def staged():
+        loader = _loader(roots, after, workers=workers)
+        loader.load_state_dict(state)
+        return loader
+
+    whole = staged()
+    full = _read(whole) + _read(whole)
+    part = staged()
+    head = _read(part, 2)
+    mid = json.loads(json.dumps(part.state_dict()))
+    assert mid["mixture"]["stage"]["names"] == ["a", "c"]
+    resumed = _loader(roots, after, workers=workers)
+    resumed.load_state_dict(mid)
+    assert head + _read(resumed) + _read(resumed) == full
+    # and a state saved in the epoch after the stage resumes from its anchor, exactly
+    later = staged()
+    got = _read(later) + _read(later, 3)
+    anchored = _loader(roots, after, workers=workers)
+    anchored.load_state_dict(json.loads(json.dumps(later.state_dict())))
+    assert got + _read(anchored) == full
+
+
+def test_same_mixture_resume_keeps_its_stream(roots):
+    whole = _loader(roots, M1, workers=2)
+    full = _read(whole) + _read(whole) + _read(whole)
+    first = _loader(roots, M1, workers=2)
+    head = _read(first) + _read(first) + _read(first, 3)
+    state = json.loads(json.dumps(first.state_dict()))
+    assert state["mixture"]["start"] is not None and state["mixture"]["stage"] is None
+    resumed = _loader(roots, M1, workers=2)
+    resumed.load_state_dict(state)
+    assert resumed.dataset.mixture.stage()["epoch"] == 2  # an anchor: the workers do not replan epochs 0 and 1
+    assert head + _read(resumed) == full
+
+
+def test_the_refusals_that_remain_say_what_to_do(roots, tmp_path):
+    first = _loader(roots, M1, workers=0)
+    _read(first, 3)
+    state = json.loads(json.dumps(first.state_dict()))
+    other_layout = _loader(roots, M1, workers=1)
+    with pytest.raises(ConfigError, match=r"resumes only under the layout that saved it.*set_epoch"):
+        other_layout.load_state_dict(state)
+    old = {k: v for k, v in state.items() if k != "mixture"}  # a state saved before stages
+    with pytest.raises(ConfigError, match=r"no per-source cursors.*set_epoch"):
+        _loader(roots, {"a": 1, "b": 1}, workers=0).load_state_dict(old)
+    # a kept name over other data: its cursor would mean other packs
+    write_dataset(tmp_path / "b", shards=1, packs_per_shard=6, seq_len=64, max_images=0, seed=5, pack_index=True)
+    changed = make_loader([(str(roots / "a"), 1), (str(tmp_path / "b"), 1)], num_workers=0, **OPTIONS)
+    with pytest.raises(ConfigError, match=r"mixture source 'b' had 13 packs .*another name"):
+        changed.load_state_dict(state)
