@@ -173,13 +173,41 @@ def test_same_mixture_resume_keeps_its_stream(roots):
     assert head + _read(resumed) == full
 
 
+@pytest.mark.parametrize(("world", "was", "now", "stop"), [(1, 2, 3, 5), (2, 1, 2, 3), (1, 3, 0, 4)])
+def test_another_number_of_workers_continues_every_pass(roots, world, was, now, stop):
+    """Elastic in workers (ranks kept): each rank's cursors resume under the new workers; the rank's
+    batches left in the epoch are dealt over them; every rank the same number of batches."""
+    after = {"a": 0.4, "b": 0.4, "c": 0.2}  # with new weights too, for the 2-rank case
+    packs, left = [], set()
+    for rank in range(world):
+        first = _loader(roots, M1, workers=was, rank=rank, world=world)
+        length = len(first)
+        head = _read(first) + _read(first, stop)
+        head_packs = _with_passes(first, head)
+        state = json.loads(json.dumps(first.state_dict()))
+        second = _loader(roots, after if world == 2 else M1, workers=now, rank=rank, world=world)
+        second.load_state_dict(state)
+        rest = _read(second)
+        assert len(rest) == length - stop
+        left.add(len(rest))
+        later = _read(second)
+        assert len(later) == len(second) == len(_loader(roots, M1, workers=now, rank=rank, world=world))
+        packs += head_packs + _with_passes(second, rest + later)
+    assert len(left) == 1
+    _check_passes(packs)
+
+
 def test_the_refusals_that_remain_say_what_to_do(roots, tmp_path):
     first = _loader(roots, M1, workers=0)
     _read(first, 3)
     state = json.loads(json.dumps(first.state_dict()))
-    other_layout = _loader(roots, M1, workers=1)
-    with pytest.raises(ConfigError, match=r"resumes only under the layout that saved it.*set_epoch"):
-        other_layout.load_state_dict(state)
+    other_ranks = _loader(roots, M1, workers=0, rank=0, world=2)
+    with pytest.raises(ConfigError, match=r"not yet under another number of ranks.*set_epoch"):
+        other_ranks.load_state_dict(state)
+    staged = _loader(roots, {"a": 1, "c": 1}, workers=0)
+    staged.load_state_dict(state)
+    with pytest.raises(ConfigError, match=r"a stage began inside it.*set_epoch\(1\)"):
+        staged.set_epoch(0)
     old = {k: v for k, v in state.items() if k != "mixture"}  # a state saved before stages
     with pytest.raises(ConfigError, match=r"no per-source cursors.*set_epoch"):
         _loader(roots, {"a": 1, "b": 1}, workers=0).load_state_dict(old)

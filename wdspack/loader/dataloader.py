@@ -204,6 +204,10 @@ class PackedLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning at the next iteration."""
+        mix = self.dataset.mixture
+        if mix is not None and mix.mid_stage(int(epoch)):
+            raise ConfigError(f"epoch {epoch} began under another mixture or layout (a stage began inside it), so its "
+                              f"beginning cannot be replayed here; go on with it, or set_epoch({int(epoch) + 1})")
         self.dataset.set_elastic(None)
         self._epoch, self._batches, self._resume = int(epoch), 0, False
         self._positions = [(0, 0, 0)] * self._workers
@@ -310,13 +314,28 @@ class PackedLoader:
                               + "; ".join(diff) + "); restore with the same settings (see PackedLoader's docstring)")
         mine = [s for s in states if s["config"]["rank"] == now["rank"]]
         same = all(saved[k] == now[k] for k in ("world_size", "num_workers")) and mine
+        if not same and self.dataset.mixture is not None and saved["world_size"] == now["world_size"] and mine:
+            # another number of workers on as many ranks: a stage from this rank's cursors
+            state = mine[0]
+            if "mixture" not in state:
+                raise ConfigError(f"the state was saved by {saved['num_workers']} workers by a wdspack that kept no "
+                                  "per-source cursors; restore with that many workers, or start the next epoch with "
+                                  f"loader.set_epoch({int(state['epoch']) + 1})")
+            self.dataset.set_elastic(None)
+            self._epoch, self._batches = int(state["epoch"]), int(state["batches"])
+            self._positions = [tuple(int(v) for v in p) for p in state["workers"]]
+            self._stats_base, self._stats_live = Counter(state.get("stats", {})), {}
+            self._restore_stage(state, changed=True)
+            return
         if not same and self.dataset.mixture is not None:
             raise ConfigError(f"the state was saved by {saved['world_size']} ranks × {saved['num_workers']} workers "
                               f"(rank {saved['rank']}), this mixture loader is rank {now['rank']} of "
-                              f"{now['world_size']} × {now['num_workers']} workers; a mixture resumes only under the "
-                              "layout that saved it for now (elastic resume of a mixture: issue #21, item 4): restore "
-                              f"with world_size={saved['world_size']}, num_workers={saved['num_workers']}, or start "
-                              f"the next epoch on the new layout with loader.set_epoch({int(states[0]['epoch']) + 1})")
+                              f"{now['world_size']} × {now['num_workers']} workers; a mixture resumes under another "
+                              "number of workers (pass this rank's state), but not yet under another number of ranks "
+                              "(each rank's cursors are within its own share of every pass; issue #21, item 4): "
+                              f"restore with world_size={saved['world_size']}, or start the next epoch on the new "
+                              f"layout with loader.set_epoch({int(states[0]['epoch']) + 1}) (its passes then start "
+                              "afresh)")
         if same:
             self._restore(mine[0])
             if self.dataset.mixture is not None:
@@ -336,23 +355,22 @@ class PackedLoader:
             ds.adopt_balance_run(int(run))
 
     def _restore_stage(self, state: Mapping[str, Any], *, changed: bool) -> None:
-        """A mixture's stage: the saved one, an anchor at the saved epoch, or a new one (another mixture)."""
+        """A mixture's stage: the saved one, an anchor at the saved epoch, or a new one (another mixture,
+        or another number of workers on as many ranks)."""
         mix = self.dataset.mixture
         assert mix is not None
         if "mixture" not in state:  # saved before stages: every epoch chains from epoch 0, as then
             mix.set_stage(None)
             return
-        yielded = [p[2] for p in self._positions]
-        epoch, reset = mix.resume_stage(state["mixture"], epoch=self._epoch, batches=self._batches, yielded=yielded,
-                                        workers=self._workers, changed=changed)
-        if reset:
-            self._epoch, self._batches, self._resume = epoch, 0, False
-            self._positions = [(0, 0, 0)] * self._workers
-        elif changed:  # the stage's schedule starts after what each worker yielded
+        epoch, batches, yielded = mix.resume_stage(
+            state["mixture"], epoch=self._epoch, batches=self._batches, yielded=[p[2] for p in self._positions],
+            workers=self._workers, batch_size=self.batch_size, changed=changed)
+        if changed:  # the stage's schedule starts after what each worker yielded
             self._positions = [(0, y, y) for y in yielded]
-        if changed:
-            logger.info("mixture stage: epoch %d continues from batch %d under %s", self._epoch, self._batches,
-                        ", ".join(f"{n} {w:.3f}" for n, w in zip(mix.names, mix.mixture.shares)))
+            self._epoch, self._batches, self._resume = epoch, batches, bool(batches or any(yielded))
+            logger.info("mixture stage: epoch %d continues from batch %d under %s on %d workers", self._epoch,
+                        self._batches, ", ".join(f"{n} {w:.3f}" for n, w in zip(mix.names, mix.mixture.shares)),
+                        self._workers)
 
     def _restore(self, state: Mapping[str, Any]) -> None:
         workers = [tuple(int(v) for v in p) for p in state["workers"]]

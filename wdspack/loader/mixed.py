@@ -151,13 +151,14 @@ class MixedSources:
         """The stage the stream continues from, or None (every epoch chained from epoch 0).
 
         A stage is plain JSON: ``{"epoch", "names", "start", "before", "shift", "length", "buffer",
-        "workers"}``. From the point of ``epoch`` where worker ``w`` had yielded ``before[w]`` packs,
+        "workers", "anchor"}``. From the point of ``epoch`` where worker ``w`` had yielded ``before[w]`` packs,
         the rest of the epoch is this mixture's schedule from the rank's cursors ``start`` (one per
         name, :func:`cursor_to_json`), the workers' roles rotated by ``shift`` (the worker whose batch
         came next is role 0); the epoch keeps ``length`` packs per worker (None: this mixture's
         ``per_slot``), and later epochs chain from where the stage ends. ``buffer`` is each source's
         shuffle buffer (kept from the first mixture: a cursor's blocks are emitted in its order).
-        An *anchor* (``before`` all 0, ``shift`` 0) only saves replanning the epochs before it.
+        An *anchor* (``anchor`` True: ``before`` all 0, ``shift`` 0, ``length`` None) begins at the
+        epoch's start and only saves replanning the epochs before it.
         """
         return self._stage.get()
 
@@ -181,7 +182,7 @@ class MixedSources:
         kw = dict(slots=slots, workers=workers, batch_size=batch_size, seed=seed, shuffle=shuffle,
                   shuffle_buffer=shuffle_buffer)
         stage = self.stage()
-        anchor = stage is not None and not any(stage["before"]) and not stage["shift"] and stage["length"] is None
+        anchor = stage is not None and bool(stage["anchor"])
         if stage is not None and (epoch > stage["epoch"] or (anchor and epoch == stage["epoch"])):
             first = stage["epoch"] if anchor else stage["epoch"] + 1
             key: tuple = (rank, *kw.values(), self.buffer(shuffle_buffer), json.dumps(stage, sort_keys=True))
@@ -239,39 +240,49 @@ class MixedSources:
                 "workers": workers, "stage": stage}
 
     def resume_stage(self, saved: Mapping[str, Any], *, epoch: int, batches: int, yielded: Sequence[int],
-                     workers: int, changed: bool) -> tuple[int, bool]:
-        """Set the stage a loader state continues from (``saved``: its :meth:`save_point`); returns the epoch
-        to continue in and whether the workers' positions start the epoch afresh.
+                     workers: int, batch_size: int, changed: bool) -> tuple[int, int, list[int]]:
+        """Set the stage a loader state continues from (``saved``: its :meth:`save_point`, ``yielded``: what
+        each of the saved workers yielded); returns the epoch, batches and each worker's yielded packs to
+        continue from (``workers``: this loader's).
 
-        Under the mixture that saved it (``changed`` False) the saved stage, or an anchor at the saved
-        epoch's start cursors (so no worker replans the epochs before it). Under another mixture (new
-        weights, sources added or removed: ``changed``) a new stage begins where the rank stood: each
-        source kept (by name) continues from its cursor, a new one starts at its first pass, and the rest
-        of the epoch keeps its length; an epoch consumed whole makes the next epoch an anchor instead.
+        Under the mixture and workers that saved it (``changed`` False) the saved stage, or an anchor at
+        the saved epoch's start cursors (so no worker replans the epochs before it). Under another mixture
+        (new weights, sources added or removed) or another number of workers on as many ranks
+        (``changed``), a new stage begins where the rank stood: each source kept (by name) continues from
+        its cursor, a new one starts at its first pass, and the epoch keeps the rank's batches; an epoch
+        consumed whole, or not begun, makes an anchor instead.
         """
         old = dict(zip(saved["names"], saved["cursors"]))
         fresh = cursor_to_json(SourceCursor())
-        length, buffer = saved["length"], int(saved["buffer"])
+        length, buffer, was = int(saved["length"]), int(saved["buffer"]), int(saved["workers"])
         common = {"names": list(self.names), "buffer": buffer, "workers": workers}
         if not changed:
             stage = saved.get("stage")
-            if not (_mid(stage, epoch)):
+            if not _mid(stage, epoch):
                 stage = None if saved.get("start") is None else {
                     **common, "epoch": epoch, "start": saved["start"], "before": [0] * workers, "shift": 0,
-                    "length": None}
+                    "length": None, "anchor": True}
             self.set_stage(stage)
-            return epoch, False
+            return epoch, batches, list(yielded)
         if all(y >= length for y in yielded) or batches == 0:  # at an epoch's end or start: an anchor
             epoch += batches > 0
             self.set_stage({**common, "epoch": epoch, "start": [old.get(n, fresh) for n in self.names],
-                            "before": [0] * workers, "shift": 0, "length": None})
-            return epoch, True
+                            "before": [0] * workers, "shift": 0, "length": None, "anchor": True})
+            return epoch, 0, [0] * workers
+        if was != workers:
+            # the rank's batches left, dealt over the new workers: the last round may be short, so the
+            # workers it skips count one batch as yielded before the stage (they come first, their turn
+            # is taken: the stage begins at worker `short`)
+            left = was * length // batch_size - batches
+            rounds = -(-left // workers)
+            short = rounds * workers - left
+            length, yielded, batches = rounds * batch_size, [batch_size] * short + [0] * (workers - short), short
         r = batches % workers  # the worker whose batch comes next is the stage's worker 0
         start = [cursor_to_json(_owners(cursor_from_json(old[n]), lambda w: (w - r) % workers)) if n in old else fresh
                  for n in self.names]
         self.set_stage({**common, "epoch": epoch, "start": start, "before": [int(y) for y in yielded], "shift": r,
-                        "length": int(length)})
-        return epoch, False
+                        "length": int(length), "anchor": False})
+        return epoch, batches, list(yielded)
 
     def schedule(self, *, slot: int, slots: int, workers: int, epoch: int, positions: int, batch_size: int,
                  seed: int, shuffle: bool, shuffle_buffer: int) -> SlotSchedule:
@@ -457,7 +468,7 @@ def cursor_from_json(value: Sequence[Any]) -> SourceCursor:
 
 def _mid(stage: Mapping[str, Any] | None, epoch: int) -> bool:
     """Whether ``stage`` began inside ``epoch`` (not at its start, as an anchor does)."""
-    return stage is not None and stage["epoch"] == epoch and (any(stage["before"]) or bool(stage["shift"]))
+    return stage is not None and stage["epoch"] == epoch and not stage["anchor"]
 
 
 def _owners(c: SourceCursor, owner: Callable[[int], int]) -> SourceCursor:
