@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
+import numpy as np
 import pytest
 
 from synthetic import pack_numbers, write_dataset
 from wdspack.errors import ConfigError
-from wdspack.loader import make_loader
+from wdspack.format.pack_index import COLUMNS, INDEX_NAME
+from wdspack.loader import Mixture, MixtureSource, make_loader
 
 COUNTS = {"a": [5, 7, 6], "b": [9, 4], "c": [4, 4, 4]}
 OPTIONS = dict(batch_size=2, shuffle_buffer=9, seed=3, text_only=True)
@@ -195,6 +197,55 @@ def test_another_number_of_workers_continues_every_pass(roots, world, was, now, 
         packs += head_packs + _with_passes(second, rest + later)
     assert len(left) == 1
     _check_passes(packs)
+
+
+def _scheduled(roots, every=5):
+    return Mixture((MixtureSource(str(roots / "a"), 1), MixtureSource(str(roots / "b"), 1)),
+                   schedule=((0, {"a": 0.8, "b": 0.2}), (30, {"a": 0.2, "b": 0.8})), every=every)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_weights_following_a_schedule(roots, workers):
+    """Piecewise-linear weights over steps, in segments of ``every`` steps each planned with the weights
+    at its middle step from where the one before ended: each segment's token share is within a pack
+    of them, passes still read once, and a resume mid-schedule is exact."""
+    mix = _scheduled(roots)
+    tokens = {n: np.load(roots / n / INDEX_NAME)[:, COLUMNS.index("tokens")] for n in ("a", "b")}
+    loader = make_loader(mix, num_workers=workers, **OPTIONS)
+    per_epoch = len(loader)
+    got = _read(loader) + _read(loader)
+    most = max(int(t.max()) for t in tokens.values())
+    segments: dict[tuple[int, int], list[tuple[str, int]]] = defaultdict(list)
+    for e, t, rows in got:  # segments restart at every epoch's start
+        segments[e, t // 5] += rows
+    shares = []
+    for (e, k), rows in sorted(segments.items()):
+        t0, t1 = 5 * k, min(5 * k + 5, per_epoch)
+        units = {n: sum(int(tokens[n][r]) for s, r in rows if s == n) for n in ("a", "b")}
+        total = units["a"] + units["b"]
+        want = mix.shares_at(e * per_epoch + (t0 + t1) / 2)[0]  # the weights at the segment's middle step
+        assert abs(units["a"] / total - want) <= 1.5 * most / total, (e, k, units, want)
+        shares.append(units["a"] / total)
+    assert shares[0] > 0.6 and shares[-1] < 0.4  # the schedule moves the mix from a to b
+    _check_passes(_with_passes(make_loader(mix, num_workers=workers, **OPTIONS), got[:per_epoch]), ("a", "b"))
+
+    first = make_loader(mix, num_workers=workers, **OPTIONS)
+    head = _read(first, 7)
+    state = json.loads(json.dumps(first.state_dict()))
+    assert state["config"]["mixture"]["schedule"][1] == [30, [0.2, 0.8]]
+    resumed = make_loader(mix, num_workers=workers, **OPTIONS)
+    resumed.load_state_dict(state)
+    assert head + _read(resumed) + _read(resumed) == got
+
+
+def test_a_schedule_from_a_file(roots, tmp_path):
+    path = tmp_path / "mix.yaml"
+    path.write_text(f"sources:\n  - {{path: {roots / 'a'}, weight: 1}}\n  - {{path: {roots / 'b'}, weight: 1}}\n"
+                    "every: 5\nschedule:\n  - {step: 0, weights: {a: 0.8, b: 0.2}}\n"
+                    "  - {step: 30, weights: {a: 0.2, b: 0.8}}\n")
+    assert Mixture.of(str(path)) == _scheduled(roots)
+    with pytest.raises(ConfigError, match="give every source"):
+        Mixture((MixtureSource("a/", 1), MixtureSource("b/", 1)), schedule=((0, {"a": 1}),))
 
 
 def test_the_refusals_that_remain_say_what_to_do(roots, tmp_path):

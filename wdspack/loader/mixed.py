@@ -27,11 +27,21 @@ schedule of the same epoch (``emitted + per_slot - yielded`` positions: the merg
 worker and a walk over the rank's batches with several, so a longer schedule begins with the
 shorter one), so every slot still yields ``per_slot`` packs and a restored position recomputes the
 very same schedule. The next epoch starts from the rank's cursors at ``per_slot``.
+
+An epoch is planned in *segments* of the rank's batches: one, or with a weight schedule
+(``Mixture.schedule``) one per ``every`` batches, each planned with the weights at its middle step
+from the rank's cursors where the one before ended (:func:`rank_cursors`: the merge replayed to any
+point, whole rounds of the workers' batches or not; a segment that begins at worker ``w``'s batch
+gives ``w`` the merge's first role). A *stage* (:meth:`MixedSources.stage`) makes the rest of an
+epoch start from given cursors: a loader state loaded under another mixture (new weights, a source
+added or removed, by name) or another number of workers continues each source's pass from the
+rank's cursor at the saved point, so nothing within a pass is read twice or skipped.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 from collections import Counter
@@ -52,11 +62,11 @@ from .elastic import SharedBasis
 from .mixture import Mixture, MixtureEpoch, check_compatible, mixture_epoch, unit_values
 from .options import ReadOptions
 from .plan import PackRange
+from .rank_cursors import concat_plans, cursor_from_json, cursor_to_json, rank_cursors, renumber, shifted
 from .schedule import SlotSchedule, SourceCursor, SourceLayout, plan_slot, source_layout
-from .source_stream import RankStream
 from .stages import decode_packs, lap_source
 
-__all__ = ["MixedSources", "cursor_from_json", "cursor_to_json", "rank_cursors"]
+__all__ = ["MixedSources"]
 
 logger = logging.getLogger("wdspack.loader")
 
@@ -80,6 +90,7 @@ class MixedSources:
         self.seq_len, self.max_images, self.pad_token_id = budgets
         self.combined = _combined(mixture, self.sources, self.max_images)
         self._starts: dict[tuple, list[tuple[SourceCursor, ...]]] = {}  # per slot setup: each epoch's cursors
+        self._segs: dict[tuple, list[_Segment]] = {}  # per slot setup and epoch: its segments
         # the stage the stream continues from (set by a resume under another mixture; see stage()), in
         # shared memory: persistent DataLoader workers read it at each iteration
         self._stage = SharedBasis()
@@ -138,8 +149,13 @@ class MixedSources:
 
     def config(self) -> dict[str, Any]:
         """What a checkpoint of this mixture's stream depends on besides the dataset options."""
-        return {"names": list(self.names), "shares": [round(w, 12) for w in self.mixture.shares],
-                "unit": self.mixture.unit, "packs": [list(layout.counts) for layout in self.layouts]}
+        config = {"names": list(self.names), "shares": [round(w, 12) for w in self.mixture.shares],
+                  "unit": self.mixture.unit, "packs": [list(layout.counts) for layout in self.layouts]}
+        if self.mixture.schedule:  # only then: states saved without one are unchanged
+            config["schedule"] = [[step, [round(float(w[n]), 12) for n in self.names]]
+                                  for step, w in self.mixture.schedule]
+            config["every"] = self.mixture.every
+        return config
 
     # -- stages ---------------------------------------------------------------------------------
 
@@ -169,18 +185,54 @@ class MixedSources:
         self._stage.set(stage)
 
     def _plan(self, n: int, cursors: Sequence[SourceCursor], *, slot: int, slots: int, workers: int,
-              batch_size: int, seed: int, shuffle: bool, shuffle_buffer: int) -> SlotSchedule:
-        return plan_slot(self.layouts, self.mixture.shares, slot=slot, slots=slots, per_slot=n, seed=seed,
-                         cursors=cursors, shuffle=shuffle, shuffle_buffer=self.buffer(shuffle_buffer),
-                         workers=workers, batch_size=batch_size)
+              batch_size: int, seed: int, shuffle: bool, shuffle_buffer: int,
+              shares: Sequence[float] | None = None) -> SlotSchedule:
+        return plan_slot(self.layouts, self.mixture.shares if shares is None else shares, slot=slot, slots=slots,
+                         per_slot=n, seed=seed, cursors=cursors, shuffle=shuffle,
+                         shuffle_buffer=self.buffer(shuffle_buffer), workers=workers, batch_size=batch_size)
+
+    def _segments(self, *, rank: int, slots: int, workers: int, epoch: int, batch_size: int, seed: int,
+                  shuffle: bool, shuffle_buffer: int) -> list[_Segment]:
+        """The rank's plan of ``epoch`` (of its stage's part, in a stage's epoch) as segments of the rank's
+        batches: one, or with a weight schedule one per ``every`` steps, each from the cursors the one
+        before ended at (the rank's, workers numbered as in the epoch)."""
+        kw: dict[str, Any] = dict(slots=slots, workers=workers, batch_size=batch_size, seed=seed, shuffle=shuffle,
+                                  shuffle_buffer=shuffle_buffer)
+        stage = self.stage()
+        key = (rank, *kw.values(), epoch, self.buffer(shuffle_buffer), json.dumps(stage, sort_keys=True))
+        if key in self._segs:
+            return self._segs[key]
+        total = workers * self.per_slot(slots, batch_size, epoch) // batch_size  # the rank's batches
+        if stage is not None and _mid(stage, epoch):
+            first = sum(int(b) for b in stage["before"]) // batch_size
+            start = tuple(cursor_from_json(c) for c in stage["start"])
+        else:
+            first, start = 0, self.epoch_start(rank=rank, epoch=epoch, **kw)
+        every = self.mixture.every if self.mixture.schedule else max(total, 1)
+        cuts = [first, *range((first // every + 1) * every, total, every), total]
+        segs: list[_Segment] = []
+        per_epoch = workers * self.epoch.per_slot(slots, batch_size) // batch_size
+        for t0, t1 in itertools.pairwise(cuts):
+            # the weights at the segment's middle step (steps: epochs of this mixture's batches, then the batch)
+            shares = self.mixture.shares_at(epoch * per_epoch + (t0 + t1) / 2)
+            counts = [batch_size * len(range((w - t0) % workers + t0, t1, workers)) for w in range(workers)]
+            end = _replay(self, start, counts, t0, shares, rank=rank, **kw)
+            segs.append(_Segment(t0, t1, shares, start, end, counts))
+            start = end
+        if not segs:
+            segs.append(_Segment(first, first, self.mixture.shares_at(0), start, start, [0] * workers))
+        if len(self._segs) > 64:
+            self._segs.clear()
+        self._segs[key] = segs
+        return segs
 
     def epoch_start(self, *, rank: int, slots: int, workers: int, epoch: int, batch_size: int, seed: int,
                     shuffle: bool, shuffle_buffer: int) -> tuple[SourceCursor, ...]:
         """The rank's cursors at the start of ``epoch`` (not the stage's own epoch, unless an anchor),
         chained from epoch 0 or from the stage's end; cached, so call it in the main process before the
         workers start and they inherit the chain."""
-        kw = dict(slots=slots, workers=workers, batch_size=batch_size, seed=seed, shuffle=shuffle,
-                  shuffle_buffer=shuffle_buffer)
+        kw: dict[str, Any] = dict(slots=slots, workers=workers, batch_size=batch_size, seed=seed, shuffle=shuffle,
+                                  shuffle_buffer=shuffle_buffer)
         stage = self.stage()
         anchor = stage is not None and bool(stage["anchor"])
         if stage is not None and (epoch > stage["epoch"] or (anchor and epoch == stage["epoch"])):
@@ -196,44 +248,42 @@ class MixedSources:
             elif anchor:
                 origin = tuple(cursor_from_json(c) for c in stage["start"])
             else:
-                origin = self.stage_point(rank=rank, **kw)  # type: ignore[arg-type]
+                origin = self._segments(rank=rank, epoch=stage["epoch"], **kw)[-1].end
             starts = self._starts[key] = [origin]
-        per_slot = self.epoch.per_slot(slots, batch_size)
         while len(starts) <= epoch - first:  # every epoch starts where the one before left each source
-            starts.append(self._plan(per_slot, starts[-1], slot=rank * workers, **kw).end)  # type: ignore[arg-type]
+            e = first + len(starts) - 1
+            if self.mixture.schedule:
+                starts.append(self._segments(rank=rank, epoch=e, **kw)[-1].end)
+            else:  # one segment: its plan's end (cheaper than the replay)
+                n = self.epoch.per_slot(slots, batch_size)
+                starts.append(self._plan(n, starts[-1], slot=rank * workers, **kw).end)
         return starts[epoch - first]
 
-    def stage_point(self, *, rank: int, slots: int, workers: int, batch_size: int, seed: int, shuffle: bool,
-                    shuffle_buffer: int, emitted: Sequence[int] | None = None) -> tuple[SourceCursor, ...]:
-        """The rank's cursors in the stage's epoch once worker ``w`` has emitted ``emitted[w]`` positions
-        of it (counted from the epoch's start; default: the whole epoch), in the workers' own numbering."""
-        stage = self.stage()
-        assert stage is not None
-        r, before = int(stage["shift"]), stage["before"]
-        length = self.per_slot(slots, batch_size, stage["epoch"])
-        done = list(emitted) if emitted is not None else [length] * workers
-        counts = [done[(u + r) % workers] - before[(u + r) % workers] for u in range(workers)]
-        start = tuple(cursor_from_json(c) for c in stage["start"])
-        end = rank_cursors(self.layouts, self.mixture.shares, start, counts, rank=rank, ranks=slots // workers,
-                           workers=workers, batch_size=batch_size, seed=seed, shuffle=shuffle,
-                           shuffle_buffer=self.buffer(shuffle_buffer))
-        return tuple(_owners(c, lambda u: (u + r) % workers) for c in end)
+    def _cursors_at(self, *, rank: int, epoch: int, emitted: Sequence[int], **kw: Any) -> tuple[SourceCursor, ...]:
+        """The rank's cursors once worker ``w`` emitted ``emitted[w]`` positions of the epoch's plan (of the
+        stage's part, counted from where it began, in a stage's epoch)."""
+        segs = self._segments(rank=rank, epoch=epoch, **kw)
+        done = [int(e) for e in emitted]
+        for seg in segs:
+            now = [min(max(d, 0), c) for d, c in zip(done, seg.counts)]
+            if now != seg.counts:
+                return _replay(self, seg.start, now, seg.t0, seg.shares, rank=rank, **kw)
+            done = [d - c for d, c in zip(done, seg.counts)]
+        return segs[-1].end
 
     def save_point(self, *, rank: int, slots: int, workers: int, epoch: int, emitted: Sequence[int], batch_size: int,
                    seed: int, shuffle: bool, shuffle_buffer: int) -> dict[str, Any]:
         """What a loader state keeps of the mixture (plain JSON): the rank's cursors (by source name) where
         its workers stand, the epoch's start cursors and length, each source's buffer, and the stage."""
-        kw = dict(slots=slots, workers=workers, batch_size=batch_size, seed=seed, shuffle=shuffle,
-                  shuffle_buffer=shuffle_buffer)
+        kw: dict[str, Any] = dict(slots=slots, workers=workers, batch_size=batch_size, seed=seed, shuffle=shuffle,
+                                  shuffle_buffer=shuffle_buffer)
         stage = self.stage()
-        if _mid(stage, epoch):
-            start = None
-            cursors = self.stage_point(rank=rank, emitted=emitted, **kw)  # type: ignore[arg-type]
+        start: tuple[SourceCursor, ...] | None = None
+        if stage is not None and _mid(stage, epoch):
+            emitted = [e - int(b) for e, b in zip(emitted, stage["before"])]
         else:
-            start = self.epoch_start(rank=rank, epoch=epoch, **kw)  # type: ignore[arg-type]
-            cursors = rank_cursors(self.layouts, self.mixture.shares, start, list(emitted), rank=rank,
-                                   ranks=slots // workers, workers=workers, batch_size=batch_size, seed=seed,
-                                   shuffle=shuffle, shuffle_buffer=self.buffer(shuffle_buffer))
+            start = self.epoch_start(rank=rank, epoch=epoch, **kw)
+        cursors = self._cursors_at(rank=rank, epoch=epoch, emitted=emitted, **kw)
         return {"names": list(self.names), "cursors": [cursor_to_json(c) for c in cursors],
                 "start": None if start is None else [cursor_to_json(c) for c in start],
                 "length": self.per_slot(slots, batch_size, epoch), "buffer": self.buffer(shuffle_buffer),
@@ -277,11 +327,9 @@ class MixedSources:
             rounds = -(-left // workers)
             short = rounds * workers - left
             length, yielded, batches = rounds * batch_size, [batch_size] * short + [0] * (workers - short), short
-        r = batches % workers  # the worker whose batch comes next is the stage's worker 0
-        start = [cursor_to_json(_owners(cursor_from_json(old[n]), lambda w: (w - r) % workers)) if n in old else fresh
-                 for n in self.names]
-        self.set_stage({**common, "epoch": epoch, "start": start, "before": [int(y) for y in yielded], "shift": r,
-                        "length": int(length), "anchor": False})
+        start = [old.get(n, fresh) for n in self.names]  # workers numbered as in the epoch
+        self.set_stage({**common, "epoch": epoch, "start": start, "before": [int(y) for y in yielded],
+                        "shift": batches % workers, "length": int(length), "anchor": False})
         return epoch, batches, list(yielded)
 
     def schedule(self, *, slot: int, slots: int, workers: int, epoch: int, positions: int, batch_size: int,
@@ -299,16 +347,23 @@ class MixedSources:
             >>> len(plan.source)  # worker 1's first 4 packs: the rank's batches 1 and 3  # doctest: +SKIP
             4
         """
-        kw = dict(slots=slots, workers=workers, batch_size=batch_size, seed=seed, shuffle=shuffle,
-                  shuffle_buffer=shuffle_buffer)
+        kw: dict[str, Any] = dict(slots=slots, workers=workers, batch_size=batch_size, seed=seed, shuffle=shuffle,
+                                  shuffle_buffer=shuffle_buffer)
         rank, worker = divmod(slot, workers)
-        stage = self.stage()
-        if stage is not None and _mid(stage, epoch):
-            role = rank * workers + (worker - int(stage["shift"])) % workers
-            start = tuple(cursor_from_json(c) for c in stage["start"])
-            return self._plan(positions, start, slot=role, **kw)  # type: ignore[arg-type]
-        start = self.epoch_start(rank=rank, epoch=epoch, **kw)  # type: ignore[arg-type]
-        return self._plan(positions, start, slot=slot, **kw)  # type: ignore[arg-type]
+        segs = self._segments(rank=rank, epoch=epoch, **kw)
+        parts, left = [], positions
+        for k, seg in enumerate(segs):
+            n = seg.counts[worker] if k + 1 < len(segs) else left  # the last one runs on (after skips)
+            n = min(n, left)
+            if n <= 0 and k + 1 < len(segs):
+                continue
+            role = rank * workers + (worker - seg.t0) % workers
+            start = tuple(renumber(c, shifted(-seg.t0, workers)) for c in seg.start)
+            parts.append(self._plan(n, start, slot=role, shares=seg.shares, **kw))
+            left -= n
+            if left <= 0:
+                break
+        return parts[0] if len(parts) == 1 else concat_plans(parts)
 
     def iter_slot(self, *, slot: int, slots: int, workers: int, epoch: int, position: tuple[int, int, int],
                   batch_size: int, seed: int, shuffle: bool, shuffle_buffer: int, read: dict[str, Any],
@@ -441,94 +496,34 @@ def _combined(mixture: Mixture, sources: Sequence[ResolvedSource], max_images: i
 
 
 # ---------------------------------------------------------------------------------------------
-# Cursors at any point of a rank's schedule
+# Segments and stages
 
 
-def cursor_to_json(c: SourceCursor) -> list:
-    """A cursor as plain JSON: ``[pass_no, pos, [[worker, pass_no, start, stop, emitted], ...], frontier]``.
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
+class _Segment:
+    """Rank batches ``[t0, t1)`` of an epoch planned with ``shares`` from ``start`` to ``end`` (the rank's
+    cursors, workers numbered as in the epoch); ``counts``: each worker's positions in it."""
 
-    Example:
-        >>> cursor_to_json(SourceCursor(2, 5))
-        [2, 5, [], False]
-    """
-    return [int(c.pass_no), int(c.pos), [[int(v) for v in h] for h in c.held], bool(c.frontier)]
+    t0: int
+    t1: int
+    shares: tuple[float, ...]
+    start: tuple[SourceCursor, ...]
+    end: tuple[SourceCursor, ...]
+    counts: list[int]
 
 
-def cursor_from_json(value: Sequence[Any]) -> SourceCursor:
-    """The inverse of :func:`cursor_to_json`.
-
-    Example:
-        >>> cursor_from_json([2, 5, [], False])
-        SourceCursor(pass_no=2, pos=5)
-    """
-    pass_no, pos, held, frontier = value
-    return SourceCursor(int(pass_no), int(pos), tuple(tuple(int(v) for v in h) for h in held),  # type: ignore[misc]
-                        bool(frontier))
+def _replay(mix: MixedSources, start: Sequence[SourceCursor], counts: Sequence[int], t0: int,
+            shares: Sequence[float], *, rank: int, slots: int, workers: int, batch_size: int, seed: int,
+            shuffle: bool, shuffle_buffer: int) -> tuple[SourceCursor, ...]:
+    """:func:`rank_cursors` for a segment beginning at the rank's batch ``t0`` (worker ``t0 % workers``
+    plays role 0): ``start``, ``counts`` and the result with workers numbered as in the epoch."""
+    roles = [counts[(u + t0) % workers] for u in range(workers)]
+    begin = [renumber(c, lambda w: (w - t0) % workers) for c in start]
+    end = rank_cursors(mix.layouts, shares, begin, roles, rank=rank, ranks=slots // workers, workers=workers,
+                       batch_size=batch_size, seed=seed, shuffle=shuffle, shuffle_buffer=mix.buffer(shuffle_buffer))
+    return tuple(renumber(c, lambda u: (u + t0) % workers) for c in end)
 
 
 def _mid(stage: Mapping[str, Any] | None, epoch: int) -> bool:
     """Whether ``stage`` began inside ``epoch`` (not at its start, as an anchor does)."""
     return stage is not None and stage["epoch"] == epoch and not stage["anchor"]
-
-
-def _owners(c: SourceCursor, owner: Callable[[int], int]) -> SourceCursor:
-    """``c`` with its held blocks' workers renumbered."""
-    if not c.held:
-        return c
-    return SourceCursor(c.pass_no, c.pos, tuple((owner(h[0]), *h[1:]) for h in c.held), c.frontier)
-
-
-def rank_cursors(layouts: Sequence[SourceLayout], shares: Sequence[float], start: Sequence[SourceCursor],
-                 counts: Sequence[int], *, rank: int, ranks: int, workers: int, batch_size: int, seed: int,
-                 shuffle: bool, shuffle_buffer: int) -> tuple[SourceCursor, ...]:
-    """The rank's cursors once worker ``w`` has emitted the first ``counts[w]`` positions of its plan from
-    ``start`` (:func:`~.schedule.plan_slot`), which need not be whole rounds of the workers' batches.
-
-    ``plan_slot(...).end`` gives the cursors after whole rounds; here the rank's merge is replayed from
-    the workers' plans in the DataLoader's order, each position taking its pack from its worker's block
-    (a worker takes the next block where the merge does), and a block's emitted packs are those among
-    its worker's first ``counts[w]`` (a block taken and not emitted from is held with 0 emitted).
-
-    Example:
-        >>> a = source_layout("a", [6], np.full(6, 10))
-        >>> rank_cursors([a], [1.0], [SourceCursor()], [2], rank=0, ranks=1, workers=1, batch_size=1, seed=0,
-        ...              shuffle=False, shuffle_buffer=1)
-        (SourceCursor(pass_no=0, pos=2),)
-    """
-    kw = dict(seed=seed, cursors=start, shuffle=shuffle, shuffle_buffer=shuffle_buffer, workers=workers,
-              batch_size=batch_size)
-    if workers == 1:
-        return plan_slot(layouts, shares, slot=rank, slots=ranks, per_slot=int(counts[0]), **kw).end  # type: ignore[arg-type]
-    n = -(-max(counts) // batch_size) * batch_size
-    plans = [plan_slot(layouts, shares, slot=rank * workers + w, slots=ranks * workers, per_slot=n, **kw)  # type: ignore[arg-type]
-             for w in range(workers)]
-    streams = [RankStream(layout, c, rank=rank, ranks=ranks, workers=workers, seed=seed, shuffle=shuffle,
-                          shuffle_buffer=shuffle_buffer) for layout, c in zip(layouts, start)]
-    cur: list[list[Any]] = [[None] * len(layouts) for _ in range(workers)]
-    taken: list[tuple[int, Any]] = []
-    emitted: dict[int, int] = {}
-    last = max(((c - 1) // batch_size * workers + w for w, c in enumerate(counts) if c > 0), default=-1)
-    for t in range(last + 1):  # the rank's batches in the DataLoader's order, up to the last one emitted from
-        v, j = t % workers, t // workers
-        plan = plans[v]
-        for p in range(j * batch_size, (j + 1) * batch_size):
-            i = int(plan.source[p])
-            b = cur[v][i]
-            if b is None:
-                b = cur[v][i] = streams[i].take(v)
-                taken.append((i, b))
-                emitted[id(b)] = b.done
-            if int(b.rows[b.done]) != int(plan.row[p]) or b.pass_no != int(plan.pass_no[p]):
-                raise RuntimeError(f"replaying rank {rank}'s merge: worker {v} position {p} is not its block's next "
-                                   "pack; this is a wdspack bug")
-            b.done += 1
-            if p < counts[v]:
-                emitted[id(b)] = b.done
-            if b.done == len(b.rows):
-                cur[v][i] = None
-    held: list[list[Any]] = [[] for _ in layouts]
-    for i, b in taken:
-        b.done = emitted[id(b)]
-        if b.done < len(b.rows):
-            held[i].append(b)
-    return tuple(s.cursor(h) for s, h in zip(streams, held))

@@ -54,6 +54,7 @@ UNITS = ("tokens", "targets", "packs", "images", "samples")
 _ALIASES = {"supervised_tokens": "targets"}
 _SOURCE_KEYS = ("path", "weight", "name", "max_passes")
 _MIXTURE_KEYS = ("sources", "unit")
+_SCHEDULE_KEYS = ("schedule", "every")  # weights over steps (optional)
 _MIXTURE_SUFFIXES = (".yaml", ".yml")
 _EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"  # no chat template
 
@@ -124,9 +125,17 @@ class Mixture:
 
     sources: tuple[MixtureSource, ...]
     unit: str = "tokens"
+    #: weights over steps, piecewise linear: ``((step, {name: weight, ...}), ...)`` (every source named,
+    #: steps increasing); before the first step its weights, after the last the last's. Empty: the
+    #: sources' weights throughout (they also set the epoch's length either way).
+    schedule: tuple[tuple[int, Mapping[str, float]], ...] = ()
+    #: a weight schedule takes effect in segments of this many global steps, each with the weights
+    #: at its middle step
+    every: int = 100
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sources", tuple(self.sources))
+        object.__setattr__(self, "schedule", tuple((p[0], dict(p[1])) for p in self.schedule))
         if not self.sources:
             raise ConfigError("a mixture needs at least one source; give sources: [{path: ..., weight: ...}]")
         for s in self.sources:
@@ -143,6 +152,36 @@ class Mixture:
                 raise ConfigError(f"mixture sources {seen[s.name]!r} and {s.path!r} are both named {s.name!r}; "
                                   "give one of them a name")
             seen[s.name] = s.path
+        if not (isinstance(self.every, int) and not isinstance(self.every, bool) and self.every >= 1):
+            raise ConfigError(f"mixture every={self.every!r}: give the steps per weight segment, an int >= 1")
+        last = -1
+        for step, weights in self.schedule:
+            if not isinstance(step, int) or isinstance(step, bool) or step <= last:
+                raise ConfigError(f"mixture schedule step {step!r}: give ints >= 0, increasing")
+            last = step
+            if sorted(weights) != sorted(seen) or not all(
+                    _is_number(v) and math.isfinite(v) and v > 0 for v in weights.values()):
+                raise ConfigError(f"mixture schedule at step {step} gives {dict(weights)}; give every source "
+                                  f"({sorted(seen)}) a finite weight > 0")
+
+    def shares_at(self, step: float) -> tuple[float, ...]:
+        """The weights (normalised) at global ``step``: the schedule's, linearly interpolated, else :attr:`shares`.
+
+        Example:
+            >>> m = Mixture.of({"sources": [{"path": "a/", "weight": 1}, {"path": "b/", "weight": 1}],
+            ...                 "schedule": [{"step": 0, "weights": {"a": 1, "b": 3}},
+            ...                              {"step": 100, "weights": {"a": 3, "b": 1}}]})
+            >>> m.shares_at(50), m.shares_at(500)
+            ((0.5, 0.5), (0.75, 0.25))
+        """
+        if not self.schedule:
+            return self.shares
+        steps = [p[0] for p in self.schedule]
+        rows = np.array([[p[1][n] for n in self.names] for p in self.schedule], np.float64)
+        rows = rows / rows.sum(axis=1, keepdims=True)
+        w = [float(np.interp(step, steps, rows[:, i])) for i in range(len(self.names))]
+        total = math.fsum(w)
+        return tuple(v / total for v in w)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -185,7 +224,7 @@ class Mixture:
             raise ConfigError(f"cannot read a mixture from {type(value).__name__} {value!r}; pass a Mixture, a "
                               "mixture file, a dict like one, or a list of (path, weight)")
         if unit is not None and unit != mixture.unit:
-            mixture = cls(mixture.sources, unit)
+            mixture = cls(mixture.sources, unit, mixture.schedule, mixture.every)
         return mixture
 
     @classmethod
@@ -218,14 +257,21 @@ class Mixture:
 
 
 def _from_mapping(value: Mapping, *, base: str | None, where: str) -> Mixture:
-    unknown = sorted(str(k) for k in value if k not in _MIXTURE_KEYS)
+    unknown = sorted(str(k) for k in value if k not in _MIXTURE_KEYS + _SCHEDULE_KEYS)
     if unknown:
-        raise ConfigError(f"{where} has unknown keys {unknown}; a mixture has {list(_MIXTURE_KEYS)}")
+        raise ConfigError(f"{where} has unknown keys {unknown}; a mixture has {list(_MIXTURE_KEYS)} and, for "
+                          f"weights over steps, {list(_SCHEDULE_KEYS)}")
     sources = value.get("sources")
     if not isinstance(sources, Sequence) or isinstance(sources, (str, bytes)):
         raise ConfigError(f"{where} has sources={sources!r}; give a list of {{path, weight}} entries")
+    schedule = value.get("schedule") or ()
+    if not isinstance(schedule, Sequence) or not all(
+            isinstance(p, Mapping) and sorted(p) == ["step", "weights"] and isinstance(p["weights"], Mapping)
+            for p in schedule):
+        raise ConfigError(f"{where} has schedule={schedule!r}; give a list of {{step: N, weights: {{name: w}}}}")
     return Mixture(tuple(_source(item, base=base, where=f"{where}, source {k}") for k, item in enumerate(sources)),
-                   unit=str(value.get("unit", "tokens")))
+                   unit=str(value.get("unit", "tokens")),
+                   schedule=tuple((p["step"], p["weights"]) for p in schedule), every=value.get("every", 100))
 
 
 def _source(item: Any, *, base: str | None, where: str) -> MixtureSource:
