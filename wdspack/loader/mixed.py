@@ -216,15 +216,26 @@ class MixedSources:
             # the weights at the segment's middle step (steps: epochs of this mixture's batches, then the batch)
             shares = self.mixture.shares_at(epoch * per_epoch + (t0 + t1) / 2)
             counts = [batch_size * len(range((w - t0) % workers + t0, t1, workers)) for w in range(workers)]
-            end = _replay(self, start, counts, t0, shares, rank=rank, **kw)
+            # the last segment's end only when asked (the next epoch's start): most plans never need it
+            end = _replay(self, start, counts, t0, shares, rank=rank, **kw) if t1 < total else None
             segs.append(_Segment(t0, t1, shares, start, end, counts))
-            start = end
+            start = end  # type: ignore[assignment]
         if not segs:
             segs.append(_Segment(first, first, self.mixture.shares_at(0), start, start, [0] * workers))
         if len(self._segs) > 64:
             self._segs.clear()
         self._segs[key] = segs
         return segs
+
+    def _end(self, *, rank: int, epoch: int, **kw: Any) -> tuple[SourceCursor, ...]:
+        """Where the rank's plan of ``epoch`` ends (its last segment's end, computed once)."""
+        segs = self._segments(rank=rank, epoch=epoch, **kw)
+        last = segs[-1]
+        if last.end is None:
+            end = _replay(self, last.start, last.counts, last.t0, last.shares, rank=rank, **kw)
+            segs[-1] = last = dataclasses.replace(last, end=end)
+        assert last.end is not None
+        return last.end
 
     def epoch_start(self, *, rank: int, slots: int, workers: int, epoch: int, batch_size: int, seed: int,
                     shuffle: bool, shuffle_buffer: int) -> tuple[SourceCursor, ...]:
@@ -248,12 +259,12 @@ class MixedSources:
             elif anchor:
                 origin = tuple(cursor_from_json(c) for c in stage["start"])
             else:
-                origin = self._segments(rank=rank, epoch=stage["epoch"], **kw)[-1].end
+                origin = self._end(rank=rank, epoch=stage["epoch"], **kw)
             starts = self._starts[key] = [origin]
         while len(starts) <= epoch - first:  # every epoch starts where the one before left each source
             e = first + len(starts) - 1
             if self.mixture.schedule:
-                starts.append(self._segments(rank=rank, epoch=e, **kw)[-1].end)
+                starts.append(self._end(rank=rank, epoch=e, **kw))
             else:  # one segment: its plan's end (cheaper than the replay)
                 n = self.epoch.per_slot(slots, batch_size)
                 starts.append(self._plan(n, starts[-1], slot=rank * workers, **kw).end)
@@ -269,7 +280,7 @@ class MixedSources:
             if now != seg.counts:
                 return _replay(self, seg.start, now, seg.t0, seg.shares, rank=rank, **kw)
             done = [d - c for d, c in zip(done, seg.counts)]
-        return segs[-1].end
+        return self._end(rank=rank, epoch=epoch, **kw)
 
     def save_point(self, *, rank: int, slots: int, workers: int, epoch: int, emitted: Sequence[int], batch_size: int,
                    seed: int, shuffle: bool, shuffle_buffer: int) -> dict[str, Any]:
@@ -508,7 +519,7 @@ class _Segment:
     t1: int
     shares: tuple[float, ...]
     start: tuple[SourceCursor, ...]
-    end: tuple[SourceCursor, ...]
+    end: tuple[SourceCursor, ...] | None  # None until asked for (the last segment's)
     counts: list[int]
 
 
