@@ -368,10 +368,11 @@ def check_compatible(names: Sequence[str], manifests: Sequence[Manifest | None])
     tokenizer is often named by a hub id in one place and a local path in another).
 
     Example:
-        >>> check_compatible(["a"], [None])
-        Traceback (most recent call last):
-        ...
-        wdspack.errors.ConfigError: mixture source 'a' has no manifest.json ...
+        >>> try:
+        ...     check_compatible(["a"], [None])
+        ... except ConfigError as e:
+        ...     print(str(e).split(";")[0])
+        mixture source 'a' has no manifest.json (a list of shards without one?)
     """
     for name, m in zip(names, manifests):
         if m is None:
