@@ -165,3 +165,16 @@ def test_fill_within_a_tenth_of_a_percent_of_the_global_plan(tmp_path):
         fills[name] = _job(tmp_path / name, 50, config, "driver-memory").fill_ratio
     assert fills["global"] > 0.99
     assert fills["global"] - fills["grouped"] <= 0.001, fills
+
+
+def test_cli_plan_groups(demo_data, tekken_dir, tmp_path):
+    from wdspack.cli import main
+
+    template = Path(__file__).resolve().parents[1] / "examples" / "chat_templates" / "pixtral.jinja"
+    out = tmp_path / "cli"
+    assert main(["pack", demo_sources(demo_data)[0], "--output", str(out), "--tokenizer", str(tekken_dir),
+                 "--chat-template", str(template), "--image-token", "[IMG]", "--tokens-per-image", "16",
+                 "--seq-len", "2048", "--max-images", "6", "--plan-groups", "1", "--quiet"]) == 0
+    names = [s.name for s in read_manifest(out).shards]
+    assert names and all(n.startswith("train-000000-") for n in names), names
+    assert verify_dataset(str(out), sources=demo_sources(demo_data)[:1]) == []
