@@ -178,3 +178,18 @@ def test_cli_plan_groups(demo_data, tekken_dir, tmp_path):
     names = [s.name for s in read_manifest(out).shards]
     assert names and all(n.startswith("train-000000-") for n in names), names
     assert verify_dataset(str(out), sources=demo_sources(demo_data)[:1]) == []
+
+
+def test_reshard_into_groups_keeps_every_sample_and_drop(global_plan, tmp_path):
+    from wdspack.packer.reshard import reshard_dataset
+
+    ref, _ = global_plan
+    out = tmp_path / "resharded"
+    summary = reshard_dataset(str(ref), out, config=PackConfig(seq_len=4096, max_images=12, plan_group_partitions=1))
+    assert len({s.name.split("-")[1] for s in read_manifest(out).shards}) > 1
+    assert _samples(out) == _samples(ref)
+    t, rt = read_manifest(out).totals, read_manifest(ref).totals
+    assert (t["samples_read"], t["samples_dropped"], t["dropped_by_reason"]) == (
+        rt["samples_read"], rt["samples_dropped"], rt["dropped_by_reason"])
+    assert summary.samples_packed == rt["samples_packed"]
+    assert (out / "dropped.jsonl").read_text() == (ref / "dropped.jsonl").read_text()

@@ -30,6 +30,11 @@ uninterrupted run.
 
 The pieces: :mod:`.config` (what the job is asked, what it did), :mod:`.spool` (the private format
 of the measured samples), :mod:`.selection` (the driver's integers: drops, plan, shards).
+
+With ``PackConfig(plan_group_partitions=N)`` (``wdspack pack --plan-groups N``) everything after
+measuring runs as tasks over groups of ``N`` partitions (:mod:`.partitioned`): the driver keeps
+per-group and per-shard state only, never ids or per-sample integers, so its memory does not grow
+with the sample count (``tests/test_driver_memory.py``).
 """
 
 from __future__ import annotations
