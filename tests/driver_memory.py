@@ -7,6 +7,7 @@ driver does: read the spool's integer columns, select, plan, cut shards and hand
 ``VmHWM``, reset just before it starts); the workers are other processes and not counted.
 
     python tests/driver_memory.py 300000 /tmp/job   →   {"samples": 300000, "growth_bytes": ..., ...}
+    python tests/driver_memory.py 500000 /tmp/job 5 50   (partitioned: groups of 5 of 50 partitions)
 """
 
 from __future__ import annotations
@@ -26,14 +27,14 @@ PARTITIONS = 50
 DESCRIBE = {"tokenizer": {"token_dtype": "<u4", "name": "synthetic"}, "image_policy": {}}
 
 
-def spool(out: Location, n: int) -> None:
+def spool(out: Location, n: int, partitions: int = PARTITIONS) -> None:
     work = out.child(WORK_DIR)
     work.makedirs("spool")
     work.write_atomic("job.json", json.dumps({"fingerprint": "driver-memory"}).encode())
     lens = np.random.default_rng(0).integers(20, 400, n)
     ids, mask = np.arange(400, dtype=np.uint32), np.ones(400, np.uint8)
-    per = -(-n // PARTITIONS)
-    for i in range(PARTITIONS):
+    per = -(-n // partitions)
+    for i in range(partitions):
         with SpoolWriter(str(work), i) as w:
             for j in range(i * per, min(n, (i + 1) * per)):
                 w.add(f"source-{i:03d}.jsonl:{j}", ids[: lens[j]], mask[: lens[j]], [], [])
@@ -45,16 +46,17 @@ def _status(field: str) -> int:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
 
 
-def main(n: int, folder: str) -> dict:
+def main(n: int, folder: str, group: int | None = None, partitions: int = PARTITIONS) -> dict:
     out = Location(folder)
-    spool(out, n)
+    spool(out, n, partitions)
     with open("/proc/self/clear_refs", "w") as f:  # reset the high-water mark to the current RSS
         f.write("5")
     before = _status("VmRSS")
     start = time.perf_counter()
     # many shards: few in flight
-    config = PackConfig(seq_len=4096, shard_max_bytes=2_000_000, run=RunOptions(workers=2))
-    summary = run_job(out, "driver-memory", lambda *a: None, [(i,) for i in range(PARTITIONS)], config,
+    config = PackConfig(seq_len=4096, shard_max_bytes=2_000_000, plan_group_partitions=group,
+                        run=RunOptions(workers=2))
+    summary = run_job(out, "driver-memory", lambda *a: None, [(i,) for i in range(partitions)], config,
                       describe=lambda: DESCRIBE, sources=["synthetic"], provenance={}, resume=True,
                       progress=False, start=start)
     hwm = _status("VmHWM")
@@ -63,4 +65,5 @@ def main(n: int, folder: str) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(int(sys.argv[1]), sys.argv[2])))
+    group = int(sys.argv[3]) if len(sys.argv) > 3 else None
+    print(json.dumps(main(int(sys.argv[1]), sys.argv[2], group, *(int(a) for a in sys.argv[4:5]))))

@@ -181,6 +181,9 @@ def _add_pack(sub) -> None:
     p.add_argument("--algorithm", default="bfd", help="greedy | shuffle | ffd | bfd | balanced (default bfd)")
     p.add_argument("--shard-size", default="512MB", help="roll over shards at this size (default 512MB)")
     p.add_argument("--shard-packs", type=int, help="roll over shards at this many packs")
+    p.add_argument("--plan-groups", type=int, metavar="N",
+                   help="plan groups of N partitions in tasks, each writing its own shards: the driver holds no "
+                        "per-sample state (for jobs of 10 M+ samples; default: one global plan)")
     p.add_argument("--workers", type=int, default=1, help="processes for tokenizing and writing (default 1)")
     p.add_argument("--executor", choices=("local", "ray"), default="local",
                    help="run tokenizing and writing here (local, default: --workers processes) or as Ray "
@@ -222,7 +225,8 @@ def _run_pack(args: argparse.Namespace) -> int:
                      max_drop_fraction=_drop_fraction(args))
     config = PackConfig(seq_len=args.seq_len, max_images=args.max_images, algorithm=args.algorithm,
                         seed=args.seed, shard_max_bytes=parse_size(args.shard_size),
-                        shard_max_packs=args.shard_packs, on_error=args.on_error, split=args.split, run=run)
+                        shard_max_packs=args.shard_packs, on_error=args.on_error, split=args.split,
+                        plan_group_partitions=args.plan_groups, run=run)
     summary = pack_dataset(args.sources, args.output, sample_config=sample_config, config=config,
                    image_root=args.image_root, resume=args.resume, progress=not args.quiet)
     for line in summary.lines():

@@ -30,6 +30,11 @@ uninterrupted run.
 
 The pieces: :mod:`.config` (what the job is asked, what it did), :mod:`.spool` (the private format
 of the measured samples), :mod:`.selection` (the driver's integers: drops, plan, shards).
+
+With ``PackConfig(plan_group_partitions=N)`` (``wdspack pack --plan-groups N``) everything after
+measuring runs as tasks over groups of ``N`` partitions (:mod:`.partitioned`): the driver keeps
+per-group and per-shard state only, never ids or per-sample integers, so its memory does not grow
+with the sample count (``tests/test_driver_memory.py``).
 """
 
 from __future__ import annotations
@@ -49,13 +54,14 @@ import numpy as np
 
 from .._version import __version__
 from ..errors import Dropped, OutputError, SampleError
-from ..format.manifest import MANIFEST_NAME, Manifest, ShardInfo
+from ..format.manifest import DROPPED_NAME, MANIFEST_NAME, Manifest, ShardInfo
 from ..format.pack import encode_pack
 from ..format.pack_index import INDEX_NAME, build_index, encode_index, index_entry, member_offsets
 from ..format.tar import ShardWriter, shard_name
 from ..storage.location import Location, stat_tag
 from .config import PackConfig, PackSummary
 from .executors import ProgressLog, check_executor, progress_interval, run_tasks
+from .partitioned import check_sources, plan_partitioned
 from .samples import SampleConfig, get_builder
 from .selection import Measured, assign_shards, check_drops, plan_selected, select_samples, write_dropped
 from .sources import Partition, Source, TextRecord, iter_records, list_partitions
@@ -153,6 +159,10 @@ def run_job(out: Location, fingerprint: str, measure: Callable[..., Any], tasks:
     work = _prepare_output(out, fingerprint, resume=resume)
     if work is None:  # already complete
         return _summary_from_manifest(out, time.perf_counter() - start)
+    if config.plan_group_partitions is not None:
+        return _run_partitioned(out, work, measure, tasks, config, info=info, sources=sources,
+                                provenance=provenance, progress=progress, start=start, carried=carried,
+                                samples_read=samples_read, source_names=source_names)
     measured = _measure(measure, tasks, work, config, progress=progress)
     info = measured.describe or info
     table = select_samples(measured, config, source_names=source_names)
@@ -182,6 +192,54 @@ def run_job(out: Location, fingerprint: str, measure: Callable[..., Any], tasks:
         bytes=sum(i.bytes for i in infos), seconds=time.perf_counter() - start, resumed_shards=kept,
         image_policy=manifest.image_policy,
     )
+
+
+def _run_partitioned(out: Location, work: Location, measure: Callable[..., Any], tasks: list[tuple],
+                     config: PackConfig, *, info: dict[str, Any], sources: Sequence[str],
+                     provenance: dict[str, Any], progress: bool, start: float, carried: Sequence[Dropped],
+                     samples_read: int | None, source_names: Sequence[str]) -> PackSummary:
+    """:func:`run_job` with ``plan_group_partitions``: measure, then plan and write in groups
+    (:mod:`.partitioned`); the driver holds per-group and per-shard state only."""
+    check_sources(source_names)
+    done = work.listdir("spool")
+    todo = [t + (str(work),) for t in tasks if meta_name(t[0]) not in done]
+    for _ in _run(measure, todo, config, total=len(todo), desc="measure", unit="part", progress=progress):
+        pass
+    if tasks:
+        info = read_meta(work, 0)["describe"] or info
+
+    def run(fn: Callable[..., Any], group_tasks: list[tuple], desc: str) -> Iterable[Any]:
+        return _run(fn, group_tasks, config, total=len(group_tasks), desc=desc, unit="task", progress=progress)
+
+    def check(new: list[Dropped], records: int, packed: int) -> None:
+        check_drops(out, Measured(dropped=new, records=records), {"dropped": [], "keep": np.ones(packed, bool)},
+                    config, carried=carried)
+
+    result, records, n_dropped, entry = plan_partitioned(
+        out, work, len(tasks), config, token_dtype=info["tokenizer"]["token_dtype"], run=run, carried=carried,
+        check=check)
+    read = records if samples_read is None else samples_read
+    dropped_counts = Counter(json.loads(line)["reason"] for line in _lines(out, DROPPED_NAME))
+    manifest = _build_manifest(sources, config, info, list(result.shards), read, [], provenance,
+                               pack_index=entry, max_samples_per_pack=result.max_samples_per_pack,
+                               max_images_per_pack=result.max_images_per_pack,
+                               max_image_tokens_per_pack=result.max_image_tokens_per_pack,
+                               dropped_counts=(n_dropped, dict(sorted(dropped_counts.items()))))
+    out.write_atomic(MANIFEST_NAME, manifest.to_json().encode())
+    out.remove(WORK_DIR)
+    totals = manifest.totals
+    return PackSummary(
+        output=str(out), samples_read=totals["samples_read"], samples_packed=totals["samples_packed"],
+        dropped_by_reason=totals["dropped_by_reason"], packs=totals["packs"], tokens=totals["tokens"],
+        images=totals["images"], fill_ratio=totals["fill_ratio"], shards=len(result.shards),
+        bytes=sum(i.bytes for i in result.shards), seconds=time.perf_counter() - start,
+        image_policy=manifest.image_policy)
+
+
+def _lines(out: Location, name: str) -> Iterable[bytes]:
+    """The lines of ``name``, read as a stream (``dropped.jsonl`` may be large)."""
+    with out.open_read(name) as f:
+        yield from f
 
 
 # ---------------------------------------------------------------------------------------------
@@ -390,13 +448,14 @@ def _info_of_existing(out: Location, name: str, packs, table) -> tuple[ShardInfo
 
 def _build_manifest(sources, config: PackConfig, describe, infos, records: int, dropped: list[Dropped],
                     extra: dict[str, Any], *, pack_index: dict[str, Any], max_samples_per_pack: int,
-                    max_images_per_pack: int, max_image_tokens_per_pack: int) -> Manifest:
+                    max_images_per_pack: int, max_image_tokens_per_pack: int,
+                    dropped_counts: tuple[int, dict[str, int]] | None = None) -> Manifest:
     packs = sum(i.packs for i in infos)
     tokens = sum(i.tokens for i in infos)
-    by_reason = dict(sorted(Counter(d.reason for d in dropped).items()))
+    n_dropped, by_reason = dropped_counts or (len(dropped), dict(sorted(Counter(d.reason for d in dropped).items())))
     totals = {
         "samples_read": records, "samples_packed": sum(i.samples for i in infos),
-        "samples_dropped": len(dropped), "dropped_by_reason": by_reason, "packs": packs,
+        "samples_dropped": n_dropped, "dropped_by_reason": by_reason, "packs": packs,
         "tokens": tokens, "images": sum(i.images for i in infos),
         "fill_ratio": round(tokens / (packs * config.seq_len), 6) if packs else 0.0,
         "bytes": sum(i.bytes for i in infos),

@@ -1,0 +1,300 @@
+"""Partitioned planning: the pack job's plan made by tasks, the driver holding no per-sample state.
+
+With ``PackConfig(plan_group_partitions=G)`` the measured partitions are cut into groups of ``G``
+consecutive partitions, and every step after measuring runs as tasks of the job's executor::
+
+    spool/*.meta ──bucket (one task per group)──► plan/ids-{g}-{b}   ids hashed into B buckets
+    plan/ids-*-{b} ──duplicates (one task per bucket)──► plan/dup-{b}   (part, row) of each repeat
+    spool + plan/dup-* ──select (one task per group)──► plan/drop-{g}.jsonl, counts
+                       (the driver checks the drop tolerance from the counts)
+    spool + plan/dup-* ──plan and write (one task per group)──► {split}-{g:06d}-{s:04d}.tar, plan/done-{g}
+
+The driver keeps per-group counts and per-shard :class:`~wdspack.format.manifest.ShardInfo` only;
+sample ids never reach it. Duplicate ids are found across the whole job: every id goes to bucket
+``crc32(id) % B``, so all copies of an id meet in one bucket task, which keeps the first in input
+order (lowest partition, then row), the rule :func:`~.selection.select_samples` applies, and drops
+the others. Each group is planned on its own (``plan_packs`` on its kept samples, the packs shuffled
+by a generator seeded with ``(seed, group)``) and cut into shards named by the group, so the output
+is the same bytes for the same inputs, seed and ``plan_group_partitions``, wherever the tasks run;
+it differs from the global plan's (other shard names and pack order), which is why the field is an
+output-deciding one. A group's shards and ``plan/done-{g}`` appear only when it is complete, so a
+killed job resumed redoes only unfinished groups.
+
+Limits: ids that two sources share are not namespaced here (the job refuses several sources);
+``dropped.jsonl`` lists drops group by group.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import itertools
+import json
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from ..errors import ConfigError, Dropped, SampleError
+from ..format.manifest import DROPPED_NAME, ShardInfo
+from ..format.pack import encode_pack
+from ..format.pack_index import COLUMNS, INDEX_NAME, build_index
+from ..format.tar import ShardWriter
+from ..storage.location import Location
+from .config import PackConfig
+from .selection import assign_shards, plan_selected
+from .spool import SpoolReader, assemble_pack, read_meta
+
+__all__ = ["BUCKETS", "GroupResult", "group_shard_name", "plan_partitioned"]
+
+#: Buckets the ids are hashed into: one duplicate-check task each.
+BUCKETS = 64
+_COLUMNS = ("tokens", "images", "image_bytes", "image_tokens", "targets", "offsets", "lengths")
+
+
+def group_shard_name(split: str, group: int, shard: int) -> str:
+    """``{split}-{group:06d}-{shard:04d}.tar``: a partitioned job's shard, named by its group.
+
+    Example:
+        >>> group_shard_name("train", 3, 1)
+        'train-000003-0001.tar'
+    """
+    return f"{split}-{group:06d}-{shard:04d}.tar"
+
+
+@dataclass(frozen=True, slots=True)
+class GroupResult:
+    """What one group's plan-and-write task leaves for the driver (per shard, never per sample)."""
+
+    shards: tuple[ShardInfo, ...]
+    max_samples_per_pack: int
+    max_images_per_pack: int
+    max_image_tokens_per_pack: int
+
+
+def _groups(parts: int, size: int) -> list[list[int]]:
+    return [list(range(a, min(parts, a + size))) for a in range(0, parts, size)]
+
+
+def _bucket_of(sample_id: str) -> int:
+    return zlib.crc32(sample_id.encode()) % BUCKETS
+
+
+def _bucket_task(g: int, parts: Sequence[int], work: str) -> int:
+    """Write the group's ``(id, part, row)`` triples into one file per bucket."""
+    loc = Location(work)
+    buckets: list[list[list[Any]]] = [[[], [], []] for _ in range(BUCKETS)]
+    for i in parts:
+        for row, sid in enumerate(read_meta(loc, i)["ids"]):
+            cols = buckets[_bucket_of(sid)]
+            cols[0].append(sid)
+            cols[1].append(i)
+            cols[2].append(row)
+    for b, bucket in enumerate(buckets):
+        loc.write_atomic(f"plan/ids-{g:06d}-{b:04d}", msgpack.packb(bucket, use_bin_type=True))
+    return g
+
+
+def _duplicate_task(b: int, groups: int, work: str) -> int:
+    """Find the repeats of bucket ``b``: every copy of an id but the first in input order."""
+    loc = Location(work)
+    first: dict[str, tuple[int, int]] = {}
+    repeats: list[tuple[int, int]] = []
+    for g in range(groups):  # groups, parts and rows ascend: the first seen is the first in input order
+        ids, parts, rows = msgpack.unpackb(loc.read_bytes(f"plan/ids-{g:06d}-{b:04d}"), raw=False)
+        for sid, p, r in zip(ids, parts, rows):
+            if sid in first:
+                repeats.append((p, r))
+            else:
+                first[sid] = (p, r)
+    loc.write_atomic(f"plan/dup-{b:04d}", msgpack.packb(repeats, use_bin_type=True))
+    return len(repeats)
+
+
+def _group_table(loc: Location, parts: Sequence[int], seq_len: int,
+                 max_images: int | None) -> tuple[dict[str, Any], list[Dropped]]:
+    """The group's samples as a table (ids, integer columns, keep), and its drops in input order:
+    the measure drops, then duplicates and samples over a budget, as :func:`select_samples` gives them."""
+    repeats: set[tuple[int, int]] = set()
+    first, last = parts[0], parts[-1]
+    for b in range(BUCKETS):
+        repeats.update((p, r) for p, r in msgpack.unpackb(loc.read_bytes(f"plan/dup-{b:04d}"), raw=False)
+                       if first <= p <= last)
+    ids: list[str] = []
+    cols: dict[str, list[np.ndarray]] = {c: [] for c in (*_COLUMNS, "part")}
+    dropped: list[Dropped] = []
+    for i in parts:
+        meta = read_meta(loc, i)
+        ids.extend(meta["ids"])
+        for c in _COLUMNS:
+            cols[c].append(np.frombuffer(meta[c], np.int64))
+        cols["part"].append(np.full(len(meta["ids"]), i, np.int64))
+        dropped.extend(Dropped(*d) for d in meta["dropped"])
+    cat = {c: np.concatenate(v) if v else np.zeros(0, np.int64) for c, v in cols.items()}
+    keep = np.ones(len(ids), bool)
+    rows = np.concatenate([np.arange(len(x)) for x in cols["tokens"]]) if ids else np.zeros(0, np.int64)
+    for j, sid in enumerate(ids):
+        if (int(cat["part"][j]), int(rows[j])) in repeats:
+            keep[j] = False
+            dropped.append(Dropped(sid, "duplicate_id", f"id {sid!r} is used by more than one record; the first "
+                                   "is kept: give every record its own 'id' (or remove the 'id' fields to name "
+                                   "records '{file}:{row}')"))
+        elif cat["tokens"][j] > seq_len:
+            keep[j] = False
+            dropped.append(Dropped(sid, "too_long", f"{int(cat['tokens'][j])} tokens > seq_len {seq_len}; "
+                                   "raise --seq-len to keep it"))
+        elif max_images is not None and cat["images"][j] > max_images:
+            keep[j] = False
+            dropped.append(Dropped(sid, "too_many_images", f"{int(cat['images'][j])} images > max_images "
+                                   f"{max_images}; raise --max-images to keep it"))
+    table = {"ids": ids, "tokens": cat["tokens"], "images": cat["images"], "part": cat["part"],
+             "offset": cat["offsets"], "length": cat["lengths"], "image_bytes": cat["image_bytes"],
+             "image_tokens": cat["image_tokens"], "targets": cat["targets"], "keep": keep}
+    return table, dropped
+
+
+def _select_task(g: int, parts: Sequence[int], work: str, seq_len: int, max_images: int | None,
+                 on_error: str) -> list[int]:
+    """Write the group's drops (``plan/drop-{g}.jsonl``); return [records, drops, packed]."""
+    loc = Location(work)
+    table, dropped = _group_table(loc, parts, seq_len, max_images)
+    _raise_first(dropped, on_error)
+    records = sum(read_meta(loc, i)["records"] for i in parts)
+    text = "".join(json.dumps(d.to_json(), ensure_ascii=False) + "\n" for d in dropped)
+    loc.write_atomic(f"plan/drop-{g:06d}.jsonl", text.encode())
+    return [records, len(dropped), int(table["keep"].sum())]
+
+
+def _plan_task(g: int, parts: Sequence[int], work: str, out: str, config: PackConfig, token_dtype: str,
+               itemsize: int) -> int:
+    """Plan the group's kept samples, write its shards and ``plan/done-{g}`` (infos, index rows)."""
+    loc, dest = Location(work), Location(out)
+    table, _ = _group_table(loc, parts, config.seq_len, config.max_images)
+    plan = plan_selected(table, config)
+    order = np.random.default_rng([config.seed, g]).permutation(len(plan))  # each group its own pack order
+    plan = [plan[k] for k in order]
+    shard_plans = assign_shards(plan, table, config, token_itemsize=itemsize)
+    infos, offsets = [], []
+    with SpoolReader(work) as spool:
+        for s, packs in enumerate(shard_plans):
+            with ShardWriter(dest.join(group_shard_name(config.split, g, s))) as writer:
+                for k, pack in enumerate(packs):
+                    samples = spool.read([(int(table["part"][j]), int(table["offset"][j]), int(table["length"][j]))
+                                          for j in pack])
+                    for sample, j in zip(samples, pack):
+                        sample[0] = table["ids"][j]
+                    p = assemble_pack(samples)
+                    writer.add(f"{g:06d}{s:04d}{k:06d}", encode_pack(p, token_dtype=token_dtype),
+                               samples=p.num_samples, tokens=p.num_tokens, images=p.num_images)
+                infos.append(writer.close())
+                offsets.append(writer.offsets)
+    index = build_index(shard_plans, offsets, table)
+    records = sum(read_meta(loc, i)["records"] for i in parts)
+    result = {"records": records, "shards": [_info_json(i) for i in infos], "index": index.astype("<i8").tobytes(),
+              "max": [max((len(p) for p in plan), default=0),
+                      max((int(table["images"][p].sum()) for p in plan), default=0),
+                      max((int(table["image_tokens"][p].sum()) for p in plan), default=0)]}
+    loc.write_atomic(f"plan/done-{g:06d}", msgpack.packb(result, use_bin_type=True))
+    return g
+
+
+def _info_json(info: ShardInfo) -> list[Any]:
+    return [info.name, info.packs, info.samples, info.tokens, info.images, info.bytes, info.sha256]
+
+
+def _iter_drops(work: Location, groups: int) -> Iterator[Dropped]:
+    for g in range(groups):
+        for line in work.read_bytes(f"plan/drop-{g:06d}.jsonl").splitlines():
+            d = json.loads(line)
+            yield Dropped(d["id"], d["reason"], d["detail"])
+
+
+def _read_done(work: Location, g: int) -> dict[str, Any]:
+    return msgpack.unpackb(work.read_bytes(f"plan/done-{g:06d}"), raw=False)
+
+
+def plan_partitioned(out: Location, work: Location, parts: int, config: PackConfig, *, token_dtype: str,
+                     run: Callable[..., Iterable[Any]], carried: Sequence[Dropped],
+                     check: Callable[[list[Dropped], int, int], None]) -> tuple[GroupResult, int, int, dict[str, Any]]:
+    """Plan and write ``parts`` measured partitions in groups; write ``dropped.jsonl`` and the pack index.
+
+    ``run(fn, tasks, desc)`` runs tasks on the job's executor (results in order); ``check(drops,
+    records, packed)`` is the drop tolerance (it raises; ``drops`` are loaded only when over it).
+    Returns ``(result, records, drops, index_entry)``: the job's shards and maxima, the records
+    read, the drops listed, and the manifest's ``pack_index`` entry (the index is written, streamed).
+
+    Example:
+        >>> plan_partitioned(out, work, 120, PackConfig(seq_len=4096, plan_group_partitions=10), token_dtype="<u4",
+        ...                  run=run, carried=(), check=check)  # doctest: +SKIP
+    """
+    size = config.plan_group_partitions
+    if size is None:
+        raise ConfigError("plan_partitioned needs PackConfig(plan_group_partitions=N), N >= 1")
+    groups = _groups(parts, size)
+    work.makedirs("plan")
+    present = work.listdir("plan")
+    todo = [g for g in range(len(groups)) if f"done-{g:06d}" not in present]
+    if todo:  # a job whose groups are all written needs no selection again
+        for _ in run(_bucket_task, [(g, p, str(work)) for g, p in enumerate(groups)], "bucket"):
+            pass
+        for _ in run(_duplicate_task, [(b, len(groups), str(work)) for b in range(BUCKETS)], "duplicates"):
+            pass
+        counts = list(run(_select_task, [(g, p, str(work), config.seq_len, config.max_images, config.on_error)
+                                         for g, p in enumerate(groups)], "select"))
+        records, drops, packed = (sum(c[k] for c in counts) for k in range(3))
+        limit = config.run.max_drop_fraction
+        if not packed or (limit is not None and records and drops / records > limit):
+            check(list(_iter_drops(work, len(groups))), records, packed)
+        itemsize = np.dtype(token_dtype).itemsize
+        for _ in run(_plan_task, [(g, groups[g], str(work), str(out), config, token_dtype, itemsize)
+                                  for g in todo], "plan+write"):
+            pass
+    with out.open_write(f".{DROPPED_NAME}.tmp") as f:  # streamed: the drops never sit in the driver
+        for d in carried:
+            f.write((json.dumps(d.to_json(), ensure_ascii=False) + "\n").encode())
+        drops = len(carried)
+        for g in range(len(groups)):
+            data = work.read_bytes(f"plan/drop-{g:06d}.jsonl")
+            drops += data.count(b"\n")
+            f.write(data)
+    out.commit(f".{DROPPED_NAME}.tmp", DROPPED_NAME)
+    shards: list[ShardInfo] = []
+    maxima, records, packs = [0, 0, 0], 0, 0
+    for g in range(len(groups)):  # per-shard state only: the index rows are streamed below
+        done = _read_done(work, g)
+        shards.extend(ShardInfo(*s) for s in done["shards"])
+        maxima = [max(a, b) for a, b in zip(maxima, done["max"])]
+        records += done["records"]
+        packs += len(done["index"]) // (8 * len(COLUMNS))
+    digest = hashlib.sha256()
+    with out.open_write(f".{INDEX_NAME}.tmp") as f:  # the .npy header, then each group's rows
+        head = io.BytesIO()
+        np.lib.format.write_array_header_1_0(head, {"descr": "<i8", "fortran_order": False,
+                                                    "shape": (packs, len(COLUMNS))})
+        size = 0
+        for data in itertools.chain([head.getvalue()], (_read_done(work, g)["index"] for g in range(len(groups)))):
+            digest.update(data)
+            f.write(data)
+            size += len(data)
+    out.commit(f".{INDEX_NAME}.tmp", INDEX_NAME)
+    entry = {"file": INDEX_NAME, "columns": list(COLUMNS), "bytes": size, "sha256": digest.hexdigest()}
+    return GroupResult(tuple(shards), *maxima), records, drops, entry
+
+
+def check_sources(source_names: Sequence[str]) -> None:
+    """Refuse several sources: their shared ids are namespaced by the global plan only."""
+    if len(set(source_names)) > 1:
+        raise ConfigError("plan_group_partitions (partitioned planning) packs one source per job: ids two sources "
+                          "share are namespaced by the global plan only; pack each source on its own, or leave "
+                          "plan_group_partitions unset")
+
+
+def _raise_first(dropped: list[Dropped], on_error: str) -> None:
+    """``on_error='raise'``: the first drop stops the job, as in the global plan."""
+    if on_error == "raise" and dropped:
+        d = dropped[0]
+        skip = "" if d.reason == "duplicate_id" else " (or pass --on-error skip)"
+        raise SampleError(d.reason, f"{d.detail}{skip}", sample_id=d.sample_id)
