@@ -182,16 +182,7 @@ def run_job(out: Location, fingerprint: str, measure: Callable[..., Any], tasks:
                                max_images_per_pack=max((int(table["images"][p].sum()) for p in plan), default=0),
                                max_image_tokens_per_pack=max((int(table["image_tokens"][p].sum()) for p in plan),
                                                              default=0))
-    out.write_atomic(MANIFEST_NAME, manifest.to_json().encode())
-    out.remove(WORK_DIR)
-    totals = manifest.totals
-    return PackSummary(
-        output=str(out), samples_read=totals["samples_read"], samples_packed=totals["samples_packed"],
-        dropped_by_reason=totals["dropped_by_reason"], packs=totals["packs"], tokens=totals["tokens"],
-        images=totals["images"], fill_ratio=totals["fill_ratio"], shards=len(infos),
-        bytes=sum(i.bytes for i in infos), seconds=time.perf_counter() - start, resumed_shards=kept,
-        image_policy=manifest.image_policy,
-    )
+    return _finish(out, manifest, infos, start=start, resumed_shards=kept)
 
 
 def _run_partitioned(out: Location, work: Location, measure: Callable[..., Any], tasks: list[tuple],
@@ -225,14 +216,20 @@ def _run_partitioned(out: Location, work: Location, measure: Callable[..., Any],
                                max_images_per_pack=result.max_images_per_pack,
                                max_image_tokens_per_pack=result.max_image_tokens_per_pack,
                                dropped_counts=(n_dropped, dict(sorted(dropped_counts.items()))))
+    return _finish(out, manifest, result.shards, start=start)
+
+
+def _finish(out: Location, manifest, shards: Sequence[Any], *, start: float, resumed_shards: int = 0) -> PackSummary:
+    """Write the manifest (the job's last word: a dataset without it is unfinished), drop the work
+    folder, and say what the job did."""
     out.write_atomic(MANIFEST_NAME, manifest.to_json().encode())
     out.remove(WORK_DIR)
     totals = manifest.totals
     return PackSummary(
         output=str(out), samples_read=totals["samples_read"], samples_packed=totals["samples_packed"],
         dropped_by_reason=totals["dropped_by_reason"], packs=totals["packs"], tokens=totals["tokens"],
-        images=totals["images"], fill_ratio=totals["fill_ratio"], shards=len(result.shards),
-        bytes=sum(i.bytes for i in result.shards), seconds=time.perf_counter() - start,
+        images=totals["images"], fill_ratio=totals["fill_ratio"], shards=len(shards),
+        bytes=sum(i.bytes for i in shards), seconds=time.perf_counter() - start, resumed_shards=resumed_shards,
         image_policy=manifest.image_policy)
 
 
