@@ -151,3 +151,16 @@ def pack_numbers(input_ids) -> list[int]:
     if ids.ndim == 1:
         ids = ids[None]
     return [int(row[0]) - PACK_ID_BASE for row in ids]
+
+
+#: The three small sources the mixture tests read: packs per shard of each.
+MIXTURE_COUNTS = {"a": [5, 7, 6], "b": [9, 4], "c": [4, 4, 4]}
+
+
+def write_mixture_sources(base: Path, counts: dict[str, list[int]] = MIXTURE_COUNTS) -> Path:
+    """One dataset per name under ``base``, each with a pack index; only the first holds images
+    (a text-only source can join an image mix). Returns ``base``."""
+    for k, (name, shard_counts) in enumerate(counts.items()):
+        write_dataset(base / name, shards=len(shard_counts), packs_per_shard=shard_counts, seq_len=64,
+                      max_images=2 if k == 0 else 0, seed=10 + k, pack_index=True)
+    return base

@@ -14,25 +14,21 @@ import numpy as np
 import pytest
 import torch
 
-from synthetic import pack_numbers, write_dataset
+from synthetic import MIXTURE_COUNTS, pack_numbers, write_dataset, write_mixture_sources
 from wdspack.errors import ConfigError
 from wdspack.format.pack_index import COLUMNS, INDEX_NAME
 from wdspack.loader import Mixture, MixtureSource, PackedDataset, make_loader
 from wdspack.train.loss import token_losses
 from wdspack.train.mixture import per_source_losses
 
-COUNTS = {"a": [5, 7, 6], "b": [9, 4], "c": [4, 4, 4]}
+COUNTS = MIXTURE_COUNTS
 WEIGHTS = {"a": 0.5, "b": 0.3, "c": 0.2}
 OPTIONS = dict(batch_size=2, shuffle_buffer=9, seed=3, text_only=True)
 
 
 @pytest.fixture(scope="module")
 def roots(tmp_path_factory):
-    base = tmp_path_factory.mktemp("mixture")
-    for k, (name, counts) in enumerate(COUNTS.items()):
-        write_dataset(base / name, shards=len(counts), packs_per_shard=counts, seq_len=64,
-                      max_images=2 if name == "a" else 0, seed=10 + k, pack_index=True)
-    return base
+    return write_mixture_sources(tmp_path_factory.mktemp("mixture"), COUNTS)
 
 
 def _mix(roots, weights=WEIGHTS):
