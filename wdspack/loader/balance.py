@@ -219,7 +219,8 @@ def choose_run(counts: Sequence[int], costs: Sequence[np.ndarray], *, remote: bo
     """The packs per request of ``balance="cost"`` when the user gives none.
 
     A run is read with one request, and a shorter run lets the dealing even out the ranks better
-    (on 755 packs over 8 ranks, 2 packs a step: 1.071 at 32 packs per run, 1.004 at 1; tools/bench_balance.py). Local files
+    (on 755 packs over 8 ranks, 2 packs a step: 1.071 at 32 packs per run, 1.004 at 1;
+    tools/bench_balance.py). Local files
     make requests free, so every pack is its own run there; over a network the longest of
     :data:`RUNS` whose epoch-0 plan keeps :func:`waiting` within ``target`` is taken (the shortest
     when none does). The choice is a pure function of the integers every slot holds.
