@@ -156,6 +156,32 @@ def measure_stage(sources: list[str], sample_config, config, work: Path) -> call
     return run
 
 
+def chat_stages(builder, path: Path, repeats: int) -> dict:
+    """Where a chat record's measure time goes, CPU ms per 1,000 records: reading the records (JSON
+    lines, image files), checking their images, and the text (render with the assistant spans,
+    tokenize with offsets, the loss mask and image tokens) by the builder, which is the floor's work."""
+    from wdspack.packer.samples import span_mask
+    from wdspack.packer.sources import list_partitions
+    from wdspack.packer.sources.readers import iter_records
+
+    parts = list_partitions([str(path)], records_per_partition=10**9)
+    records = [r for p in parts for r in iter_records(p)]
+    checked = [(r, builder._prepare_images(r.images, r.sample_id)) for r in records]
+    messages = [[builder._message(m) for m in r.messages] for r in records]
+
+    def text() -> None:
+        for (r, (images, counts)), m in zip(checked, messages):
+            t, spans = builder._render(m, r.sample_id)
+            ids, offsets = builder._encoder(t)
+            builder._expand(r.sample_id, ids, span_mask(offsets, spans), images, counts)
+
+    n = len(records) / 1000
+    return {"read_ms": _best(lambda: [r for p in parts for r in iter_records(p)], repeats) * 1000 / n,
+            "images_ms": _best(lambda: [builder._prepare_images(r.images, r.sample_id) for r in records],
+                               repeats) * 1000 / n,
+            "text_ms": _best(text, repeats) * 1000 / n}
+
+
 def pack_run(sources: list[str], sample_config, config, out: Path) -> callable:
     from wdspack.packer.job import pack_dataset
 
@@ -190,6 +216,8 @@ def bench(n_chat: int, n_captions: int, repeats: int, work: Path) -> dict:
     row = {"records": n_chat, "rounds_mean": round(float(np.mean([len(c) / 2 for c in convs])), 2)}
     row["floor_sps"] = n_chat / _best(floor, repeats)
     row["measure_sps"] = n_chat / _best(measure_stage([str(path)], chat_cfg, config, work / "spool-chat"), repeats)
+    row["stages_ms_per_1000"] = {k: round(v, 1) for k, v in chat_stages(builder, path, repeats).items()}
+    row["stages_ms_per_1000"]["floor_ms"] = round(1e6 / row["floor_sps"], 1)
     row["pack_sps"] = n_chat / _best(pack_run([str(path)], chat_cfg, config, work / "out-chat"), repeats)
     result["chat"] = _ratios(row)
 
@@ -232,6 +260,11 @@ def main(argv: list[str] | None = None) -> int:
             r = result[name]
             print(f"{name:9s} floor {r['floor_sps']:8.1f}/s  measure {r['measure_sps']:8.1f}/s "
                   f"({r['measure_vs_floor']:.0%})  pack {r['pack_sps']:8.1f}/s ({r['pack_vs_floor']:.0%})")
+    if "chat" in result:
+        st = result["chat"]["stages_ms_per_1000"]
+        print(f"chat, CPU ms per 1000 records: floor {st['floor_ms']:.0f} | the job's text work {st['text_ms']:.0f} "
+              f"({st['text_ms'] / st['floor_ms']:.0%} of the floor), reading records {st['read_ms']:.0f}, "
+              f"checking images {st['images_ms']:.0f}")
     print(f"start-up (tokenizer + template checks): {result['startup_s']:.2f} s per process")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")

@@ -44,6 +44,7 @@ from PIL import Image
 
 from ..errors import ConfigError, SampleError
 from ..format.pack import token_dtype_for
+from .fastpath import ChatRenderer, TextEncoder
 from .render import learn_layout, mark_assistant, spans_from_marked
 from .render import typed_content as _typed_content
 from .sources.documents import TextRecord
@@ -146,6 +147,22 @@ def check_template_syntax(template: str, where: str) -> None:
             raise ConfigError(f"{where}, line {e.lineno}: {e.message}; fix the template's Jinja syntax") from None
 
 
+def span_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
+    """1 for each token (``offsets`` ``[N, 2]``, characters) wholly inside one of ``spans`` (sorted,
+    disjoint ``(start, end)``) and not empty, else 0.
+
+    Example:
+        >>> span_mask(np.array([[0, 3], [3, 5], [5, 5], [5, 9]]), [(3, 6)]).tolist()
+        [0, 1, 0, 0]
+    """
+    if not spans:
+        return np.zeros(len(offsets), np.uint8)
+    starts, ends = np.asarray(spans, np.int64).T
+    k = np.searchsorted(starts, offsets[:, 0], side="right") - 1  # the one span a token can start in
+    inside = (k >= 0) & (offsets[:, 1] <= ends[np.maximum(k, 0)]) & (offsets[:, 1] > offsets[:, 0])
+    return inside.astype(np.uint8)
+
+
 @lru_cache(maxsize=4)
 def get_builder(config: SampleConfig) -> SampleBuilder:
     """The builder for ``config``, built once per process (workers call this per task)."""
@@ -175,6 +192,7 @@ class SampleBuilder:
         if not template and config.pretrain is None:  # pre-training records need none (checked per chat)
             raise ConfigError(f"{self.name!r} has no chat template; pass --chat-template FILE")
         self.template = template or ""
+        self._renderer, self._encoder = ChatRenderer(self.tokenizer, self.template), TextEncoder(self.tokenizer)
         ids = self.tokenizer.convert_tokens_to_ids([feature])
         unk = getattr(self.tokenizer, "unk_token_id", None)
         if not ids or ids[0] is None or (unk is not None and ids[0] == unk and feature != self.tokenizer.unk_token):
@@ -213,15 +231,14 @@ class SampleBuilder:
         text, spans = self._render(messages, sid, tools=tools)
         if self.family is not None:
             return self._build_expanded(sid, text, spans, images, counts)
-        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        ids = np.asarray(enc["input_ids"], np.int64)
+        ids, offsets = self._encode(text)
         if ids.size == 0:
             raise SampleError("empty_conversation", "nothing left after templating", sid)
-        offsets = np.asarray(enc["offset_mapping"], np.int64).reshape(-1, 2)
-        mask = np.zeros(ids.size, np.uint8)
-        for start, end in spans:
-            mask[(offsets[:, 0] >= start) & (offsets[:, 1] <= end) & (offsets[:, 1] > offsets[:, 0])] = 1
-        return self._expand(sid, ids, mask, images, counts)
+        return self._expand(sid, ids, span_mask(offsets, spans), images, counts)
+
+    def _encode(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """Token ids and character offsets of ``text``, no special tokens added."""
+        return self._encoder(text)
 
     def describe(self) -> dict[str, Any]:
         """Tokenizer and image-token policy as the manifest records them (deterministic)."""
@@ -272,8 +289,7 @@ class SampleBuilder:
         return {"role": m["role"], "content": text, **extra}
 
     def _apply(self, messages: list[dict], *, generation_prompt: bool, tools: list[dict] | None = None) -> str:
-        return self.tokenizer.apply_chat_template(messages, tools=tools, chat_template=self.template,
-                                                  tokenize=False, add_generation_prompt=generation_prompt)
+        return self._renderer(messages, generation_prompt=generation_prompt, tools=tools)
 
     def _render(self, messages: list[dict], sid: str, *, tools: list[dict] | None = None,
                 one_render: bool = True) -> tuple[str, list[tuple[int, int]]]:
@@ -506,10 +522,8 @@ class SampleBuilder:
                              return_offsets_mapping=True)
         ids = np.asarray(enc["input_ids"], np.int64)
         offsets = np.asarray(enc["offset_mapping"], np.int64).reshape(-1, 2)
-        mask = np.zeros(ids.size, np.uint8)
+        mask = span_mask(offsets, [(moved(start), moved(end)) for start, end in spans])
         real = offsets[:, 1] > offsets[:, 0]
-        for start, end in spans:
-            mask[(offsets[:, 0] >= moved(start)) & (offsets[:, 1] <= moved(end)) & real] = 1
         feature = ids == self.image_token_id
         counts = []
         for start, end in regions:

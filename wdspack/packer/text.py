@@ -119,6 +119,8 @@ class TextBuilder(Protocol):
     def _prepare_images(self, images: tuple[bytes, ...], sid: str,
                         names: tuple[str, ...] = ()) -> tuple[list[bytes], list[Any]]: ...
 
+    def _encode(self, text: str) -> tuple[np.ndarray, np.ndarray]: ...  # ids and offsets, no special tokens
+
 
 def build_text_sample(builder: TextBuilder, record: TextRecord) -> Sample:
     """Tokenize a caption or a whole document as one sample (what ``SampleBuilder.build`` does for them).
@@ -205,7 +207,7 @@ def _parts(builder: TextBuilder, record: TextRecord, config: PretrainConfig, *, 
     images, counts = builder._prepare_images(record.images, sid)  # the checks every sample's images get
     layout = _layout(record, config)  # (text or IMAGE, target)
     texts = [t for t, _ in layout if t is not IMAGE]
-    enc = builder.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=offsets) if texts else None
+    encoded = [builder._encode(t) for t in texts]  # each text alone: wdspack.packer.fastpath.TextEncoder
     spans = _image_spans(builder, images, counts, sid)
     parts, t, k = [], 0, 0
     for text, target in layout:
@@ -214,9 +216,7 @@ def _parts(builder: TextBuilder, record: TextRecord, config: PretrainConfig, *, 
             parts.append(_Part(ids, False, images[k], n))
             k += 1
             continue
-        assert enc is not None  # a text: the texts were tokenized
-        ids = np.asarray(enc["input_ids"][t], np.int64)
-        where = np.asarray(enc["offset_mapping"][t], np.int64).reshape(-1, 2) if offsets else None
+        ids, where = encoded[t][0], (encoded[t][1] if offsets else None)
         if ids.size:
             parts.append(_Part(ids, target, text=text, offsets=where))
         t += 1

@@ -1,0 +1,157 @@
+"""Render a chat template and tokenize text at the cost of the work itself, not of the wrappers.
+
+A pack job renders every record's template twice (the text and the marked text,
+:mod:`wdspack.packer.render`) and tokenizes it once with offsets. Through transformers' public
+calls, half of that time is spent around the work: ``apply_chat_template`` copies and normalises
+every message, looks the template up and re-reads the special tokens on each call, and
+``tokenizer(text)`` validates its input and sets truncation and padding on the backend each time.
+
+:class:`ChatRenderer` calls the compiled template (transformers' own compiler and sandbox, reached
+through :mod:`wdspack.models.compat`) with exactly the variables ``apply_chat_template(...,
+tokenize=False)`` gives it, for messages it would pass through unchanged: plain ``role`` and
+``content`` (a string, or typed parts of strings), no tools. Anything else (tools, tool calls,
+reasoning fields) goes through ``apply_chat_template`` as before. :class:`TextEncoder` calls the
+``tokenizers`` backend directly where the tokenizer is transformers' plain fast tokenizer with no
+truncation or padding set, else ``tokenizer(text, ...)``.
+
+Both check themselves on their first use against the public call (a template, special tokens or
+tokenizer that disagrees turns the shortcut off for the builder), and ``tests/test_fastpath.py``
+holds them equal, character for character and token for token, over the bundled chat templates and
+tokenizers. Measured in ``tools/bench_pack_speed.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+from itertools import chain
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ChatRenderer", "TextEncoder"]
+
+log = logging.getLogger(__name__)
+
+
+def _plain(messages: list[dict]) -> bool:
+    """Messages ``apply_chat_template`` passes to the template as they are (copies of the same values)."""
+    for m in messages:
+        if len(m) != 2 or type(m.get("role")) is not str:
+            return False
+        content = m.get("content")
+        if type(content) is str:
+            continue
+        if type(content) is not list:
+            return False
+        for part in content:
+            if type(part) is not dict or not all(type(k) is str and type(v) is str for k, v in part.items()):
+                return False
+    return True
+
+
+class ChatRenderer:
+    """``tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False, ...)``,
+    without its per-call overhead for plain messages (see the module).
+
+    Example:
+        >>> render = ChatRenderer(tokenizer, template)  # doctest: +SKIP
+        >>> render([{"role": "user", "content": "Hi"}], generation_prompt=True)  # doctest: +SKIP
+        '<s>[INST]Hi[/INST]'
+    """
+
+    def __init__(self, tokenizer: Any, template: str) -> None:
+        self.tokenizer, self.template = tokenizer, template
+        self._compiled: Any = None
+        self._variables: dict[str, Any] = {}
+        self._checked = False
+        if not template:
+            return
+        try:
+            from ..models.compat import IncompatibleTransformersError, private
+
+            compile_template = private("transformers.utils.chat_template_utils", "_compile_jinja_template")
+            self._compiled = compile_template(template)
+            # what apply_chat_template adds to every rendering: the special tokens, as plain data
+            self._variables = {k: (list(v) if isinstance(v, (list, tuple)) else str(v))
+                               for k, v in tokenizer.special_tokens_map.items()}
+        except IncompatibleTransformersError as e:
+            log.warning("chat templates render through apply_chat_template (slower): %s", e)
+        except Exception:  # a template that does not compile fails in apply_chat_template, with its message
+            self._compiled = None
+
+    def public(self, messages: list[dict], *, generation_prompt: bool, tools: list[dict] | None = None) -> str:
+        """The rendering through transformers' public call."""
+        out = self.tokenizer.apply_chat_template(messages, tools=tools, chat_template=self.template, tokenize=False,
+                                                 add_generation_prompt=generation_prompt)
+        return str(out)
+
+    def __call__(self, messages: list[dict], *, generation_prompt: bool, tools: list[dict] | None = None) -> str:
+        if self._compiled is None or tools or not _plain(messages):
+            return self.public(messages, generation_prompt=generation_prompt, tools=tools)
+        text = str(self._compiled.render(messages=messages, tools=None, documents=None,
+                                         add_generation_prompt=generation_prompt, **self._variables))
+        if not self._checked:  # once per builder: the shortcut must render what the public call renders
+            self._checked = True
+            if text != self.public(messages, generation_prompt=generation_prompt):
+                log.warning("the compiled chat template renders differently from apply_chat_template here; "
+                            "rendering through apply_chat_template")
+                self._compiled = None
+                return self.public(messages, generation_prompt=generation_prompt)
+        return text
+
+
+class TextEncoder:
+    """Token ids and character offsets of a text, ``add_special_tokens=False``: what
+    ``tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)`` gives (see the module).
+
+    Example:
+        >>> ids, offsets = TextEncoder(tokenizer)("Hello world")  # doctest: +SKIP
+        >>> offsets.shape  # doctest: +SKIP
+        (2, 2)
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._backend = self._direct_backend(tokenizer)
+        self._checked = False
+
+    @staticmethod
+    def _direct_backend(tokenizer: Any) -> Any:
+        """The ``tokenizers.Tokenizer`` to call directly, or None where the public call does more."""
+        try:
+            from transformers import PreTrainedTokenizerFast
+        except ImportError:
+            return None
+        base = PreTrainedTokenizerFast
+        kind = type(tokenizer)
+        if not isinstance(tokenizer, base) or any(getattr(kind, name) is not getattr(base, name)
+                                                  for name in ("__call__", "_encode_plus")):
+            return None  # a subclass that changes encoding (a slow or a custom tokenizer)
+        backend = getattr(tokenizer, "_tokenizer", None)
+        if backend is None or backend.truncation is not None or backend.padding is not None:
+            return None
+        if bool(getattr(tokenizer, "split_special_tokens", False)) != bool(backend.encode_special_tokens):
+            return None
+        return backend
+
+    def public(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """Through transformers' public call."""
+        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        return (np.asarray(enc["input_ids"], np.int64),
+                np.asarray(enc["offset_mapping"], np.int64).reshape(-1, 2))
+
+    def __call__(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        if self._backend is None:
+            return self.public(text)
+        enc = self._backend.encode(text, add_special_tokens=False)
+        ids = np.asarray(enc.ids, np.int64)  # offsets: a list of pairs, flattened without a per-pair array
+        offsets = np.fromiter(chain.from_iterable(enc.offsets), np.int64, count=2 * ids.size).reshape(-1, 2)
+        if not self._checked:  # once per builder, as ChatRenderer
+            self._checked = True
+            ref = self.public(text)
+            if not (np.array_equal(ids, ref[0]) and np.array_equal(offsets, ref[1])):
+                log.warning("the tokenizer's backend encodes differently from the tokenizer here; "
+                            "tokenizing through the tokenizer")
+                self._backend = None
+                return ref
+        return ids, offsets
