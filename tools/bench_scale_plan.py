@@ -131,13 +131,17 @@ def global_fill(out: Path) -> tuple[float, int, float]:
     return float(tok.sum() / (packs * SEQ_LEN)), packs, time.perf_counter() - t
 
 
-def estimate(result: dict, samples: int, workers: int, cpus: int, target: int = 10**9) -> dict:
+def estimate(result: dict, samples: int, workers: int, cpus: int, target: int = 10**9,
+             usd_per_cpu_hour: float = 0.05) -> dict:
     """1 B samples on ``cpus`` CPUs: task CPU seconds per sample (stage wall time × workers), scaled;
     the driver's memory: its measured peak less its per-shard and fixed parts scaled by shard count."""
     per_sample = {k: v * workers / samples for k, v in result["stages"].items()}
     shards_1b = result["shards"] * target / samples
+    cpu_hours_per_million = sum(per_sample.values()) * 1e6 / 3600
     return {"cpu_seconds_per_sample": per_sample,
             "hours_on_cpus": sum(per_sample.values()) * target / cpus / 3600,
+            "cpu_hours_per_million": cpu_hours_per_million,
+            "usd_per_million": cpu_hours_per_million * usd_per_cpu_hour, "usd_per_cpu_hour": usd_per_cpu_hour,
             "shards": int(shards_1b),
             # per shard the driver keeps one ShardInfo (~0.5 KB with its name and digest) and one row
             # of group state; everything else it holds is fixed (imports, tokenizer, pool)
@@ -151,6 +155,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--group-samples", type=int, default=200_000)
     parser.add_argument("--cpus", type=int, default=1024, help="the Ray cluster of the 1 B estimate")
+    parser.add_argument("--usd-per-cpu-hour", type=float, default=0.05,
+                        help="the price of one CPU-hour for the cost per million samples (default 0.05)")
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--driver", nargs=3, metavar=("SHARDS_JSON", "OUT", "TOKENIZER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -175,13 +181,16 @@ def main() -> None:
     result = json.loads(done.stdout.splitlines()[-1])
     fill, packs, plan_seconds = global_fill(out)
     result.update(data_seconds=made, global_fill=fill, global_packs=packs, global_plan_seconds=plan_seconds,
-                  fill_gap=fill - result["fill"], estimate_1b=estimate(result, args.samples, args.workers, args.cpus))
+                  fill_gap=fill - result["fill"], estimate_1b=estimate(result, args.samples, args.workers, args.cpus,
+                                               usd_per_cpu_hour=args.usd_per_cpu_hour))
     print(json.dumps(result))
     e = result["estimate_1b"]
     print(f"{result['samples_read']:,} samples: driver peak {result['driver_peak_rss'] / 2**20:.0f} MiB, "
           f"{result['seconds']:.0f} s ({', '.join(f'{k} {v:.0f} s' for k, v in result['stages'].items())}); fill "
           f"{result['fill']:.4%} vs global plan {fill:.4%} (gap {result['fill_gap']:.4%}); 1 B samples on "
-          f"{args.cpus} CPUs: ~{e['hours_on_cpus']:.1f} h, driver ~{e['driver_bytes'] / 2**30:.2f} GiB",
+          f"{args.cpus} CPUs: ~{e['hours_on_cpus']:.1f} h, driver ~{e['driver_bytes'] / 2**30:.2f} GiB; "
+          f"{e['cpu_hours_per_million']:.2f} CPU-hours per million samples (${e['usd_per_million']:.3f} at "
+          f"${e['usd_per_cpu_hour']}/CPU-hour)",
           file=sys.stderr)
 
 
