@@ -36,13 +36,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from contextlib import contextmanager, nullcontext
 from multiprocessing import get_context
 from typing import Any, TextIO
 
 from ..errors import ConfigError, WdspackError
 
 __all__ = ["EXECUTORS", "PROGRESS_INTERVAL", "RAY_MAX_RETRIES", "ProgressLog", "check_executor", "progress_interval",
-           "run_tasks"]
+           "run_tasks", "shared_pool"]
 
 EXECUTORS = ("local", "ray")
 RAY_MAX_RETRIES = 3  # retries of a task whose worker process or node was lost
@@ -91,6 +92,40 @@ def run_tasks(fn: Callable[..., Any], tasks: Iterable[tuple], *, executor: str =
     return _run_local(fn, tasks, workers=workers, on_done=done)
 
 
+#: The pools :func:`shared_pool` holds open, by number of workers: a getter that starts one on first use.
+_SHARED: dict[int, Callable[[], ProcessPoolExecutor]] = {}
+
+
+@contextmanager
+def shared_pool(workers: int) -> Iterator[None]:
+    """Run every local stage inside on one spawn pool of ``workers`` processes (started on first
+    use, shut down on exit), so each worker pays its start-up (imports, the tokenizer and template,
+    built once per process by ``get_builder``) once per job, not once per stage.
+
+    Example:
+        >>> with shared_pool(1):
+        ...     list(run_tasks(divmod, [(7, 2)]))
+        [(3, 1)]
+    """
+    if workers <= 1 or workers in _SHARED:  # nothing to share, or an outer job already shares one
+        yield
+        return
+    pool: list[ProcessPoolExecutor] = []
+
+    def get() -> ProcessPoolExecutor:
+        if not pool:
+            pool.append(ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")))
+        return pool[0]
+
+    _SHARED[workers] = get
+    try:
+        yield
+    finally:
+        del _SHARED[workers]
+        if pool:
+            pool[0].shutdown(wait=True, cancel_futures=True)
+
+
 def _run_local(fn, tasks: Iterable[tuple], *, workers: int, on_done) -> Iterator[Any]:
     tasks = iter(tasks)
     head = list(itertools.islice(tasks, 2))  # one task alone is not worth starting a pool
@@ -100,8 +135,11 @@ def _run_local(fn, tasks: Iterable[tuple], *, workers: int, on_done) -> Iterator
             on_done()
             yield result
         return
-    # a spawn pool starts its processes as tasks arrive, so a short job starts no idle ones
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+    # a spawn pool starts its processes as tasks arrive, so a short job starts no idle ones; inside a
+    # job the stages share one (shared_pool)
+    shared = _SHARED.get(workers)
+    with (nullcontext(shared()) if shared is not None
+          else ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))) as pool:
         yield from _ordered(itertools.chain(head, tasks), lambda t: pool.submit(fn, *t), _wait_local,
                             lambda fut: fut.result(), lambda futs: [f.cancel() for f in futs],
                             limit=workers * _IN_FLIGHT_PER_SLOT, on_done=on_done)

@@ -60,7 +60,7 @@ from ..format.pack_index import INDEX_NAME, build_index, encode_index, index_ent
 from ..format.tar import ShardWriter, shard_name
 from ..storage.location import Location, stat_tag
 from .config import PackConfig, PackSummary
-from .executors import ProgressLog, check_executor, progress_interval, run_tasks
+from .executors import ProgressLog, check_executor, progress_interval, run_tasks, shared_pool
 from .partitioned import check_sources, plan_partitioned
 from .samples import SampleConfig, get_builder
 from .selection import Measured, assign_shards, check_drops, plan_selected, select_samples, write_dropped
@@ -159,10 +159,22 @@ def run_job(out: Location, fingerprint: str, measure: Callable[..., Any], tasks:
     work = _prepare_output(out, fingerprint, resume=resume)
     if work is None:  # already complete
         return _summary_from_manifest(out, time.perf_counter() - start)
-    if config.plan_group_partitions is not None:
-        return _run_partitioned(out, work, measure, tasks, config, info=info, sources=sources,
-                                provenance=provenance, progress=progress, start=start, carried=carried,
-                                samples_read=samples_read, source_names=source_names)
+    # one local pool for every stage: each worker imports and loads the tokenizer once per job
+    with shared_pool(config.run.workers if config.run.executor == "local" else 1):
+        if config.plan_group_partitions is not None:
+            return _run_partitioned(out, work, measure, tasks, config, info=info, sources=sources,
+                                    provenance=provenance, progress=progress, start=start, carried=carried,
+                                    samples_read=samples_read, source_names=source_names)
+        return _run_global(out, work, measure, tasks, config, info=info, sources=sources, provenance=provenance,
+                           progress=progress, start=start, carried=carried, samples_read=samples_read,
+                           source_names=source_names)
+
+
+def _run_global(out: Location, work: Location, measure: Callable[..., Any], tasks: list[tuple],
+                config: PackConfig, *, info: dict[str, Any], sources: Sequence[str],
+                provenance: dict[str, Any], progress: bool, start: float, carried: Sequence[Dropped],
+                samples_read: int | None, source_names: Sequence[str]) -> PackSummary:
+    """:func:`run_job` with one global plan: measure, select, plan, write, manifest."""
     measured = _measure(measure, tasks, work, config, progress=progress)
     info = measured.describe or info
     table = select_samples(measured, config, source_names=source_names)
