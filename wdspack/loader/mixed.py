@@ -60,6 +60,7 @@ from .budgets import dataset_budgets
 from .collate import SOURCE_KEY
 from .elastic import SharedBasis
 from .mixture import Mixture, MixtureEpoch, check_compatible, mixture_epoch, unit_values
+from .mixture_rest import rest_layouts
 from .options import ReadOptions
 from .plan import PackRange
 from .rank_cursors import concat_plans, cursor_from_json, cursor_to_json, rank_cursors, renumber, shifted
@@ -94,6 +95,7 @@ class MixedSources:
         # the stage the stream continues from (set by a resume under another mixture; see stage()), in
         # shared memory: persistent DataLoader workers read it at each iteration
         self._stage = SharedBasis()
+        self._rest: tuple[str, tuple[SourceLayout, ...]] | None = None  # the layouts with the stage's rest
 
     @classmethod
     def open(cls, value: Any, *, read: ReadOptions, seq_len: int | None = None, max_images: int | None = None,
@@ -184,11 +186,23 @@ class MixedSources:
             raise ConfigError(f"the stage is for sources {stage['names']}, this mixture has {list(self.names)}")
         self._stage.set(stage)
 
+    def active_layouts(self) -> tuple[SourceLayout, ...]:
+        """The sources' layouts as the stream reads them: after an elastic resume with the rest of the
+        passes the saved ranks left (:mod:`.mixture_rest`), else :attr:`layouts`."""
+        stage = self.stage()
+        rest = None if stage is None else stage.get("rest")
+        if rest is None:
+            return self.layouts
+        key = json.dumps(rest, sort_keys=True)
+        if self._rest is None or self._rest[0] != key:
+            self._rest = key, rest_layouts(self.layouts, self.names, rest)
+        return self._rest[1]
+
     def _plan(self, n: int, cursors: Sequence[SourceCursor], *, slot: int, slots: int, workers: int,
               batch_size: int, seed: int, shuffle: bool, shuffle_buffer: int,
               shares: Sequence[float] | None = None) -> SlotSchedule:
-        return plan_slot(self.layouts, self.mixture.shares if shares is None else shares, slot=slot, slots=slots,
-                         per_slot=n, seed=seed, cursors=cursors, shuffle=shuffle,
+        return plan_slot(self.active_layouts(), self.mixture.shares if shares is None else shares, slot=slot,
+                         slots=slots, per_slot=n, seed=seed, cursors=cursors, shuffle=shuffle,
                          shuffle_buffer=self.buffer(shuffle_buffer), workers=workers, batch_size=batch_size)
 
     def _segments(self, *, rank: int, slots: int, workers: int, epoch: int, batch_size: int, seed: int,
@@ -317,6 +331,9 @@ class MixedSources:
         fresh = cursor_to_json(SourceCursor())
         length, buffer, was = int(saved["length"]), int(saved["buffer"]), int(saved["workers"])
         common = {"names": list(self.names), "buffer": buffer, "workers": workers}
+        rest = (saved.get("stage") or {}).get("rest")
+        if rest is not None:  # an elastic resume's rest of the passes: kept until the stream leaves them
+            common["rest"] = rest
         if not changed:
             stage = saved.get("stage")
             if not _mid(stage, epoch):
@@ -342,6 +359,51 @@ class MixedSources:
         self.set_stage({**common, "epoch": epoch, "start": start, "before": [int(y) for y in yielded],
                         "shift": batches % workers, "length": int(length), "anchor": False})
         return epoch, batches, list(yielded)
+
+    def elastic_stage(self, saved: Sequence[Mapping[str, Any]], *, epoch: int, batches: int, ranks: int, workers: int,
+                      batch_size: int, seed: int, shuffle: bool) -> tuple[int, int, list[int]]:
+        """Set the stage a run saved by ``len(saved)`` ranks continues from on ``ranks`` ranks × ``workers``
+        (``saved``: every saved rank's :meth:`save_point`, rank ``r``'s at ``r``, all at ``batches`` of
+        ``epoch``); returns the epoch, batches and each worker's yielded packs to continue from.
+
+        Each source's passes the saved ranks left unfinished continue as their rest (the packs no saved
+        rank consumed, :mod:`.mixture_rest`), split over the new ranks; the new ranks' streams start at
+        the first such pass. The rest of the epoch (the saved ranks' batches left, in all) is shared
+        out evenly, rounded up, so every new rank makes as many batches; an epoch consumed whole, or
+        not begun, makes an anchor at the next one's (this one's) start instead.
+        """
+        first = saved[0]
+        for key in ("names", "buffer", "length", "workers"):
+            if any(p[key] != first[key] for p in saved):
+                raise ConfigError(f"the ranks' states disagree on the mixture's {key!r}; pass the states all ranks "
+                                  "saved at one step of one run")
+        prior = [(p.get("stage") or {}).get("rest") for p in saved]
+        if any(r != prior[0] for r in prior):
+            raise ConfigError("the ranks' states hold different elastic rests; pass the states all ranks saved at "
+                              "one step of one run")
+        if list(first["names"]) != list(self.names):
+            raise ConfigError(f"the states are for sources {first['names']}, this mixture has {list(self.names)}: "
+                              "resume under the saved mixture first, then change it at a later checkpoint")
+        length, buffer, was = int(first["length"]), int(first["buffer"]), int(first["workers"])
+        rest = {"ranks": int(ranks), "old_ranks": len(saved), "seed": int(seed), "shuffle": bool(shuffle),
+                "buffer": buffer, "prior": prior[0],
+                "cursors": {n: [p["cursors"][i] for p in saved] for i, n in enumerate(self.names)}}
+        layouts = rest_layouts(self.layouts, self.names, rest)
+        start = [cursor_to_json(SourceCursor(min(layout.rest) if layout.rest else 0, 0)) for layout in layouts]
+        common = {"names": list(self.names), "buffer": buffer, "workers": workers, "rest": rest, "start": start}
+        total = was * length // batch_size  # a saved rank's batches in the epoch
+        if batches >= total or batches == 0:  # at an epoch's end or start: an anchor
+            epoch += batches > 0
+            self.set_stage({**common, "epoch": epoch, "before": [0] * workers, "shift": 0, "length": None,
+                            "anchor": True})
+            return epoch, 0, [0] * workers
+        mine = -(-len(saved) * (total - batches) // ranks)  # this rank's batches left
+        rounds = -(-mine // workers)
+        short = rounds * workers - mine  # the workers the last round skips count one batch as yielded before
+        yielded = [batch_size] * short + [0] * (workers - short)
+        self.set_stage({**common, "epoch": epoch, "before": yielded, "shift": short % workers,
+                        "length": rounds * batch_size, "anchor": False})
+        return epoch, short, yielded
 
     def schedule(self, *, slot: int, slots: int, workers: int, epoch: int, positions: int, batch_size: int,
                  seed: int, shuffle: bool, shuffle_buffer: int) -> SlotSchedule:
@@ -530,7 +592,7 @@ def _replay(mix: MixedSources, start: Sequence[SourceCursor], counts: Sequence[i
     plays role 0): ``start``, ``counts`` and the result with workers numbered as in the epoch."""
     roles = [counts[(u + t0) % workers] for u in range(workers)]
     begin = [renumber(c, lambda w: (w - t0) % workers) for c in start]
-    end = rank_cursors(mix.layouts, shares, begin, roles, rank=rank, ranks=slots // workers, workers=workers,
+    end = rank_cursors(mix.active_layouts(), shares, begin, roles, rank=rank, ranks=slots // workers, workers=workers,
                        batch_size=batch_size, seed=seed, shuffle=shuffle, shuffle_buffer=mix.buffer(shuffle_buffer))
     return tuple(renumber(c, lambda u: (u + t0) % workers) for c in end)
 

@@ -23,7 +23,8 @@ resumes under another (the blocks a worker lacks go to whoever needs the source 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Sequence
+import itertools
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,6 +67,10 @@ class SourceLayout:
     units: np.ndarray
     #: seeds the source's shard orders: from its name, so adding a source leaves the others' orders alone
     key: int
+    #: after an elastic resume: per pass, the rows left of it (in the pass's reading order), split over
+    #: ``rest_ranks`` ranks instead of the whole pass (:mod:`.mixture_rest`); None: every pass whole
+    rest: Mapping[int, np.ndarray] | None = None
+    rest_ranks: int = 0
 
     @property
     def packs(self) -> int:
@@ -251,6 +256,13 @@ class RankStream:
 
     def share(self, pass_no: int) -> tuple[tuple[PackRange, ...], np.ndarray]:
         """The rank's share of a pass: its ranges, and the row of each reading position."""
+        if pass_no not in self.shares and self.layout.rest is not None and pass_no in self.layout.rest:
+            if self.ranks != self.layout.rest_ranks:
+                raise ConfigError(f"the rest of pass {pass_no} was split over {self.layout.rest_ranks} ranks, not "
+                                  f"{self.ranks}; this is a wdspack bug")
+            left = np.asarray(self.layout.rest[pass_no], np.int64)
+            start, stop = _share_bounds(len(left), slots=self.ranks, slot=self.rank, pass_no=pass_no)
+            self.shares[pass_no] = row_ranges(left[start:stop], self.layout.counts), left[start:stop]
         if pass_no not in self.shares:
             ranges = pass_share(self.layout.counts, slots=self.ranks, slot=self.rank, pass_no=pass_no, seed=self.seed,
                                 key=self.layout.key, shuffle=self.shuffle)
@@ -273,7 +285,9 @@ class RankStream:
         """``(pass_no, pos)`` moved past the ends of shares (and empty shares)."""
         empty = 0
         while pos >= len(self.share(pass_no)[1]):
-            empty = empty + 1 if not len(self.shares[pass_no][1]) else 0
+            # a pass's rest after an elastic resume may be empty, many in a row: not the source's fault
+            kept = self.layout.rest is not None and pass_no in self.layout.rest
+            empty = empty + 1 if not (len(self.shares[pass_no][1]) or kept) else 0
             if empty > self.ranks + 1:  # every rank gets a pack within `ranks` passes when the source has any
                 raise ConfigError(f"rank {self.rank} of {self.ranks} gets no pack of a source of {self.layout.packs} "
                                   "packs")
@@ -326,6 +340,25 @@ class RankStream:
                     b.pass_no + 1, 0):
                 return SourceCursor(b.pass_no, b.done)
         return SourceCursor(pass_no, pos, tuple((b.owner, b.pass_no, b.start, b.stop, b.done) for b in blocks), True)
+
+
+def row_ranges(rows: np.ndarray, counts: Sequence[int]) -> tuple[PackRange, ...]:
+    """Rows of a source (in reading order) as ranges: a new one wherever the next row is not the one after
+    in the same shard.
+
+    Example:
+        >>> [(r.shard, r.start, r.stop) for r in row_ranges(np.array([1, 2, 4, 5, 0]), [3, 3])]
+        [(0, 1, 3), (1, 1, 3), (0, 0, 1)]
+    """
+    starts = np.cumsum((0, *counts))
+    rows = np.asarray(rows, np.int64)
+    if not len(rows):
+        return ()
+    shard = np.searchsorted(starts, rows, side="right") - 1
+    cut = np.flatnonzero((np.diff(rows) != 1) | (np.diff(shard) != 0)) + 1
+    bounds = [0, *cut.tolist(), len(rows)]
+    return tuple(PackRange(int(shard[a]), int(rows[a] - starts[shard[a]]), int(rows[b - 1] - starts[shard[a]]) + 1)
+                 for a, b in itertools.pairwise(bounds))
 
 
 def block_reads(block: Block, a: int, b: int, source: int) -> Iterator[SlotRead]:
