@@ -401,6 +401,11 @@ class PackedLoader:
         ds, run = self.dataset, (saved.get("balance") or {}).get("run")
         if ds.balance is None or ds.balance.run is not None or run is None:
             return
+        if ds.mixture is not None:  # its passes are dealt in runs: the saved run, for the cursors to mean the same
+            if run != ds.mixture.run:
+                ds.mixture.set_balance(ds.balance.cost_model, window=ds.balance_window,
+                                       heaviest_first=ds.balance.heaviest_first, run=int(run))
+            return
         if run != ds.balance_run(ds.world_size, self._workers):
             if getattr(self.dataloader, "_iterator", None) is not None:
                 raise ConfigError(f"the state was saved with balance run {run}; load it before the first batch "
@@ -488,7 +493,7 @@ class PackedLoader:
             config["mixture"] = ds.mixture.config()
         if ds.balance is not None:  # only then: states saved without balance stay loadable
             b = ds.balance
-            run = ds.balance_run(ds.world_size, self._workers)
+            run = ds.balance_run(ds.world_size, self._workers) if ds.mixture is None else ds.mixture.run
             config["balance"] = {"kind": "cost", "cost_model": dataclasses.asdict(b.cost_model),
                                  "heaviest_first": b.heaviest_first, "window": ds.balance_window, "run": run}
         return config

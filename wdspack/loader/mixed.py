@@ -56,6 +56,7 @@ from ..format.dataset import ResolvedSource, ShardRef, read_pack_index, resolve_
 from ..format.pack_index import COLUMNS
 from ..format.tar import Handler
 from ..storage.streams import open_stream
+from .balance import band_order
 from .budgets import dataset_budgets
 from .collate import SOURCE_KEY
 from .elastic import SharedBasis
@@ -63,7 +64,15 @@ from .mixture import Mixture, MixtureEpoch, check_compatible, mixture_epoch, uni
 from .mixture_rest import rest_layouts
 from .options import ReadOptions
 from .plan import PackRange
-from .rank_cursors import concat_plans, cursor_from_json, cursor_to_json, rank_cursors, renumber, shifted
+from .rank_cursors import (
+    concat_plans,
+    cursor_from_json,
+    cursor_to_json,
+    rank_cursors,
+    renumber,
+    shifted,
+    take_positions,
+)
 from .schedule import SlotSchedule, SourceCursor, SourceLayout, plan_slot, source_layout
 from .stages import decode_packs, lap_source
 
@@ -96,6 +105,10 @@ class MixedSources:
         # shared memory: persistent DataLoader workers read it at each iteration
         self._stage = SharedBasis()
         self._rest: tuple[str, tuple[SourceLayout, ...]] | None = None  # the layouts with the stage's rest
+        self.rows: tuple[np.ndarray, ...] = ()  # each source's pack index (rows in manifest order)
+        #: ``balance="cost"``: each source's pack costs, the window and heaviest_first (:meth:`set_balance`)
+        self.balance: tuple[tuple[np.ndarray, ...], int, bool] | None = None
+        self.run = 1  # packs per run a balanced pass is dealt in
 
     @classmethod
     def open(cls, value: Any, *, read: ReadOptions, seq_len: int | None = None, max_images: int | None = None,
@@ -109,7 +122,7 @@ class MixedSources:
         check_compatible(mixture.names, [s.manifest for s in sources])
         budgets = [dataset_budgets(s, seq_len, max_images, pad_token_id, read=kwargs) for s in sources]
         slots = max(b[1] for b in budgets)  # image slots sized for the fullest source
-        layouts, offsets, units, packs = [], [], [], []
+        layouts, offsets, units, packs, tables = [], [], [], [], []
         for name, src in zip(mixture.names, sources):
             assert src.manifest is not None  # check_compatible refuses sources without one
             if not src.manifest.pack_index:
@@ -118,6 +131,7 @@ class MixedSources:
                                   f"{src.display}` (reads the shards once, rewrites nothing else)")
             index = read_pack_index(src, **kwargs)
             rows = np.concatenate(index) if index else np.zeros((0, len(COLUMNS)), np.int64)
+            tables.append(rows)
             values = unit_values(rows, mixture.unit)
             layouts.append(source_layout(name, [s.packs for s in src.shards], values))
             offsets.append([r[:, COLUMNS.index("offset")].copy() for r in index])
@@ -127,11 +141,31 @@ class MixedSources:
         logger.info("mixture of %d sources (%s, in %s): one epoch makes %s passes", len(sources),
                     ", ".join(f"{n} {w:.3f}" for n, w in zip(mixture.names, mixture.shares)), mixture.unit,
                     ", ".join(f"{n} {p:.3g}" for n, p in zip(mixture.names, epoch.passes)))
-        return cls(mixture, sources, layouts, epoch, offsets, (budgets[0][0], slots, budgets[0][2]))
+        mix = cls(mixture, sources, layouts, epoch, offsets, (budgets[0][0], slots, budgets[0][2]))
+        mix.rows = tuple(tables)
+        return mix
 
     @property
     def names(self) -> tuple[str, ...]:
         return self.mixture.names
+
+    def set_balance(self, cost_model: Any, *, window: int, heaviest_first: bool = False, run: int = 1) -> None:
+        """Balance every slot's windows by cost (``balance="cost"``; None: off): the schedule fixes which
+        packs a rank reads, and each worker's window of ``window`` packs is sorted into cost bands run in
+        the same order on every rank (:func:`~.balance.band_order`), so a step's ranks run about the same
+        cost while every window keeps the schedule's packs, hence its shares. For the ranks to hold
+        alike costs, each source's pass is dealt to them by cost, in runs of ``run`` packs
+        (:func:`~.source_stream.dealt_share`), instead of cut into consecutive runs.
+
+        ``cost_model`` is a :class:`~wdspack.format.pack_index.CostModel` (its ``costs`` of the pack
+        index rows)."""
+        self.balance = None if cost_model is None else (
+            tuple(cost_model.costs(rows) for rows in self.rows), int(window), bool(heaviest_first))
+        costs = self.balance[0] if self.balance is not None else [None] * len(self.layouts)
+        self.run = int(run)
+        self.layouts = tuple(dataclasses.replace(layout, costs=c, run=int(run))
+                             for layout, c in zip(self.layouts, costs))
+        self._rest, self._starts, self._segs = None, {}, {}
 
     def per_slot(self, slots: int, batch_size: int, epoch: int | None = None) -> int:
         """Packs every slot yields per epoch: the mixture's, except in the epoch a stage began in, which
@@ -147,6 +181,8 @@ class MixedSources:
         stage = self.stage()
         if stage is not None:
             return int(stage["buffer"])
+        if self.balance is not None:  # a balanced share is read in its seeded order of cost rounds, as is
+            return 1
         return max(1, shuffle_buffer // len(self.sources))
 
     def config(self) -> dict[str, Any]:
@@ -203,7 +239,8 @@ class MixedSources:
               shares: Sequence[float] | None = None) -> SlotSchedule:
         return plan_slot(self.active_layouts(), self.mixture.shares if shares is None else shares, slot=slot,
                          slots=slots, per_slot=n, seed=seed, cursors=cursors, shuffle=shuffle,
-                         shuffle_buffer=self.buffer(shuffle_buffer), workers=workers, batch_size=batch_size)
+                         shuffle_buffer=self.buffer(shuffle_buffer), workers=workers, batch_size=batch_size,
+                         own_shares=self.balance is not None)
 
     def _segments(self, *, rank: int, slots: int, workers: int, epoch: int, batch_size: int, seed: int,
                   shuffle: bool, shuffle_buffer: int) -> list[_Segment]:
@@ -309,10 +346,14 @@ class MixedSources:
         else:
             start = self.epoch_start(rank=rank, epoch=epoch, **kw)
         cursors = self._cursors_at(rank=rank, epoch=epoch, emitted=emitted, **kw)
-        return {"names": list(self.names), "cursors": [cursor_to_json(c) for c in cursors],
-                "start": None if start is None else [cursor_to_json(c) for c in start],
-                "length": self.per_slot(slots, batch_size, epoch), "buffer": self.buffer(shuffle_buffer),
-                "workers": workers, "stage": stage}
+        point = {"names": list(self.names), "cursors": [cursor_to_json(c) for c in cursors],
+                 "start": None if start is None else [cursor_to_json(c) for c in start],
+                 "length": self.per_slot(slots, batch_size, epoch), "buffer": self.buffer(shuffle_buffer),
+                 "workers": workers, "stage": stage}
+        if self.mid_window([e + int(b) for e, b in zip(emitted, stage["before"])] if start is None and stage
+                           else emitted, slots=slots, workers=workers, epoch=epoch, batch_size=batch_size):
+            point["mid_window"] = True  # only then: other states are unchanged
+        return point
 
     def resume_stage(self, saved: Mapping[str, Any], *, epoch: int, batches: int, yielded: Sequence[int],
                      workers: int, batch_size: int, changed: bool) -> tuple[int, int, list[int]]:
@@ -328,6 +369,8 @@ class MixedSources:
         consumed whole, or not begun, makes an anchor instead.
         """
         old = dict(zip(saved["names"], saved["cursors"]))
+        if changed:
+            _refuse_mid_window([saved])
         fresh = cursor_to_json(SourceCursor())
         length, buffer, was = int(saved["length"]), int(saved["buffer"]), int(saved["workers"])
         common = {"names": list(self.names), "buffer": buffer, "workers": workers}
@@ -373,6 +416,7 @@ class MixedSources:
         not begun, makes an anchor at the next one's (this one's) start instead.
         """
         first = saved[0]
+        _refuse_mid_window(saved)
         for key in ("names", "buffer", "length", "workers"):
             if any(p[key] != first[key] for p in saved):
                 raise ConfigError(f"the ranks' states disagree on the mixture's {key!r}; pass the states all ranks "
@@ -423,6 +467,9 @@ class MixedSources:
         kw: dict[str, Any] = dict(slots=slots, workers=workers, batch_size=batch_size, seed=seed, shuffle=shuffle,
                                   shuffle_buffer=shuffle_buffer)
         rank, worker = divmod(slot, workers)
+        if self.balance is not None:  # windows balanced whole: planned to the epoch's end at least
+            limit = self._balance_limit(worker, slots=slots, workers=workers, epoch=epoch, batch_size=batch_size)
+            wanted, positions = positions, max(positions, limit)
         segs = self._segments(rank=rank, epoch=epoch, **kw)
         parts, left = [], positions
         for k, seg in enumerate(segs):
@@ -436,7 +483,58 @@ class MixedSources:
             left -= n
             if left <= 0:
                 break
-        return parts[0] if len(parts) == 1 else concat_plans(parts)
+        plan = parts[0] if len(parts) == 1 else concat_plans(parts)
+        if self.balance is None:
+            return plan
+        costs, window, heaviest = self.balance
+        cost = np.zeros(len(plan.source), np.int64)
+        for i, c in enumerate(costs):
+            mine = plan.source == i
+            cost[mine] = c[plan.row[mine]]
+        order = band_order(cost, limit=min(limit, len(cost)), window=window, batch_size=batch_size, seed=seed,
+                           epoch=epoch, heaviest_first=heaviest and not self.mid_stage(epoch))
+        return take_positions(plan, order[:wanted])
+
+    def step_costs(self, costs: Sequence[np.ndarray], *, ranks: int, workers: int, batch_size: int, seed: int,
+                   shuffle: bool, shuffle_buffer: int, epoch: int = 0) -> np.ndarray:
+        """``[steps, ranks]``: the cost each rank runs at each step of ``epoch`` (``costs``: each source's pack
+        costs, in manifest order), as the loader would emit it (balanced or not); no pack is read.
+
+        Worker ``t % workers`` of every rank serves step ``t``; :func:`~.balance.waiting` of the table is
+        how long the slowest rank makes the steps take over the mean.
+        """
+        slots = ranks * workers
+        per = self.per_slot(slots, batch_size, epoch)
+        out = np.zeros((per // batch_size * workers, ranks), np.int64)
+        for r in range(ranks):
+            for w in range(workers):
+                plan = self.schedule(slot=r * workers + w, slots=slots, workers=workers, epoch=epoch, positions=per,
+                                     batch_size=batch_size, seed=seed, shuffle=shuffle, shuffle_buffer=shuffle_buffer)
+                cost = np.zeros(len(plan.source), np.int64)
+                for i, c in enumerate(costs):
+                    mine = plan.source == i
+                    cost[mine] = np.asarray(c)[plan.row[mine]]
+                out[w::workers, r] = cost[:per // batch_size * batch_size].reshape(-1, batch_size).sum(1)
+        return out
+
+    def _balance_limit(self, worker: int, *, slots: int, workers: int, epoch: int, batch_size: int) -> int:
+        """The positions of ``worker``'s plan that the balance reorders: its packs of the epoch (of the
+        stage's part, in a stage's epoch)."""
+        stage = self.stage()
+        before = int(stage["before"][worker]) if stage is not None and _mid(stage, epoch) else 0
+        return self.per_slot(slots, batch_size, epoch) - before
+
+    def mid_window(self, emitted: Sequence[int], *, slots: int, workers: int, epoch: int, batch_size: int) -> bool:
+        """Whether a worker of a balanced mixture stands inside a balance window (its cursors are then
+        the schedule's, not what it consumed: a window is emitted in cost order)."""
+        if self.balance is None:
+            return False
+        stage = self.stage()
+        before = [int(b) for b in stage["before"]] if stage is not None and _mid(stage, epoch) else [0] * workers
+        window = max(self.balance[1] // batch_size, 1) * batch_size
+        return any(0 < e - b < self._balance_limit(w, slots=slots, workers=workers, epoch=epoch,
+                                                   batch_size=batch_size) and (e - b) % window
+                   for w, (e, b) in enumerate(zip(emitted, before)))
 
     def iter_slot(self, *, slot: int, slots: int, workers: int, epoch: int, position: tuple[int, int, int],
                   batch_size: int, seed: int, shuffle: bool, shuffle_buffer: int, read: dict[str, Any],
@@ -593,8 +691,18 @@ def _replay(mix: MixedSources, start: Sequence[SourceCursor], counts: Sequence[i
     roles = [counts[(u + t0) % workers] for u in range(workers)]
     begin = [renumber(c, lambda w: (w - t0) % workers) for c in start]
     end = rank_cursors(mix.active_layouts(), shares, begin, roles, rank=rank, ranks=slots // workers, workers=workers,
-                       batch_size=batch_size, seed=seed, shuffle=shuffle, shuffle_buffer=mix.buffer(shuffle_buffer))
+                       batch_size=batch_size, seed=seed, shuffle=shuffle, shuffle_buffer=mix.buffer(shuffle_buffer),
+                       own_shares=mix.balance is not None)
     return tuple(renumber(c, lambda u: (u + t0) % workers) for c in end)
+
+
+def _refuse_mid_window(saved: Sequence[Mapping[str, Any]]) -> None:
+    if any(p.get("mid_window") for p in saved):
+        raise ConfigError("the state was saved inside a balance window of a balanced mixture (balance='cost'), "
+                          "where a worker has emitted part of its window in cost order, so its cursors do not say "
+                          "which packs it consumed; resume it with the same mixture, ranks and workers, and change "
+                          "them at a state saved at a window's end (every window / batch_size batches of each "
+                          "worker) or an epoch's end")
 
 
 def _mid(stage: Mapping[str, Any] | None, epoch: int) -> bool:
