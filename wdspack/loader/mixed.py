@@ -35,7 +35,14 @@ point, whole rounds of the workers' batches or not; a segment that begins at wor
 gives ``w`` the merge's first role). A *stage* (:meth:`MixedSources.stage`) makes the rest of an
 epoch start from given cursors: a loader state loaded under another mixture (new weights, a source
 added or removed, by name) or another number of workers continues each source's pass from the
-rank's cursor at the saved point, so nothing within a pass is read twice or skipped.
+rank's cursor at the saved point, so nothing within a pass is read twice or skipped. Under another
+number of ranks, :meth:`MixedSources.elastic_stage` makes the new ranks read the rest of every
+unfinished pass first (:mod:`.mixture_rest`), from the states of all the saved ranks.
+
+With ``balance="cost"`` (:meth:`MixedSources.set_balance`) each source's pass is dealt to the ranks
+by cost (:func:`.source_stream.dealt_share`) and read in that order (no shuffle buffer: the order is
+seeded), each worker keeps its own shares (``plan_slot(own_shares=True)``), and :meth:`schedule`
+runs each worker's windows in cost bands (:func:`.balance.band_order`).
 """
 
 from __future__ import annotations
