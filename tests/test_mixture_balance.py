@@ -132,3 +132,29 @@ def test_with_workers_too_on_a_larger_mixture(tmp_path, workers):
         costs = [CostModel().costs(np.load(tmp_path / n / INDEX_NAME)) for n in ("img", "txt")]
         got[balance] = waiting(mix.step_costs(costs, **kw))
     assert got["cost"] <= TARGET_WAITING < 2 < got[None]
+
+
+def test_a_balanced_mixture_resumes_on_other_ranks_at_a_window_end(roots):
+    """Saved at a balance window's end (32 batches of 2 packs, window 64), 8 ranks go on as 4: every
+    pack of the passes read at most once, every new rank as many batches."""
+    packs, states = [], []
+    for rank in range(RANKS):
+        loader = _loader(roots, rank=rank)
+        got = _batches(loader, 32)
+        packs += _with_passes(loader, [(0, t, b) for t, b in enumerate(got)])
+        states.append(json.loads(json.dumps(loader.state_dict())))
+    assert not any(s["mixture"].get("mid_window") for s in states)
+    lengths = set()
+    for rank in range(4):
+        loader = _loader(roots, rank=rank, world=4)
+        loader.load_state_dict(states)
+        first = loader._batches
+        rest = _batches(loader)
+        lengths.add(len(rest))
+        packs += _with_passes(loader, [(0, first + t, b) for t, b in enumerate(rest)])
+    assert len(lengths) == 1
+    seen = defaultdict(list)
+    for s, p, r in packs:
+        seen[s, p].append(r)
+    assert all(len(rows) == len(set(rows)) for rows in seen.values())
+    assert sum(len(rows) for rows in seen.values()) == RANKS * len(_loader(roots)) * 2  # the whole epoch's packs
