@@ -200,8 +200,9 @@ def test_incompatible_or_unindexed_sources_are_refused(roots, tmp_path):
     write_dataset(tmp_path / "old", shards=1, packs_per_shard=6, seq_len=64, max_images=0, seed=1)
     with pytest.raises(ConfigError, match=r"'old' .* no pack index .*`wdspack index"):
         make_loader([(str(roots / "a"), 1), (str(tmp_path / "old"), 1)], num_workers=0, **OPTIONS)
-    with pytest.raises(ConfigError, match="balance"):
-        make_loader(_mix(roots), num_workers=0, balance="cost", **OPTIONS)
+    # a mixture balances (tests/test_mixture_balance.py), with a window of a batch at least
+    with pytest.raises(ConfigError, match=r"balance window \(1 packs\) must be >= batch_size"):
+        make_loader(_mix(roots), num_workers=0, balance={"window": 1}, **OPTIONS)
 
 
 def test_single_dataset_batches_carry_source_zero(roots):
