@@ -57,6 +57,7 @@ bench: env
 	$(BIN)/python tools/bench_processor.py --json docs/bench_processor.json
 	$(BIN)/python tools/bench_train.py --records 120 --json docs/bench_train.json
 	$(BIN)/python tools/bench_balance.py --json docs/bench_balance.json --plot docs/balance.png
+	$(BIN)/python tools/bench_mixture_balance.py --json docs/bench_mixture_balance.json
 	$(BIN)/python -W ignore tools/bench_wds.py --json docs/bench_wds.json
 	$(BIN)/python tools/bench_sources.py --json docs/bench_sources.json
 	$(BIN)/python tools/bench_mixture.py --json docs/bench_mixture.json

@@ -16,7 +16,9 @@ import numpy as np
 from ..errors import ConfigError
 from .plan import EpochPlan, PackRange, epoch_shares, slot_order
 
-__all__ = ["RUNS", "TARGET_WAITING", "choose_run", "plan_epoch_balanced", "step_costs", "waiting"]
+__all__ = ["RUNS", "TARGET_WAITING", "band_order", "choose_run", "plan_epoch_balanced", "step_costs", "waiting"]
+
+_GOLDEN = 0.6180339887498949
 
 #: Run lengths :func:`choose_run` tries, longest first, where requests cost something.
 RUNS = (32, 16, 8, 4, 2, 1)
@@ -124,6 +126,42 @@ def plan_epoch_balanced(counts: Sequence[int], costs: Sequence[np.ndarray], *, r
         slots_out.append(tuple(ranges))
         orders.append(np.asarray(order, np.int64))
     return EpochPlan(slots=tuple(slots_out), per_slot=per_slot, orders=tuple(orders))
+
+
+def band_order(costs: np.ndarray, *, limit: int, window: int, batch_size: int, seed: int, epoch: int,
+               heaviest_first: bool = False) -> np.ndarray:
+    """A slot's emission order balanced in place (a mixture's, whose packs per rank the schedule fixes).
+
+    The first ``limit`` positions are cut into windows of ``window`` (a multiple of ``batch_size``);
+    each window is sorted by cost (``costs``, one per position), cut into bands of ``batch_size``,
+    and its bands are emitted in a low-discrepancy order (step ``q`` runs the band ranked like
+    ``frac(q·φ + u)``, ``u`` seeded by ``(seed, epoch, window)`` alone), so every slot that holds
+    about the same costs in a window runs the same band at the same step, and any stretch of steps
+    spans the costs (with a mixture, the sources) evenly. Positions
+    from ``limit`` on keep their order. With ``heaviest_first`` the first window's costliest band
+    leads. Returns the positions in their new order.
+
+    Example:
+        >>> band_order(np.array([1, 9, 5, 7, 3, 8]), limit=6, window=4, batch_size=2, seed=0, epoch=0).tolist()
+        [1, 3, 2, 0, 5, 4]
+
+    (costs 1 9 5 7 | 3 8: the first window's bands are {9, 7} and {5, 1})
+    """
+    window = max(window // batch_size, 1) * batch_size
+    out: list[np.ndarray] = []
+    for j, a in enumerate(range(0, limit, window)):
+        b = min(a + window, limit)
+        ranked = a + np.argsort(-np.asarray(costs[a:b]), kind="stable")
+        bands = -(-(b - a) // batch_size)
+        # step q of the window runs the band ranked like frac(q·φ + u) (u seeded): any stretch of steps
+        # spans the bands, hence the costs and the sources, evenly (a random order would clump them)
+        u = np.random.default_rng([seed, epoch, j, 0xBA2]).random()
+        steps = np.argsort(np.argsort((np.arange(bands) * _GOLDEN + u) % 1.0, kind="stable"), kind="stable").tolist()
+        if heaviest_first and j == 0 and steps:
+            steps = [0] + [k for k in steps if k != 0]
+        out.extend(ranked[k * batch_size:(k + 1) * batch_size] for k in steps)
+    out.append(np.arange(limit, len(costs)))
+    return np.concatenate(out).astype(np.int64) if out else np.arange(len(costs))
 
 
 def _deal(pool, costs, room: list[int], *, first: list[int] | None, top: set[tuple[int, int]]) -> list[list]:

@@ -282,6 +282,14 @@ class PackedLoader:
         follow this layout. Pass the states of *all* the saved ranks (a list, any order) for an
         exact rest; one state alone also works when no pack was skipped as corrupt (every rank
         consumed the same batches, so the others' positions follow from this one's).
+
+        A mixture resumes under another number of workers from this rank's state (its cursor per
+        source), and under another number of ranks from *all* the saved ranks' states: each source's
+        unfinished passes continue as their rest (the packs no saved rank consumed) split over the new
+        ranks, then the following passes as usual, nothing within a pass read twice or skipped, and
+        the saved ranks' batches left shared out evenly (``MixedSources.elastic_stage``). One state
+        alone is refused there unless the others follow from it (no stage began and no pack was
+        skipped).
         """
         states = [state] if isinstance(state, Mapping) else list(state)
         if not states:
@@ -328,14 +336,13 @@ class PackedLoader:
             self._restore_stage(state, changed=True)
             return
         if not same and self.dataset.mixture is not None:
-            raise ConfigError(f"the state was saved by {saved['world_size']} ranks × {saved['num_workers']} workers "
-                              f"(rank {saved['rank']}), this mixture loader is rank {now['rank']} of "
-                              f"{now['world_size']} × {now['num_workers']} workers; a mixture resumes under another "
-                              "number of workers (pass this rank's state), but not yet under another number of ranks "
-                              "(each rank's cursors are within its own share of every pass; issue #21, item 4): "
-                              f"restore with world_size={saved['world_size']}, or start the next epoch on the new "
-                              f"layout with loader.set_epoch({int(states[0]['epoch']) + 1}) (its passes then start "
-                              "afresh)")
+            if mixed:
+                raise ConfigError(f"the state was saved by {saved['world_size']} ranks under another mixture "
+                                  f"({mixed[0]}); change the number of ranks and the mixture at two checkpoints: "
+                                  "resume under the saved mixture on the new ranks first (or the new mixture on "
+                                  f"{saved['world_size']} ranks)")
+            self._restore_mixture_elastic(states)
+            return
         if same:
             self._restore(mine[0])
             if self.dataset.mixture is not None:
@@ -343,10 +350,61 @@ class PackedLoader:
         else:
             self._restore_elastic(states)
 
+    def _restore_mixture_elastic(self, states: list[Mapping[str, Any]]) -> None:
+        """A mixture's state saved by other ranks: the rest of each source's unfinished passes over this
+        layout (``MixedSources.elastic_stage``), from every saved rank's cursors."""
+        ds, mix = self.dataset, self.dataset.mixture
+        assert mix is not None
+        config = states[0]["config"]
+        world, workers = int(config["world_size"]), max(1, int(config["num_workers"]))
+        epochs = {(int(s["epoch"]), int(s["batches"])) for s in states}
+        if len(epochs) != 1 or any(s["config"]["world_size"] != world or s["config"]["num_workers"] != config[
+                "num_workers"] for s in states):
+            raise ConfigError(f"the states disagree on the epoch, batches or layout ({sorted(epochs)}); pass the "
+                              "states all ranks saved at one step")
+        (epoch, batches), = epochs
+        if any("mixture" not in s for s in states):
+            raise ConfigError(f"the state was saved by {world} ranks by a wdspack that kept no per-source cursors; "
+                              f"restore with world_size={world}, or start the next epoch with "
+                              f"loader.set_epoch({epoch + 1})")
+        by_rank = {int(s["config"]["rank"]): s for s in states}
+        if sorted(by_rank) == list(range(world)):
+            points = [by_rank[r]["mixture"] for r in range(world)]
+        elif len(states) == 1 and states[0]["mixture"].get("stage") is None and all(
+                int(p[1]) == int(p[2]) for p in states[0]["workers"]):
+            # exactly recoverable: no stage and no pack skipped, so every rank consumed the same batches
+            # of the same chain from epoch 0, and the others' cursors follow from this one's positions
+            mix.set_stage(None)
+            points = [mix.save_point(rank=r, slots=world * workers, workers=workers, epoch=epoch,
+                                     emitted=[int(p[1]) for p in states[0]["workers"]], batch_size=self.batch_size,
+                                     seed=ds.seed, shuffle=ds.shuffle, shuffle_buffer=ds.shuffle_buffer)
+                      for r in range(world)]
+        else:
+            raise ConfigError(f"got the states of ranks {sorted(by_rank)} of a {world}-rank mixture run; a mixture "
+                              f"resumed on {ds.world_size} ranks needs the states of all {world} (each rank's cursors "
+                              "are within its own share of every pass): gather every rank's loader.state_dict() and "
+                              "pass the list to load_state_dict on every new rank")
+        epoch, short, yielded = mix.elastic_stage(points, epoch=epoch, batches=batches, ranks=ds.world_size,
+                                                  workers=self._workers, batch_size=self.batch_size, seed=ds.seed,
+                                                  shuffle=ds.shuffle)
+        ds.set_elastic(None)
+        self._stats_base, self._stats_live = Counter(states[0].get("stats", {}) if len(states) == 1 else {}), {}
+        self._epoch, self._batches = epoch, short
+        self._positions = [(0, y, y) for y in yielded]
+        self._resume = bool(short or any(yielded))
+        logger.info("elastic resume of a mixture: epoch %d saved by %d ranks × %d workers continues on %d × %d "
+                    "(%d batches left on this rank)", epoch, world, workers, ds.world_size, self._workers,
+                    len(self) - short)
+
     def _adopt_balance_run(self, saved: Mapping[str, Any]) -> None:
         """A balance that chooses its run length resumes with the one the state was saved with."""
         ds, run = self.dataset, (saved.get("balance") or {}).get("run")
         if ds.balance is None or ds.balance.run is not None or run is None:
+            return
+        if ds.mixture is not None:  # its passes are dealt in runs: the saved run, for the cursors to mean the same
+            if run != ds.mixture.run:
+                ds.mixture.set_balance(ds.balance.cost_model, window=ds.balance_window,
+                                       heaviest_first=ds.balance.heaviest_first, run=int(run))
             return
         if run != ds.balance_run(ds.world_size, self._workers):
             if getattr(self.dataloader, "_iterator", None) is not None:
@@ -435,7 +493,7 @@ class PackedLoader:
             config["mixture"] = ds.mixture.config()
         if ds.balance is not None:  # only then: states saved without balance stay loadable
             b = ds.balance
-            run = ds.balance_run(ds.world_size, self._workers)
+            run = ds.balance_run(ds.world_size, self._workers) if ds.mixture is None else ds.mixture.run
             config["balance"] = {"kind": "cost", "cost_model": dataclasses.asdict(b.cost_model),
                                  "heaviest_first": b.heaviest_first, "window": ds.balance_window, "run": run}
         return config

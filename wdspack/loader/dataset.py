@@ -39,7 +39,7 @@ from ..format.dataset import ResolvedSource, read_pack_index, resolve_source
 from ..format.tar import Handler
 from ..storage.streams import open_stream
 from ..storage.urls import is_remote
-from .balance import choose_run, plan_epoch_balanced
+from .balance import RUNS, TARGET_WAITING, choose_run, plan_epoch_balanced, waiting
 from .budgets import check_pixels, dataset_budgets
 from .elastic import SharedBasis, consumed_packs
 from .mixed import MixedSources
@@ -365,15 +365,33 @@ class PackedDataset(IterableDataset):
         self._run_override: int | None = None
         if balance is None:
             return
-        if self.mixture is not None:
-            raise ConfigError("balance='cost' does not take a mixture yet (issue #21, item 4); load the mixture "
-                              "without balance=")
         if self.balance_window < self.batch_size:
             raise ConfigError(f"the balance window ({self.balance_window} packs) must be >= batch_size "
                               f"({self.batch_size}); pass Balance(window=N) with N >= {self.batch_size}")
+        if self.mixture is not None:  # passes dealt to the ranks by cost, each window run in cost bands
+            self._balance_mixture(balance)
+            return
         index = read_pack_index(self._source, **self._read)
         self._costs = [balance.cost_model.costs(rows) for rows in index]
         self._offsets = [rows[:, COLUMNS.index("offset")].copy() for rows in index]
+
+    def _balance_mixture(self, balance: Balance) -> None:
+        """A mixture's balance: its run length, if not given, is 1 where every source is local (requests are
+        free), else the longest of :data:`~.balance.RUNS` whose epoch 0 on this many ranks (one worker
+        each) keeps :func:`~.balance.waiting` within the target (the shortest when none does)."""
+        mix = self.mixture
+        assert mix is not None
+        kw = dict(window=self.balance_window, heaviest_first=balance.heaviest_first)
+        if balance.run is not None or not any(is_remote(s.url) for s in self._source.shards):
+            mix.set_balance(balance.cost_model, run=balance.run or 1, **kw)  # type: ignore[arg-type]
+            return
+        for run in RUNS:
+            mix.set_balance(balance.cost_model, run=run, **kw)  # type: ignore[arg-type]
+            steps = mix.step_costs(mix.balance[0], ranks=self.world_size, workers=1,  # type: ignore[index]
+                                   batch_size=self.batch_size, seed=self.seed, shuffle=self.shuffle,
+                                   shuffle_buffer=self.shuffle_buffer)
+            if waiting(steps) <= TARGET_WAITING:
+                return
 
     def balance_run(self, world: int, workers: int) -> int:
         """Packs per request under the balance for ``world × workers`` slots: the balance's ``run``, the

@@ -35,7 +35,14 @@ point, whole rounds of the workers' batches or not; a segment that begins at wor
 gives ``w`` the merge's first role). A *stage* (:meth:`MixedSources.stage`) makes the rest of an
 epoch start from given cursors: a loader state loaded under another mixture (new weights, a source
 added or removed, by name) or another number of workers continues each source's pass from the
-rank's cursor at the saved point, so nothing within a pass is read twice or skipped.
+rank's cursor at the saved point, so nothing within a pass is read twice or skipped. Under another
+number of ranks, :meth:`MixedSources.elastic_stage` makes the new ranks read the rest of every
+unfinished pass first (:mod:`.mixture_rest`), from the states of all the saved ranks.
+
+With ``balance="cost"`` (:meth:`MixedSources.set_balance`) each source's pass is dealt to the ranks
+by cost (:func:`.source_stream.dealt_share`) and read in that order (no shuffle buffer: the order is
+seeded), each worker keeps its own shares (``plan_slot(own_shares=True)``), and :meth:`schedule`
+runs each worker's windows in cost bands (:func:`.balance.band_order`).
 """
 
 from __future__ import annotations
@@ -56,13 +63,23 @@ from ..format.dataset import ResolvedSource, ShardRef, read_pack_index, resolve_
 from ..format.pack_index import COLUMNS
 from ..format.tar import Handler
 from ..storage.streams import open_stream
+from .balance import band_order
 from .budgets import dataset_budgets
 from .collate import SOURCE_KEY
 from .elastic import SharedBasis
 from .mixture import Mixture, MixtureEpoch, check_compatible, mixture_epoch, unit_values
+from .mixture_rest import rest_layouts
 from .options import ReadOptions
 from .plan import PackRange
-from .rank_cursors import concat_plans, cursor_from_json, cursor_to_json, rank_cursors, renumber, shifted
+from .rank_cursors import (
+    concat_plans,
+    cursor_from_json,
+    cursor_to_json,
+    rank_cursors,
+    renumber,
+    shifted,
+    take_positions,
+)
 from .schedule import SlotSchedule, SourceCursor, SourceLayout, plan_slot, source_layout
 from .stages import decode_packs, lap_source
 
@@ -94,6 +111,11 @@ class MixedSources:
         # the stage the stream continues from (set by a resume under another mixture; see stage()), in
         # shared memory: persistent DataLoader workers read it at each iteration
         self._stage = SharedBasis()
+        self._rest: tuple[str, tuple[SourceLayout, ...]] | None = None  # the layouts with the stage's rest
+        self.rows: tuple[np.ndarray, ...] = ()  # each source's pack index (rows in manifest order)
+        #: ``balance="cost"``: each source's pack costs, the window and heaviest_first (:meth:`set_balance`)
+        self.balance: tuple[tuple[np.ndarray, ...], int, bool] | None = None
+        self.run = 1  # packs per run a balanced pass is dealt in
 
     @classmethod
     def open(cls, value: Any, *, read: ReadOptions, seq_len: int | None = None, max_images: int | None = None,
@@ -107,7 +129,7 @@ class MixedSources:
         check_compatible(mixture.names, [s.manifest for s in sources])
         budgets = [dataset_budgets(s, seq_len, max_images, pad_token_id, read=kwargs) for s in sources]
         slots = max(b[1] for b in budgets)  # image slots sized for the fullest source
-        layouts, offsets, units, packs = [], [], [], []
+        layouts, offsets, units, packs, tables = [], [], [], [], []
         for name, src in zip(mixture.names, sources):
             assert src.manifest is not None  # check_compatible refuses sources without one
             if not src.manifest.pack_index:
@@ -116,6 +138,7 @@ class MixedSources:
                                   f"{src.display}` (reads the shards once, rewrites nothing else)")
             index = read_pack_index(src, **kwargs)
             rows = np.concatenate(index) if index else np.zeros((0, len(COLUMNS)), np.int64)
+            tables.append(rows)
             values = unit_values(rows, mixture.unit)
             layouts.append(source_layout(name, [s.packs for s in src.shards], values))
             offsets.append([r[:, COLUMNS.index("offset")].copy() for r in index])
@@ -125,11 +148,31 @@ class MixedSources:
         logger.info("mixture of %d sources (%s, in %s): one epoch makes %s passes", len(sources),
                     ", ".join(f"{n} {w:.3f}" for n, w in zip(mixture.names, mixture.shares)), mixture.unit,
                     ", ".join(f"{n} {p:.3g}" for n, p in zip(mixture.names, epoch.passes)))
-        return cls(mixture, sources, layouts, epoch, offsets, (budgets[0][0], slots, budgets[0][2]))
+        mix = cls(mixture, sources, layouts, epoch, offsets, (budgets[0][0], slots, budgets[0][2]))
+        mix.rows = tuple(tables)
+        return mix
 
     @property
     def names(self) -> tuple[str, ...]:
         return self.mixture.names
+
+    def set_balance(self, cost_model: Any, *, window: int, heaviest_first: bool = False, run: int = 1) -> None:
+        """Balance every slot's windows by cost (``balance="cost"``; None: off): the schedule fixes which
+        packs a rank reads, and each worker's window of ``window`` packs is sorted into cost bands run in
+        the same order on every rank (:func:`~.balance.band_order`), so a step's ranks run about the same
+        cost while every window keeps the schedule's packs, hence its shares. For the ranks to hold
+        alike costs, each source's pass is dealt to them by cost, in runs of ``run`` packs
+        (:func:`~.source_stream.dealt_share`), instead of cut into consecutive runs.
+
+        ``cost_model`` is a :class:`~wdspack.format.pack_index.CostModel` (its ``costs`` of the pack
+        index rows)."""
+        self.balance = None if cost_model is None else (
+            tuple(cost_model.costs(rows) for rows in self.rows), int(window), bool(heaviest_first))
+        costs = self.balance[0] if self.balance is not None else [None] * len(self.layouts)
+        self.run = int(run)
+        self.layouts = tuple(dataclasses.replace(layout, costs=c, run=int(run))
+                             for layout, c in zip(self.layouts, costs))
+        self._rest, self._starts, self._segs = None, {}, {}
 
     def per_slot(self, slots: int, batch_size: int, epoch: int | None = None) -> int:
         """Packs every slot yields per epoch: the mixture's, except in the epoch a stage began in, which
@@ -145,6 +188,8 @@ class MixedSources:
         stage = self.stage()
         if stage is not None:
             return int(stage["buffer"])
+        if self.balance is not None:  # a balanced share is read in its seeded order of cost rounds, as is
+            return 1
         return max(1, shuffle_buffer // len(self.sources))
 
     def config(self) -> dict[str, Any]:
@@ -184,12 +229,25 @@ class MixedSources:
             raise ConfigError(f"the stage is for sources {stage['names']}, this mixture has {list(self.names)}")
         self._stage.set(stage)
 
+    def active_layouts(self) -> tuple[SourceLayout, ...]:
+        """The sources' layouts as the stream reads them: after an elastic resume with the rest of the
+        passes the saved ranks left (:mod:`.mixture_rest`), else :attr:`layouts`."""
+        stage = self.stage()
+        rest = None if stage is None else stage.get("rest")
+        if rest is None:
+            return self.layouts
+        key = json.dumps(rest, sort_keys=True)
+        if self._rest is None or self._rest[0] != key:
+            self._rest = key, rest_layouts(self.layouts, self.names, rest)
+        return self._rest[1]
+
     def _plan(self, n: int, cursors: Sequence[SourceCursor], *, slot: int, slots: int, workers: int,
               batch_size: int, seed: int, shuffle: bool, shuffle_buffer: int,
               shares: Sequence[float] | None = None) -> SlotSchedule:
-        return plan_slot(self.layouts, self.mixture.shares if shares is None else shares, slot=slot, slots=slots,
-                         per_slot=n, seed=seed, cursors=cursors, shuffle=shuffle,
-                         shuffle_buffer=self.buffer(shuffle_buffer), workers=workers, batch_size=batch_size)
+        return plan_slot(self.active_layouts(), self.mixture.shares if shares is None else shares, slot=slot,
+                         slots=slots, per_slot=n, seed=seed, cursors=cursors, shuffle=shuffle,
+                         shuffle_buffer=self.buffer(shuffle_buffer), workers=workers, batch_size=batch_size,
+                         own_shares=self.balance is not None)
 
     def _segments(self, *, rank: int, slots: int, workers: int, epoch: int, batch_size: int, seed: int,
                   shuffle: bool, shuffle_buffer: int) -> list[_Segment]:
@@ -295,10 +353,14 @@ class MixedSources:
         else:
             start = self.epoch_start(rank=rank, epoch=epoch, **kw)
         cursors = self._cursors_at(rank=rank, epoch=epoch, emitted=emitted, **kw)
-        return {"names": list(self.names), "cursors": [cursor_to_json(c) for c in cursors],
-                "start": None if start is None else [cursor_to_json(c) for c in start],
-                "length": self.per_slot(slots, batch_size, epoch), "buffer": self.buffer(shuffle_buffer),
-                "workers": workers, "stage": stage}
+        point = {"names": list(self.names), "cursors": [cursor_to_json(c) for c in cursors],
+                 "start": None if start is None else [cursor_to_json(c) for c in start],
+                 "length": self.per_slot(slots, batch_size, epoch), "buffer": self.buffer(shuffle_buffer),
+                 "workers": workers, "stage": stage}
+        if self.mid_window([e + int(b) for e, b in zip(emitted, stage["before"])] if start is None and stage
+                           else emitted, slots=slots, workers=workers, epoch=epoch, batch_size=batch_size):
+            point["mid_window"] = True  # only then: other states are unchanged
+        return point
 
     def resume_stage(self, saved: Mapping[str, Any], *, epoch: int, batches: int, yielded: Sequence[int],
                      workers: int, batch_size: int, changed: bool) -> tuple[int, int, list[int]]:
@@ -314,9 +376,14 @@ class MixedSources:
         consumed whole, or not begun, makes an anchor instead.
         """
         old = dict(zip(saved["names"], saved["cursors"]))
+        if changed:
+            _refuse_mid_window([saved])
         fresh = cursor_to_json(SourceCursor())
         length, buffer, was = int(saved["length"]), int(saved["buffer"]), int(saved["workers"])
         common = {"names": list(self.names), "buffer": buffer, "workers": workers}
+        rest = (saved.get("stage") or {}).get("rest")
+        if rest is not None:  # an elastic resume's rest of the passes: kept until the stream leaves them
+            common["rest"] = rest
         if not changed:
             stage = saved.get("stage")
             if not _mid(stage, epoch):
@@ -343,6 +410,52 @@ class MixedSources:
                         "shift": batches % workers, "length": int(length), "anchor": False})
         return epoch, batches, list(yielded)
 
+    def elastic_stage(self, saved: Sequence[Mapping[str, Any]], *, epoch: int, batches: int, ranks: int, workers: int,
+                      batch_size: int, seed: int, shuffle: bool) -> tuple[int, int, list[int]]:
+        """Set the stage a run saved by ``len(saved)`` ranks continues from on ``ranks`` ranks × ``workers``
+        (``saved``: every saved rank's :meth:`save_point`, rank ``r``'s at ``r``, all at ``batches`` of
+        ``epoch``); returns the epoch, batches and each worker's yielded packs to continue from.
+
+        Each source's passes the saved ranks left unfinished continue as their rest (the packs no saved
+        rank consumed, :mod:`.mixture_rest`), split over the new ranks; the new ranks' streams start at
+        the first such pass. The rest of the epoch (the saved ranks' batches left, in all) is shared
+        out evenly, rounded up, so every new rank makes as many batches; an epoch consumed whole, or
+        not begun, makes an anchor at the next one's (this one's) start instead.
+        """
+        first = saved[0]
+        _refuse_mid_window(saved)
+        for key in ("names", "buffer", "length", "workers"):
+            if any(p[key] != first[key] for p in saved):
+                raise ConfigError(f"the ranks' states disagree on the mixture's {key!r}; pass the states all ranks "
+                                  "saved at one step of one run")
+        prior = [(p.get("stage") or {}).get("rest") for p in saved]
+        if any(r != prior[0] for r in prior):
+            raise ConfigError("the ranks' states hold different elastic rests; pass the states all ranks saved at "
+                              "one step of one run")
+        if list(first["names"]) != list(self.names):
+            raise ConfigError(f"the states are for sources {first['names']}, this mixture has {list(self.names)}: "
+                              "resume under the saved mixture first, then change it at a later checkpoint")
+        length, buffer, was = int(first["length"]), int(first["buffer"]), int(first["workers"])
+        rest = {"ranks": int(ranks), "old_ranks": len(saved), "seed": int(seed), "shuffle": bool(shuffle),
+                "buffer": buffer, "prior": prior[0],
+                "cursors": {n: [p["cursors"][i] for p in saved] for i, n in enumerate(self.names)}}
+        layouts = rest_layouts(self.layouts, self.names, rest)
+        start = [cursor_to_json(SourceCursor(min(layout.rest) if layout.rest else 0, 0)) for layout in layouts]
+        common = {"names": list(self.names), "buffer": buffer, "workers": workers, "rest": rest, "start": start}
+        total = was * length // batch_size  # a saved rank's batches in the epoch
+        if batches >= total or batches == 0:  # at an epoch's end or start: an anchor
+            epoch += batches > 0
+            self.set_stage({**common, "epoch": epoch, "before": [0] * workers, "shift": 0, "length": None,
+                            "anchor": True})
+            return epoch, 0, [0] * workers
+        mine = -(-len(saved) * (total - batches) // ranks)  # this rank's batches left
+        rounds = -(-mine // workers)
+        short = rounds * workers - mine  # the workers the last round skips count one batch as yielded before
+        yielded = [batch_size] * short + [0] * (workers - short)
+        self.set_stage({**common, "epoch": epoch, "before": yielded, "shift": short % workers,
+                        "length": rounds * batch_size, "anchor": False})
+        return epoch, short, yielded
+
     def schedule(self, *, slot: int, slots: int, workers: int, epoch: int, positions: int, batch_size: int,
                  seed: int, shuffle: bool, shuffle_buffer: int) -> SlotSchedule:
         """Slot ``slot``'s first ``positions`` packs of ``epoch`` (``per_slot`` of them, more after skips;
@@ -361,6 +474,9 @@ class MixedSources:
         kw: dict[str, Any] = dict(slots=slots, workers=workers, batch_size=batch_size, seed=seed, shuffle=shuffle,
                                   shuffle_buffer=shuffle_buffer)
         rank, worker = divmod(slot, workers)
+        if self.balance is not None:  # windows balanced whole: planned to the epoch's end at least
+            limit = self._balance_limit(worker, slots=slots, workers=workers, epoch=epoch, batch_size=batch_size)
+            wanted, positions = positions, max(positions, limit)
         segs = self._segments(rank=rank, epoch=epoch, **kw)
         parts, left = [], positions
         for k, seg in enumerate(segs):
@@ -374,7 +490,58 @@ class MixedSources:
             left -= n
             if left <= 0:
                 break
-        return parts[0] if len(parts) == 1 else concat_plans(parts)
+        plan = parts[0] if len(parts) == 1 else concat_plans(parts)
+        if self.balance is None:
+            return plan
+        costs, window, heaviest = self.balance
+        cost = np.zeros(len(plan.source), np.int64)
+        for i, c in enumerate(costs):
+            mine = plan.source == i
+            cost[mine] = c[plan.row[mine]]
+        order = band_order(cost, limit=min(limit, len(cost)), window=window, batch_size=batch_size, seed=seed,
+                           epoch=epoch, heaviest_first=heaviest and not self.mid_stage(epoch))
+        return take_positions(plan, order[:wanted])
+
+    def step_costs(self, costs: Sequence[np.ndarray], *, ranks: int, workers: int, batch_size: int, seed: int,
+                   shuffle: bool, shuffle_buffer: int, epoch: int = 0) -> np.ndarray:
+        """``[steps, ranks]``: the cost each rank runs at each step of ``epoch`` (``costs``: each source's pack
+        costs, in manifest order), as the loader would emit it (balanced or not); no pack is read.
+
+        Worker ``t % workers`` of every rank serves step ``t``; :func:`~.balance.waiting` of the table is
+        how long the slowest rank makes the steps take over the mean.
+        """
+        slots = ranks * workers
+        per = self.per_slot(slots, batch_size, epoch)
+        out = np.zeros((per // batch_size * workers, ranks), np.int64)
+        for r in range(ranks):
+            for w in range(workers):
+                plan = self.schedule(slot=r * workers + w, slots=slots, workers=workers, epoch=epoch, positions=per,
+                                     batch_size=batch_size, seed=seed, shuffle=shuffle, shuffle_buffer=shuffle_buffer)
+                cost = np.zeros(len(plan.source), np.int64)
+                for i, c in enumerate(costs):
+                    mine = plan.source == i
+                    cost[mine] = np.asarray(c)[plan.row[mine]]
+                out[w::workers, r] = cost[:per // batch_size * batch_size].reshape(-1, batch_size).sum(1)
+        return out
+
+    def _balance_limit(self, worker: int, *, slots: int, workers: int, epoch: int, batch_size: int) -> int:
+        """The positions of ``worker``'s plan that the balance reorders: its packs of the epoch (of the
+        stage's part, in a stage's epoch)."""
+        stage = self.stage()
+        before = int(stage["before"][worker]) if stage is not None and _mid(stage, epoch) else 0
+        return self.per_slot(slots, batch_size, epoch) - before
+
+    def mid_window(self, emitted: Sequence[int], *, slots: int, workers: int, epoch: int, batch_size: int) -> bool:
+        """Whether a worker of a balanced mixture stands inside a balance window (its cursors are then
+        the schedule's, not what it consumed: a window is emitted in cost order)."""
+        if self.balance is None:
+            return False
+        stage = self.stage()
+        before = [int(b) for b in stage["before"]] if stage is not None and _mid(stage, epoch) else [0] * workers
+        window = max(self.balance[1] // batch_size, 1) * batch_size
+        return any(0 < e - b < self._balance_limit(w, slots=slots, workers=workers, epoch=epoch,
+                                                   batch_size=batch_size) and (e - b) % window
+                   for w, (e, b) in enumerate(zip(emitted, before)))
 
     def iter_slot(self, *, slot: int, slots: int, workers: int, epoch: int, position: tuple[int, int, int],
                   batch_size: int, seed: int, shuffle: bool, shuffle_buffer: int, read: dict[str, Any],
@@ -530,9 +697,19 @@ def _replay(mix: MixedSources, start: Sequence[SourceCursor], counts: Sequence[i
     plays role 0): ``start``, ``counts`` and the result with workers numbered as in the epoch."""
     roles = [counts[(u + t0) % workers] for u in range(workers)]
     begin = [renumber(c, lambda w: (w - t0) % workers) for c in start]
-    end = rank_cursors(mix.layouts, shares, begin, roles, rank=rank, ranks=slots // workers, workers=workers,
-                       batch_size=batch_size, seed=seed, shuffle=shuffle, shuffle_buffer=mix.buffer(shuffle_buffer))
+    end = rank_cursors(mix.active_layouts(), shares, begin, roles, rank=rank, ranks=slots // workers, workers=workers,
+                       batch_size=batch_size, seed=seed, shuffle=shuffle, shuffle_buffer=mix.buffer(shuffle_buffer),
+                       own_shares=mix.balance is not None)
     return tuple(renumber(c, lambda u: (u + t0) % workers) for c in end)
+
+
+def _refuse_mid_window(saved: Sequence[Mapping[str, Any]]) -> None:
+    if any(p.get("mid_window") for p in saved):
+        raise ConfigError("the state was saved inside a balance window of a balanced mixture (balance='cost'), "
+                          "where a worker has emitted part of its window in cost order, so its cursors do not say "
+                          "which packs it consumed; resume it with the same mixture, ranks and workers, and change "
+                          "them at a state saved at a window's end (every window / batch_size batches of each "
+                          "worker) or an epoch's end")
 
 
 def _mid(stage: Mapping[str, Any] | None, epoch: int) -> bool:

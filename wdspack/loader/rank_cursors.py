@@ -17,7 +17,8 @@ import numpy as np
 from .schedule import SlotSchedule, SourceCursor, SourceLayout, plan_slot
 from .source_stream import RankStream
 
-__all__ = ["concat_plans", "cursor_from_json", "cursor_to_json", "rank_cursors", "renumber", "shifted"]
+__all__ = ["concat_plans", "cursor_from_json", "cursor_to_json", "rank_cursors", "renumber", "shifted",
+           "take_positions"]
 
 
 def cursor_to_json(c: SourceCursor) -> list:
@@ -54,6 +55,13 @@ def renumber(c: SourceCursor, owner: Callable[[int], int]) -> SourceCursor:
     return SourceCursor(c.pass_no, c.pos, tuple((owner(h[0]), *h[1:]) for h in c.held), c.frontier)
 
 
+def take_positions(plan: SlotSchedule, order: np.ndarray) -> SlotSchedule:
+    """``plan``'s positions ``order`` (a balanced window's cost order, or a prefix); its cursors and reads
+    are kept."""
+    picked = {name: getattr(plan, name)[order] for name in ("source", "pass_no", "shard", "pack", "row", "units")}
+    return SlotSchedule(start=plan.start, end=plan.end, reads=plan.reads, **picked)
+
+
 def concat_plans(parts: Sequence[SlotSchedule]) -> SlotSchedule:
     """Segments' plans of one slot, one after the other."""
     cat = {name: np.concatenate([getattr(p, name) for p in parts])
@@ -64,7 +72,7 @@ def concat_plans(parts: Sequence[SlotSchedule]) -> SlotSchedule:
 
 def rank_cursors(layouts: Sequence[SourceLayout], shares: Sequence[float], start: Sequence[SourceCursor],
                  counts: Sequence[int], *, rank: int, ranks: int, workers: int, batch_size: int, seed: int,
-                 shuffle: bool, shuffle_buffer: int) -> tuple[SourceCursor, ...]:
+                 shuffle: bool, shuffle_buffer: int, own_shares: bool = False) -> tuple[SourceCursor, ...]:
     """The rank's cursors once worker ``w`` has emitted the first ``counts[w]`` positions of its plan from
     ``start`` (:func:`~.schedule.plan_slot`), which need not be whole rounds of the workers' batches.
 
@@ -81,7 +89,7 @@ def rank_cursors(layouts: Sequence[SourceLayout], shares: Sequence[float], start
         (SourceCursor(pass_no=0, pos=2),)
     """
     kw = dict(seed=seed, cursors=start, shuffle=shuffle, shuffle_buffer=shuffle_buffer, workers=workers,
-              batch_size=batch_size)
+              batch_size=batch_size, own_shares=own_shares)
     if workers == 1:
         return plan_slot(layouts, shares, slot=rank, slots=ranks, per_slot=int(counts[0]), **kw).end  # type: ignore[arg-type]
     if len(set(counts)) == 1 and counts[0] % batch_size == 0:  # whole rounds: the plan's own end

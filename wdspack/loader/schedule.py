@@ -147,7 +147,8 @@ class SlotSchedule:
 
 def plan_slot(layouts: Sequence[SourceLayout], shares: Sequence[float], *, slot: int, slots: int, per_slot: int,
               seed: int, cursors: Sequence[SourceCursor] | None = None, shuffle: bool = True,
-              shuffle_buffer: int = 256, workers: int = 1, batch_size: int = 1) -> SlotSchedule:
+              shuffle_buffer: int = 256, workers: int = 1, batch_size: int = 1,
+              own_shares: bool = False) -> SlotSchedule:
     """Slot ``slot``'s ``per_slot`` packs of one mixture epoch, from each source's cursor on.
 
     ``per_slot`` is :meth:`~.mixture.MixtureEpoch.per_slot` (the same on every slot); the next epoch
@@ -164,6 +165,10 @@ def plan_slot(layouts: Sequence[SourceLayout], shares: Sequence[float], *, slot:
         batch_size: packs per batch; decides which positions of the rank's merge are this worker's
             (unused with one worker). ``per_slot`` need not be a multiple of it: the rank plan then
             runs to the end of the last batch, and ``end`` is the rank's cursor there.
+        own_shares: with several workers, give every worker the weights in its own positions (each
+            position's tags from what its worker took) rather than the rank's: each worker's stream is
+            then as exact as a rank's, and the rank's within a pack per worker (``balance="cost"``
+            needs it: a worker's windows then hold alike sources on every rank).
 
     Example:
         >>> a = source_layout("a", [4, 4], np.full(8, 100))
@@ -195,7 +200,7 @@ def plan_slot(layouts: Sequence[SourceLayout], shares: Sequence[float], *, slot:
         source, runs, held = _merge_one(src, w, offsets, per_slot)
     else:
         source, runs, held = _merge_workers(src, w, offsets, per_slot, workers=workers, worker=worker,
-                                            batch_size=batch_size)
+                                            batch_size=batch_size, own=own_shares)
     out = {name: np.empty(len(source), np.int64) for name in ("pass_no", "shard", "pack", "row", "units")}
     reads: list[SlotRead] = []
     for i, layout in enumerate(layouts):
@@ -257,7 +262,7 @@ def _merge_one(src: list[RankStream], w: np.ndarray, offsets: np.ndarray,
 
 
 def _merge_workers(src: list[RankStream], w: np.ndarray, offsets: np.ndarray, n: int, *, workers: int,
-                   worker: int, batch_size: int) -> tuple[np.ndarray, _Runs, list[list[Block]]]:
+                   worker: int, batch_size: int, own: bool = False) -> tuple[np.ndarray, _Runs, list[list[Block]]]:
     """Several workers: the rank's positions one at a time, in the DataLoader's order (the workers'
     batches in turn), each given the source of smallest tag among the packs the sources would give
     that position's worker next (its block's next, or the first of the block it would take)."""
@@ -265,7 +270,8 @@ def _merge_workers(src: list[RankStream], w: np.ndarray, offsets: np.ndarray, n:
     off, d2 = offsets.tolist(), (2.0 * w).tolist()
     cur: list[list[Block | None]] = [[None] * k for _ in range(workers)]
     cand = [[s.peek(v).unit[s.peek(v).done] for s in src] for v in range(workers)]  # each worker's next packs
-    used = [0] * k
+    # the units each worker's tags count: the rank's (one list for all), or its own (``own``)
+    usage = [[0] * k for _ in range(workers)] if own else [[0] * k] * workers
     # _tags, one pack at a time: tags[v][i] is the tag of the pack source i would give worker v next
     tags = [[off[i] + cand[v][i] / d2[i] for i in range(k)] for v in range(workers)]
     source: list[int] = []
@@ -275,7 +281,7 @@ def _merge_workers(src: list[RankStream], w: np.ndarray, offsets: np.ndarray, n:
     seen = [0] * workers  # log entries each worker's tags account for
     for t in range(-(-n // batch_size) * workers):
         v = t % workers
-        cv, curv, tv = cand[v], cur[v], tags[v]
+        cv, curv, tv, used = cand[v], cur[v], tags[v], usage[v]
         for j in set(log[seen[v]:]):  # the sources the other workers took from since this one's last batch
             tv[j] = off[j] + (2 * used[j] + cv[j]) / d2[j]
         for _ in range(batch_size):

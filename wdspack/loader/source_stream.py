@@ -23,13 +23,16 @@ resumes under another (the blocks a worker lacks go to whoever needs the source 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Sequence
+import itertools
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import ConfigError
 from .plan import PackRange
+
+_GOLDEN = 0.6180339887498949
 
 __all__ = ["SlotRead", "SourceCursor", "SourceLayout", "pass_share", "share_order", "slot_stream", "source_key",
            "source_layout"]
@@ -66,6 +69,14 @@ class SourceLayout:
     units: np.ndarray
     #: seeds the source's shard orders: from its name, so adding a source leaves the others' orders alone
     key: int
+    #: after an elastic resume: per pass, the rows left of it (in the pass's reading order), split over
+    #: ``rest_ranks`` ranks instead of the whole pass (:mod:`.mixture_rest`); None: every pass whole
+    rest: Mapping[int, np.ndarray] | None = None
+    rest_ranks: int = 0
+    #: ``balance="cost"``: each pack's cost; a pass is then dealt to the ranks by cost in runs of ``run``
+    #: packs (:func:`dealt_share`) instead of cut into consecutive runs
+    costs: np.ndarray | None = None
+    run: int = 1
 
     @property
     def packs(self) -> int:
@@ -251,6 +262,26 @@ class RankStream:
 
     def share(self, pass_no: int) -> tuple[tuple[PackRange, ...], np.ndarray]:
         """The rank's share of a pass: its ranges, and the row of each reading position."""
+        if pass_no not in self.shares and self.layout.rest is not None and pass_no in self.layout.rest:
+            if self.ranks != self.layout.rest_ranks:
+                raise ConfigError(f"the rest of pass {pass_no} was split over {self.layout.rest_ranks} ranks, not "
+                                  f"{self.ranks}; this is a wdspack bug")
+            left = np.asarray(self.layout.rest[pass_no], np.int64)
+            if self.layout.costs is not None:
+                mine = dealt_share(left, self.layout.costs, slots=self.ranks, slot=self.rank, pass_no=pass_no,
+                                   run=self.layout.run, seed=self.seed, key=self.layout.key, shuffle=self.shuffle)
+            else:
+                start, stop = _share_bounds(len(left), slots=self.ranks, slot=self.rank, pass_no=pass_no)
+                mine = left[start:stop]
+            self.shares[pass_no] = row_ranges(mine, self.layout.counts), mine
+        if pass_no not in self.shares and self.layout.costs is not None:
+            ranges = pass_share(self.layout.counts, slots=1, slot=0, pass_no=pass_no, seed=self.seed,
+                                key=self.layout.key, shuffle=self.shuffle)
+            starts = np.cumsum((0, *self.layout.counts))
+            whole = np.concatenate([starts[r.shard] + np.arange(r.start, r.stop) for r in ranges])
+            mine = dealt_share(whole, self.layout.costs, slots=self.ranks, slot=self.rank, pass_no=pass_no,
+                               run=self.layout.run, seed=self.seed, key=self.layout.key, shuffle=self.shuffle)
+            self.shares[pass_no] = row_ranges(mine, self.layout.counts), mine
         if pass_no not in self.shares:
             ranges = pass_share(self.layout.counts, slots=self.ranks, slot=self.rank, pass_no=pass_no, seed=self.seed,
                                 key=self.layout.key, shuffle=self.shuffle)
@@ -273,7 +304,9 @@ class RankStream:
         """``(pass_no, pos)`` moved past the ends of shares (and empty shares)."""
         empty = 0
         while pos >= len(self.share(pass_no)[1]):
-            empty = empty + 1 if not len(self.shares[pass_no][1]) else 0
+            # a pass's rest after an elastic resume may be empty, many in a row: not the source's fault
+            kept = self.layout.rest is not None and pass_no in self.layout.rest
+            empty = empty + 1 if not (len(self.shares[pass_no][1]) or kept) else 0
             if empty > self.ranks + 1:  # every rank gets a pack within `ranks` passes when the source has any
                 raise ConfigError(f"rank {self.rank} of {self.ranks} gets no pack of a source of {self.layout.packs} "
                                   "packs")
@@ -326,6 +359,61 @@ class RankStream:
                     b.pass_no + 1, 0):
                 return SourceCursor(b.pass_no, b.done)
         return SourceCursor(pass_no, pos, tuple((b.owner, b.pass_no, b.start, b.stop, b.done) for b in blocks), True)
+
+
+def dealt_share(rows: np.ndarray, costs: np.ndarray, *, slots: int, slot: int, pass_no: int, run: int, seed: int,
+                key: int, shuffle: bool = True) -> np.ndarray:
+    """Slot ``slot``'s rows of a pass under ``balance="cost"``, in its reading order.
+
+    The pass's ``rows`` (in reading order) are cut into runs of ``run`` consecutive rows, and the runs
+    dealt costliest first in *rounds* of one run per slot, in a snake (0, 1, ..., ``slots - 1``, then
+    back; turned by the pass): a slot's ``g``-th run comes from round ``g``, so every slot holds a
+    stratified sample of the pass's costs and about as many packs. A slot reads its runs in a
+    low-discrepancy order of the rounds, offset by a phase seeded by ``(seed, key, pass_no)`` alone, the
+    same on every slot: at every reading position the slots hold runs of about the same cost, and any
+    stretch of positions spans the costs evenly. Every row goes to exactly one slot.
+
+    Example:
+        >>> rows, costs = np.arange(6), np.array([5, 1, 9, 3, 8, 2])
+        >>> [dealt_share(rows, costs, slots=2, slot=s, pass_no=0, run=1, seed=0, key=1, shuffle=False).tolist()
+        ...  for s in range(2)]  # rounds {9, 8} {5, 3} {2, 1}: each slot one of each
+        [[2, 5, 3], [4, 1, 0]]
+    """
+    rows = np.asarray(rows, np.int64)
+    if not len(rows):
+        return rows
+    starts = np.arange(0, len(rows), max(int(run), 1))
+    order = np.argsort(-np.add.reduceat(np.asarray(costs)[rows], starts), kind="stable")  # costliest run first
+    k = np.arange(len(order))
+    owner = np.where(k // slots % 2 == 0, k % slots, slots - 1 - k % slots)
+    mine = order[(owner + pass_no) % slots == slot]  # by round
+    rounds = -(-len(order) // slots)
+    # reading position p takes the round ranked like frac(p·φ + u) (u seeded): any stretch of positions,
+    # a worker's block or a balance window, spans the cost strata evenly, alike on every slot
+    u = np.random.default_rng([seed, key, pass_no, 0xDEA1]).random() if shuffle else 0.0
+    perm = np.argsort(np.argsort((np.arange(rounds) * _GOLDEN + u) % 1.0, kind="stable"), kind="stable")
+    mine = mine[perm[perm < len(mine)]]
+    ends = np.r_[starts[1:], len(rows)]
+    return np.concatenate([rows[starts[j]:ends[j]] for j in mine]) if len(mine) else rows[:0]
+
+
+def row_ranges(rows: np.ndarray, counts: Sequence[int]) -> tuple[PackRange, ...]:
+    """Rows of a source (in reading order) as ranges: a new one wherever the next row is not the one after
+    in the same shard.
+
+    Example:
+        >>> [(r.shard, r.start, r.stop) for r in row_ranges(np.array([1, 2, 4, 5, 0]), [3, 3])]
+        [(0, 1, 3), (1, 1, 3), (0, 0, 1)]
+    """
+    starts = np.cumsum((0, *counts))
+    rows = np.asarray(rows, np.int64)
+    if not len(rows):
+        return ()
+    shard = np.searchsorted(starts, rows, side="right") - 1
+    cut = np.flatnonzero((np.diff(rows) != 1) | (np.diff(shard) != 0)) + 1
+    bounds = [0, *cut.tolist(), len(rows)]
+    return tuple(PackRange(int(shard[a]), int(rows[a] - starts[shard[a]]), int(rows[b - 1] - starts[shard[a]]) + 1)
+                 for a, b in itertools.pairwise(bounds))
 
 
 def block_reads(block: Block, a: int, b: int, source: int) -> Iterator[SlotRead]:
