@@ -463,3 +463,35 @@ def test_caption_shards_on_s3_read_like_local(tmp_path):
             fs.put_file(str(tmp_path / f"s-{j}.tar"), f"wds/caps/s-{j}.tar")
         remote = [(r.sample_id, r.segments, r.images) for r in _read(["s3://wds/caps/s-{0..1}.tar"])]
     assert remote == local and len(local) == 6
+
+
+def test_many_files_are_listed_in_the_jobs_tasks(tmp_path, tekken_dir):
+    """A job of many files cuts them into partitions in its tasks (a spawn pool here), not in the
+    driver: the same partitions, in the same order, as listing them here; the packed bytes are equal."""
+    from wdspack.packer.executors import run_tasks
+
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    for s in range(4):
+        _caption_shard(folder / f"{s:05d}.tar", 7, start=7 * s)
+    (folder / "extra.jsonl").write_text(json.dumps({"id": "j0", "conversations": [
+        {"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}) + "\n")
+    calls = []
+
+    def pooled(fn, tasks):
+        calls.append(len(tasks))
+        return run_tasks(fn, tasks, workers=2)
+
+    here = list_partitions([str(folder / "*.tar"), str(folder / "extra.jsonl")], records_per_partition=3)
+    there = list_partitions([str(folder / "*.tar"), str(folder / "extra.jsonl")], records_per_partition=3,
+                            map_files=pooled)
+    assert calls == [5] and there == here and len(here) == 4 * 3 + 1
+
+    outs = []
+    for workers in (1, 2):
+        out = tmp_path / f"packed{workers}"
+        pack_dataset([str(folder / "*.tar")], out, sample_config=_config(tekken_dir),
+                     config=PackConfig(seq_len=256, max_images=4, records_per_partition=3,
+                                       run=RunOptions(workers=workers)))
+        outs.append({p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()})
+    assert outs[0] == outs[1] and any(n.endswith(".tar") for n in outs[0])

@@ -114,8 +114,21 @@ def pack_dataset(
         ...              config=PackConfig(seq_len=4096, max_images=16))  # doctest: +SKIP
     """
     start = time.perf_counter()
+    with shared_pool(config.run.workers if config.run.executor == "local" else 1):
+        return _pack(sources, output, sample_config, config, image_root=image_root, resume=resume,
+                     progress=progress, start=start)
+
+
+def _pack(sources: Sequence[str | Source], output: str | os.PathLike[str], sample_config: SampleConfig,
+          config: PackConfig, *, image_root: str | None, resume: bool, progress: bool, start: float) -> PackSummary:
+    """:func:`pack_dataset` inside its job's pool: the files listed in tasks (a job of many files,
+    e.g. caption shards, does not read every tar's headers in the driver), then :func:`run_job`."""
+    def map_files(fn: Callable[..., Any], tasks: list[tuple]) -> Iterable[Any]:
+        return run_tasks(fn, tasks, executor=config.run.executor, workers=config.run.workers,
+                         ray_address=config.run.ray_address)
+
     partitions = list_partitions(list(sources), image_root=image_root,
-                                 records_per_partition=config.records_per_partition)
+                                 records_per_partition=config.records_per_partition, map_files=map_files)
     fingerprint = _fingerprint(partitions, sample_config, config)
     tasks = [(i, p, sample_config, config.on_error, config.seq_len, config.max_images)
              for i, p in enumerate(partitions)]

@@ -24,8 +24,9 @@ import json
 import os
 import posixpath
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -89,6 +90,10 @@ class Partition:
     row_map: RowMap | None = None
 
 
+#: ``map_files(fn, tasks)``: ``fn(*task)`` for each task, in order (:func:`list_partitions`).
+MapFiles = Callable[[Callable[..., list[Partition]], list[tuple[Any, ...]]], Iterable[list[Partition]]]
+
+
 @dataclass(frozen=True, slots=True)
 class _SourceFile:
     path: str
@@ -97,7 +102,7 @@ class _SourceFile:
 
 
 def list_partitions(sources: Sequence[str | Source], *, image_root: str | None = None,
-                    records_per_partition: int = 1000) -> list[Partition]:
+                    records_per_partition: int = 1000, map_files: MapFiles | None = None) -> list[Partition]:
     """Partitions covering every record of the sources exactly once, in a deterministic order.
 
     Sources keep the order given; files found in a folder or by a glob are sorted. A file
@@ -114,6 +119,10 @@ def list_partitions(sources: Sequence[str | Source], *, image_root: str | None =
         image_root: the folder image paths are relative to (a path or URL), for the sources
             without their own; default: each file's folder.
         records_per_partition: about how many records one partition holds.
+        map_files: runs the cutting of files into partitions (reading JSONL line ends, tar headers,
+            Parquet footers): ``map_files(fn, tasks)`` yields ``fn(*task)`` for each task in order;
+            default: one after the other here. The pack job passes its executor, so a job of many
+            files lists them in its tasks, not in the driver.
 
     Raises:
         SourceError: a path that does not exist, a glob that matches nothing, a file of an
@@ -128,7 +137,8 @@ def list_partitions(sources: Sequence[str | Source], *, image_root: str | None =
         raise ConfigError(f"records_per_partition is {records_per_partition}; it must be at least 1")
     job_root = _image_root(image_root) if image_root is not None else None
     seen: set[str] = set()
-    out: list[Partition] = []
+    files: list[tuple[_SourceFile, str, int]] = []
+    marks: list[tuple[str, bool, RowMap | None]] = []  # per file: its source, absolute image paths, renames
     for src in expand_sources(sources):
         root = _image_root(src.image_root, given=f"{src}") if src.image_root is not None else job_root
         for f in (f for s in _expand_braces(src.path) for f in _expand(s)):
@@ -140,11 +150,13 @@ def list_partitions(sources: Sequence[str | Source], *, image_root: str | None =
                 raise SourceError(f"dataset {src.name!r} renames columns ({dict(src.row_map.columns)}), which "
                                   f"wdspack does for JSON/JSONL files, and {f.path!r} is {f.kind}; rename the "
                                   "columns in the file, or convert it to JSONL")
-            folder = root or _folder_of(f.path)
-            parts = _partition_file(f, folder, records_per_partition)
+            files.append((f, root or _folder_of(f.path), records_per_partition))
             # No root given: an absolute image path means what it says (LLaVA-style files often hold them).
-            out.extend(replace(p, absolute_images=not root, source=src.name or "", row_map=src.row_map)
-                       for p in parts)
+            marks.append((src.name or "", not root, src.row_map))
+    run = map_files if map_files is not None and len(files) > 1 else (lambda fn, tasks: (fn(*t) for t in tasks))
+    out: list[Partition] = []
+    for parts, (name, absolute, row_map) in zip(run(_partition_file, files), marks):
+        out.extend(replace(p, absolute_images=absolute, source=name, row_map=row_map) for p in parts)
     return out
 
 
