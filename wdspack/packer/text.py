@@ -44,6 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any, Protocol
+from weakref import WeakKeyDictionary
 
 import numpy as np
 
@@ -178,7 +179,20 @@ def _config(builder: TextBuilder) -> PretrainConfig:
     return builder.config.pretrain or PretrainConfig()
 
 
+#: Per builder, per (bos, eos) option: the ids (looked up once, not per sample).
+_SPECIAL_IDS: WeakKeyDictionary[Any, dict[tuple[str | None, str | None], tuple[list[int], int]]] = WeakKeyDictionary()
+
+
 def _special_ids(builder: TextBuilder, config: PretrainConfig) -> tuple[list[int], int]:
+    per = _SPECIAL_IDS.setdefault(builder, {})
+    key = (config.bos_token, config.eos_token)
+    if key not in per:
+        per[key] = _look_up_special_ids(builder, config)
+    bos, eos = per[key]
+    return list(bos), eos
+
+
+def _look_up_special_ids(builder: TextBuilder, config: PretrainConfig) -> tuple[list[int], int]:
     tok = builder.tokenizer
     bos_token = config.bos_token or tok.bos_token
     eos_token = config.eos_token or tok.eos_token
