@@ -91,6 +91,13 @@ def test_loader_refuses_another_familys_processor(qwen, tmp_path):
                             image_transform=wdspack.make_image_transform())
 
 
+def test_uint8_pixels_are_refused_in_processor_mode_with_the_fix(qwen):
+    processor, _, dataset = qwen
+    with pytest.raises(ConfigError, match=r"pixel_dtype='uint8' needs the built-in image transform.*"
+                                          r"Qwen2_5_VLProcessor.*pass pixel_dtype='float32'"):
+        wdspack.make_loader(str(dataset), batch_size=1, num_workers=0, processor=processor, pixel_dtype="uint8")
+
+
 def test_workers_give_the_same_batches_as_in_process(qwen):
     processor, _, dataset = qwen
     streams = []
