@@ -32,14 +32,15 @@ times just after the wdspack image pass, the fastest of the six is the baseline 
 favours the baseline, never wdspack), and ``of_raw`` is wdspack's images/s over it.
 
 With ``--loaders wdspack`` the image pass runs twice, ``pixel_dtype="float32"`` and ``"uint8"``,
-and the baseline is the host's real limit for ``--workers N``: **N raw decoders side by side**,
-N processes started together, each decoding and resizing its share of the same images to the
-same size (``decode_resized``, no loader, no normalising), measured just before and just after
-the wdspack passes (the faster counts). ``of_raw_n`` is wdspack's aggregate images/s at N
-workers over their aggregate. Where the rest goes: ``first_batch_s`` (start-up), ``main_cpu_s``
-(CPU time of the main process during the pass: receiving batches), and, with ``--profile``, one
-one-worker pass profiled inside the worker (cProfile), split into decode + resize, placing the pixels (normalise or
-copy), collating the text, and the rest (reading, unpacking, shuffling).
+and the baseline is the host's real limit for ``--workers N``: **N raw decoders side by side**, N
+processes started together, each decoding and resizing its share of the same images to the same
+size (``decode_resized``, no loader, no normalising). ``--rounds`` rounds of raw, float32 and uint8
+back to back, each pass against its own round's raw run; the median round is reported. ``of_raw_n``
+is wdspack's aggregate images/s at N workers over the raw decoders' aggregate; ``of_raw_cpu`` the
+same per CPU second. Where the rest goes: ``first_batch_s`` (start-up), ``main_cpu_s`` (CPU time
+of the main process during the pass: receiving batches), and, with ``--profile``, a one-worker pass
+profiled inside the worker (cProfile), split into decode + resize, placing the pixels (normalise or
+copy), collating the text, and the rest (reading, unpacking, shuffling, waiting).
 """
 
 from __future__ import annotations
@@ -272,12 +273,13 @@ def _raw_worker(flat: list[bytes], share: slice, start, out) -> None:
     out.put((t0, time.perf_counter(), len(mine)))
 
 
-def raw_side_by_side(pics: list[list[bytes]], processes: int, per_process: int) -> float:
+def raw_side_by_side(pics: list[list[bytes]], processes: int, per_process: int | None = None) -> tuple[float, int]:
     """Aggregate images/s of ``processes`` raw decoders started together (fork), each decoding and resizing
-    (``decode_resized``: no loader, no normalising) every ``processes``-th of the same first
-    ``processes × per_process`` images: from the first start to the last finish."""
+    (``decode_resized``: no loader, no normalising) every ``processes``-th of the same images (all of
+    them, or the first ``processes × per_process``): from the first start to the last finish; and the count."""
     flat = [p for ps in pics for p in ps]
-    flat = (flat * (processes * per_process // max(1, len(flat)) + 1))[: processes * per_process]
+    if per_process is not None:
+        flat = (flat * (processes * per_process // max(1, len(flat)) + 1))[: processes * per_process]
     ctx = mp.get_context("fork")
     start, out = ctx.Barrier(processes), ctx.Queue()
     procs = [ctx.Process(target=_raw_worker, args=(flat, slice(i, None, processes), start, out))
@@ -287,7 +289,7 @@ def raw_side_by_side(pics: list[list[bytes]], processes: int, per_process: int) 
     got = [out.get() for _ in procs]
     for pr in procs:
         pr.join()
-    return sum(n for _, _, n in got) / (max(t1 for _, t1, _ in got) - min(t0 for t0, _, _ in got))
+    return len(flat) / (max(t1 for _, t1, _ in got) - min(t0 for t0, _, _ in got)), len(flat)
 
 
 def profile_worker(root: Path, *, batch_size: int, pixel_dtype: str) -> dict[str, float]:
@@ -358,21 +360,26 @@ def _cpu(who: int) -> float:
 def scaling(root: Path, pics: list[list[bytes]], args) -> list[dict]:
     """The image pass at ``--workers N``, float32 and uint8, against N raw decoders side by side.
 
-    ``--rounds`` rounds of raw, float32, uint8 back to back; each loader pass is compared with the raw
-    run of its own round (the host's load drifts between rounds). Besides wall-clock rates, each is
-    also given per CPU second (the workers' and the main process's, or the raw decoders'), which a
-    busy host disturbs less.
+    ``--rounds`` rounds of raw, float32, uint8 back to back (the order rotates by one each round);
+    each loader pass is compared with the raw run of its own round (the host's load drifts between
+    rounds). Besides wall-clock rates, each is also given per CPU second (the workers' and the main
+    process's, or the raw decoders'), which a busy host disturbs less.
     """
     from wdspack import make_loader
 
     n = args.workers
     rounds: list[dict[str, dict]] = []
-    for _ in range(args.rounds):
-        c0 = _cpu(resource.RUSAGE_CHILDREN)
-        raw = raw_side_by_side(pics, n, args.raw_images)
-        raw_cpu = _cpu(resource.RUSAGE_CHILDREN) - c0
-        row = {"raw": {"images_per_s_all": raw, "images_per_cpu_s": n * args.raw_images / raw_cpu}}
-        for dtype in ("float32", "uint8"):
+    for i in range(args.rounds):
+        row: dict[str, dict] = {}
+        order = ["raw", "float32", "uint8"]
+        for what in order[i % 3:] + order[: i % 3]:
+            if what == "raw":
+                c0 = _cpu(resource.RUSAGE_CHILDREN)
+                rate, count = raw_side_by_side(pics, n, args.raw_images)
+                row["raw"] = {"images_per_s_all": rate,
+                              "images_per_cpu_s": count / (_cpu(resource.RUSAGE_CHILDREN) - c0)}
+                continue
+            dtype = what
             loader = make_loader(str(root), batch_size=args.batch_size, num_workers=n, shuffle=False,
                                  pin_memory=False, persistent_workers=False,
                                  image_transform=make_image_transform(size=SIZE), pixel_dtype=dtype)
@@ -381,9 +388,10 @@ def scaling(root: Path, pics: list[list[bytes]], args) -> list[dict]:
             del loader  # the workers have exited (not persistent): their CPU time is in RUSAGE_CHILDREN
             r["workers_cpu_s"] = _cpu(resource.RUSAGE_CHILDREN) - c0
             r["images_per_cpu_s"] = r["images"] / (r["workers_cpu_s"] + r["main_cpu_s"])
-            r["of_raw_n"] = r["images_per_s_all"] / raw
-            r["of_raw_cpu"] = r["images_per_cpu_s"] / row["raw"]["images_per_cpu_s"]
             row[dtype] = r
+        for dtype in ("float32", "uint8"):
+            row[dtype]["of_raw_n"] = row[dtype]["images_per_s_all"] / row["raw"]["images_per_s_all"]
+            row[dtype]["of_raw_cpu"] = row[dtype]["images_per_cpu_s"] / row["raw"]["images_per_cpu_s"]
         rounds.append(row)
     out = []
     print(f"\n| round | pixel_dtype | images/s, all {n} | raw × {n} side by side | of raw | per CPU s, of raw "
@@ -434,8 +442,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=("text", "images"), help="run one dataset only")
     ap.add_argument("--loaders", choices=("all", "wdspack"), default="all",
                     help="'wdspack': skip the per-sample comparison loaders")
-    ap.add_argument("--raw-images", type=int, default=1000,
-                    help="images each side-by-side raw decoder decodes (--loaders wdspack)")
+    ap.add_argument("--raw-images", type=int, default=None,
+                    help="images each side-by-side raw decoder decodes (--loaders wdspack; default: its share of all)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of raw, float32, uint8 (--loaders wdspack)")
     ap.add_argument("--profile", action="store_true", help="also profile one in-process image pass per pixel dtype")
     ap.add_argument("--json", help="also write the results here")
