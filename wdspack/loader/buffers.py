@@ -155,9 +155,6 @@ def collate_staged(examples: Sequence[dict[str, Any]], *, attention_mask: str | 
     plain = [{k: v for k, v in ex.items() if k not in _STAGED_KEYS} for ex in examples]
     if pixel_dtype not in PIXEL_DTYPES:
         raise ConfigError(f"pixel_dtype={pixel_dtype!r} is not one of {sorted(PIXEL_DTYPES)}")
-    if pixel_dtype != "float32" and parts is not None:
-        raise ConfigError(f"pixel_dtype={pixel_dtype!r} is for the built-in image transform; a processor's pixels "
-                          "are float32")
     take = take or (lambda shape, n: fresh_pixels(shape, n, dtype=PIXEL_DTYPES[pixel_dtype]))
     batch: dict[str, Any] = dict(collate_packs(plain, attention_mask=attention_mask, padding_free=padding_free,
                                                max_segments=max_segments, share_memory=share_memory))
@@ -187,7 +184,8 @@ def normalize_pixels(batch: Mapping[str, Any], source: Any, *, device: torch.dev
     Args:
         batch: a batch from the loader (not changed).
         source: the :class:`~wdspack.loader.PackedLoader` (or :class:`~wdspack.loader.PackedDataset`,
-            or the :class:`~wdspack.loader.images.ImageTransform`) that made the batch.
+            or the :class:`~wdspack.loader.images.ImageTransform`) that made the batch: its image
+            transform, or in processor mode its processor, gives the mean, std and rescale factor.
         device: where to normalise (``"cuda"``); default where ``pixel_values`` are.
         dtype: the floating dtype of the result (``torch.bfloat16`` for a bf16 vision tower).
         non_blocking: passed to the copy (pinned batches copy asynchronously).
@@ -210,6 +208,14 @@ def normalize_pixels(batch: Mapping[str, Any], source: Any, *, device: torch.dev
         raise ConfigError(f"dtype={dtype} must be a floating dtype (torch.float32, torch.bfloat16, ...)")
     if pixels.is_floating_point():
         return {**batch, "pixel_values": pixels.to(dtype)}
+    batcher = getattr(getattr(source, "dataset", source), "model_batcher", None)
+    if batcher is not None:  # a processor's flattened patches: [B·R, 3·…] rows, patch_mask says which are real
+        if pixels.dtype != torch.uint8 or "patch_mask" not in batch:
+            raise ConfigError(f"pixel_values are {pixels.dtype} {tuple(pixels.shape)} without a patch_mask; pass the "
+                              "loader that made the batch")
+        out = batcher.normalize(pixels)
+        mask = batch["patch_mask"].to(out.device, non_blocking=non_blocking).bool()
+        return {**batch, "pixel_values": out.masked_fill_(~mask[:, None], 0.0).to(dtype)}
     transform = source
     for attr in ("dataset", "image_transform"):  # a loader → its dataset → its transform
         if not isinstance(transform, ImageTransform):

@@ -99,11 +99,12 @@ def make_loader(source: str | os.PathLike[str] | Sequence[Any] | Mixture | Packe
             any more (new shared memory costs a page fault per 4 KiB: about a third of a worker's
             time). Pass False if batches go on to *other* processes uncopied (the main process
             cannot see when those let go).
-        pixel_dtype: ``"float32"``: ``pixel_values`` arrive normalised. ``"uint8"`` (built-in
-            ``image_transform`` only): the workers ship the decoded, resized bytes un-normalised, a
-            quarter of the bytes through shared memory and to the device; finish each batch there with
-            :func:`wdspack.normalize_pixels` (equal to the float32 path to float rounding). Empty
-            slots are zero in both.
+        pixel_dtype: ``"float32"``: ``pixel_values`` arrive normalised. ``"uint8"``: the workers ship
+            the decoded, resized bytes un-normalised, a quarter of the bytes through shared memory and
+            to the device; finish each batch there with :func:`wdspack.normalize_pixels` (equal to the
+            float32 path to float rounding; empty slots and padding rows zero in both). With the
+            built-in ``image_transform``, or a ``processor`` of the Qwen-VL families (flattened
+            patches); other processors lay out float pixels themselves and refuse it.
 
     Example:
         >>> loader = make_loader("hf://datasets/my-org/llava-packed@main", batch_size=8)  # doctest: +SKIP
@@ -460,17 +461,22 @@ def _check_kept_sources(saved: Mapping[str, Any], now: Mapping[str, Any]) -> Non
 
 
 def _check_pixel_dtype(value: Any, dataset: PackedDataset) -> str:
-    """``pixel_dtype`` as its name; uint8 only where the pixels come from the built-in transform's two halves."""
+    """``pixel_dtype`` as its name; uint8 only where the pixels can travel as the resized bytes: the built-in
+    transform's two halves, or a processor whose family says so (``Family.uint8_pixels``). Sets the dataset's
+    batcher to it."""
     from .images import ImageTransform
 
     name = str(value).removeprefix("torch.")
     if name not in PIXEL_DTYPES:
         raise ConfigError(f"pixel_dtype={value!r} is not one of {sorted(PIXEL_DTYPES)}")
-    if name == "uint8" and dataset.model_batcher is not None:
-        raise ConfigError("pixel_dtype='uint8' needs the built-in image transform: with processor=... the "
-                          f"{type(dataset.model_batcher.processor).__name__} lays out its float pixels itself "
-                          "(patches, tiles, padding), and wdspack does not undo that yet; pass pixel_dtype='float32', "
-                          "or image_transform=wdspack.make_image_transform(...) for a fixed-size model")
+    batcher = dataset.model_batcher
+    if name == "uint8" and batcher is not None and not batcher.family.uint8_pixels:
+        raise ConfigError(f"pixel_dtype='uint8' is not available with {type(batcher.processor).__name__} (the "
+                          f"{batcher.family.name} family): its image processor lays out float pixels itself (tiles, "
+                          "padding) that wdspack cannot finish on the device; pass pixel_dtype='float32' (uint8 "
+                          "works with the Qwen-VL families' flattened patches and with the built-in image transform)")
+    if batcher is not None:
+        batcher.pixel_dtype = name
     transform = dataset.image_transform
     if name == "uint8" and transform is not None and not (isinstance(transform, ImageTransform)
                                                           and transform.writes_into):
