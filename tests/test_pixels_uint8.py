@@ -178,3 +178,16 @@ def test_normalize_matches_the_cpu_path_bit_for_bit():
     assert torch.equal(t.normalize(raw), floats)
     with pytest.raises(ConfigError, match=r"uint8 \[>= 3, 3, 5, 5\]"):
         t.copy_into(px, torch.empty(3, 3, 5, 5))
+
+
+@pytest.mark.gpu
+def test_normalised_on_the_gpu_equal_the_float32_path(pictures):
+    """The point of uint8: copy a quarter of the bytes, normalise on the device; equal to float rounding."""
+    floats = _loader(pictures, "float32", size=64, workers=1)
+    uint8 = _loader(pictures, "uint8", size=64, workers=1)
+    for a, b in zip(uint8, floats, strict=True):
+        got = wdspack.normalize_pixels(a, uint8, device="cuda", non_blocking=True)
+        assert got["pixel_values"].device.type == "cuda" and got["input_ids"] is a["input_ids"]
+        torch.testing.assert_close(got["pixel_values"].cpu(), b["pixel_values"], rtol=0, atol=1e-6)
+        half = wdspack.normalize_pixels(a, uint8, device="cuda", dtype=torch.bfloat16)["pixel_values"]
+        assert torch.equal(half.cpu(), got["pixel_values"].cpu().to(torch.bfloat16))

@@ -106,6 +106,8 @@ def test_uint8_patches_normalise_to_the_float32_patches(qwen, workers):
         for a, b in zip(loaders["uint8"], loaders["float32"], strict=True):
             assert list(a) == list(b) and a["pixel_values"].dtype == torch.uint8
             assert not a["pixel_values"][~a["patch_mask"]].any()
+            with pytest.raises(ConfigError, match=r"pixel_values are uint8 .*wdspack.normalize_pixels"):
+                wdspack.model_inputs(a, object())
             got = wdspack.normalize_pixels(a, loaders["uint8"], dtype=torch.float32)
             torch.testing.assert_close(got["pixel_values"], b["pixel_values"], rtol=0, atol=1e-6)
             assert not got["pixel_values"][~a["patch_mask"]].any()
