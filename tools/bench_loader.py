@@ -3,6 +3,8 @@
     python tools/bench_loader.py          # 16000 text-only and 4000 image-bearing samples, seq_len 4096, B = 4
     python tools/bench_loader.py --samples 1500 --workers 2 --json bench.json
     python tools/bench_loader.py --only images --loaders wdspack     # the image-loader gap alone, quickly
+    python tools/bench_loader.py --only images --loaders wdspack --workers 2 --json scale.json
+                                     # N workers against N raw decoders side by side, float32 and uint8
 
 The same seeded samples, written twice: as wdspack shards (one tar member per pack, planned
 offline) and as a stock per-sample WebDataset (``.ids.npy`` + ``.0.jpg`` ... per record). Each
@@ -28,13 +30,28 @@ batch tokens that is padding. ``raw decode`` is one process decoding the images 
 transform, image by image, into one reused array): measured three times just before and three
 times just after the wdspack image pass, the fastest of the six is the baseline (so a quiet moment
 favours the baseline, never wdspack), and ``of_raw`` is wdspack's images/s over it.
+
+With ``--loaders wdspack`` the image pass runs twice, ``pixel_dtype="float32"`` and ``"uint8"``,
+and the baseline is the host's real limit for ``--workers N``: **N raw decoders side by side**, N
+processes started together, each decoding and resizing its share of the same images to the same
+size (``decode_resized``, no loader, no normalising). ``--rounds`` rounds of raw, float32 and uint8
+back to back, each pass against its own round's raw run; the median round is reported. ``of_raw_n``
+is wdspack's aggregate images/s at N workers over the raw decoders' aggregate; ``of_raw_cpu`` the
+same per CPU second. Where the rest goes: ``first_batch_s`` (start-up), ``main_cpu_s`` (CPU time
+of the main process during the pass: receiving batches), and, with ``--profile``, a one-worker pass
+profiled inside the worker (cProfile), split into decode + resize, placing the pixels (normalise or
+copy), collating the text, and the rest (reading, unpacking, shuffling, waiting).
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import io
 import json
+import multiprocessing as mp
+import pstats
+import resource
 import sys
 import tempfile
 import time
@@ -225,8 +242,10 @@ class PerSampleStream(torch.utils.data.IterableDataset):
 
 def measure(loader, *, workers: int) -> dict[str, float]:
     """One full pass: rates over the whole pass (worker start-up included, so buffered packers
-    are not flattered), per worker; ``first_batch_s`` is the start-up latency."""
+    are not flattered), per worker; ``first_batch_s`` is the start-up latency, ``main_cpu_s`` the
+    main process's CPU time over the pass (receiving the batches, and this loop)."""
     rows = real = total = images = 0
+    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     first = None
     for b in loader:
@@ -235,9 +254,89 @@ def measure(loader, *, workers: int) -> dict[str, float]:
         total += b["input_ids"].numel()
         real += int(b["num_tokens"].sum())
         images += int(b["image_mask"].sum()) if "image_mask" in b else int(b["num_images"])
-    s = (time.perf_counter() - t0) * workers
+    wall = time.perf_counter() - t0
+    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    s = wall * workers
     return {"rows_per_s": rows / s, "tokens_per_s": real / s, "images_per_s": images / s,
-            "padding": 1 - real / max(total, 1), "rows": rows, "first_batch_s": first or 0.0, "seconds": s / workers}
+            "padding": 1 - real / max(total, 1), "rows": rows, "first_batch_s": first or 0.0, "seconds": wall,
+            "images": images, "images_per_s_all": images / wall,
+            "main_cpu_s": (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)}
+
+
+def _raw_worker(flat: list[bytes], share: slice, start, out) -> None:
+    t = make_image_transform(size=SIZE)
+    mine = flat[share]
+    start.wait()
+    t0 = time.perf_counter()
+    for p in mine:
+        t.decode_resized([p])
+    out.put((t0, time.perf_counter(), len(mine)))
+
+
+def raw_side_by_side(pics: list[list[bytes]], processes: int, per_process: int | None = None) -> tuple[float, int]:
+    """Aggregate images/s of ``processes`` raw decoders started together (fork), each decoding and resizing
+    (``decode_resized``: no loader, no normalising) every ``processes``-th of the same images (all of
+    them, or the first ``processes × per_process``): from the first start to the last finish; and the count."""
+    flat = [p for ps in pics for p in ps]
+    if per_process is not None:
+        flat = (flat * (processes * per_process // max(1, len(flat)) + 1))[: processes * per_process]
+    ctx = mp.get_context("fork")
+    start, out = ctx.Barrier(processes), ctx.Queue()
+    procs = [ctx.Process(target=_raw_worker, args=(flat, slice(i, None, processes), start, out))
+             for i in range(processes)]
+    for pr in procs:
+        pr.start()
+    got = [out.get() for _ in procs]
+    for pr in procs:
+        pr.join()
+    return len(flat) / (max(t1 for _, t1, _ in got) - min(t0 for t0, _, _ in got)), len(flat)
+
+
+def profile_worker(root: Path, *, batch_size: int, pixel_dtype: str) -> dict[str, float]:
+    """One pass with one worker, profiled (cProfile) inside the worker: its seconds in decode + resize, in
+    placing the pixels (normalise or copy into the recycled buffer), in collating the text, and in all."""
+    from wdspack import make_loader
+
+    with tempfile.TemporaryDirectory() as d:
+        dump = Path(d) / "worker.prof"
+        loader = make_loader(str(root), batch_size=batch_size, num_workers=1, shuffle=False, pin_memory=False,
+                             image_transform=make_image_transform(size=SIZE), pixel_dtype=pixel_dtype,
+                             persistent_workers=False)
+        loader.dataloader.worker_init_fn = _ProfileWorker(str(dump))
+        for _ in loader:
+            pass
+        del loader
+        for _ in range(100):  # the worker writes its profile as it exits
+            if dump.exists():
+                break
+            time.sleep(0.1)
+        profile = pstats.Stats(str(dump))
+    stats = profile.stats  # type: ignore[attr-defined]
+    cumulative = {(Path(f).name, name): ct for (f, _, name), (_, _, _, ct, _) in stats.items()}
+
+    def cum(module: str, name: str) -> float:
+        return cumulative.get((module, name), 0.0)
+
+    parts = {"decode_resize_s": cum("images.py", "decode_resized"),
+             "place_pixels_s": cum("buffers.py", "write_pixel_slots"),
+             "collate_text_s": cum("collate.py", "collate_packs"),
+             "total_s": profile.total_tt}  # type: ignore[attr-defined]
+    parts["rest_s"] = parts["total_s"] - parts["decode_resize_s"] - parts["place_pixels_s"] - parts["collate_text_s"]
+    return parts
+
+
+class _ProfileWorker:
+    """``worker_init_fn``: profile the worker, and write the profile to ``path`` as it exits."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __call__(self, worker_id: int) -> None:
+        from multiprocessing import util
+
+        prof = cProfile.Profile()
+        prof.enable()
+        util.Finalize(None, prof.dump_stats, args=(self.path,), exitpriority=100)
 
 
 def raw_decode_rate(pics: list[list[bytes]], n: int = 300, repeats: int = 3) -> float:
@@ -253,6 +352,85 @@ def raw_decode_rate(pics: list[list[bytes]], n: int = 300, repeats: int = 3) -> 
     return best
 
 
+def _cpu(who: int) -> float:
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
+
+
+def scaling(root: Path, pics: list[list[bytes]], args) -> list[dict]:
+    """The image pass at ``--workers N``, float32 and uint8, against N raw decoders side by side.
+
+    ``--rounds`` rounds of raw, float32, uint8 back to back (the order rotates by one each round);
+    each loader pass is compared with the raw run of its own round (the host's load drifts between
+    rounds). Besides wall-clock rates, each is also given per CPU second (the workers' and the main
+    process's, or the raw decoders'), which a busy host disturbs less.
+    """
+    from wdspack import make_loader
+
+    n = args.workers
+    rounds: list[dict[str, dict]] = []
+    for i in range(args.rounds):
+        row: dict[str, dict] = {}
+        order = ["raw", "float32", "uint8"]
+        for what in order[i % 3:] + order[: i % 3]:
+            if what == "raw":
+                c0 = _cpu(resource.RUSAGE_CHILDREN)
+                rate, count = raw_side_by_side(pics, n, args.raw_images)
+                row["raw"] = {"images_per_s_all": rate,
+                              "images_per_cpu_s": count / (_cpu(resource.RUSAGE_CHILDREN) - c0)}
+                continue
+            dtype = what
+            loader = make_loader(str(root), batch_size=args.batch_size, num_workers=n, shuffle=False,
+                                 pin_memory=False, persistent_workers=False,
+                                 image_transform=make_image_transform(size=SIZE), pixel_dtype=dtype)
+            c0 = _cpu(resource.RUSAGE_CHILDREN)
+            r = measure(loader, workers=n)
+            del loader  # the workers have exited (not persistent): their CPU time is in RUSAGE_CHILDREN
+            r["workers_cpu_s"] = _cpu(resource.RUSAGE_CHILDREN) - c0
+            r["images_per_cpu_s"] = r["images"] / (r["workers_cpu_s"] + r["main_cpu_s"])
+            row[dtype] = r
+        for dtype in ("float32", "uint8"):
+            row[dtype]["of_raw_n"] = row[dtype]["images_per_s_all"] / row["raw"]["images_per_s_all"]
+            row[dtype]["of_raw_cpu"] = row[dtype]["images_per_cpu_s"] / row["raw"]["images_per_cpu_s"]
+        rounds.append(row)
+    out = []
+    print(f"\n| round | pixel_dtype | images/s, all {n} | raw × {n} side by side | of raw | per CPU s, of raw "
+          "| first batch | main CPU |\n|---|---|---:|---:|---:|---:|---:|---:|")
+    for i, row in enumerate(rounds):
+        raw = row["raw"]["images_per_s_all"]
+        for dtype in ("float32", "uint8"):
+            r = row[dtype]
+            r.update(dataset="image-bearing", loader=f"wdspack {dtype}", pixel_dtype=dtype, workers=n, round=i,
+                     raw_n=raw)
+            out.append(r)
+            print(f"| {i} | {dtype} | {r['images_per_s_all']:.1f} | {raw:.1f} | {r['of_raw_n']:.1%} | "
+                  f"{r['of_raw_cpu']:.1%} | {r['first_batch_s']:.2f} s | {r['main_cpu_s']:.2f} s of "
+                  f"{r['seconds']:.1f} s |", flush=True)
+        out.append({"dataset": "image-bearing", "loader": f"raw decode + resize, {n} side by side", "workers": n,
+                    "round": i, **row["raw"]})
+    for dtype in ("float32", "uint8"):
+        wall = sorted(row[dtype]["of_raw_n"] for row in rounds)
+        cpu = sorted(row[dtype]["of_raw_cpu"] for row in rounds)
+        summary = {"dataset": "image-bearing", "loader": f"summary {dtype}", "workers": n,
+                   "of_raw_n_median": wall[len(wall) // 2], "of_raw_n_min": wall[0], "of_raw_n_max": wall[-1],
+                   "of_raw_cpu_median": cpu[len(cpu) // 2]}
+        out.append(summary)
+        print(f"\n{dtype}, {n} workers: {summary['of_raw_n_median']:.1%} of {n} raw decoders side by side (median "
+              f"of {len(wall)} rounds, {wall[0]:.1%}-{wall[-1]:.1%}); per CPU second "
+              f"{summary['of_raw_cpu_median']:.1%}", end="", flush=True)
+    print()
+    if args.profile:
+        print("\n| pixel_dtype | one worker, profiled | decode + resize | place pixels | collate text | rest |\n"
+              "|---|---:|---:|---:|---:|---:|")
+        for dtype in ("float32", "uint8"):
+            prof = profile_worker(root, batch_size=args.batch_size, pixel_dtype=dtype)
+            out.append({"dataset": "image-bearing", "loader": f"profile {dtype}", **prof})
+            t = prof["total_s"]
+            print(f"| {dtype} | {t:.2f} s | {prof['decode_resize_s'] / t:.1%} | {prof['place_pixels_s'] / t:.1%} | "
+                  f"{prof['collate_text_s'] / t:.1%} | {prof['rest_s'] / t:.1%} |", flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--samples", type=int, default=4000, help="image-bearing samples")
@@ -264,13 +442,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=("text", "images"), help="run one dataset only")
     ap.add_argument("--loaders", choices=("all", "wdspack"), default="all",
                     help="'wdspack': skip the per-sample comparison loaders")
+    ap.add_argument("--raw-images", type=int, default=None,
+                    help="images each side-by-side raw decoder decodes (--loaders wdspack; default: its share of all)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of raw, float32, uint8 (--loaders wdspack)")
+    ap.add_argument("--profile", action="store_true", help="also profile one in-process image pass per pixel dtype")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
     from wdspack import make_loader
 
     results = []
-    print("| dataset | loader | rows/s | real tokens/s | images/s | padding | rows | first batch |\n"
-          "|---|---|---:|---:|---:|---:|---:|---:|")
+    if args.loaders == "all" or args.only != "images":
+        print("| dataset | loader | rows/s | real tokens/s | images/s | padding | rows | first batch |\n"
+              "|---|---|---:|---:|---:|---:|---:|---:|")
     work = Path(tempfile.mkdtemp(prefix="bench-loader-"))
     tokenizer = load_tokenizer(work / "tokenizer")
     for images in (False, True):
@@ -284,6 +467,9 @@ def main(argv: list[str] | None = None) -> int:
             (root / "packed").mkdir()
             write_packed(root / "packed", ids, pics, seq_len=args.seq_len)
             urls = write_per_sample(root, ids, pics, texts) if args.loaders == "all" else []
+            if images and args.loaders == "wdspack":
+                results += scaling(root / "packed", pics, args)
+                continue
             loaders = {"wdspack": make_loader(str(root / "packed"), batch_size=args.batch_size,
                                               num_workers=args.workers, shuffle=False, pin_memory=False,
                                               image_transform=make_image_transform(size=SIZE) if images else None)}

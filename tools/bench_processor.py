@@ -23,6 +23,8 @@ processor's image processor run image by image in one process on the same images
 included). The two alternate, ``--rounds`` loader passes between ``--rounds + 1`` raw passes,
 and the best of each is compared (the host's speed drifts by ±20 % within a minute); the CPU
 seconds of the worker against those of the raw loop (the least of each) are the second ratio.
+Each round also runs the loader with ``pixel_dtype="uint8"`` (the patches shipped as the resized
+bytes, normalised later), reported under ``loading.uint8`` against the same raw passes.
 """
 
 from __future__ import annotations
@@ -111,7 +113,7 @@ def _raw_images(dataset: Path, processor) -> tuple[float, int]:
     return len(images) / (time.perf_counter() - t0), len(images)
 
 
-def _loader(dataset: Path, folder: Path) -> tuple[float, int, float]:
+def _loader(dataset: Path, folder: Path, pixel_dtype: str = "float32") -> tuple[float, int, float]:
     """Images/s of one epoch through one worker (start-up included), and the worker's CPU seconds."""
     import gc
     import resource
@@ -124,7 +126,8 @@ def _loader(dataset: Path, folder: Path) -> tuple[float, int, float]:
 
     cpu0 = children()
     loader = wdspack.make_loader(str(dataset), batch_size=1, num_workers=1, processor=str(folder), shuffle=False,
-                                 persistent_workers=False)  # the worker exits with the epoch: its CPU time is counted
+                                 persistent_workers=False,  # the worker exits with the epoch: its CPU time is counted
+                                 pixel_dtype=pixel_dtype)
     t0 = time.perf_counter()
     images = sum(int(b["image_mask"].sum()) for b in loader)
     rate = images / (time.perf_counter() - t0)
@@ -193,10 +196,11 @@ def main(argv: list[str] | None = None) -> int:
             p[f"processor_vs_fixed_{w}w"] = round(p[f"processor_{w}w"]["samples_per_s"]
                                                   / p[f"fixed_{w}w"]["samples_per_s"], 3)
         _pack(sources, work / "p", exact, 2, args.seq_len, args.max_images)
-        raw, load = [], []
+        raw, load, small = [], [], []
         for _ in range(args.rounds):  # interleaved: this host's speed drifts by ±20 % within a minute
             raw.append(_raw_cpu(work / "p", processor))
             load.append(_loader(work / "p", folder))
+            small.append(_loader(work / "p", folder, pixel_dtype="uint8"))
         raw.append(_raw_cpu(work / "p", processor))
         best_raw, best_load = max(r[0] for r in raw), max(x[0] for x in load)
         got = load[0][1]
@@ -205,7 +209,11 @@ def main(argv: list[str] | None = None) -> int:
                           "processor_image_by_image_per_s": round(best_raw, 1),
                           "of_baseline": round(best_load / best_raw, 3),
                           "of_baseline_cpu_time": round(cpu_raw / cpu_load, 3),
-                          "loader_runs": [round(x[0], 1) for x in load], "baseline_runs": [round(r[0], 1) for r in raw]}
+                          "loader_runs": [round(x[0], 1) for x in load], "baseline_runs": [round(r[0], 1) for r in raw],
+                          "uint8": {"loader_images_per_s": round(max(x[0] for x in small), 1),
+                                    "of_baseline": round(max(x[0] for x in small) / best_raw, 3),
+                                    "of_baseline_cpu_time": round(cpu_raw / min(x[2] for x in small), 3),
+                                    "loader_runs": [round(x[0], 1) for x in small]}}
         print(json.dumps(res, indent=1))
         if args.json:
             Path(args.json).write_text(json.dumps(res, indent=1) + "\n")

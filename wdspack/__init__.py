@@ -36,6 +36,7 @@ from .packer.planner import ALGORITHMS, lower_bound, plan_packs
 if typing.TYPE_CHECKING:  # the names _LAZY loads on first use, as type checkers should see them
     from .format.pack_index import CostModel
     from .loader import PackedDataset, make_loader
+    from .loader.buffers import normalize_pixels
     from .loader.collate import collate_packs, pack_to_example
     from .loader.images import make_image_transform
     from .loader.mixture import Mixture, MixtureSource
@@ -66,6 +67,7 @@ _LAZY = {
     "PackedDataset": "loader", "make_loader": "loader", "ReadOptions": "loader.options", "Balance": "loader.options",
     "Mixture": "loader.mixture", "MixtureSource": "loader.mixture",
     "pack_to_example": "loader.collate", "collate_packs": "loader.collate", "make_image_transform": "loader.images",
+    "normalize_pixels": "loader.buffers",
     "model_inputs": "models", "load_processor": "models",
     "num_items_in_batch": "train.loss", "num_samples_in_batch": "train.loss", "sample_mean_loss": "train.loss",
     "token_losses": "train.loss",
@@ -85,7 +87,7 @@ __all__ = [
     # load and train
     "Balance", "Mixture", "MixtureSource", "PackedDataset", "ReadOptions", "collate_packs", "load_processor",
     "make_image_transform", "make_loader", "model_inputs", "num_items_in_batch", "num_samples_in_batch",
-    "pack_to_example", "sample_mean_loss",
+    "normalize_pixels", "pack_to_example", "sample_mean_loss",
     "token_losses",
     "__version__",
 ]

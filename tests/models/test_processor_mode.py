@@ -91,6 +91,38 @@ def test_loader_refuses_another_familys_processor(qwen, tmp_path):
                             image_transform=wdspack.make_image_transform())
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+def test_uint8_patches_normalise_to_the_float32_patches(qwen, workers):
+    """Flattened patches shipped as the processor's resized bytes, normalised after: the float32 batch, every
+    other key identical; a family whose pixels cannot travel so refuses, naming the fix."""
+    from dataclasses import replace
+
+    processor, _, dataset = qwen
+    loaders = {dtype: wdspack.make_loader(str(dataset), batch_size=2, num_workers=workers, processor=processor,
+                                          seed=5, pixel_dtype=dtype, pin_memory=False)
+               for dtype in ("float32", "uint8")}
+    n = 0
+    for _ in range(2):  # two epochs: recycled buffers in the worker
+        for a, b in zip(loaders["uint8"], loaders["float32"], strict=True):
+            assert list(a) == list(b) and a["pixel_values"].dtype == torch.uint8
+            assert not a["pixel_values"][~a["patch_mask"]].any()
+            with pytest.raises(ConfigError, match=r"pixel_values are uint8 .*wdspack.normalize_pixels"):
+                wdspack.model_inputs(a, object())
+            got = wdspack.normalize_pixels(a, loaders["uint8"], dtype=torch.float32)
+            torch.testing.assert_close(got["pixel_values"], b["pixel_values"], rtol=0, atol=1e-6)
+            assert not got["pixel_values"][~a["patch_mask"]].any()
+            for key in b:
+                if key != "pixel_values":
+                    assert torch.equal(a[key], b[key]) if isinstance(b[key], torch.Tensor) else a[key] == b[key], key
+            n += int(a["patch_mask"].sum())
+    assert n > 0
+    ds = wdspack.PackedDataset(str(dataset), processor=processor, batch_size=1)
+    ds.model_batcher.family = replace(ds.model_batcher.family, uint8_pixels=False)
+    with pytest.raises(ConfigError, match=r"pixel_dtype='uint8' is not available with Qwen2_5_VLProcessor .*"
+                                          r"pass pixel_dtype='float32'"):
+        wdspack.make_loader(ds, batch_size=1, num_workers=0, pixel_dtype="uint8")
+
+
 def test_workers_give_the_same_batches_as_in_process(qwen):
     processor, _, dataset = qwen
     streams = []

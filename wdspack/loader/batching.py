@@ -50,6 +50,8 @@ class ModelBatcher:
         self.budgets = Budgets(int(seq_len), int(max_images),
                                None if max_image_tokens is None else int(max_image_tokens))
         self.max_pixels = int(max_pixels)
+        #: ``"uint8"``: pixels as the processor's resized bytes, un-normalised (``Family.uint8_pixels``).
+        self.pixel_dtype = "float32"
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "family": self.family.name}  # a Family holds functions: ship its name
@@ -78,10 +80,34 @@ class ModelBatcher:
         if images and self.family.pixels_per_sample:
             owners = list(pack.image_sample)
             images = [[im for im, o in zip(images, owners) if o == s] for s in dict.fromkeys(owners)]
-        out = self.family.pixels(self.processor, images) if images else {}
+        raw = {"do_rescale": False, "do_normalize": False} if self.pixel_dtype == "uint8" else {}
+        out = self.family.pixels(self.processor, images, **raw) if images else {}
         pixels = self.family.pad_pixels(out, self.processor, self.budgets, tuple(pack.image_tokens))
+        if raw:
+            pixels = {**pixels, "pixel_values": self._as_bytes(pixels["pixel_values"])}
         rows = self.family.token_rows(input_ids, pack.seq_lens, out, self.processor) if self.family.token_rows else {}
         return pixels, rows
+
+    def _as_bytes(self, rows: Any) -> Rows:
+        """The un-normalised pixel rows as uint8: exact, since the processor gave whole numbers 0-255 (checked)."""
+        if not isinstance(rows, Rows):
+            raise ConfigError(f"the {self.family.name} family's pixel_values are not rows of flattened patches; "
+                              "pass pixel_dtype='float32'")
+        for t in rows.pieces:
+            if t.numel() and (t.min() < 0 or t.max() > 255 or not torch.equal(t, t.round())):
+                raise ConfigError(f"{type(self.processor).__name__} resizes in floating point (its pixels before "
+                                  "rescaling are not whole numbers 0-255), so they cannot travel as uint8 exactly; "
+                                  "pass pixel_dtype='float32'")
+        return Rows(tuple(t.to(torch.uint8) for t in rows.pieces), rows.rows)
+
+    def normalize(self, pixels: torch.Tensor) -> torch.Tensor:
+        """uint8 ``pixel_values`` rows (``pixel_dtype="uint8"``) → float32, rescaled and normalised as the
+        processor does (``x · rescale_factor``, then ``(x - mean) / std`` per channel), on their device."""
+        ip = self.processor.image_processor
+        mean = torch.tensor(ip.image_mean, dtype=torch.float32, device=pixels.device)[:, None]
+        std = torch.tensor(ip.image_std, dtype=torch.float32, device=pixels.device)[:, None]
+        rows = pixels.to(torch.float32).view(pixels.shape[0], mean.shape[0], -1)  # channel-major rows
+        return rows.mul_(float(ip.rescale_factor)).sub_(mean).div_(std).view(pixels.shape)
 
     @staticmethod
     def padded(pixels: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -104,7 +130,8 @@ class ModelBatcher:
         for key in parts[0][0]:
             values = [p[0][key] for p in parts]
             if isinstance(values[0], Rows):
-                use = take if key == "pixel_values" and values[0].pieces[0].dtype == torch.float32 else None
+                dtype = values[0].pieces[0].dtype
+                use = take if key == "pixel_values" and dtype in (torch.float32, torch.uint8) else None
                 batch[key], counts = _join_rows(values, use)
                 written = counts if use is not None else written
             else:

@@ -11,6 +11,8 @@ How a worker's batch travels (``reuse_buffers=True``, the default)::
     collate: text  ─► stacked [B, L] ... in ordinary memory ─► by value, through the pipe
              uint8 ─► normalised straight into pixel_values [B·M, 3, S, S] ─► shared memory:
                       a buffer the worker reuses once the main process holds no view of it
+                      (``pixel_dtype="uint8"``: copied as they are, CHW, a quarter of the bytes;
+                      ``wdspack.normalize_pixels`` normalises them on the device)
 
 A new shared-memory segment per tensor (what a stock DataLoader does) costs a file, a descriptor
 passed over a socket, a mapping made and unmade, and a zeroed page per 4 KiB; on the benchmark's
@@ -24,7 +26,7 @@ from __future__ import annotations
 import math
 import os
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,15 +40,18 @@ from .collate import collate_packs, naming_sample, pack_to_example
 if TYPE_CHECKING:
     from .images import ImageTransform
 
-__all__ = ["MODEL_KEY", "PIXELS_KEY", "DecodedImages", "PixelBuffers", "Shipment", "TakePixels", "collate_staged",
-           "decode_pack_images", "fresh_pixels", "new_shared", "staged_example", "write_pixel_slots"]
+__all__ = ["MODEL_KEY", "PIXELS_KEY", "PIXEL_DTYPES", "DecodedImages", "PixelBuffers", "Shipment", "TakePixels",
+           "collate_staged", "decode_pack_images", "fresh_pixels", "new_shared", "normalize_pixels", "staged_example",
+           "write_pixel_slots"]
 
 #: Private example key (:func:`staged_example`): the pack's images decoded to uint8, not yet normalised.
 PIXELS_KEY = "__wdspack_pixels__"
 #: Private example key (:func:`staged_example`): ``(batcher, pixels, rows)``, the processor's parts of the pack.
 MODEL_KEY = "__wdspack_model__"
 _STAGED_KEYS = (PIXELS_KEY, MODEL_KEY)
-#: ``take(shape, packs) -> (tensor, dirty)``: float32 memory for a batch's pixels and, per pack, how many
+#: ``make_loader(pixel_dtype=...)``: what a batch's ``pixel_values`` travel as.
+PIXEL_DTYPES = {"float32": torch.float32, "uint8": torch.uint8}
+#: ``take(shape, packs) -> (tensor, dirty)``: memory for a batch's pixels and, per pack, how many
 #: leading slots (or rows) may hold non-zero bytes from earlier use (``None``: unknown, zero them all).
 TakePixels = Callable[[tuple[int, ...], int], tuple[torch.Tensor, "list[int] | None"]]
 
@@ -83,7 +88,8 @@ def write_pixel_slots(images: Sequence[DecodedImages], out: torch.Tensor, *, slo
 
     Args:
         images: one entry per pack (``B``), each with at most ``slots`` images.
-        out: ``[B·slots, 3, S, S]`` float32, the batch's ``pixel_values``.
+        out: ``[B·slots, 3, S, S]``, the batch's ``pixel_values``: float32 (normalised here) or
+            uint8 (the decoded bytes, CHW, for :func:`wdspack.normalize_pixels`).
         slots: ``M``, the image slots per pack.
         dirty: per pack, how many leading slots may hold non-zero bytes from earlier use;
             those past ``k_b`` are zeroed. ``None``: all of them (memory of unknown content);
@@ -93,7 +99,8 @@ def write_pixel_slots(images: Sequence[DecodedImages], out: torch.Tensor, *, slo
     if any(k > slots for k in counts):
         raise ConfigError(f"pixel_values: a pack has {max(counts)} images > {slots} image slots")
     for b, (x, k) in enumerate(zip(images, counts)):
-        x.transform.normalize_into(x.pixels, out[b * slots: b * slots + k])
+        write = x.transform.copy_into if out.dtype == torch.uint8 else x.transform.normalize_into
+        write(x.pixels, out[b * slots: b * slots + k])
         stale = slots if dirty is None else dirty[b]
         if stale > k:
             out[b * slots + k: b * slots + stale] = 0
@@ -127,13 +134,14 @@ def staged_example(pack: Pack, *, seq_len: int, max_images: int, pad_token_id: i
 
 def collate_staged(examples: Sequence[dict[str, Any]], *, attention_mask: str | None = None,
                    padding_free: bool = False, max_segments: int | None = None, take: TakePixels | None = None,
-                   share_memory: bool | None = None) -> tuple[dict[str, Any], list[int] | None]:
+                   share_memory: bool | None = None, pixel_dtype: str = "float32"
+                   ) -> tuple[dict[str, Any], list[int] | None]:
     """:func:`staged_example` outputs → one batch: :func:`~.collate.collate_packs`, then the pixels written once.
 
     A processor's parts are joined by its batcher (the family's keys and last rewrite); decoded
-    images are normalised straight into their slots of ``pixel_values`` ``[B·M, 3, S, S]``. Both
-    write into the float32 memory ``take`` gives (default :func:`fresh_pixels`). The examples are
-    not changed.
+    images are normalised straight into their slots of ``pixel_values`` ``[B·M, 3, S, S]``
+    (``pixel_dtype="uint8"``: copied there un-normalised). Both write into the memory ``take`` gives
+    (default :func:`fresh_pixels`), float32 or ``pixel_dtype``. The examples are not changed.
 
     Returns:
         The batch, and per pack the slots (rows) written into ``take``'s tensor, or ``None`` when
@@ -145,7 +153,9 @@ def collate_staged(examples: Sequence[dict[str, Any]], *, attention_mask: str | 
     images = [ex[PIXELS_KEY] for ex in examples] if PIXELS_KEY in first else None
     parts = [ex[MODEL_KEY] for ex in examples] if MODEL_KEY in first else None
     plain = [{k: v for k, v in ex.items() if k not in _STAGED_KEYS} for ex in examples]
-    take = take or fresh_pixels
+    if pixel_dtype not in PIXEL_DTYPES:
+        raise ConfigError(f"pixel_dtype={pixel_dtype!r} is not one of {sorted(PIXEL_DTYPES)}")
+    take = take or (lambda shape, n: fresh_pixels(shape, n, dtype=PIXEL_DTYPES[pixel_dtype]))
     batch: dict[str, Any] = dict(collate_packs(plain, attention_mask=attention_mask, padding_free=padding_free,
                                                max_segments=max_segments, share_memory=share_memory))
     counts = None
@@ -160,19 +170,82 @@ def collate_staged(examples: Sequence[dict[str, Any]], *, attention_mask: str | 
     return batch, counts
 
 
-def fresh_pixels(shape: tuple[int, ...], packs: int) -> tuple[torch.Tensor, list[int] | None]:
-    """New float32 memory (a :data:`TakePixels`): in a DataLoader worker a new shared-memory segment, which
+def normalize_pixels(batch: Mapping[str, Any], source: Any, *, device: torch.device | str | None = None,
+                     dtype: torch.dtype = torch.float32, non_blocking: bool = False) -> dict[str, Any]:
+    """A batch of ``make_loader(..., pixel_dtype="uint8")`` with its ``pixel_values`` normalised, on ``device``.
+
+    Copy the uint8 bytes first (a quarter of float32's), then normalise where they landed: the same
+    float32 operations, with the same mean, std and 1/255 as the loader's float32 path (they come
+    from its image transform), and zeros in the empty slots (``image_mask`` False), so the result
+    equals what ``pixel_dtype="float32"`` gives, to float rounding; then cast to ``dtype``. Every
+    other key is returned as it is (not moved). A batch whose ``pixel_values`` are float already
+    (the float32 path) only moves and casts, so one training loop serves both settings.
+
+    Args:
+        batch: a batch from the loader (not changed).
+        source: the :class:`~wdspack.loader.PackedLoader` (or :class:`~wdspack.loader.PackedDataset`,
+            or the :class:`~wdspack.loader.images.ImageTransform`) that made the batch: its image
+            transform, or in processor mode its processor, gives the mean, std and rescale factor.
+        device: where to normalise (``"cuda"``); default where ``pixel_values`` are.
+        dtype: the floating dtype of the result (``torch.bfloat16`` for a bf16 vision tower).
+        non_blocking: passed to the copy (pinned batches copy asynchronously).
+
+    Example:
+        >>> loader = make_loader(path, batch_size=8, image_transform=make_image_transform(),
+        ...                      pixel_dtype="uint8")  # doctest: +SKIP
+        >>> for batch in loader:  # doctest: +SKIP
+        ...     batch = wdspack.normalize_pixels(batch, loader, device="cuda", dtype=torch.bfloat16)
+    """
+    from .images import ImageTransform
+
+    if "pixel_values" not in batch:
+        raise ConfigError(f"the batch has no pixel_values (keys {sorted(batch)}); normalize_pixels is for a batch "
+                          "with images")
+    pixels = batch["pixel_values"]
+    if device is not None:
+        pixels = pixels.to(device, non_blocking=non_blocking)
+    if not dtype.is_floating_point:
+        raise ConfigError(f"dtype={dtype} must be a floating dtype (torch.float32, torch.bfloat16, ...)")
+    if pixels.is_floating_point():
+        return {**batch, "pixel_values": pixels.to(dtype)}
+    batcher = getattr(getattr(source, "dataset", source), "model_batcher", None)
+    if batcher is not None:  # a processor's flattened patches: [B·R, 3·…] rows, patch_mask says which are real
+        if pixels.dtype != torch.uint8 or "patch_mask" not in batch:
+            raise ConfigError(f"pixel_values are {pixels.dtype} {tuple(pixels.shape)} without a patch_mask; pass the "
+                              "loader that made the batch")
+        out = batcher.normalize(pixels)
+        mask = batch["patch_mask"].to(out.device, non_blocking=non_blocking).bool()
+        return {**batch, "pixel_values": out.masked_fill_(~mask[:, None], 0.0).to(dtype)}
+    transform = source
+    for attr in ("dataset", "image_transform"):  # a loader → its dataset → its transform
+        if not isinstance(transform, ImageTransform):
+            transform = getattr(transform, attr, transform)
+    if not isinstance(transform, ImageTransform):
+        raise ConfigError(f"normalize_pixels needs the loader, dataset or image transform that made the batch (its "
+                          f"mean and std), got {type(source).__name__}")
+    if pixels.dtype != torch.uint8 or tuple(pixels.shape[1:]) != (3, transform.size, transform.size):
+        raise ConfigError(f"pixel_values are {pixels.dtype} {tuple(pixels.shape)}; this transform makes uint8 "
+                          f"[B·M, 3, {transform.size}, {transform.size}]: pass the loader that made the batch")
+    out = transform.normalize(pixels)
+    mask = batch["image_mask"].to(out.device, non_blocking=non_blocking)
+    out.masked_fill_(~mask.bool()[:, None, None, None], 0.0)  # empty slots: zeros, as the float32 path has them
+    return {**batch, "pixel_values": out.to(dtype)}
+
+
+def fresh_pixels(shape: tuple[int, ...], packs: int, *, dtype: torch.dtype = torch.float32
+                 ) -> tuple[torch.Tensor, list[int] | None]:
+    """New memory (a :data:`TakePixels`): in a DataLoader worker a new shared-memory segment, which
     the OS zero-fills and the DataLoader passes on without copying; elsewhere plain memory."""
     if torch.utils.data.get_worker_info() is not None:
-        return new_shared(shape), [0] * packs
-    return torch.empty(shape), None
+        return new_shared(shape, dtype=dtype), [0] * packs
+    return torch.empty(shape, dtype=dtype), None
 
 
-def new_shared(shape: tuple[int, ...]) -> torch.Tensor:
-    """A new float32 tensor in shared memory; its bytes are zero (a new file, which the OS zero-fills)."""
-    storage = torch.UntypedStorage._new_shared(4 * math.prod(shape))
+def new_shared(shape: tuple[int, ...], *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A new tensor in shared memory (float32 by default); its bytes are zero (a new file, which the OS zero-fills)."""
+    storage = torch.UntypedStorage._new_shared(dtype.itemsize * math.prod(shape))
     # torch's stubs make `stride` required; set_ takes it as optional (contiguous)
-    return torch.empty(0, dtype=torch.float32).set_(storage, 0, shape)  # type: ignore[call-overload]
+    return torch.empty(0, dtype=dtype).set_(storage, 0, shape)  # type: ignore[call-overload]
 
 
 def _insert_after(batch: dict[str, Any], anchor: str, key: str, value: Any) -> dict[str, Any]:
@@ -218,18 +291,18 @@ class PixelBuffers:
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_held": [], "_leases": 0}  # a worker starts with no buffers of its own
 
-    def take(self, shape: tuple[int, ...], *, worker: int, packs: int
+    def take(self, shape: tuple[int, ...], *, worker: int, packs: int, dtype: torch.dtype = torch.float32
              ) -> tuple[torch.Tensor, list[int], Lease | None]:
-        """A float32 ``shape`` tensor in shared memory, per pack the leading slots that may be non-zero, its lease.
+        """A ``shape`` tensor of ``dtype`` in shared memory, per pack the leading slots that may be non-zero, its lease.
 
         No lease (None) when every buffer is still out: the tensor is then a new one, not kept.
         """
         for i, (tensor, lease, filled) in enumerate(self._held):
-            if (lease is not None and tuple(tensor.shape) == shape and len(filled) == packs
+            if (lease is not None and tuple(tensor.shape) == shape and tensor.dtype == dtype and len(filled) == packs
                     and int(self.released[worker, i]) == lease.number):
                 self._held[i] = (tensor, None, filled)  # taken: not handed out again before it ships
                 return tensor, filled, self._lease(worker, i)
-        tensor = new_shared(shape)
+        tensor = new_shared(shape, dtype=dtype)
         if len(self._held) >= self.size:
             return tensor, [0] * packs, None
         self._held.append((tensor, None, []))

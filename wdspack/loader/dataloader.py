@@ -33,7 +33,7 @@ import torch
 from torch.utils.data import DataLoader, get_worker_info
 
 from ..errors import ConfigError
-from .buffers import PixelBuffers, Shipment, collate_staged, fresh_pixels
+from .buffers import PIXEL_DTYPES, PixelBuffers, Shipment, collate_staged, fresh_pixels
 from .dataset import META_KEY, STAT_KEYS, PackedDataset
 from .elastic import lockstep_positions
 from .mixture import Mixture
@@ -61,7 +61,7 @@ def make_loader(source: str | os.PathLike[str] | Sequence[Any] | Mixture | Packe
                 max_segments: int | str | None = "auto", pin_memory: bool | None = None,
                 persistent_workers: bool | None = None, prefetch_factor: int | None = None,
                 multiprocessing_context: Any = None, timeout: float = 0,
-                reuse_buffers: bool = True) -> PackedLoader:
+                reuse_buffers: bool = True, pixel_dtype: str = "float32") -> PackedLoader:
     """A DataLoader of fixed-shape batches over a packed dataset, with ``state_dict`` / ``load_state_dict``.
 
     Args:
@@ -99,6 +99,12 @@ def make_loader(source: str | os.PathLike[str] | Sequence[Any] | Mixture | Packe
             any more (new shared memory costs a page fault per 4 KiB: about a third of a worker's
             time). Pass False if batches go on to *other* processes uncopied (the main process
             cannot see when those let go).
+        pixel_dtype: ``"float32"``: ``pixel_values`` arrive normalised. ``"uint8"``: the workers ship
+            the decoded, resized bytes un-normalised, a quarter of the bytes through shared memory and
+            to the device; finish each batch there with :func:`wdspack.normalize_pixels` (equal to the
+            float32 path to float rounding; empty slots and padding rows zero in both). With the
+            built-in ``image_transform``, or a ``processor`` of the Qwen-VL families (flattened
+            patches); other processors lay out float pixels themselves and refuse it.
 
     Example:
         >>> loader = make_loader("hf://datasets/my-org/llava-packed@main", batch_size=8)  # doctest: +SKIP
@@ -127,7 +133,7 @@ def make_loader(source: str | os.PathLike[str] | Sequence[Any] | Mixture | Packe
                         padding_free=padding_free, max_segments=max_segments, pin_memory=pin_memory,
                         persistent_workers=persistent_workers,
                         prefetch_factor=prefetch_factor, multiprocessing_context=multiprocessing_context,
-                        timeout=timeout, reuse_buffers=reuse_buffers)
+                        timeout=timeout, reuse_buffers=reuse_buffers, pixel_dtype=pixel_dtype)
 
 
 #: PackedDataset's defaults of the options make_loader passes on (to tell "given" from "left alone").
@@ -143,7 +149,7 @@ class PackedLoader:
 
     What may change between save and restore: the data's location (a local copy instead of the
     Hub, a mirror), ``block_size``, ``retries``, ``pin_memory``, ``prefetch_factor``, the image
-    transform and the process. What may not (restore refuses, naming the field): the dataset's
+    transform, ``pixel_dtype`` and the process. What may not (restore refuses, naming the field): the dataset's
     shards, ``seed``, ``shuffle``, ``shuffle_buffer``, ``remainder``, ``batch_size`` and the balance
     settings. Rank, world size and ``num_workers`` may: the rest of the epoch is then re-split
     (elastic resume, see :meth:`load_state_dict`).
@@ -153,9 +159,11 @@ class PackedLoader:
                  attention_mask: str | None = None, padding_free: bool = False,
                  max_segments: int | str | None = "auto", pin_memory: bool | None = None,
                  persistent_workers: bool | None = None, prefetch_factor: int | None = None,
-                 multiprocessing_context: Any = None, timeout: float = 0, reuse_buffers: bool = True) -> None:
+                 multiprocessing_context: Any = None, timeout: float = 0, reuse_buffers: bool = True,
+                 pixel_dtype: str = "float32") -> None:
         if num_workers < 0:
             raise ConfigError(f"num_workers={num_workers} must be >= 0")
+        self.pixel_dtype = _check_pixel_dtype(pixel_dtype, dataset)
         self.dataset = dataset
         self.batch_size = int(batch_size)
         self.num_workers = int(num_workers)
@@ -170,7 +178,7 @@ class PackedLoader:
         self.dataloader = DataLoader(
             dataset, batch_size=self.batch_size, num_workers=self.num_workers, drop_last=True, timeout=timeout,
             collate_fn=_Collate(attention_mask=attention_mask, padding_free=padding_free,
-                                max_segments=self.max_segments, buffers=buffers),
+                                max_segments=self.max_segments, buffers=buffers, pixel_dtype=self.pixel_dtype),
             pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory, **extra)
         self._epoch = dataset.epoch
         self._positions: list[tuple[int, ...]] = [(0, 0, 0)] * self._workers  # (lap, emitted, yielded) per worker
@@ -510,6 +518,32 @@ def _check_kept_sources(saved: Mapping[str, Any], now: Mapping[str, Any]) -> Non
                               "pass), or restore with the data that saved the state")
 
 
+def _check_pixel_dtype(value: Any, dataset: PackedDataset) -> str:
+    """``pixel_dtype`` as its name; uint8 only where the pixels can travel as the resized bytes: the built-in
+    transform's two halves, or a processor whose family says so (``Family.uint8_pixels``). Sets the dataset's
+    batcher to it."""
+    from .images import ImageTransform
+
+    name = str(value).removeprefix("torch.")
+    if name not in PIXEL_DTYPES:
+        raise ConfigError(f"pixel_dtype={value!r} is not one of {sorted(PIXEL_DTYPES)}")
+    batcher = dataset.model_batcher
+    if name == "uint8" and batcher is not None and not batcher.family.uint8_pixels:
+        raise ConfigError(f"pixel_dtype='uint8' is not available with {type(batcher.processor).__name__} (the "
+                          f"{batcher.family.name} family): its image processor lays out float pixels itself (tiles, "
+                          "padding) that wdspack cannot finish on the device; pass pixel_dtype='float32' (uint8 "
+                          "works with the Qwen-VL families' flattened patches and with the built-in image transform)")
+    if batcher is not None:
+        batcher.pixel_dtype = name
+    transform = dataset.image_transform
+    if name == "uint8" and transform is not None and not (isinstance(transform, ImageTransform)
+                                                          and transform.writes_into):
+        raise ConfigError(f"pixel_dtype='uint8' needs the built-in image transform (make_image_transform(size=...)), "
+                          f"not {transform!r}, whose output the loader cannot leave un-normalised; pass "
+                          "pixel_dtype='float32'")
+    return name
+
+
 def _max_segments(value: int | str | None, dataset: PackedDataset, batch_size: int) -> int | None:
     if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
         return value
@@ -534,9 +568,9 @@ class _Collate:
     """
 
     def __init__(self, *, attention_mask: str | None, padding_free: bool, max_segments: int | None,
-                 buffers: PixelBuffers | None) -> None:
+                 buffers: PixelBuffers | None, pixel_dtype: str = "float32") -> None:
         self.options: dict[str, Any] = {"attention_mask": attention_mask, "padding_free": padding_free,
-                                        "max_segments": max_segments}
+                                        "max_segments": max_segments, "pixel_dtype": pixel_dtype}
         self.buffers = buffers
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any] | Shipment:
@@ -548,9 +582,10 @@ class _Collate:
 
         def take(shape: tuple[int, ...], packs: int) -> tuple[torch.Tensor, list[int] | None]:
             nonlocal lease
+            dtype = PIXEL_DTYPES[self.options["pixel_dtype"]]
             if buffers is None or info is None:
-                return fresh_pixels(shape, packs)
-            out, dirty, lease = buffers.take(shape, worker=info.id, packs=packs)
+                return fresh_pixels(shape, packs, dtype=dtype)
+            out, dirty, lease = buffers.take(shape, worker=info.id, packs=packs, dtype=dtype)
             return out, dirty
 
         batch, counts = collate_staged(examples, **self.options, take=take,

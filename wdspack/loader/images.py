@@ -266,20 +266,63 @@ class ImageTransform:
             >>> out[0, :, 0, 0].tolist(), out[1].abs().sum().item()
             ([1.0, 1.0, 1.0], 0.0)
         """
-        s = self.size
-        if out.dtype != torch.float32 or out.device.type != "cpu" or out.ndim != 4 \
-                or tuple(out.shape[1:]) != (3, s, s) or out.shape[0] < len(pixels):
-            raise ConfigError(f"normalize_into needs a CPU float32 [>= {len(pixels)}, 3, {s}, {s}] tensor, got "
-                              f"{out.dtype} {tuple(out.shape)} on {out.device}")
-        dst = out.numpy()  # shares memory: writes land in ``out``
+        dst = self._check_out(pixels, out, torch.float32, "normalize_into")
         scale, shift = self._scale[:, None, None], self._shift[:, None, None]
         for k, px in enumerate(pixels):
-            if px.shape != (s, s, 3) or px.dtype != np.uint8:
-                raise ConfigError(f"pixels[{k}] is {px.dtype} {px.shape}; expected uint8 ({s}, {s}, 3) "
-                                  "from decode_resized")
             # HWC bytes → CHW floats in one pass, then the shift in place: (x / 255 - mean) / std.
-            np.multiply(px.transpose(2, 0, 1), scale, out=dst[k], casting="unsafe")
+            np.multiply(self._checked(k, px).transpose(2, 0, 1), scale, out=dst[k], casting="unsafe")
             dst[k] += shift
+
+    def copy_into(self, pixels: Sequence[np.ndarray], out: torch.Tensor) -> None:
+        """Built-in path, second half for ``pixel_dtype="uint8"``: ``[S, S, 3]`` uint8 arrays → ``out[:N]``
+        ``[N, 3, S, S]`` uint8, un-normalised (HWC → CHW); :meth:`normalize` finishes them on the device.
+
+        ``out`` may be a view into a larger batch tensor; entries past ``N`` are left as they are.
+
+        Example:
+            >>> t = make_image_transform(size=2)
+            >>> out = torch.zeros(1, 3, 2, 2, dtype=torch.uint8)
+            >>> t.copy_into([np.full((2, 2, 3), (255, 0, 7), np.uint8)], out)
+            >>> out[0, :, 0, 0].tolist()
+            [255, 0, 7]
+        """
+        dst = self._check_out(pixels, out, torch.uint8, "copy_into")
+        for k, px in enumerate(pixels):
+            dst[k] = self._checked(k, px).transpose(2, 0, 1)
+
+    def normalize(self, pixels: torch.Tensor) -> torch.Tensor:
+        """``[..., 3, S, S]`` uint8 pixels (:meth:`copy_into`) → float32, normalised, on their own device.
+
+        The same float32 operations, in the same order, as :meth:`normalize_into` (one multiply by
+        ``1 / (255·std)``, then ``+ (-mean / std)``), so the result equals the CPU path's to the bit on
+        the CPU and to float rounding elsewhere.
+
+        Example:
+            >>> t = make_image_transform(size=1)
+            >>> out = t.normalize(torch.tensor([[[[255]], [[0]], [[51]]]], dtype=torch.uint8))
+            >>> [round(v, 6) for v in out.flatten().tolist()]
+            [1.0, -1.0, -0.6]
+        """
+        if pixels.dtype != torch.uint8 or pixels.ndim < 3 or pixels.shape[-3] != 3:
+            raise ConfigError(f"normalize takes [..., 3, S, S] uint8 pixels, got {pixels.dtype} "
+                              f"{tuple(pixels.shape)}")
+        scale = torch.from_numpy(self._scale).to(pixels.device)[:, None, None]
+        shift = torch.from_numpy(self._shift).to(pixels.device)[:, None, None]
+        return pixels.to(torch.float32).mul_(scale).add_(shift)
+
+    def _check_out(self, pixels: Sequence[np.ndarray], out: torch.Tensor, dtype: torch.dtype, what: str) -> np.ndarray:
+        s = self.size
+        if out.dtype != dtype or out.device.type != "cpu" or out.ndim != 4 \
+                or tuple(out.shape[1:]) != (3, s, s) or out.shape[0] < len(pixels):
+            raise ConfigError(f"{what} needs a CPU {str(dtype).removeprefix('torch.')} [>= {len(pixels)}, 3, {s}, {s}] "
+                              f"tensor, got {out.dtype} {tuple(out.shape)} on {out.device}")
+        return out.numpy()  # shares memory: writes land in ``out``
+
+    def _checked(self, k: int, px: np.ndarray) -> np.ndarray:
+        s = self.size
+        if px.shape != (s, s, 3) or px.dtype != np.uint8:
+            raise ConfigError(f"pixels[{k}] is {px.dtype} {px.shape}; expected uint8 ({s}, {s}, 3) from decode_resized")
+        return px
 
     def _decode(self, k: int, data: bytes) -> Image.Image:
         try:

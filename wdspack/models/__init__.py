@@ -114,6 +114,10 @@ def model_inputs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]:
         >>> for batch in loader:  # doctest: +SKIP
         ...     loss = model(**wdspack.model_inputs(batch, model)).loss
     """
+    pixels = batch.get("pixel_values")
+    if isinstance(pixels, torch.Tensor) and pixels.dtype == torch.uint8:
+        raise ConfigError("the batch's pixel_values are uint8 (make_loader(..., pixel_dtype='uint8')), not yet "
+                          "normalised; first: batch = wdspack.normalize_pixels(batch, loader, device=...)")
     family = family_for(model)
     kwargs = family.model_kwargs(batch, model)
     kwargs["labels"] = batch["labels"]

@@ -101,6 +101,10 @@ class Family:
         aliases: short names for ``--tokens-per-image processor:NAME`` (fixed mode) that build
             ``image_processor`` from code instead of loading one.
         image_processor: builds the family's image processor with its published defaults.
+        uint8_pixels: ``pixels(processor, images, do_rescale=False, do_normalize=False)`` gives the
+            resized pixels as whole numbers 0-255, in ``pixel_values`` rows whose values are
+            channel-major (``3 × …`` per row, as flattened patches are), so the loader can ship them as
+            bytes (``pixel_dtype="uint8"``) and normalise them on the device.
     """
 
     name: str
@@ -111,7 +115,7 @@ class Family:
     model_kwargs: Callable[[Mapping[str, Any], Any], dict[str, Any]]
     feature_token: Callable[[Any], str] = lambda processor: processor.image_token
     placeholder: Callable[[Any], str] = lambda processor: processor.image_token
-    pixels: Callable[[Any, Sequence[Any]], dict[str, torch.Tensor]] = default_pixels
+    pixels: Callable[..., dict[str, torch.Tensor]] = default_pixels
     token_rows: Callable[..., dict[str, torch.Tensor]] | None = None
     token_keys: tuple[str, ...] = ()
     finish_batch: Callable[[dict[str, Any]], dict[str, Any]] | None = None
@@ -119,3 +123,4 @@ class Family:
     notes: str = ""
     aliases: tuple[str, ...] = ()
     image_processor: Callable[[], Any] | None = None
+    uint8_pixels: bool = False

@@ -1,0 +1,45 @@
+"""tools/bench_loader.py's side-by-side mode runs and reports what it says; speed is the tool's to measure."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("bench_loader", ROOT / "tools" / "bench_loader.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_side_by_side_raw_decoders_decode_every_image_once():
+    tool = _tool()
+    jpeg = tool._photo_like(np.random.default_rng(0))
+    pics = [[jpeg] * 2, [], [jpeg] * 3]
+    rate, count = tool.raw_side_by_side(pics, 2)
+    assert count == 5 and rate > 0
+    assert tool.raw_side_by_side(pics, 2, per_process=4)[1] == 8  # cycled to 2 × 4
+
+
+def test_scaling_reports_both_dtypes_against_the_raw_decoders(tmp_path, capsys):
+    out = tmp_path / "scale.json"
+    assert _tool().main(["--only", "images", "--loaders", "wdspack", "--samples", "60", "--seq-len", "1024",
+                         "--workers", "1", "--rounds", "1", "--json", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    passes = {r["pixel_dtype"]: r for r in results if r["loader"].startswith("wdspack ")}
+    assert sorted(passes) == ["float32", "uint8"]
+    assert passes["float32"]["images"] == passes["uint8"]["images"] > 0
+    for r in passes.values():
+        assert r["of_raw_n"] == r["images_per_s_all"] / r["raw_n"] and 0 < r["of_raw_cpu"]
+        assert r["workers_cpu_s"] > 0 and r["main_cpu_s"] > 0
+    raw = [r for r in results if r["loader"] == "raw decode + resize, 1 side by side"]
+    assert len(raw) == 1 and raw[0]["images_per_s_all"] == passes["uint8"]["raw_n"]
+    printed = capsys.readouterr().out
+    assert "float32, 1 workers:" in printed and "uint8, 1 workers:" in printed
