@@ -11,6 +11,11 @@ holds about ``--group-samples`` samples; its peak RSS (Linux ``VmHWM``) is the d
 pool's workers are other processes). Then the shards are read back (the sub-sample lengths of every
 pack) and one global ``plan_packs`` over the same samples gives the fill the global plan would have.
 
+``--source documents`` is the fast source for the largest runs: JSONL files of text-only documents
+(``{"id", "text"}``, the same 4–40-word texts, no image to check) and a small real tokenizer (a
+``tokenizers`` WordLevel model over the 500 words, built into the work folder and loaded through
+transformers like any tokenizer), so the measured cost is the pack job's own per-sample work.
+
 Printed (one JSON line, and a summary): samples, driver peak RSS, time per stage (measure, bucket,
 duplicates, select, plan+write) and per sample, the partitioned and global fills, and the estimate
 for 1 B samples on a Ray cluster of ``--cpus`` CPUs from the measured CPU seconds per sample.
@@ -76,6 +81,42 @@ def make_shards(folder: Path, samples: int, per_shard: int) -> list[str]:
     return paths
 
 
+def make_documents(folder: Path, samples: int, per_file: int) -> list[str]:
+    """JSONL files of ``per_file`` text-only documents (the last one shorter), deterministic."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    words = np.asarray([f"w{k}" for k in range(500)])
+    paths = []
+    for s in range(-(-samples // per_file)):
+        path = folder / f"{s:06d}.jsonl"
+        paths.append(str(path))
+        if path.exists():
+            continue
+        n = min(per_file, samples - s * per_file)
+        lengths = rng.integers(4, 41, n)
+        picks = words[rng.integers(0, len(words), int(lengths.sum()))]
+        cuts = np.cumsum(lengths)[:-1]
+        lines = [f'{{"id": "d{s:06d}{k:05d}", "text": "{" ".join(doc)}"}}\n'
+                 for k, doc in enumerate(np.split(picks, cuts))]
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(lines))
+        tmp.rename(path)
+    return paths
+
+
+def _small_tokenizer(folder: Path) -> str:
+    """A WordLevel tokenizer over the documents' 500 words, saved as a transformers tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(["<pad>", "<unk>", "<s>", "</s>", "[IMG]", *(f"w{k}" for k in range(500))])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                            unk_token="<unk>", additional_special_tokens=["[IMG]"]).save_pretrained(folder)
+    return str(folder)
+
+
 def _tekken(folder: Path) -> str:
     import mistral_common
 
@@ -106,7 +147,9 @@ def driver(shards: list[str], out: str, tokenizer: str, workers: int, group: int
     config = PackConfig(seq_len=SEQ_LEN, records_per_partition=RECORDS_PER_PARTITION, plan_group_partitions=group,
                         run=RunOptions(workers=workers))
     start = time.perf_counter()
-    summary = job.pack_dataset([str(Path(shards[0]).parent / "*.tar")], out, sample_config=sample_config, config=config)
+    pattern = "*.tar" if shards[0].endswith(".tar") else "*.jsonl"
+    summary = job.pack_dataset([str(Path(shards[0]).parent / pattern)], out, sample_config=sample_config,
+                               config=config)
     with open("/proc/self/status") as f:
         hwm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
     return {"samples_read": summary.samples_read, "samples_packed": summary.samples_packed, "packs": summary.packs,
@@ -157,6 +200,9 @@ def main() -> None:
     parser.add_argument("--cpus", type=int, default=1024, help="the Ray cluster of the 1 B estimate")
     parser.add_argument("--usd-per-cpu-hour", type=float, default=0.05,
                         help="the price of one CPU-hour for the cost per million samples (default 0.05)")
+    parser.add_argument("--source", choices=("captions", "documents"), default="captions",
+                        help="caption shards with the Pixtral tokenizer (default), or text-only JSONL documents "
+                             "with a small WordLevel tokenizer (the fast source for the largest runs)")
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--driver", nargs=3, metavar=("SHARDS_JSON", "OUT", "TOKENIZER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -166,7 +212,10 @@ def main() -> None:
         print(json.dumps(driver(shards, args.driver[1], args.driver[2], args.workers, group)))
         return
     t = time.perf_counter()
-    shards = make_shards(args.work / "data", args.samples, args.shard_samples)
+    if args.source == "documents":
+        shards = make_documents(args.work / "documents", args.samples, args.shard_samples)
+    else:
+        shards = make_shards(args.work / "data", args.samples, args.shard_samples)
     made = time.perf_counter() - t
     listing = args.work / "shards.json"
     listing.write_text(json.dumps(shards))
@@ -174,7 +223,7 @@ def main() -> None:
     shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, __file__, "--work", str(args.work), "--workers", str(args.workers),
            "--group-samples", str(args.group_samples), "--driver", str(listing), str(out),
-           _tekken(args.work / "tok")]
+           _small_tokenizer(args.work / "wordlevel") if args.source == "documents" else _tekken(args.work / "tok")]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
         sys.exit(done.stderr[-4000:])
