@@ -101,6 +101,8 @@ class Family:
         aliases: short names for ``--tokens-per-image processor:NAME`` (fixed mode) that build
             ``image_processor`` from code instead of loading one.
         image_processor: builds the family's image processor with its published defaults.
+        no_varlen: why varlen attention (:func:`wdspack.use_varlen_attention`) cannot express the
+            family's masks, and what to use instead; empty where it can.
     """
 
     name: str
@@ -119,3 +121,4 @@ class Family:
     notes: str = ""
     aliases: tuple[str, ...] = ()
     image_processor: Callable[[], Any] | None = None
+    no_varlen: str = ""
