@@ -8,6 +8,7 @@ its segments one by one. The families and the real kernel: tests/models/test_var
 
 from __future__ import annotations
 
+import itertools
 import sys
 from types import SimpleNamespace
 
@@ -112,14 +113,14 @@ def test_refusals_name_the_fix():
     attend = varlen_attention(reference_varlen_attn)
     with pytest.raises(ConfigError, match="model_inputs"):
         attend(_module(), q, q, q, None)
-    with pytest.raises(ConfigError, match="attention_dropout to 0.0"):
+    with pytest.raises(ConfigError, match=r"attention_dropout to 0.0"):
         attend(_module(training=True), q, q, q, None, dropout=0.1, **segments)
     attend(_module(training=False), q, q, q, None, dropout=0.1, **segments)  # dropout is off in eval: fine
-    with pytest.raises(ConfigError, match="soft-capping.*'eager'"):
+    with pytest.raises(ConfigError, match=r"soft-capping.*'eager'"):
         attend(_module(), q, q, q, None, softcap=30.0, **segments)
-    with pytest.raises(ConfigError, match="not causal.*vision tower"):
+    with pytest.raises(ConfigError, match=r"not causal.*vision tower"):
         attend(_module(is_causal=False), q, q, q, None, **segments)
-    with pytest.raises(ConfigError, match="cu_seqlens.*make_loader"):
+    with pytest.raises(ConfigError, match=r"cu_seqlens.*make_loader"):
         varlen_kwargs({"input_ids": torch.zeros(1, 4)})
 
 
@@ -129,10 +130,10 @@ def test_the_real_kernel_names_device_and_dtype():
     attend = varlen_attention()
     segments = {CU_SEQLENS_KEY: _cu((4,)), MAX_SEQLEN_KEY: 4}
     q = torch.zeros(1, 2, 4, 16)
-    with pytest.raises(ConfigError, match="bfloat16 or float16, not torch.float32.*autocast"):
+    with pytest.raises(ConfigError, match=r"bfloat16 or float16, not torch.float32.*autocast"):
         attend(_module(), q, q, q, None, **segments)
     if not torch.cuda.is_available():
-        with pytest.raises(ConfigError, match="CUDA only.*'sdpa' on CPU"):
+        with pytest.raises(ConfigError, match=r"CUDA only.*'sdpa' on CPU"):
             attend(_module(), q.bfloat16(), q.bfloat16(), q.bfloat16(), None, **segments)
 
 
@@ -144,7 +145,7 @@ def test_a_torch_without_varlen_is_named(monkeypatch):
 
 def test_gemma3_is_refused_with_what_to_use():
     model = SimpleNamespace(config=SimpleNamespace(model_type="gemma3"))
-    with pytest.raises(ConfigError, match="gemma3.*both ways.*'sdpa' or 'flex_attention'"):
+    with pytest.raises(ConfigError, match=r"gemma3.*both ways.*'sdpa' or 'flex_attention'"):
         use_varlen_attention(model, kernel=reference_varlen_attn)
 
 
@@ -182,7 +183,7 @@ def test_registration_and_an_exact_packed_row():
         logits = model(input_ids=ids, position_ids=positions, use_cache=False, **varlen_kwargs(batch)).logits
         starts = _cu(lengths).tolist()
         return sum(F.cross_entropy(logits[0, s:e - 1], ids[0, s + 1:e], reduction="sum")
-                   for s, e in zip(starts[:-1], starts[1:]))
+                   for s, e in itertools.pairwise(starts))
 
     def one_by_one():
         total = torch.zeros((), dtype=torch.float64)

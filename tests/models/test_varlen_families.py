@@ -96,7 +96,7 @@ def test_gemma3_is_refused(tmp_path):
     from tiny_vlm import gemma3
 
     processor = gemma3.processor(tmp_path / "tok")
-    with pytest.raises(ConfigError, match="gemma3.*'sdpa' or 'flex_attention'"):
+    with pytest.raises(ConfigError, match=r"gemma3.*'sdpa' or 'flex_attention'"):
         wdspack.use_varlen_attention(gemma3.model(processor), kernel=reference_varlen_attn)
 
 

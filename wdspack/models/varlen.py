@@ -32,6 +32,7 @@ in bfloat16/float16 only; elsewhere the attention raises naming the fix. For tes
 from __future__ import annotations
 
 import inspect
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -68,7 +69,7 @@ def torch_varlen_kernel() -> Kernel:
                           f"FlashAttention varlen kernel, torch >= 2.10): upgrade torch, or train padding-free with "
                           f"attn_implementation='flash_attention_2' (the flash_attn package) or packed rows with "
                           f"'sdpa' / 'flex_attention'") from None
-    return varlen_attn
+    return varlen_attn  # type: ignore[return-value]  # returns a tensor unless return_aux is asked for
 
 
 def reference_varlen_attn(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seq_q: torch.Tensor,
@@ -91,7 +92,7 @@ def reference_varlen_attn(query: torch.Tensor, key: torch.Tensor, value: torch.T
     out = torch.zeros_like(query)
     left, right = window_size
     bounds = cu_seq_q.tolist()
-    for start, end in zip(bounds[:-1], bounds[1:]):
+    for start, end in itertools.pairwise(bounds):
         if end <= start:
             continue
         pos = torch.arange(end - start, device=query.device)
@@ -142,8 +143,9 @@ def varlen_attention(kernel: Kernel | None = None) -> Callable[..., tuple[torch.
                               "the text stack (use_varlen_attention does) and keep the vision tower on 'sdpa'")
         if checked:
             if query.dtype not in (torch.bfloat16, torch.float16):
-                raise ConfigError(f"{VARLEN_ATTENTION!r} (FlashAttention) takes bfloat16 or float16, not {query.dtype}: "
-                                  "model.to(torch.bfloat16) or run under torch.autocast('cuda', dtype=torch.bfloat16)")
+                raise ConfigError(f"{VARLEN_ATTENTION!r} (FlashAttention) takes bfloat16 or float16, not "
+                                  f"{query.dtype}: model.to(torch.bfloat16) or run under "
+                                  "torch.autocast('cuda', dtype=torch.bfloat16)")
             if query.device.type != "cuda":
                 raise ConfigError(f"{VARLEN_ATTENTION!r} runs on CUDA only (query on {query.device}): move the model "
                                   "to a CUDA device, or use 'sdpa' on CPU")
