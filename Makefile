@@ -8,7 +8,7 @@ LOCK   := requirements/dev.lock
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: env demo test test-fast lint test-latest lock bench clean
+.PHONY: env demo test test-fast lint test-latest lock bench gpu-check clean
 
 $(STAMP): $(LOCK) pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +63,11 @@ bench: env
 	$(BIN)/python tools/bench_mixture.py --json docs/bench_mixture.json
 	$(BIN)/python tools/bench_mixture_loader.py --json docs/bench_mixture_loader.json
 	$(BIN)/python tools/bench_pack_speed.py --json docs/bench_pack_speed.json
+
+# On a CUDA machine (not in CI): the gpu-marked tests and bench_train at issue 24's size, then a summary. No venv:
+# the machine's own CUDA torch (docs/guides/train.md#on-a-gpu); run with PYTHONPATH set as the guide says.
+gpu-check:
+	$(PYTHON) tools/gpu_check.py
 
 # The documentation site (mkdocs.yml, docs/) into build/site. --strict: any warning fails the build (a broken
 # link or anchor, a name of wdspack.__all__ without its API entry); the CLI and API pages are generated.

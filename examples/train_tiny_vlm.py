@@ -36,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-drop-fraction", type=float, default=0.1,
                     help="the demo chats' long tail runs past 1,024 tokens and a few records are bad on purpose: "
                          "about 5%% are dropped with their reasons (dropped.jsonl)")
+    ap.add_argument("--varlen", action="store_true",
+                    help="padding-free batches on PyTorch's varlen FlashAttention kernel "
+                         "(wdspack.use_varlen_attention: CUDA, bfloat16); on a CPU the per-segment reference kernel")
     args = ap.parse_args(argv)
 
     import torch
@@ -59,11 +62,21 @@ def main(argv: list[str] | None = None) -> int:
 
     model = qwen2_5_vl.model(processor, seed=0)
     params = sum(p.numel() for p in model.parameters())
-    loader = wdspack.make_loader(str(packed), batch_size=1, num_workers=1, processor=str(folder), seed=0)
+    if args.varlen and torch.cuda.is_available():
+        model = model.to("cuda", torch.bfloat16)
+        wdspack.use_varlen_attention(model)
+    elif args.varlen:
+        from wdspack.models.varlen import reference_varlen_attn
+
+        wdspack.use_varlen_attention(model, kernel=reference_varlen_attn)
+    loader = wdspack.make_loader(str(packed), batch_size=1, num_workers=1, processor=str(folder), seed=0,
+                                 padding_free=args.varlen)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     model.train()
+    weights = next(model.parameters())
     print(f"   {type(model).__name__}: random init, {params / 1e6:.1f} M parameters (most in the 131 k-token "
-          "embedding and head), float32 on CPU")
+          f"embedding and head), {str(weights.dtype).removeprefix('torch.')} on {weights.device.type.upper()}"
+          + (f", attention {model.config.get_text_config()._attn_implementation}" if args.varlen else ""))
     t0 = time.perf_counter()
     for step, batch in enumerate(loader):
         kwargs = wdspack.model_inputs(batch, model)

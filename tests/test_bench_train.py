@@ -49,12 +49,23 @@ def test_on_the_fly_plan_next_fit_and_first_fit():
     assert plan([2, 2, 2], [1, 1, 0], seq_len=10, max_images=1, open_rows=1) == [[0], [1, 2]]
 
 
+def test_peak_and_mfu_figures():
+    import torch
+
+    tool = _tool()
+    assert tool.default_peak(torch.device("cpu")) is None
+    assert next(peak for key, peak in tool.PEAK_TFLOPS if key in "NVIDIA H100 80GB HBM3") == 989.0
+
+
 @pytest.mark.slow
-def test_quick_run_trains_the_same_tokens_three_ways(tmp_path):
+@pytest.mark.parametrize("attention", ["sdpa", "varlen"])
+def test_quick_run_trains_the_same_tokens_three_ways(tmp_path, attention):
+    """``varlen`` on a CPU runs the reference kernel (per-segment SDPA) on padding-free batches: same loss."""
     out = tmp_path / "bench_train.json"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    done = subprocess.run([sys.executable, str(TOOL), "--quick", "--json", str(out)], capture_output=True, text=True,
-                          timeout=300, env=env)
+    extra = ["--attention", attention] + (["--peak-tflops", "1"] if attention == "varlen" else [])
+    done = subprocess.run([sys.executable, str(TOOL), "--quick", "--json", str(out), *extra], capture_output=True,
+                          text=True, timeout=400, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     res = json.loads(out.read_text())
     modes = res["modes"]
@@ -70,6 +81,14 @@ def test_quick_run_trains_the_same_tokens_three_ways(tmp_path):
         assert 0 < m["fill"] <= 1 and m["computed_tokens"] >= m["real_tokens"]
         assert m["tokens_per_s"] == pytest.approx(m["real_tokens"] / min(m["seconds"]), rel=0.01)
     assert modes["pad_to_longest"]["fill"] < 1, "padding to the longest pads"
+    assert res["config"]["attention"].startswith(attention)
+    assert res["fill_bound"] == pytest.approx(packed["fill"] / modes["pad_to_longest"]["fill"], rel=1e-3)
+    params = res["config"]["model"]["params"]
+    for m in modes.values():
+        if attention == "varlen":  # --peak-tflops 1: 6 · N · tokens / seconds / 1e12
+            assert m["mfu"] == pytest.approx(6 * params * m["real_tokens"] / min(m["seconds"]) / 1e12, rel=0.01)
+        else:
+            assert m["mfu"] is None, "no peak known for a CPU"
     for r in res["ratios"].values():
         assert 0.1 < r["min"] <= r["median"] <= r["max"] < 10
     assert res["config"]["model"]["class"] == "Qwen2_5_VLForConditionalGeneration"

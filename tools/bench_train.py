@@ -26,9 +26,26 @@ and on-the-fly packing take them in one seeded shuffled order (the arrival order
 
 Model: ``Qwen2_5_VLForConditionalGeneration`` with random weights, ``--hidden``/``--layers`` deep,
 the tokenizer's 131k vocabulary. No optimizer step (the weights stay fixed, so every mode and round
-computes the same function, and its per-step cost is not per token); float32 and SDPA on a CPU,
-bfloat16 on CUDA. On CUDA with ``flash_attn`` installed a fourth mode runs: packed, padding-free
+computes the same function, and its per-step cost is not per token); float32 on a CPU, bfloat16 on
+CUDA. On CUDA with ``flash_attn`` installed a fourth mode runs: packed, padding-free
 (``[1, B·L]``) with FlashAttention-2's varlen kernel.
+
+Attention of the packed and on-the-fly modes (``--attention``; pad-to-longest always runs SDPA with
+its padding mask, the baseline):
+
+- ``sdpa`` (default): ``[B, L]`` rows; transformers builds the block-causal mask from the restarting
+  positions each step.
+- ``varlen``: ``wdspack.use_varlen_attention`` (PyTorch's FlashAttention varlen kernel, no extra
+  package) on ``padding_free=True`` batches, segments from the batch's ``cu_seqlens``: no mask at all.
+  On a CPU the kernel is ``reference_varlen_attn`` (per-segment SDPA: the same numbers, not the
+  kernel's speed), so the plumbing can be checked anywhere.
+- ``flex``: transformers' ``flex_attention`` (a ``BlockMask`` from the positions; CUDA only, torch
+  has no FlexAttention backward on a CPU).
+
+Model FLOPs utilisation: ``6 · N · real tokens / seconds / peak`` (``N`` every parameter, attention
+FLOPs left out, so a lower bound), with ``--peak-tflops`` (default by device name: H100/H200 989,
+A100 312, the dense bf16 figures; none on a CPU). ``--profile FILE`` writes a torch profiler table of
+three packed steps (by CUDA or CPU time).
 
 Counting: a mode's real tokens are the tokens of the samples it trained (padding never counts),
 the same number for every mode, and so are the trained targets and, with fixed weights, the summed
@@ -62,6 +79,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT))  # this checkout's wdspack, wherever the environment's points
 
 #: ``--quick``: a smoke run (tiny data and model, one round).
 QUICK = {"records": 12, "seq_len": 512, "batch_size": 2, "hidden": 32, "layers": 1, "rounds": 1}
@@ -274,6 +292,55 @@ def padded_steps(records: dict[str, Any], subs: dict[str, SubSample], order: lis
     return steps
 
 
+# ---------------------------------------------------------------------------------------------- attention
+
+#: Dense bf16 tensor-core peaks (TFLOP/s) by a substring of the device name; the first match wins.
+PEAK_TFLOPS = (("H200", 989.0), ("H100", 989.0), ("A100", 312.0), ("L40S", 362.0), ("L4", 121.0), ("A10", 125.0))
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+
+
+def default_peak(device: torch.device) -> float | None:
+    """The device's dense bf16 peak in TFLOP/s, where :data:`PEAK_TFLOPS` knows it (``None`` on a CPU)."""
+    name = device_name(device) if device.type == "cuda" else ""
+    return next((peak for key, peak in PEAK_TFLOPS if key in name), None)
+
+
+def with_attention(model: Any, attention: str, device: torch.device) -> Any:
+    """``model`` itself for ``sdpa``; otherwise a copy (the same weights) under the packed attention."""
+    if attention == "sdpa":
+        return model
+    import wdspack
+
+    other = copy.deepcopy(model)
+    if attention == "varlen":
+        from wdspack.models.varlen import reference_varlen_attn
+
+        wdspack.use_varlen_attention(other, kernel=reference_varlen_attn if device.type == "cpu" else None)
+    elif attention == "flex":
+        if device.type != "cuda":
+            raise SystemExit("--attention flex needs CUDA (torch has no FlexAttention backward on a CPU); "
+                             "use --attention sdpa or varlen")
+        other.set_attn_implementation({"text_config": "flex_attention"})
+    return other
+
+
+def profile_packed(model: Any, steps: list[Step], path: Path, *, sync: bool) -> None:
+    """A torch profiler table of three packed steps (after one untimed), sorted by device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    train_step(model, steps[0].kwargs, sync=sync)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if sync else [])
+    with profile(activities=activities, record_shapes=False) as prof:
+        for step in steps[:3]:
+            train_step(model, step.kwargs, sync=sync)
+    key = "cuda_time_total" if sync else "cpu_time_total"
+    path.write_text(prof.key_averages().table(sort_by=key, row_limit=40) + "\n")
+    print(f"profile of {min(3, len(steps))} packed steps: {path}", flush=True)
+
+
 # ---------------------------------------------------------------------------------------------- timing
 
 
@@ -314,18 +381,23 @@ def run_rounds(modes: dict[str, tuple[Any, list[Step]]], *, rounds: int, sync: b
     return out
 
 
-def summarize(modes: dict[str, tuple[Any, list[Step]]], timing: dict[str, dict]) -> dict[str, dict]:
+def summarize(modes: dict[str, tuple[Any, list[Step]]], timing: dict[str, dict], *,
+              peak_tflops: float | None = None) -> dict[str, dict]:
+    """Per mode: work, fill, tokens/s (best and median round), and with ``peak_tflops`` the model FLOPs
+    utilisation ``6 · N · real tokens / seconds / peak`` of the best round."""
     res = {}
-    for name, (_, steps) in modes.items():
+    for name, (model, steps) in modes.items():
         real, samples = sum(s.real_tokens for s in steps), sum(s.samples for s in steps)
         secs = timing[name]["seconds"]
+        params = sum(p.numel() for p in model.parameters())
         res[name] = {"steps": len(steps), "samples": samples, "real_tokens": real,
                      "targets": sum(s.targets for s in steps), "computed_tokens": sum(s.slots for s in steps),
                      "fill": round(real / sum(s.slots for s in steps), 4),
                      "tokens_per_s": round(real / min(secs), 1),
                      "tokens_per_s_median": round(real / statistics.median(secs), 1),
                      "samples_per_s": round(samples / min(secs), 3), "seconds": [round(s, 2) for s in secs],
-                     "loss_sum": timing[name]["loss_sum"][0]}
+                     "loss_sum": timing[name]["loss_sum"][0],
+                     "mfu": None if not peak_tflops else round(6 * params * real / min(secs) / (peak_tflops * 1e12), 4)}
     return res
 
 
@@ -359,20 +431,22 @@ def prepare(args: argparse.Namespace, work: Path, device: torch.device) -> tuple
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     model = build_model(processor, hidden=args.hidden, layers=args.layers).to(device, dtype).train()
     model.set_attn_implementation("sdpa")
+    packed_model = with_attention(model, args.attention, device)
     packs = read_packs(work / "packed")
     subs = sub_samples(packs)
-    steps, ids = packed_steps(work / "packed", folder, model, batch_size=args.batch_size, packs=packs)
+    steps, ids = packed_steps(work / "packed", folder, packed_model, batch_size=args.batch_size, packs=packs,
+                              padding_free=args.attention == "varlen")
     order = [ids[i] for i in np.random.default_rng(args.seed).permutation(len(ids))]  # the arrival order
     lens = np.array([len(subs[s].input_ids) for s in ids])
     fill = sum(s.real_tokens for s in steps) / sum(s.slots for s in steps)
     b = args.padded_batch_size or max(1, round(args.batch_size * args.seq_len * fill / lens.mean()))
-    modes = {"packed": (model, steps),
+    modes = {"packed": (packed_model, steps),
              "pad_to_longest": (model, padded_steps(read_records(sources), subs, order, processor, model,
                                                     batch_size=b))}
-    otf, _ = on_the_fly_steps(subs, order, folder, model, batch_size=args.batch_size, seq_len=args.seq_len,
-                                 max_images=args.max_images, pad_token_id=processor.tokenizer.pad_token_id,
-                                 open_rows=args.otf_rows)
-    modes["on_the_fly"] = (model, otf)
+    otf, _ = on_the_fly_steps(subs, order, folder, packed_model, batch_size=args.batch_size, seq_len=args.seq_len,
+                              max_images=args.max_images, pad_token_id=processor.tokenizer.pad_token_id,
+                              open_rows=args.otf_rows)
+    modes["on_the_fly"] = (packed_model, otf)
     if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
         fa2 = copy.deepcopy(model)
         fa2.set_attn_implementation("flash_attention_2")
@@ -381,7 +455,10 @@ def prepare(args: argparse.Namespace, work: Path, device: torch.device) -> tuple
     images = sum(len(subs[s].images) for s in ids)
     params = sum(p.numel() for p in model.parameters())
     config = {
-        "device": str(device), "dtype": str(dtype).removeprefix("torch."), "attention": "sdpa",
+        "device": str(device), "device_name": device_name(device), "dtype": str(dtype).removeprefix("torch."),
+        "attention": args.attention + (" (reference kernel on CPU)" if args.attention == "varlen" and
+                                       device.type == "cpu" else ""),
+        "peak_tflops": args.peak_tflops,
         "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
         "torch": torch.__version__, "transformers": __import__("transformers").__version__,
         "model": {"class": type(model).__name__, "params": params, "hidden": args.hidden, "layers": args.layers,
@@ -414,6 +491,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, help=f"text model layers (default {DEFAULT['layers']})")
     ap.add_argument("--rounds", type=int, help=f"timed passes over every mode (default {DEFAULT['rounds']})")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--attention", choices=("sdpa", "varlen", "flex"), default="sdpa",
+                    help="attention of the packed and on-the-fly modes (module docstring; pad-to-longest: sdpa)")
+    ap.add_argument("--peak-tflops", type=float, help="the device's peak TFLOP/s for the model FLOPs utilisation "
+                                                      "(default by device name: H100 989, A100 312; none on a CPU)")
+    ap.add_argument("--profile", help="write a torch profiler table of three packed steps to this file")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
@@ -421,15 +503,20 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, key) is None:
             setattr(args, key, value)
     device = torch.device(args.device)
+    if args.peak_tflops is None:
+        args.peak_tflops = default_peak(device)
     work = Path(tempfile.mkdtemp(prefix="bench-train-"))
     try:
         t0 = time.perf_counter()
         modes, config = prepare(args, work, device)
         print(f"prepared in {time.perf_counter() - t0:.0f} s: " + json.dumps(config), flush=True)
+        if args.profile:
+            profile_packed(*modes["packed"], Path(args.profile), sync=device.type == "cuda")
         timing = run_rounds(modes, rounds=args.rounds, sync=device.type == "cuda")
-        res = {"config": config, "modes": summarize(modes, timing),
+        res = {"config": config, "modes": summarize(modes, timing, peak_tflops=args.peak_tflops),
                "ratios": {"packed_vs_pad_to_longest": ratio(timing, "packed", "pad_to_longest"),
                           "packed_vs_on_the_fly": ratio(timing, "packed", "on_the_fly")},
+               "fill_bound": round(modes_fill(modes, "packed") / modes_fill(modes, "pad_to_longest"), 3),
                "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
                "seconds_total": round(time.perf_counter() - t0, 1)}
         if "packed_padding_free_fa2" in modes:
@@ -443,13 +530,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def modes_fill(modes: dict[str, tuple[Any, list[Step]]], name: str) -> float:
+    steps = modes[name][1]
+    return sum(s.real_tokens for s in steps) / sum(s.slots for s in steps)
+
+
 def print_table(res: dict) -> None:
-    print("\n| mode | steps | real tokens | fill | real tokens/s | samples/s |\n|---|---:|---:|---:|---:|---:|")
+    print("\n| mode | steps | real tokens | fill | real tokens/s | samples/s | MFU |\n"
+          "|---|---:|---:|---:|---:|---:|---:|")
     for name, m in res["modes"].items():
+        mfu = "-" if m["mfu"] is None else f"{m['mfu']:.1%}"
         print(f"| {name} | {m['steps']} | {m['real_tokens']:,} | {m['fill']:.1%} | {m['tokens_per_s']:,.0f} | "
-              f"{m['samples_per_s']:.2f} |")
+              f"{m['samples_per_s']:.2f} | {mfu} |")
     for name, r in res["ratios"].items():
         print(f"{name}: {r['median']:.2f}× (rounds {r['min']:.2f}-{r['max']:.2f})")
+    print(f"fill bound (packed fill / pad-to-longest fill): {res['fill_bound']:.2f}×; packed reaches "
+          f"{res['ratios']['packed_vs_pad_to_longest']['median'] / res['fill_bound']:.2f} of it")
 
 
 if __name__ == "__main__":

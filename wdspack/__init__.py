@@ -42,6 +42,7 @@ if typing.TYPE_CHECKING:  # the names _LAZY loads on first use, as type checkers
     from .loader.mixture import Mixture, MixtureSource
     from .loader.options import Balance, ReadOptions
     from .models import load_processor, model_inputs
+    from .models.varlen import use_varlen_attention
     from .ops.inspect import dataset_stats
     from .ops.upload import upload_dataset
     from .ops.verify import verify_dataset
@@ -68,7 +69,7 @@ _LAZY = {
     "Mixture": "loader.mixture", "MixtureSource": "loader.mixture",
     "pack_to_example": "loader.collate", "collate_packs": "loader.collate", "make_image_transform": "loader.images",
     "normalize_pixels": "loader.buffers",
-    "model_inputs": "models", "load_processor": "models",
+    "model_inputs": "models", "load_processor": "models", "use_varlen_attention": "models.varlen",
     "num_items_in_batch": "train.loss", "num_samples_in_batch": "train.loss", "sample_mean_loss": "train.loss",
     "token_losses": "train.loss",
 }
@@ -88,7 +89,7 @@ __all__ = [
     "Balance", "Mixture", "MixtureSource", "PackedDataset", "ReadOptions", "collate_packs", "load_processor",
     "make_image_transform", "make_loader", "model_inputs", "num_items_in_batch", "num_samples_in_batch",
     "normalize_pixels", "pack_to_example", "sample_mean_loss",
-    "token_losses",
+    "token_losses", "use_varlen_attention",
     "__version__",
 ]
 

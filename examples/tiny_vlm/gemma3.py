@@ -80,14 +80,15 @@ def processor(folder: Any, *, image_size: int = IMAGE_SIZE, tokens_per_image: in
                               image_seq_length=tokens_per_image)
 
 
-def model(processor: Any, *, seed: int = 0, sliding_window: int = 8) -> Any:
+def model(processor: Any, *, seed: int = 0, sliding_window: int = 8, head_dim: int = 8) -> Any:
+    """Tiny Gemma 3; ``head_dim`` 16 or more for GPU attention kernels (FlexAttention needs ≥ 16)."""
     import torch
     from transformers import Gemma3Config, Gemma3ForConditionalGeneration
 
     tok = processor.tokenizer
     image_size = int(processor.image_processor.size["height"])
     text = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim, query_pre_attn_scalar=8,
                 sliding_window=sliding_window, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                 max_position_embeddings=4096, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
                 eos_token_id=tok.eos_token_id)

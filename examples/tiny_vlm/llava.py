@@ -88,14 +88,16 @@ def processor(folder: Any, *, kind: str = "llava", vision_aspect_ratio: str = "a
     raise ValueError(f"kind {kind!r}: give 'llava' or 'llava_onevision'")
 
 
-def model(processor: Any, *, seed: int = 0) -> Any:
-    """A tiny random-init model of the real class that ``processor`` feeds, matching its settings."""
+def model(processor: Any, *, seed: int = 0, head_dim: int | None = None) -> Any:
+    """A tiny random-init model of the real class that ``processor`` feeds, matching its settings (text
+    ``head_dim`` 8 unless given: 16 or more for GPU attention kernels, FlexAttention needs ≥ 16)."""
     import torch
     import transformers
 
     tok = processor.tokenizer
     text = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=4096, pad_token_id=tok.pad_token_id)
+                num_key_value_heads=2, max_position_embeddings=4096, pad_token_id=tok.pad_token_id,
+                **({} if head_dim is None else {"head_dim": head_dim}))
     if type(processor).__name__ == "LlavaProcessor":
         side = int(processor.image_processor.crop_size["height"])
         vision = dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=2,

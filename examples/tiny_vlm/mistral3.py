@@ -33,15 +33,17 @@ def processor(folder: Any, *, longest_edge: int = 64, patch_size: int = 8, spati
                               spatial_merge_size=spatial_merge_size)
 
 
-def model(processor: Any, *, seed: int = 0) -> Any:
+def model(processor: Any, *, seed: int = 0, head_dim: int = 8, sliding_window: int | None = None) -> Any:
+    """Tiny Mistral 3; ``head_dim`` 16 or more for GPU attention kernels (FlexAttention needs ≥ 16),
+    ``sliding_window`` for a text stack with windowed attention."""
     import torch
     from transformers import Mistral3Config, Mistral3ForConditionalGeneration
 
     tok = processor.tokenizer
     longest = int(processor.image_processor.size.longest_edge)
     text = dict(model_type="mistral", vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=4096,
-                sliding_window=None, rope_theta=10000.0, pad_token_id=tok.pad_token_id)
+                num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim, max_position_embeddings=4096,
+                sliding_window=sliding_window, rope_theta=10000.0, pad_token_id=tok.pad_token_id)
     vision = dict(model_type="pixtral", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                   num_attention_heads=2, head_dim=16, patch_size=int(processor.patch_size), image_size=longest)
     config = Mistral3Config(text_config=text, vision_config=vision, image_token_index=processor.image_token_id,

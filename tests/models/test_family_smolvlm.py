@@ -169,6 +169,8 @@ def test_tile_slots_depend_on_the_budgets_only(smol):
 @pytest.mark.gpu
 def test_padding_free_flash_attention_2_equals_one_by_one(smol):
     """FlashAttention-2 varlen over the padding-free row ([1, N]), bf16 on CUDA."""
+    pytest.importorskip("flash_attn", reason="needs the flash_attn package (transformers' flash_attention_2); the "
+                        "same check without it: tests/models/test_varlen_families.py")
     processor, model, dataset = smol
     gpu = copy.deepcopy(model).to("cuda", torch.bfloat16)
     gpu.set_attn_implementation("flash_attention_2")

@@ -299,7 +299,9 @@ def check_flex(model: Any, processor: Any, dataset: Path, *, seq_len: int, monke
 
 
 def check_flex_gradients(model: Any, processor: Any, dataset: Path, *, seq_len: int, chats: Sequence = CHATS) -> None:
-    """Loss and gradients under the model's compiled FlexAttention on CUDA, float32."""
+    """Loss and gradients under the model's compiled FlexAttention on CUDA, float32 (the compiled kernel
+    needs head dims of at least 16 where the model's text stack uses it: Gemma 3, LLaVA and Mistral 3 pass a
+    ``head_dim=16`` build of their tiny model)."""
     import copy
 
     gpu = copy.deepcopy(model).to("cuda", torch.float32)

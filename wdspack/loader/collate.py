@@ -63,6 +63,8 @@ Which keys to feed (each is exact: ``tests/test_packed_exact.py``):
 * a hand-made mask: ``"4d"`` (bool for SDPA; ``mask_dtype=`` the model's float dtype for eager).
   It costs ``B·L²`` elements: 256 MiB of bool for ``B = 4``, ``L = 8192``.
 * flash-attn's varlen kernels: ``cu_seqlens``, ``max_seqlen``; flex attention: ``seq_idx``.
+* PyTorch's own varlen kernel, no extra package: ``wdspack.use_varlen_attention(model)``, then
+  ``model_inputs`` hands ``cu_seqlens`` / ``max_seqlen`` to every text layer (either layout).
 
 The loader itself takes a staged path to the same batch (pixels written once, in recycled shared
 memory): :mod:`.buffers`.

@@ -34,12 +34,13 @@ import torch
 from ..errors import ConfigError
 from .family import Budgets, Family
 from .processors import assemble_processor, load_processor, save_processor
+from .varlen import is_varlen, varlen_kwargs
 
 __all__ = ["IMAGE_TOKEN_GUESSES", "Budgets", "Family", "assemble_processor", "families", "family_for",
            "image_processor_for", "load_processor", "model_inputs", "save_processor"]
 
 #: Modules of this package that are not families.
-_NOT_FAMILIES = frozenset({"compat", "family", "processors"})
+_NOT_FAMILIES = frozenset({"compat", "family", "processors", "varlen"})
 
 
 @lru_cache(maxsize=1)
@@ -106,7 +107,8 @@ def model_inputs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]:
     """The keyword arguments for ``model(**kwargs)`` from a loader batch (labels included).
 
     The batch must come from ``make_loader(..., processor=...)`` for the model's family. Tensors
-    are moved to the model's device. ``use_cache`` is off: with a cache the models do not look
+    are moved to the model's device. Under :func:`wdspack.use_varlen_attention` the batch's
+    ``cu_seqlens``/``max_seqlen`` go along (and no mask). ``use_cache`` is off: with a cache the models do not look
     for the packed sub-samples in the positions.
 
     Example:
@@ -121,7 +123,10 @@ def model_inputs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]:
     family = family_for(model)
     kwargs = family.model_kwargs(batch, model)
     kwargs["labels"] = batch["labels"]
-    if "attention_mask" in batch and "attention_mask" not in kwargs:
+    if is_varlen(model):  # segments from cu_seqlens, no mask (wdspack.use_varlen_attention)
+        kwargs.pop("attention_mask", None)
+        kwargs.update(varlen_kwargs(batch))
+    elif "attention_mask" in batch and "attention_mask" not in kwargs:
         kwargs["attention_mask"] = batch["attention_mask"]
     kwargs["use_cache"] = False
     device = _device(model)

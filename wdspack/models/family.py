@@ -105,6 +105,8 @@ class Family:
             resized pixels as whole numbers 0-255, in ``pixel_values`` rows whose values are
             channel-major (``3 × …`` per row, as flattened patches are), so the loader can ship them as
             bytes (``pixel_dtype="uint8"``) and normalise them on the device.
+        no_varlen: why varlen attention (:func:`wdspack.use_varlen_attention`) cannot express the
+            family's masks, and what to use instead; empty where it can.
     """
 
     name: str
@@ -124,3 +126,4 @@ class Family:
     aliases: tuple[str, ...] = ()
     image_processor: Callable[[], Any] | None = None
     uint8_pixels: bool = False
+    no_varlen: str = ""

@@ -148,6 +148,8 @@ GEMMA3 = Family(
     token_rows=_token_rows, token_keys=("token_type_ids",), model_kwargs=_model_kwargs,
     notes="fixed-size pixel_values [B·M, 3, S, S]; token_type_ids; attention_mask = per-layer-type dict of "
           "packed masks (bidirectional image spans, sliding window); no pan-and-scan",
+    no_varlen="its image soft tokens attend to each other both ways, which a causal varlen kernel cannot "
+              "express; use attn_implementation 'sdpa' or 'flex_attention' (packed masks built by model_inputs)",
 )
 
 FAMILIES = (GEMMA3,)

@@ -66,7 +66,7 @@ def num_samples_in_batch(batches: Iterable[Mapping[str, Any]], *, group: Any = N
     """Sub-samples with at least one target in ``batches``, summed over all ranks (see :func:`sample_mean_loss`)."""
     total = torch.zeros((), dtype=torch.int64)
     for batch in batches:
-        total = total.to(batch["labels"].device) + int((_sample_targets(batch) > 0).sum())
+        total = total.to(batch["labels"].device) + (_sample_targets(batch) > 0).sum()  # no host sync
     return _all_reduce(total, group)
 
 

@@ -192,7 +192,7 @@ def accumulate_gradients(accelerator: Any, model: Any, micro_batches: list[Mappi
                           "accumulate_gradients normalises over the whole step already; use 1")
     inner = accelerator.unwrap_model(model)
     n = num_items_in_batch(micro_batches)
-    share = torch.zeros((), dtype=torch.float64)
+    share: torch.Tensor | None = None  # summed on the device, read once (no host sync per micro-batch)
     for i, batch in enumerate(micro_batches):
         sync = contextlib.nullcontext() if i == len(micro_batches) - 1 else accelerator.no_sync(model)
         with sync:
@@ -200,8 +200,9 @@ def accumulate_gradients(accelerator: Any, model: Any, micro_batches: list[Mappi
             labels = kwargs.pop("labels")
             loss = causal_lm_loss(inner, model(**kwargs).logits, labels, n)
             accelerator.backward(loss * accelerator.num_processes)
-        share += float(loss.detach())
-    return share
+        part = loss.detach().to(torch.float64)
+        share = part if share is None else share + part
+    return torch.zeros((), dtype=torch.float64) if share is None else share.cpu()
 
 
 # -- Trainer ---------------------------------------------------------------------------------------

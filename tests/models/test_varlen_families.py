@@ -1,0 +1,111 @@
+"""Padding-free training on PyTorch's varlen kernel (``wdspack.use_varlen_attention``), every family.
+
+For each family the loader feeds, the tiny real model (``examples/tiny_vlm``) trained on the loader's
+batches under the varlen attention gives the loss and gradients of its sub-samples run one by one
+through the plain processor → model path under SDPA:
+
+* on CPU (float64) with ``kernel=reference_varlen_attn`` (per-segment SDPA) for two families, both
+  batch layouts, one with a sliding window: the plumbing (the segments reach every text layer
+  through ``model_inputs``; vision towers keep SDPA);
+* on CUDA (``gpu``) with torch's own kernel in bfloat16, every family (Mistral 3 with and without a
+  sliding window), at the FlashAttention-2 tests' tolerances.
+
+Gemma 3 is refused (its image spans attend both ways), naming what to use instead.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import vlm_harness as h
+import wdspack
+from wdspack.errors import ConfigError
+from wdspack.models.varlen import reference_varlen_attn
+
+#: name -> (tiny_vlm module, processor options, model options, seq_len)
+FAMILIES = {
+    "qwen2_5_vl": ("qwen2_5_vl", {"cls": "Qwen2_5_VLProcessor"}, {"cls": "Qwen2_5_VLForConditionalGeneration"}, 96),
+    "qwen2_vl": ("qwen2_5_vl", {"cls": "Qwen2VLProcessor"}, {"cls": "Qwen2VLForConditionalGeneration"}, 96),
+    "qwen3_vl": ("qwen3_vl", {}, {}, 80),
+    "smolvlm": ("smolvlm", {"cls": "SmolVLMProcessor"}, {"cls": "SmolVLMForConditionalGeneration"}, 192),
+    "idefics3": ("smolvlm", {"cls": "Idefics3Processor"}, {"cls": "Idefics3ForConditionalGeneration"}, 192),
+    "llava": ("llava", {"kind": "llava"}, {}, 96),
+    "llava_onevision": ("llava", {"kind": "llava_onevision"}, {}, 96),
+    "mistral3": ("mistral3", {}, {}, 96),
+    "mistral3_sliding": ("mistral3", {}, {"sliding_window": 8}, 96),
+}
+
+
+def _build(name: str, folder):
+    import importlib
+
+    module, proc_opts, model_opts, seq_len = FAMILIES[name]
+    tiny = importlib.import_module(f"tiny_vlm.{module}")
+    tok = folder / "tok"
+    processor = tiny.processor(folder if module == "llava" else tok, **proc_opts)
+    model = tiny.model(processor, **model_opts)
+    dataset = h.pack_chats(folder, processor, seq_len=seq_len)
+    return processor, model, dataset
+
+
+class _Counting:
+    """``reference_varlen_attn``, counting its calls (one per text layer per forward)."""
+
+    __name__ = "counting_reference"
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return reference_varlen_attn(*args, **kwargs)
+
+
+def _check(model, processor, dataset, *, kernel=None, padding_free: bool, rtol: float, atol: float):
+    model.set_attn_implementation("sdpa")
+    want = h.reference(model, processor, dataset)
+    wdspack.use_varlen_attention(model, kernel=kernel)
+    try:
+        assert model.config.get_text_config()._attn_implementation.startswith("wdspack_varlen")
+        batches = h.loader_batches(dataset, processor, padding_free=padding_free)
+        got = h.packed(model, batches)
+    finally:
+        model.set_attn_implementation("sdpa")
+    h.assert_same(model, got, want, rtol=rtol, atol=atol)
+    return batches
+
+
+@pytest.mark.parametrize("padding_free", [False, True], ids=["rows", "padding_free"])
+@pytest.mark.parametrize("name", ["qwen2_5_vl", "mistral3_sliding"])
+def test_packed_equals_one_by_one_on_cpu(name, padding_free, tmp_path):
+    processor, model, dataset = _build(name, tmp_path)
+    model = model.double()
+    kernel = _Counting()
+    batches = _check(model, processor, dataset, kernel=kernel, padding_free=padding_free, rtol=1e-9, atol=1e-11)
+    layers = model.config.get_text_config().num_hidden_layers
+    assert kernel.calls == layers * len(batches), "every text layer of every forward, and nothing else"
+    if name == "mistral3_sliding":
+        lengths = [len(ids) for ids, *_ in h.dataset_sub_samples(dataset).values()]
+        assert max(lengths) > 8, "a sub-sample is longer than the window"
+
+
+def test_gemma3_is_refused(tmp_path):
+    from tiny_vlm import gemma3
+
+    processor = gemma3.processor(tmp_path / "tok")
+    with pytest.raises(ConfigError, match=r"gemma3.*'sdpa' or 'flex_attention'"):
+        wdspack.use_varlen_attention(gemma3.model(processor), kernel=reference_varlen_attn)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("padding_free", [True, False], ids=["padding_free", "rows"])
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_packed_equals_one_by_one_on_cuda(name, padding_free, tmp_path):
+    """torch's varlen kernel, bfloat16, loss and gradients (the FlashAttention-2 tests' tolerances)."""
+    pytest.importorskip("torch.nn.attention.varlen", reason=f"torch {torch.__version__} has no varlen_attn")
+    processor, model, dataset = _build(name, tmp_path)
+    gpu = copy.deepcopy(model).to("cuda", torch.bfloat16)
+    _check(gpu, processor, dataset, padding_free=padding_free, rtol=2e-2, atol=2e-2)

@@ -1,0 +1,233 @@
+"""Padding-free attention with no extra package: PyTorch's own varlen FlashAttention kernel
+(``torch.nn.attention.varlen.varlen_attn``) as a transformers attention implementation.
+
+:func:`use_varlen_attention` registers :data:`VARLEN_ATTENTION` with ``transformers.AttentionInterface``
+and sets it on the model's text stack (its vision tower keeps its own implementation); from then on
+:func:`wdspack.model_inputs` hands every decoder layer the batch's own segment offsets. A packed batch
+is flattened to one row of tokens and each segment (a sub-sample, or a pack's padding tail) attends
+only to itself, causally::
+
+    batch (B = 2, L = 5)       <s> A  B </s> <pad> | <s> C </s> <s> D
+    flattened [B·L]             0  1  2  3    4    |  5  6  7    8  9
+    cu_seqlens                 [0, 4, 5, 8, 10]      (the loader's, int32 on the device)
+    max_seqlen                 4                     (a Python int: no host-device sync per layer)
+    query per layer            [B, H, L, D] ─► [B·L, H, D] ─► varlen_attn(..., window_size=(-1, 0))
+
+Both of the loader's layouts work: ``[B, L]`` rows (``cu_seqlens`` covers the padding tails) and
+``padding_free=True`` (``[1, N]``). The mask builders of transformers build nothing for this
+implementation (no ``[B, 1, L, L]`` mask per step).
+
+What reaches the kernel, per layer: ``scale`` = the layer's ``scaling``; ``window_size`` ``(-1, 0)``
+(causal), or ``(W - 1, 0)`` for a layer with ``sliding_window = W`` (the key window transformers'
+own masks and its FlashAttention-2 path use: the token itself and ``W - 1`` before it); grouped-query
+key/value heads as they are (``enable_gqa`` where the kernel takes it).
+
+Not expressible, refused with the fix: layers with dropout while training, logit soft-capping,
+attention sinks, non-causal (bidirectional) text layers, and families whose masks are not
+block-causal (Gemma 3's bidirectional image spans: ``Family.no_varlen``). The kernel runs on CUDA
+in bfloat16/float16 only; elsewhere the attention raises naming the fix. For tests on CPU, pass
+``kernel=reference_varlen_attn`` (the same computation per segment with SDPA).
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ConfigError
+
+__all__ = ["VARLEN_ATTENTION", "is_varlen", "reference_varlen_attn", "use_varlen_attention", "varlen_attention",
+           "varlen_kwargs"]
+
+#: The name :func:`use_varlen_attention` registers with ``transformers.AttentionInterface`` (with a
+#: custom ``kernel``: this name plus ``_`` and the kernel's ``__name__``).
+VARLEN_ATTENTION = "wdspack_varlen"
+
+#: The forward keyword arguments that carry the batch's segments to every attention layer.
+CU_SEQLENS_KEY, MAX_SEQLEN_KEY = "wdspack_cu_seqlens", "wdspack_max_seqlen"
+
+#: A kernel: ``(q [T, H, D], k [T, Hkv, D], v, cu_q, cu_k, max_q, max_k, *, scale, window_size,
+#: enable_gqa) -> [T, H, D]`` (the signature of ``torch.nn.attention.varlen.varlen_attn``).
+Kernel = Callable[..., torch.Tensor]
+
+
+def torch_varlen_kernel() -> Kernel:
+    """``torch.nn.attention.varlen.varlen_attn``.
+
+    Raises:
+        ConfigError: this torch build has none; the message names the torch version and the fix.
+    """
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        raise ConfigError(f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn (PyTorch's "
+                          f"FlashAttention varlen kernel, torch >= 2.10): upgrade torch, or train padding-free with "
+                          f"attn_implementation='flash_attention_2' (the flash_attn package) or packed rows with "
+                          f"'sdpa' / 'flex_attention'") from None
+    return varlen_attn  # type: ignore[return-value]  # returns a tensor unless return_aux is asked for
+
+
+def reference_varlen_attn(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seq_q: torch.Tensor,
+                          cu_seq_k: torch.Tensor, max_q: int, max_k: int, *, scale: float | None = None,
+                          window_size: tuple[int, int] = (-1, -1), enable_gqa: bool = False) -> torch.Tensor:
+    """What the varlen kernel computes, segment by segment with SDPA, on any device and dtype (slow:
+    it reads ``cu_seq_q`` on the host). The ``kernel=`` of :func:`use_varlen_attention` for CPU tests.
+
+    ``window_size`` ``(left, right)``: query ``i`` sees keys ``i - left .. i + right`` of its own
+    segment (``-1``: unbounded); ``(-1, 0)`` is causal.
+
+    Example:
+        >>> q = torch.randn(5, 2, 4); cu = torch.tensor([0, 3, 5], dtype=torch.int32)
+        >>> out = reference_varlen_attn(q, q, q, cu, cu, 3, 3, window_size=(-1, 0))
+        >>> torch.allclose(out[3], q[3])  # the first token of a segment sees only itself
+        True
+    """
+    if not torch.equal(cu_seq_q, cu_seq_k):
+        raise ConfigError("reference_varlen_attn computes self-attention only (cu_seq_q == cu_seq_k)")
+    out = torch.zeros_like(query)
+    left, right = window_size
+    bounds = cu_seq_q.tolist()
+    for start, end in itertools.pairwise(bounds):
+        if end <= start:
+            continue
+        pos = torch.arange(end - start, device=query.device)
+        diff = pos[None, :] - pos[:, None]  # key - query
+        allowed = torch.ones_like(diff, dtype=torch.bool)
+        if right >= 0:
+            allowed &= diff <= right
+        if left >= 0:
+            allowed &= diff >= -left
+        q, k, v = (t[start:end].transpose(0, 1) for t in (query, key, value))  # [H, n, D]
+        if k.shape[0] != q.shape[0]:
+            k, v = (t.repeat_interleave(q.shape[0] // t.shape[0], dim=0) for t in (k, v))
+        out[start:end] = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale).transpose(0, 1)
+    return out
+
+
+def varlen_attention(kernel: Kernel | None = None) -> Callable[..., tuple[torch.Tensor, None]]:
+    """The transformers attention function over ``kernel`` (default: torch's ``varlen_attn``, checked
+    for CUDA and half precision at each call, without a host-device sync).
+
+    It takes ``(module, query [B, H, L, D], key [B, Hkv, L, D], value, attention_mask, *, dropout,
+    scaling, sliding_window, **kwargs)`` as transformers calls it, reads the batch's segments from
+    ``kwargs`` (put there by :func:`wdspack.model_inputs`) and returns ``([B, L, H, D], None)``.
+    """
+    checked = kernel is None
+    if kernel is None:
+        kernel = torch_varlen_kernel()
+    takes_gqa = "enable_gqa" in inspect.signature(kernel).parameters
+
+    def attend(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               attention_mask: Any = None, dropout: float = 0.0, scaling: float | None = None,
+               sliding_window: int | None = None, softcap: float | None = None, is_causal: bool | None = None,
+               s_aux: torch.Tensor | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+        cu_seqlens, max_seqlen = kwargs.get(CU_SEQLENS_KEY), kwargs.get(MAX_SEQLEN_KEY)
+        layer = type(module).__name__
+        if cu_seqlens is None or max_seqlen is None:
+            raise ConfigError(f"{layer} runs attn_implementation {VARLEN_ATTENTION!r} without the batch's segments: "
+                              "call the model with wdspack.model_inputs(batch, model) (it adds them), or pass "
+                              f"{CU_SEQLENS_KEY}=batch['cu_seqlens'] and {MAX_SEQLEN_KEY}=batch['max_seqlen']")
+        if dropout and module.training:
+            raise ConfigError(f"{layer}: attention dropout {dropout} while training is not supported by "
+                              f"{VARLEN_ATTENTION!r}; set the config's attention_dropout to 0.0 or use 'sdpa'")
+        if softcap is not None or s_aux is not None:
+            raise ConfigError(f"{layer} uses {'logit soft-capping' if softcap is not None else 'attention sinks'}, "
+                              f"which {VARLEN_ATTENTION!r} does not compute; use 'eager' or 'flex_attention'")
+        if not (is_causal if is_causal is not None else getattr(module, "is_causal", True)):
+            raise ConfigError(f"{layer} is not causal; {VARLEN_ATTENTION!r} serves causal text layers only: set it on "
+                              "the text stack (use_varlen_attention does) and keep the vision tower on 'sdpa'")
+        if checked:
+            if query.dtype not in (torch.bfloat16, torch.float16):
+                raise ConfigError(f"{VARLEN_ATTENTION!r} (FlashAttention) takes bfloat16 or float16, not "
+                                  f"{query.dtype}: model.to(torch.bfloat16) or run under "
+                                  "torch.autocast('cuda', dtype=torch.bfloat16)")
+            if query.device.type != "cuda":
+                raise ConfigError(f"{VARLEN_ATTENTION!r} runs on CUDA only (query on {query.device}): move the model "
+                                  "to a CUDA device, or use 'sdpa' on CPU")
+        B, H, L, D = query.shape
+        q = query.transpose(1, 2).reshape(B * L, H, D)
+        k = key.transpose(1, 2).reshape(B * L, key.shape[1], D)
+        v = value.transpose(1, 2).reshape(B * L, value.shape[1], value.shape[-1])
+        window = (-1, 0) if sliding_window is None else (int(sliding_window) - 1, 0)
+        extra = {"enable_gqa": key.shape[1] != H} if takes_gqa else {}
+        out = kernel(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, scale=scaling, window_size=window,
+                     **extra)
+        return out.view(B, L, H, out.shape[-1]), None
+
+    attend.__name__ = f"{VARLEN_ATTENTION}_attention"
+    return attend
+
+
+def _text_config_key(config: Any) -> str | None:
+    text = config.get_text_config()
+    if text is config:
+        return None
+    for key in getattr(config, "sub_configs", {}):
+        if getattr(config, key, None) is text:
+            return str(key)
+    raise ConfigError(f"cannot find the text sub-config of {type(config).__name__} to set {VARLEN_ATTENTION!r} on")
+
+
+def use_varlen_attention(model: Any, *, kernel: Kernel | None = None) -> str:
+    """Train ``model``'s text stack padding-free on PyTorch's varlen FlashAttention kernel.
+
+    Registers the attention function with transformers and sets it on the text config (vision towers
+    keep theirs); :func:`wdspack.model_inputs` then adds the batch's ``cu_seqlens``/``max_seqlen``.
+    Either loader layout works; ``make_loader(..., padding_free=True)`` drops the padding tokens.
+
+    Args:
+        model: a transformers model of a family wdspack feeds.
+        kernel: the attention kernel, with ``varlen_attn``'s signature (default: torch's, CUDA and
+            bf16/fp16 only). ``reference_varlen_attn`` runs the same computation anywhere (tests).
+
+    Returns:
+        The attention implementation's name (``"wdspack_varlen"``; with a ``kernel``, that name + ``_`` +
+        the kernel's ``__name__``).
+
+    Raises:
+        ConfigError: torch has no varlen kernel, or the family's masks are not block-causal (Gemma 3);
+            the message names what to use instead.
+
+    Example:
+        >>> model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.bfloat16).cuda()  # doctest: +SKIP
+        >>> wdspack.use_varlen_attention(model)  # doctest: +SKIP
+        'wdspack_varlen'
+        >>> loss = model(**wdspack.model_inputs(batch, model)).loss  # doctest: +SKIP
+    """
+    from transformers import AttentionInterface
+
+    from . import families
+
+    refusal = next((f.no_varlen for f in families() if model.config.model_type in f.model_types and f.no_varlen), "")
+    if refusal:
+        raise ConfigError(f"{VARLEN_ATTENTION!r} cannot train {model.config.model_type}: {refusal}")
+    name = VARLEN_ATTENTION if kernel is None else f"{VARLEN_ATTENTION}_{getattr(kernel, '__name__', 'kernel')}"
+    AttentionInterface.register(name, varlen_attention(kernel))
+    key = _text_config_key(model.config)
+    model.set_attn_implementation(name if key is None else {key: name})
+    return name
+
+
+def is_varlen(model: Any) -> bool:
+    """Whether ``model``'s text stack runs :data:`VARLEN_ATTENTION` (set by :func:`use_varlen_attention`)."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "get_text_config"):
+        return False
+    return str(getattr(config.get_text_config(), "_attn_implementation", "")).startswith(VARLEN_ATTENTION)
+
+
+def varlen_kwargs(batch: Any) -> dict[str, Any]:
+    """The forward keyword arguments that carry a loader batch's segments to the attention layers.
+
+    Raises:
+        ConfigError: the batch has no ``cu_seqlens`` (it was not made by wdspack's loader).
+    """
+    if "cu_seqlens" not in batch or "max_seqlen" not in batch:
+        raise ConfigError(f"{VARLEN_ATTENTION!r} needs the batch's 'cu_seqlens' and 'max_seqlen' (wdspack.make_loader "
+                          f"yields them); this batch has keys {sorted(batch)}")
+    return {CU_SEQLENS_KEY: batch["cu_seqlens"], MAX_SEQLEN_KEY: int(batch["max_seqlen"])}
