@@ -1,10 +1,10 @@
 # `make demo` and `make test` each build the environment from scratch when it is missing, from the
-# lock file: exact versions and hashes of every package (requirements/dev.lock, made by `make lock`).
+# lock file: exact versions and hashes of every package (requirements.lock, made by `make lock`).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
-LOCK   := requirements/dev.lock
+LOCK   := requirements.lock
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 

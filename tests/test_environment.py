@@ -12,7 +12,7 @@ from wdspack.errors import ConfigError
 from wdspack.models.compat import TESTED_TRANSFORMERS, IncompatibleTransformersError, call_private, private
 
 ROOT = Path(__file__).resolve().parents[1]
-LOCK = ROOT / "requirements" / "dev.lock"
+LOCK = ROOT / "requirements.lock"
 
 
 def _locked() -> dict[str, str]:
@@ -37,7 +37,7 @@ def test_the_installed_environment_is_the_lock():
     from importlib.metadata import version
 
     for name in ("transformers", "tokenizers", "huggingface-hub", "numpy", "torch", "webdataset", "pillow"):
-        assert version(name) == _locked()[name], f"{name}: run `make env` (it installs requirements/dev.lock)"
+        assert version(name) == _locked()[name], f"{name}: run `make env` (it installs requirements.lock)"
 
 
 def test_the_locked_transformers_is_in_the_tested_range():
@@ -49,7 +49,7 @@ def test_the_locked_transformers_is_in_the_tested_range():
 
 def test_make_installs_from_the_lock_and_ci_runs_make_test():
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
-    assert "--require-hashes" in makefile and "requirements/dev.lock" in makefile
+    assert "--require-hashes" in makefile and "requirements.lock" in makefile
     assert "make test" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
 
 

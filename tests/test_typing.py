@@ -45,7 +45,7 @@ def _revealed(tmp_path: Path, names: list[str]) -> dict[str, str]:
 
 
 def test_every_public_name_has_its_real_type(tmp_path):
-    pytest.importorskip("mypy", reason="mypy comes with the lint extra (requirements/dev.lock installs it)")
+    pytest.importorskip("mypy", reason="mypy comes with the lint extra (requirements.lock installs it)")
     revealed = _revealed(tmp_path, list(wdspack.__all__))
     untyped = sorted(n for n, t in revealed.items() if t == "Any")
     assert not untyped, f"{untyped} are Any to type checkers: import them under TYPE_CHECKING in wdspack/__init__.py"

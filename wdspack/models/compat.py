@@ -23,7 +23,7 @@ from ..errors import ConfigError
 __all__ = ["TESTED_TRANSFORMERS", "IncompatibleTransformersError", "call_private", "private"]
 
 #: The transformers releases the private names below are tested with: the lock file's version
-#: (``requirements/dev.lock``, what ``make test`` installs) is the upper end; ``make test-latest``
+#: (``requirements.lock``, what ``make test`` installs) is the upper end; ``make test-latest``
 #: tries newer releases.
 TESTED_TRANSFORMERS = ("5.17.0", "5.24.0")
 
