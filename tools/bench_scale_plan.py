@@ -52,56 +52,45 @@ def _jpeg() -> bytes:
     return buf.getvalue()
 
 
-def make_shards(folder: Path, samples: int, per_shard: int) -> list[str]:
-    """Caption shards of ``per_shard`` pairs (the last one shorter), deterministic."""
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    words = [f"w{k}" for k in range(500)]
-    image, paths = _jpeg(), []
-    for s in range(-(-samples // per_shard)):
-        path = folder / f"{s:06d}.tar"
-        paths.append(str(path))
-        if path.exists():
-            continue
-        n = min(per_shard, samples - s * per_shard)
-        lengths = rng.integers(4, 41, n)
-        picks = rng.integers(0, len(words), int(lengths.sum()))
-        tmp = path.with_suffix(".tmp")
-        with tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tar:
-            at = 0
-            for k in range(n):
-                key = f"{s:06d}{k:05d}"
-                text = " ".join(words[i] for i in picks[at:at + lengths[k]]).encode()
-                at += lengths[k]
-                for name, data in ((f"{key}.jpg", image), (f"{key}.txt", text)):
-                    info = tarfile.TarInfo(name)
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
-        tmp.rename(path)
-    return paths
-
-
-def make_documents(folder: Path, samples: int, per_file: int) -> list[str]:
-    """JSONL files of ``per_file`` text-only documents (the last one shorter), deterministic."""
+def _write_files(folder: Path, samples: int, per_file: int, suffix: str, write) -> list[str]:
+    """Files of ``per_file`` texts of 4-40 words from a 500-word list (the last file shorter),
+    deterministic; ``write(tmp_path, file_number, texts)`` writes one. Files already there are kept."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     words = np.asarray([f"w{k}" for k in range(500)])
     paths = []
     for s in range(-(-samples // per_file)):
-        path = folder / f"{s:06d}.jsonl"
+        path = folder / f"{s:06d}{suffix}"
         paths.append(str(path))
         if path.exists():
             continue
-        n = min(per_file, samples - s * per_file)
-        lengths = rng.integers(4, 41, n)
+        lengths = rng.integers(4, 41, min(per_file, samples - s * per_file))
         picks = words[rng.integers(0, len(words), int(lengths.sum()))]
-        cuts = np.cumsum(lengths)[:-1]
-        lines = [f'{{"id": "d{s:06d}{k:05d}", "text": "{" ".join(doc)}"}}\n'
-                 for k, doc in enumerate(np.split(picks, cuts))]
         tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(lines))
+        write(tmp, s, [" ".join(text) for text in np.split(picks, np.cumsum(lengths)[:-1])])
         tmp.rename(path)
     return paths
+
+
+def make_shards(folder: Path, samples: int, per_shard: int) -> list[str]:
+    """Caption shards of ``per_shard`` pairs (the last one shorter), deterministic."""
+    image = _jpeg()
+
+    def write(tmp: Path, s: int, texts: list[str]) -> None:
+        with tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for k, text in enumerate(texts):
+                for name, data in ((f"{s:06d}{k:05d}.jpg", image), (f"{s:06d}{k:05d}.txt", text.encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    return _write_files(folder, samples, per_shard, ".tar", write)
+
+
+def make_documents(folder: Path, samples: int, per_file: int) -> list[str]:
+    """JSONL files of ``per_file`` text-only documents (the last one shorter), deterministic."""
+    def write(tmp: Path, s: int, texts: list[str]) -> None:
+        tmp.write_text("".join(f'{{"id": "d{s:06d}{k:05d}", "text": "{text}"}}\n' for k, text in enumerate(texts)))
+    return _write_files(folder, samples, per_file, ".jsonl", write)
 
 
 def _small_tokenizer(folder: Path) -> str:
