@@ -43,6 +43,7 @@ from .balance import RUNS, TARGET_WAITING, choose_run, plan_epoch_balanced, wait
 from .budgets import check_pixels, dataset_budgets
 from .elastic import SharedBasis, consumed_packs
 from .mixed import MixedSources
+from .mixed_read import iter_slot
 from .mixture import Mixture, default_name, is_mixture_spec
 from .options import Balance, ReadOptions
 from .plan import REMAINDER_POLICIES, EpochPlan, plan_epoch, plan_remainder, slot_order
@@ -306,8 +307,8 @@ class PackedDataset(IterableDataset):
         if info is None:
             self.load_offsets_if_split(1)
         if self.mixture is not None:
-            examples = self.mixture.iter_slot(
-                slot=slot, slots=self.world_size * workers, workers=workers, epoch=epoch, position=start,
+            examples = iter_slot(
+                self.mixture, slot=slot, slots=self.world_size * workers, workers=workers, epoch=epoch, position=start,
                 batch_size=self.batch_size, seed=self.seed, shuffle=self.shuffle, shuffle_buffer=self.shuffle_buffer,
                 read=self._read, stats=stats, handler=make_handler(self.on_corrupt, stats), to_example=self._to_example)
         else:

@@ -1,5 +1,6 @@
-"""A :class:`~.dataset.PackedDataset` over a mixture: its sources opened, and one slot's packs read in
-the schedule's order (DESIGN.md section 8; the pure parts are :mod:`.mixture` and :mod:`.schedule`).
+"""A :class:`~.dataset.PackedDataset` over a mixture: its sources opened and each slot's schedule planned
+(DESIGN.md section 8; the pure parts are :mod:`.mixture` and :mod:`.schedule`, the reading of a
+slot's packs in the schedule's order :mod:`.mixed_read`).
 
 Per ``(rank, worker)`` slot and epoch::
 
@@ -51,26 +52,21 @@ import dataclasses
 import itertools
 import json
 import logging
-from collections import Counter
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
-from ..errors import ConfigError, FormatError, WdspackError
-from ..format.dataset import ResolvedSource, ShardRef, read_pack_index, resolve_source
+from ..errors import ConfigError
+from ..format.dataset import ResolvedSource, read_pack_index, resolve_source
 from ..format.pack_index import COLUMNS
-from ..format.tar import Handler
-from ..storage.streams import open_stream
 from .balance import band_order
 from .budgets import dataset_budgets
-from .collate import SOURCE_KEY
 from .elastic import SharedBasis
-from .mixture import Mixture, MixtureEpoch, check_compatible, mixture_epoch, unit_values
+from .mixed_read import mid_stage
+from .mixture import Mixture, MixtureEpoch, check_compatible, combined_source, mixture_epoch, unit_values
 from .mixture_rest import rest_layouts
 from .options import ReadOptions
-from .plan import PackRange
 from .rank_cursors import (
     concat_plans,
     cursor_from_json,
@@ -81,7 +77,6 @@ from .rank_cursors import (
     take_positions,
 )
 from .schedule import SlotSchedule, SourceCursor, SourceLayout, plan_slot, source_layout
-from .stages import decode_packs, lap_source
 
 __all__ = ["MixedSources"]
 
@@ -105,7 +100,7 @@ class MixedSources:
         self.epoch = epoch
         self.offsets = tuple(offsets)
         self.seq_len, self.max_images, self.pad_token_id = budgets
-        self.combined = _combined(mixture, self.sources, self.max_images)
+        self.combined = combined_source(mixture, self.sources, self.max_images)
         self._starts: dict[tuple, list[tuple[SourceCursor, ...]]] = {}  # per slot setup: each epoch's cursors
         self._segs: dict[tuple, list[_Segment]] = {}  # per slot setup and epoch: its segments
         # the stage the stream continues from (set by a resume under another mixture; see stage()), in
@@ -206,7 +201,7 @@ class MixedSources:
 
     def mid_stage(self, epoch: int) -> bool:
         """Whether a stage began inside ``epoch`` (its schedule then runs from the stage's cursors)."""
-        return _mid(self.stage(), epoch)
+        return mid_stage(self.stage(), epoch)
 
     def stage(self) -> dict[str, Any] | None:
         """The stage the stream continues from, or None (every epoch chained from epoch 0).
@@ -261,7 +256,7 @@ class MixedSources:
         if key in self._segs:
             return self._segs[key]
         total = workers * self.per_slot(slots, batch_size, epoch) // batch_size  # the rank's batches
-        if stage is not None and _mid(stage, epoch):
+        if stage is not None and mid_stage(stage, epoch):
             first = sum(int(b) for b in stage["before"]) // batch_size
             start = tuple(cursor_from_json(c) for c in stage["start"])
         else:
@@ -348,7 +343,7 @@ class MixedSources:
                                   shuffle_buffer=shuffle_buffer)
         stage = self.stage()
         start: tuple[SourceCursor, ...] | None = None
-        if stage is not None and _mid(stage, epoch):
+        if stage is not None and mid_stage(stage, epoch):
             emitted = [e - int(b) for e, b in zip(emitted, stage["before"])]
         else:
             start = self.epoch_start(rank=rank, epoch=epoch, **kw)
@@ -386,7 +381,7 @@ class MixedSources:
             common["rest"] = rest
         if not changed:
             stage = saved.get("stage")
-            if not _mid(stage, epoch):
+            if not mid_stage(stage, epoch):
                 stage = None if saved.get("start") is None else {
                     **common, "epoch": epoch, "start": saved["start"], "before": [0] * workers, "shift": 0,
                     "length": None, "anchor": True}
@@ -528,7 +523,7 @@ class MixedSources:
         """The positions of ``worker``'s plan that the balance reorders: its packs of the epoch (of the
         stage's part, in a stage's epoch)."""
         stage = self.stage()
-        before = int(stage["before"][worker]) if stage is not None and _mid(stage, epoch) else 0
+        before = int(stage["before"][worker]) if stage is not None and mid_stage(stage, epoch) else 0
         return self.per_slot(slots, batch_size, epoch) - before
 
     def mid_window(self, emitted: Sequence[int], *, slots: int, workers: int, epoch: int, batch_size: int) -> bool:
@@ -537,140 +532,11 @@ class MixedSources:
         if self.balance is None:
             return False
         stage = self.stage()
-        before = [int(b) for b in stage["before"]] if stage is not None and _mid(stage, epoch) else [0] * workers
+        before = [int(b) for b in stage["before"]] if stage is not None and mid_stage(stage, epoch) else [0] * workers
         window = max(self.balance[1] // batch_size, 1) * batch_size
         return any(0 < e - b < self._balance_limit(w, slots=slots, workers=workers, epoch=epoch,
                                                    batch_size=batch_size) and (e - b) % window
                    for w, (e, b) in enumerate(zip(emitted, before)))
-
-    def iter_slot(self, *, slot: int, slots: int, workers: int, epoch: int, position: tuple[int, int, int],
-                  batch_size: int, seed: int, shuffle: bool, shuffle_buffer: int, read: dict[str, Any],
-                  stats: Counter, handler: Handler, to_example: Callable[[Any], dict[str, Any]]
-                  ) -> Iterator[tuple[dict[str, Any], tuple[int, int, int]]]:
-        """Yield ``(example, (0, emitted, yielded))`` until the slot has yielded its ``per_slot`` packs
-        (``slot``, ``slots``, ``workers``, ``batch_size``: as :meth:`schedule` takes them; positions count
-        from the epoch's start, in a stage's epoch too)."""
-        per_slot = self.per_slot(slots, batch_size, epoch)
-        _, emitted, yielded = position
-        stage = self.stage()
-        before = 0
-        if stage is not None and _mid(stage, epoch):
-            # the stage's schedule counts from where it began: positions here are the epoch's
-            before = int(stage["before"][slot % workers])
-            emitted, yielded, per_slot = emitted - before, yielded - before, per_slot - before
-        while yielded < per_slot:
-            sched = self.schedule(slot=slot, slots=slots, workers=workers, epoch=epoch,
-                                  positions=emitted + per_slot - yielded, batch_size=batch_size, seed=seed,
-                                  shuffle=shuffle, shuffle_buffer=shuffle_buffer)
-            begin, got = emitted, 0
-            reads = [self._source_packs(i, sched, emitted, read=read, stats=stats, handler=handler)
-                     for i in range(len(self.sources))]
-            items = _in_order(sched, emitted, reads)
-
-            def where(k: int, sched: SlotSchedule = sched) -> str:
-                i, shard = int(sched.source[k]), int(sched.shard[k])
-                return f"mixture source {self.names[i]!r}: {self.sources[i].shards[shard].url} pack {sched.pack[k]}"
-
-            try:
-                for k, pack in decode_packs(items, seq_len=self.seq_len, max_images=self.max_images, handler=handler,
-                                            where=where):
-                    emitted = k + 1
-                    if pack is None:
-                        continue
-                    try:
-                        example = to_example(pack)
-                    except ConfigError:
-                        raise  # a loader set up unlike the data: not the pack's fault
-                    except (WdspackError, OSError, ValueError) as e:
-                        handler("corrupt_packs", FormatError(f"{where(k)}: {type(e).__name__}: {e}"))
-                        continue
-                    example[SOURCE_KEY] = torch.tensor(int(sched.source[k]), dtype=torch.int64)
-                    got += 1
-                    yielded += 1
-                    yield example, (0, emitted + before, yielded + before)
-                    if yielded >= per_slot:
-                        return
-            finally:
-                items.close()
-                for r in reads:
-                    r.close()
-            if got == 0 and emitted - begin >= per_slot:
-                raise WdspackError(f"slot {slot} read {emitted - begin} packs of the mixture and none was readable "
-                                   "(see the warnings above); a source is damaged")
-
-    def _source_packs(self, i: int, sched: SlotSchedule, first: int, *, read: dict[str, Any], stats: Counter,
-                      handler: Handler) -> Generator[tuple[tuple[int, int], bytes | None], None, None]:
-        """Source ``i``'s packs that positions ``first..`` of ``sched`` take, as ``((pass, row), bytes | None)``:
-        the slot's ranged reads of the source (``sched.reads``, in order), each from its first needed pack
-        to its last, the others passed over; a read with none needed (positions before ``first``) is not made.
-        """
-        layout, src, offsets = self.layouts[i], self.sources[i], self.offsets[i]
-        mine = sched.source[first:] == i
-        # (pass, row) as one integer, so the packs a read holds are looked up at once
-        wanted = sched.pass_no[first:][mine] * layout.packs + sched.row[first:][mine]
-        starts = np.cumsum((0, *layout.counts))
-
-        def open_shard(shard: int, pack: int):
-            at = pack if pack < len(offsets[shard]) else 0
-            return open_stream(src.shards[shard].url, offset=int(offsets[shard][at]) if at else 0,
-                               headers=src.headers, stats=stats, **read), at
-
-        for r in sched.reads:
-            if r.source != i:
-                continue
-            rows = starts[r.shard] + np.arange(r.start, r.stop)
-            needed = np.isin(r.pass_no * layout.packs + rows, wanted)
-            if not needed.any():
-                continue
-            lo, hi = int(np.argmax(needed)), len(needed) - int(np.argmax(needed[::-1]))
-            skip = set(np.flatnonzero(~needed[lo:hi]).tolist())
-            packs = lap_source([PackRange(r.shard, r.start + lo, r.start + hi)], first=0, emitted=skip,
-                               open_shard=open_shard, shard_name=lambda s: src.shards[s].url, stats=stats,
-                               handler=handler)
-            try:
-                for p, data in packs:
-                    yield (r.pass_no, int(rows[lo + p])), data
-            finally:
-                packs.close()
-
-
-def _in_order(sched: SlotSchedule, first: int, reads: Sequence[Iterator[tuple[tuple[int, int], bytes | None]]]
-              ) -> Generator[tuple[int, bytes | None], None, None]:
-    """``(k, bytes | None)`` for the schedule's positions ``first..``, each from its source's read-ahead."""
-    held: list[dict[tuple[int, int], bytes | None]] = [{} for _ in reads]
-    for k in range(first, len(sched.source)):
-        i = int(sched.source[k])
-        want = (int(sched.pass_no[k]), int(sched.row[k]))
-        while want not in held[i]:
-            try:
-                key, data = next(reads[i])
-            except StopIteration:
-                raise RuntimeError(f"source {i} ended before position {k}; this is a wdspack bug") from None
-            held[i][key] = data
-        yield k, held[i].pop(want)
-
-
-def _combined(mixture: Mixture, sources: Sequence[ResolvedSource], max_images: int) -> ResolvedSource:
-    """One :class:`ResolvedSource` that stands for the mixture where the dataset asks about "its" data:
-    every source's shards, and a manifest whose totals are the sources' (sums, and maxima for what sizes
-    the batch's static shapes); the image policy of the first source that holds images."""
-    manifests = [s.manifest for s in sources]
-    assert all(m is not None for m in manifests)
-    ms = [m for m in manifests if m is not None]
-    holding = next((m for m in ms if any(s.images for s in m.shards)), ms[0])
-    totals: dict[str, Any] = {}
-    for key in ("packs", "tokens", "images", "samples_packed"):
-        totals[key] = sum(int(m.totals.get(key) or 0) for m in ms)
-    for key in ("max_samples_per_pack", "max_images_per_pack", "max_image_tokens_per_pack"):
-        known = [m.totals.get(key) for m in ms]
-        if all(v is not None for v in known):
-            totals[key] = max(int(v or 0) for v in known)
-    manifest = dataclasses.replace(holding, max_images=max_images, totals=totals, pack_index={},
-                                   shards=tuple(s for m in ms for s in m.shards), sources=tuple(mixture.names))
-    shards = tuple(ShardRef(f"{name}/{s.name}", s.url, s.packs) for name, src in zip(mixture.names, sources)
-                   for s in src.shards)
-    display = "mixture of " + ", ".join(f"{n} ({s.display})" for n, s in zip(mixture.names, sources))
-    return ResolvedSource(display, shards, manifest)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -710,8 +576,3 @@ def _refuse_mid_window(saved: Sequence[Mapping[str, Any]]) -> None:
                           "which packs it consumed; resume it with the same mixture, ranks and workers, and change "
                           "them at a state saved at a window's end (every window / batch_size batches of each "
                           "worker) or an epoch's end")
-
-
-def _mid(stage: Mapping[str, Any] | None, epoch: int) -> bool:
-    """Whether ``stage`` began inside ``epoch`` (not at its start, as an anchor does)."""
-    return stage is not None and stage["epoch"] == epoch and not stage["anchor"]

@@ -25,6 +25,7 @@ of them (:meth:`MixtureEpoch.per_slot`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -40,12 +41,13 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
+from ..format.dataset import ResolvedSource, ShardRef
 from ..format.manifest import MANIFEST_NAME, Manifest
 from ..format.pack_index import COLUMNS
 from ..storage.urls import dirname_url, is_url, join_url
 
-__all__ = ["UNITS", "Mixture", "MixtureEpoch", "MixtureSource", "check_compatible", "is_mixture_spec",
-           "mixture_epoch", "unit_values"]
+__all__ = ["UNITS", "Mixture", "MixtureEpoch", "MixtureSource", "check_compatible", "combined_source",
+           "is_mixture_spec", "mixture_epoch", "unit_values"]
 
 logger = logging.getLogger("wdspack.loader")
 
@@ -544,3 +546,26 @@ def mixture_epoch(mixture: Mixture, units: Sequence[int], packs: Sequence[int]) 
     passes = tuple(w * total / u for w, u in zip(shares, units))
     return MixtureEpoch(names=mixture.names, shares=shares, unit=mixture.unit, units=tuple(int(u) for u in units),
                         packs=tuple(int(n) for n in packs), total=total, passes=passes, capped_by=capped_by)
+
+
+def combined_source(mixture: Mixture, sources: Sequence[ResolvedSource], max_images: int) -> ResolvedSource:
+    """One :class:`ResolvedSource` that stands for the mixture where the dataset asks about "its" data:
+    every source's shards, and a manifest whose totals are the sources' (sums, and maxima for what sizes
+    the batch's static shapes); the image policy of the first source that holds images."""
+    manifests = [s.manifest for s in sources]
+    assert all(m is not None for m in manifests)
+    ms = [m for m in manifests if m is not None]
+    holding = next((m for m in ms if any(s.images for s in m.shards)), ms[0])
+    totals: dict[str, Any] = {}
+    for key in ("packs", "tokens", "images", "samples_packed"):
+        totals[key] = sum(int(m.totals.get(key) or 0) for m in ms)
+    for key in ("max_samples_per_pack", "max_images_per_pack", "max_image_tokens_per_pack"):
+        known = [m.totals.get(key) for m in ms]
+        if all(v is not None for v in known):
+            totals[key] = max(int(v or 0) for v in known)
+    manifest = dataclasses.replace(holding, max_images=max_images, totals=totals, pack_index={},
+                                   shards=tuple(s for m in ms for s in m.shards), sources=tuple(mixture.names))
+    shards = tuple(ShardRef(f"{name}/{s.name}", s.url, s.packs) for name, src in zip(mixture.names, sources)
+                   for s in src.shards)
+    display = "mixture of " + ", ".join(f"{n} ({s.display})" for n, s in zip(mixture.names, sources))
+    return ResolvedSource(display, shards, manifest)
