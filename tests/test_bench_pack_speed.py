@@ -80,7 +80,7 @@ def test_bench_quick_reports_sane_ratios(tmp_path):
     out = tmp_path / "bench.json"
     assert _tool().main(["--quick", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
-    for name in ("chat", "captions"):
+    for name in ("chat", "processor", "captions"):
         row = result[name]
         assert row["records"] == 120
         assert row["floor_sps"] > 0 and row["measure_sps"] > 0 and row["pack_sps"] > 0

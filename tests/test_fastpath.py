@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from wdspack.packer.fastpath import ChatRenderer, TextEncoder
-from wdspack.packer.samples import span_mask
+from wdspack.packer.fastpath import ChatRenderer, TextEncoder, span_mask
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
@@ -149,3 +148,46 @@ def test_span_mask_is_the_per_span_rule():
         for a, b in spans:
             want[(offsets[:, 0] >= a) & (offsets[:, 1] <= b) & (offsets[:, 1] > offsets[:, 0])] = 1
         assert np.array_equal(span_mask(offsets, spans), want)
+
+
+def test_build_chats_is_build_one_by_one(demo_data, sample_config):
+    """The staged batch (the pack job's measure stage) gives each record's sample or drop exactly as
+    ``build`` does, in its place, good records mixed with every kind of bad one."""
+    from dataclasses import replace
+
+    from wdspack.errors import SampleError
+    from wdspack.packer.samples import get_builder
+    from wdspack.packer.sources import list_partitions
+    from wdspack.packer.sources.readers import iter_records
+
+    parts = list_partitions([str(demo_data / "llava.jsonl"), str(demo_data / "messages.jsonl")],
+                            records_per_partition=10**9)
+    records = [r for p in parts for r in iter_records(p) if not isinstance(r, Exception) and hasattr(r, "images")]
+    with_image = next(r for r in records if r.images)
+    user_only = tuple(m for m in with_image.messages if m["role"] != "assistant")
+    bad = [replace(with_image, sample_id="corrupt", images=(with_image.images[0][:200],)),
+           replace(with_image, sample_id="extra-image", images=with_image.images * 2),
+           replace(with_image, sample_id="no-answer", messages=user_only),
+           replace(with_image, sample_id="empty", messages=())]
+    batch = records[:40] + bad + records[40:80]
+    builder = get_builder(sample_config)
+
+    def one(record):
+        try:
+            return builder.build(record)
+        except SampleError as e:
+            return e
+
+    def same(a, b) -> bool:
+        if isinstance(a, SampleError) or isinstance(b, SampleError):
+            return type(a) is type(b) and (a.reason, str(a)) == (b.reason, str(b))
+        return (a.sample_id == b.sample_id and np.array_equal(a.input_ids, b.input_ids)
+                and np.array_equal(a.loss_mask, b.loss_mask) and a.images == b.images
+                and a.image_tokens == b.image_tokens)
+
+    staged, alone = builder.build_chats(batch), [one(r) for r in batch]
+    assert len(staged) == len(batch)
+    assert all(same(a, b) for a, b in zip(staged, alone))
+    reasons = [e.reason for e in staged if isinstance(e, SampleError)]
+    assert {"unreadable_image", "placeholder_mismatch", "no_assistant_turn", "empty_conversation"} <= set(reasons)
+    assert sum(not isinstance(s, SampleError) for s in staged) >= 70

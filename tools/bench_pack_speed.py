@@ -14,7 +14,11 @@
    partitions through the pack job's own measure task: read, images checked, tokenized, spooled).
    The builder (tokenizer, template) is loaded before timing: start-up is paid once per process,
    and is reported on its own.
-2. **Captions (WebDataset shards).** ``.jpg`` + ``.txt`` pairs; the floor tokenizes each caption
+2. **Processor mode** (``SampleConfig(processor=...)``: the real ``Qwen2_5_VLProcessor`` class of
+   ``examples/tiny_vlm``, each image 4-64 tokens by its size) on the same records. Its floor renders
+   each record once, puts each image's tokens in place of its placeholder (the processor's rule,
+   computed beforehand) and tokenizes the expanded text once.
+3. **Captions (WebDataset shards).** ``.jpg`` + ``.txt`` pairs; the floor tokenizes each caption
    once; the pack job and its measure stage as above.
 
 Each figure is samples per CPU second of this process (the best of ``--repeats`` passes); ratios are
@@ -160,7 +164,7 @@ def chat_stages(builder, path: Path, repeats: int) -> dict:
     """Where a chat record's measure time goes, CPU ms per 1,000 records: reading the records (JSON
     lines, image files), checking their images, and the text (render with the assistant spans,
     tokenize with offsets, the loss mask and image tokens) by the builder, which is the floor's work."""
-    from wdspack.packer.samples import span_mask
+    from wdspack.packer.fastpath import span_mask
     from wdspack.packer.sources import list_partitions
     from wdspack.packer.sources.readers import iter_records
 
@@ -182,6 +186,25 @@ def chat_stages(builder, path: Path, repeats: int) -> dict:
             "text_ms": _best(text, repeats) * 1000 / n}
 
 
+def processor_floor(builder, path: Path) -> callable:
+    """Render once, splice each image's replacement (computed beforehand), tokenize the expanded text once."""
+    from wdspack.packer.sources import list_partitions
+    from wdspack.packer.sources.readers import iter_records
+
+    records = [r for p in list_partitions([str(path)], records_per_partition=10**9) for r in iter_records(p)]
+    items = []
+    for r in records:
+        _, sizes = builder._prepare_images(r.images, r.sample_id)
+        items.append(([builder._message(m) for m in r.messages], builder.family.replacements(builder.processor, sizes)))
+    tok, template, ph = builder.tokenizer, builder.template, builder.image_token
+
+    def run() -> None:
+        for messages, reps in items:
+            pieces = tok.apply_chat_template(messages, chat_template=template, tokenize=False).split(ph)
+            tok("".join(p + r for p, r in zip(pieces, [*reps, ""])), add_special_tokens=False)
+    return run
+
+
 def pack_run(sources: list[str], sample_config, config, out: Path) -> callable:
     from wdspack.packer.job import pack_dataset
 
@@ -191,7 +214,7 @@ def pack_run(sources: list[str], sample_config, config, out: Path) -> callable:
     return run
 
 
-def bench(n_chat: int, n_captions: int, repeats: int, work: Path) -> dict:
+def bench(n_chat: int, n_captions: int, repeats: int, work: Path, n_processor: bool = True) -> dict:
     import mistral_common
 
     from wdspack.packer.config import PackConfig, RunOptions
@@ -221,6 +244,21 @@ def bench(n_chat: int, n_captions: int, repeats: int, work: Path) -> dict:
     row["pack_sps"] = n_chat / _best(pack_run([str(path)], chat_cfg, config, work / "out-chat"), repeats)
     result["chat"] = _ratios(row)
 
+    if n_processor:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+        from tiny_vlm import qwen2_5_vl
+        from wdspack.models import save_processor
+
+        proc_cfg = SampleConfig(processor=str(save_processor(qwen2_5_vl.processor(work / "qwen-tok"),
+                                                             work / "qwen-processor")))
+        floor = processor_floor(get_builder(proc_cfg), path)
+        floor()
+        row = {"records": n_chat, "floor_sps": n_chat / _best(floor, repeats)}
+        row["measure_sps"] = n_chat / _best(measure_stage([str(path)], proc_cfg, config, work / "spool-proc"),
+                                            repeats)
+        row["pack_sps"] = n_chat / _best(pack_run([str(path)], proc_cfg, config, work / "out-proc"), repeats)
+        result["processor"] = _ratios(row)
+
     if n_captions:
         cap_cfg = SampleConfig(str(tok_dir), tokens_per_image=64, image_token="[IMG]",
                                pretrain=PretrainConfig(eos_token="</s>"))
@@ -248,17 +286,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--records", type=int, default=2000, help="LLaVA records")
     ap.add_argument("--captions", type=int, default=2000, help="caption pairs (0: skip)")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--no-processor", action="store_true", help="skip the processor-mode row")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 120 records, 120 captions, one pass")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
     if args.quick:
         args.records, args.captions, args.repeats = 120, 120, 1
     with tempfile.TemporaryDirectory(prefix="bench_pack_speed_") as tmp:
-        result = bench(args.records, args.captions, args.repeats, Path(tmp))
-    for name in ("chat", "captions"):
+        result = bench(args.records, args.captions, args.repeats, Path(tmp), n_processor=not args.no_processor)
+    for name in ("chat", "processor", "captions"):
         if name in result:
             r = result[name]
-            print(f"{name:9s} floor {r['floor_sps']:8.1f}/s  measure {r['measure_sps']:8.1f}/s "
+            print(f"{name:10s} floor {r['floor_sps']:8.1f}/s  measure {r['measure_sps']:8.1f}/s "
                   f"({r['measure_vs_floor']:.0%})  pack {r['pack_sps']:8.1f}/s ({r['pack_vs_floor']:.0%})")
     if "chat" in result:
         st = result["chat"]["stages_ms_per_1000"]

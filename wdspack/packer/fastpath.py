@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ChatRenderer", "TextEncoder"]
+__all__ = ["ChatRenderer", "TextEncoder", "span_mask"]
 
 log = logging.getLogger(__name__)
 
@@ -155,3 +155,19 @@ class TextEncoder:
                 self._backend = None
                 return ref
         return ids, offsets
+
+
+def span_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
+    """1 for each token (``offsets`` ``[N, 2]``, characters) wholly inside one of ``spans`` (sorted,
+    disjoint ``(start, end)``) and not empty, else 0.
+
+    Example:
+        >>> span_mask(np.array([[0, 3], [3, 5], [5, 5], [5, 9]]), [(3, 6)]).tolist()
+        [0, 1, 0, 0]
+    """
+    if not spans:
+        return np.zeros(len(offsets), np.uint8)
+    starts, ends = np.asarray(spans, np.int64).T
+    k = np.searchsorted(starts, offsets[:, 0], side="right") - 1  # the one span a token can start in
+    inside = (k >= 0) & (offsets[:, 1] <= ends[np.maximum(k, 0)]) & (offsets[:, 1] > offsets[:, 0])
+    return inside.astype(np.uint8)

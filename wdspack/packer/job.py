@@ -40,13 +40,14 @@ with the sample count (``tests/test_driver_memory.py``).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -360,13 +361,16 @@ def _measure_partition(i: int, partition: Partition, sample_config: SampleConfig
     """Tokenize one partition into the spool (a document split by ``split_long_documents``: one sample per piece)."""
     builder = get_builder(sample_config)
     with SpoolWriter(work, i) as spool:
-        for item in iter_records(partition):
+        for item, built in _built(builder, iter_records(partition)):
             if isinstance(item, Dropped):
                 _on_drop(item, on_error)
                 spool.drop(item)
                 continue
             try:
-                samples = build_samples(builder, item, seq_len=seq_len, max_images=max_images)
+                if isinstance(built, Exception):
+                    raise built
+                samples = [built] if built is not None else build_samples(builder, item, seq_len=seq_len,
+                                                                           max_images=max_images)
             except SampleError as e:
                 d = e.to_dropped(item.sample_id)
                 _on_drop(d, on_error)
@@ -381,6 +385,18 @@ def _measure_partition(i: int, partition: Partition, sample_config: SampleConfig
                 spool.add(s.sample_id, s.input_ids, s.loss_mask, s.images, s.image_tokens)
         spool.finish(builder.describe())
     return i
+
+
+def _built(builder: Any, items: Iterable[Any], chunk: int = 128) -> Iterator[tuple[Any, Any]]:
+    """Each item with its chat record's sample or error (built in stages, ``chunk`` records at a
+    time: :meth:`~.samples.SampleBuilder.build_chats`), in order; None for drops and pre-training
+    records (captions, documents), which :func:`~.text.build_samples` builds one by one."""
+    it = iter(items)
+    while batch := tuple(itertools.islice(it, chunk)):
+        chats = [x for x in batch if not isinstance(x, Dropped) and not hasattr(x, "segments")]
+        built = iter(builder.build_chats(chats))
+        for x in batch:
+            yield x, (None if isinstance(x, Dropped) or hasattr(x, "segments") else next(built))
 
 
 def _whole_document_over_budget(record: Any, sample: Any, *, seq_len: int, max_images: int | None) -> Dropped | None:

@@ -32,19 +32,20 @@ of ``processor.apply_chat_template(..., tokenize=True)`` with the images::
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Protocol, cast
+from typing import Any, NamedTuple, Protocol, cast
 
 import numpy as np
-from PIL import Image
 
 from ..errors import ConfigError, SampleError
 from ..format.pack import token_dtype_for
-from .fastpath import ChatRenderer, TextEncoder
+from .fastpath import ChatRenderer, TextEncoder, span_mask
+from .imagecheck import check_image, downscale
+from .imagecheck import error_text as _error_text
 from .render import learn_layout, mark_assistant, spans_from_marked
 from .render import typed_content as _typed_content
 from .sources.documents import TextRecord
@@ -147,20 +148,14 @@ def check_template_syntax(template: str, where: str) -> None:
             raise ConfigError(f"{where}, line {e.lineno}: {e.message}; fix the template's Jinja syntax") from None
 
 
-def span_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
-    """1 for each token (``offsets`` ``[N, 2]``, characters) wholly inside one of ``spans`` (sorted,
-    disjoint ``(start, end)``) and not empty, else 0.
+class _Chat(NamedTuple):
+    """A chat record rendered, before tokenizing (:meth:`SampleBuilder.build_chats`)."""
 
-    Example:
-        >>> span_mask(np.array([[0, 3], [3, 5], [5, 5], [5, 9]]), [(3, 6)]).tolist()
-        [0, 1, 0, 0]
-    """
-    if not spans:
-        return np.zeros(len(offsets), np.uint8)
-    starts, ends = np.asarray(spans, np.int64).T
-    k = np.searchsorted(starts, offsets[:, 0], side="right") - 1  # the one span a token can start in
-    inside = (k >= 0) & (offsets[:, 1] <= ends[np.maximum(k, 0)]) & (offsets[:, 1] > offsets[:, 0])
-    return inside.astype(np.uint8)
+    sid: str
+    images: list[bytes]
+    counts: list[Any]
+    text: str
+    spans: list[tuple[int, int]]
 
 
 @lru_cache(maxsize=4)
@@ -216,9 +211,33 @@ class SampleBuilder:
         # ---- pre-training records (captions, documents) are not chats: wdspack.packer.text builds them
         if hasattr(record, "segments"):  # a TextRecord, or any record shaped like one
             return build_text_sample(self, cast("TextRecord", record))
+        # ---- end of the pre-training hook
+        return self._finish_chat(self._render_chat(record))
+
+    def build_chats(self, records: Sequence[RecordLike]) -> list[Sample | SampleError | ConfigError]:
+        """:meth:`build` of each chat record, in stages over the batch: every record's images checked
+        and template rendered, then every text tokenized, then every sample finished. The same samples
+        and errors as one by one (an error stands in its record's place), for less CPU: each stage's
+        code and tables (Jinja, the tokenizer's vocabulary, libjpeg) stay in the CPU's caches."""
+        staged: list[_Chat | SampleError | ConfigError] = []
+        for record in records:
+            try:
+                staged.append(self._render_chat(record))
+            except (SampleError, ConfigError) as e:
+                staged.append(e)
+        encoded = [self._encode(c.text) if isinstance(c, _Chat) and self.family is None else None for c in staged]
+        out: list[Sample | SampleError | ConfigError] = []
+        for chat, enc in zip(staged, encoded):
+            try:
+                out.append(chat if not isinstance(chat, _Chat) else self._finish_chat(chat, enc))
+            except (SampleError, ConfigError) as e:
+                out.append(e)
+        return out
+
+    def _render_chat(self, record: RecordLike) -> _Chat:
+        """A chat record's checked images and rendered text with its assistant spans."""
         if not self.template:
             raise ConfigError(f"{self.name!r} has no chat template, which chat records need; pass --chat-template FILE")
-        # ---- end of the pre-training hook
         sid = record.sample_id
         images, counts = self._prepare_images(record.images, sid, getattr(record, "image_names", ()))
         messages = [self._message(m) for m in record.messages]
@@ -229,12 +248,15 @@ class SampleBuilder:
         tools = [dict(t) for t in getattr(record, "tools", ())] or None
         self._check_tool_support(messages, tools, sid)
         text, spans = self._render(messages, sid, tools=tools)
+        return _Chat(sid, images, counts, text, spans)
+
+    def _finish_chat(self, chat: _Chat, encoded: tuple[np.ndarray, np.ndarray] | None = None) -> Sample:
         if self.family is not None:
-            return self._build_expanded(sid, text, spans, images, counts)
-        ids, offsets = self._encode(text)
+            return self._build_expanded(chat.sid, chat.text, chat.spans, chat.images, chat.counts)
+        ids, offsets = encoded if encoded is not None else self._encode(chat.text)
         if ids.size == 0:
-            raise SampleError("empty_conversation", "nothing left after templating", sid)
-        return self._expand(sid, ids, span_mask(offsets, spans), images, counts)
+            raise SampleError("empty_conversation", "nothing left after templating", chat.sid)
+        return self._expand(chat.sid, ids, span_mask(offsets, chat.spans), chat.images, chat.counts)
 
     def _encode(self, text: str) -> tuple[np.ndarray, np.ndarray]:
         """Token ids and character offsets of ``text``, no special tokens added."""
@@ -442,27 +464,11 @@ class SampleBuilder:
         return out, counts
 
     def _check_image(self, data: bytes, sid: str, k: int, name: str = "") -> tuple[bytes, tuple[int, int]]:
-        limit = self.config.max_image_pixels
         which = f"image {k} ({name!r})" if name else f"image {k}"  # the file, so the user can find it
-        try:
-            with Image.open(io.BytesIO(data)) as img:
-                w, h = img.size
-                if w * h > limit:
-                    raise SampleError("image_too_large", f"{which} is {w}x{h} = {w * h} pixels > the limit "
-                                      f"{limit}; downscale it or raise max_image_pixels", sid)
-                fmt = img.format
-                img.draft("RGB", (max(1, w // 8), max(1, h // 8)))  # cheap full decode of JPEGs
-                img.load()
-        except SampleError:
-            raise
-        except Image.DecompressionBombError as e:
-            raise SampleError("image_too_large", f"{which}: {e}", sid) from None
-        except Exception as e:  # PIL raises many types for bad bytes
-            raise SampleError("unreadable_image", f"{which} cannot be decoded ({_error_text(e)}); "
-                              "fix or remove the file", sid) from None
+        (w, h), fmt = check_image(data, which, sid=sid, max_pixels=self.config.max_image_pixels)
         side = self.config.max_image_side
         if side and max(w, h) > side:
-            data, (w, h) = _downscale(data, side, fmt)
+            data, (w, h) = downscale(data, side, fmt)
         return data, (w, h)
 
     def _tokens_for(self, w: int, h: int) -> int | tuple[int, int]:
@@ -554,11 +560,6 @@ def _load_tokenizer(name: str | os.PathLike[str] | None):
                           "name that is in the Hugging Face cache (runs are offline)") from None
 
 
-def _error_text(e: BaseException) -> str:
-    """The exception as text, without object addresses (drop details must be deterministic)."""
-    return f"{type(e).__name__}: " + re.sub(r"\s*<[^<>]* at 0x[0-9a-f]+>", "", str(e))
-
-
 def _load_processor(tokens_per_image: int | str | Any):
     """The image processor that counts image tokens (None for a fixed count); checked by SampleConfig."""
     if tokens_per_image is None or isinstance(tokens_per_image, int):
@@ -589,12 +590,3 @@ def _default_image_token(tokenizer, processor) -> str:
             return guess
     raise ConfigError("the tokenizer declares no image token; pass the model's image token with --image-token "
                       "(e.g. '<image>', '[IMG]', '<|image_pad|>')")
-
-
-def _downscale(data: bytes, side: int, fmt: str | None) -> tuple[bytes, tuple[int, int]]:
-    with Image.open(io.BytesIO(data)) as src:
-        img = src.convert("RGB") if fmt == "JPEG" else src.copy()
-        img.thumbnail((side, side), Image.Resampling.LANCZOS)
-        buf = io.BytesIO()
-        img.save(buf, format=fmt or "PNG", **({"quality": 90} if fmt == "JPEG" else {}))
-        return buf.getvalue(), img.size
