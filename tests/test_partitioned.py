@@ -16,7 +16,7 @@ import pytest
 
 from demo_job import demo_sources, read_files
 from driver_memory import DESCRIBE, spool
-from wdspack.errors import ConfigError, TooManyDropsError
+from wdspack.errors import ConfigError, Dropped, TooManyDropsError
 from wdspack.format.manifest import read_manifest
 from wdspack.format.pack import decode_pack
 from wdspack.ops.verify import verify_dataset
@@ -117,7 +117,8 @@ def test_drop_tolerance_and_several_sources(demo_data, sample_config, tmp_path):
         PackConfig(seq_len=64, plan_group_partitions=0)
 
 
-def _spool_ids(out: Location, ids_per_part: list[list[str]], lens: list[list[int]]) -> None:
+def _spool_ids(out: Location, ids_per_part: list[list[str]], lens: list[list[int]],
+              drops: dict[int, list[str]] | None = None) -> None:
     work = out.child(WORK_DIR)
     work.makedirs("spool")
     work.write_atomic("job.json", json.dumps({"fingerprint": "synthetic"}).encode())
@@ -126,13 +127,15 @@ def _spool_ids(out: Location, ids_per_part: list[list[str]], lens: list[list[int
         with SpoolWriter(str(work), i) as w:
             for sid, n in zip(ids, ns):
                 w.add(sid, tokens[:n], mask[:n], [], [])
+            for sid in (drops or {}).get(i, []):
+                w.drop(Dropped(sid, "unreadable_image", "image 0 cannot be decoded"))
             w.finish(DESCRIBE)
 
 
-def _job(folder: Path, parts: int, config: PackConfig, fingerprint: str = "synthetic"):
+def _job(folder: Path, parts: int, config: PackConfig, fingerprint: str = "synthetic", source_names=()):
     return run_job(Location(folder), fingerprint, lambda *a: None, [(i,) for i in range(parts)], config,
                    describe=lambda: DESCRIBE, sources=["synthetic"], provenance={}, resume=True, progress=False,
-                   start=0.0)
+                   start=0.0, source_names=source_names)
 
 
 def test_duplicate_ids_across_groups_are_dropped_like_the_global_plan(tmp_path):
@@ -153,6 +156,34 @@ def test_duplicate_ids_across_groups_are_dropped_like_the_global_plan(tmp_path):
     assert results["grouped_kept"] == results["global_kept"] == ["a", "b", "c", "d", "e", "f"]
     # the first copy is kept: a(10) b(20) c(40) d(60) e(90) f(100)
     assert results["grouped_tokens"] == results["global_tokens"] == 10 + 20 + 40 + 60 + 90 + 100
+
+
+def test_ids_two_sources_share_are_namespaced_like_the_global_plan(tmp_path):
+    # x: in A twice and in B; y: a sample in A, a measure drop in B; doc: pieces in A and B;
+    # w: in B and C; z: twice in A only (a plain duplicate)
+    ids = [["x", "y", "x"], ["z", "doc#0", "doc#1"], ["x", "w"], ["doc#0", "v"], ["w", "u"], ["u2", "z"]]
+    lens = [[10] * len(p) for p in ids]
+    sources = ["A", "A", "B", "B", "C", "A"]
+    results = {}
+    for name, group in (("global", None), ("grouped", 2)):
+        _spool_ids(Location(tmp_path / name), ids, lens, drops={3: ["y"]})
+        config = PackConfig(seq_len=256, plan_group_partitions=group, run=RunOptions(max_drop_fraction=1))
+        _job(tmp_path / name, len(ids), config, source_names=sources)
+        lines = (tmp_path / name / "dropped.jsonl").read_text().splitlines()
+        results[name] = sorted((d["id"], d["reason"], d["detail"]) for d in map(json.loads, lines))
+        results[name + "_kept"] = sorted(s for p in _read_packs(tmp_path / name) for s in p.sample_ids)
+    assert results["grouped_kept"] == results["global_kept"] == sorted(
+        ["A/x", "A/y", "z", "A/doc#0", "A/doc#1", "B/x", "B/w", "B/doc#0", "v", "C/w", "u", "u2"])
+    assert [d[:2] for d in results["grouped"]] == [("A/x", "duplicate_id"), ("B/y", "unreadable_image"),
+                                                   ("z", "duplicate_id")]
+    assert results["grouped"] == results["global"]
+    assert "id 'A/x' is used by more than one record of source 'A'" in results["grouped"][0][2]
+    # one source: nothing is renamed, and no sources file is written
+    _spool_ids(Location(tmp_path / "one"), ids, lens)
+    _job(tmp_path / "one", len(ids), PackConfig(seq_len=256, plan_group_partitions=2,
+                                                run=RunOptions(max_drop_fraction=1)), source_names=["A"] * len(ids))
+    assert sorted(s for p in _read_packs(tmp_path / "one") for s in p.sample_ids) == [
+        "doc#0", "doc#1", "u", "u2", "v", "w", "x", "y", "z"]
 
 
 @pytest.mark.slow  # two 200 k-sample jobs
@@ -193,3 +224,24 @@ def test_reshard_into_groups_keeps_every_sample_and_drop(global_plan, tmp_path):
         rt["samples_read"], rt["samples_dropped"], rt["dropped_by_reason"])
     assert summary.samples_packed == rt["samples_packed"]
     assert (out / "dropped.jsonl").read_text() == (ref / "dropped.jsonl").read_text()
+
+
+def test_several_real_sources_sharing_ids_pack_as_the_global_plan(demo_data, sample_config, tmp_path):
+    """The demo's two sources plus a copy of one under another name (every id shared with it):
+    grouped, the job packs and drops the global plan's samples under the same names, and verifies."""
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "images").symlink_to(demo_data / "images")
+    (copy / "again.jsonl").write_bytes((demo_data / "llava.jsonl").read_bytes())
+    sources = [*demo_sources(demo_data), str(copy / "again.jsonl")]
+    runs = {}
+    for name, config in (("grouped", _grouped()), ("global", _config(records_per_partition=10))):
+        pack_dataset(sources, tmp_path / name, sample_config=sample_config, config=config)
+        drops = [json.loads(line) for line in (tmp_path / name / "dropped.jsonl").read_text().splitlines()]
+        runs[name] = (_samples(tmp_path / name), sorted((d["id"], d["reason"]) for d in drops))
+    assert runs["grouped"] == runs["global"]
+    ids = set(runs["grouped"][0])
+    shared = sorted(i for i in ids if i.endswith("/llava-00000"))  # one per source that holds it
+    assert len(shared) == 2 and shared[0] != shared[1] and not any(i.startswith("llava-") for i in ids)
+    assert any(i.startswith("msg-") for i in ids)  # ids of one source only keep their name
+    assert verify_dataset(str(tmp_path / "grouped"), sources=sources) == []

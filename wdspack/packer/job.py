@@ -62,7 +62,7 @@ from ..format.tar import ShardWriter, shard_name
 from ..storage.location import Location, stat_tag
 from .config import PackConfig, PackSummary
 from .executors import ProgressLog, check_executor, progress_interval, run_tasks, shared_pool
-from .partitioned import check_sources, plan_partitioned
+from .partitioned import plan_partitioned
 from .samples import SampleConfig, get_builder
 from .selection import Measured, assign_shards, check_drops, plan_selected, select_samples, write_dropped
 from .sources import Partition, Source, TextRecord, iter_records, list_partitions
@@ -217,7 +217,6 @@ def _run_partitioned(out: Location, work: Location, measure: Callable[..., Any],
                      samples_read: int | None, source_names: Sequence[str]) -> PackSummary:
     """:func:`run_job` with ``plan_group_partitions``: measure, then plan and write in groups
     (:mod:`.partitioned`); the driver holds per-group and per-shard state only."""
-    check_sources(source_names)
     done = work.listdir("spool")
     todo = [t + (str(work),) for t in tasks if meta_name(t[0]) not in done]
     for _ in _run(measure, todo, config, total=len(todo), desc="measure", unit="part", progress=progress):
@@ -234,7 +233,7 @@ def _run_partitioned(out: Location, work: Location, measure: Callable[..., Any],
 
     result, records, n_dropped, entry = plan_partitioned(
         out, work, len(tasks), config, token_dtype=info["tokenizer"]["token_dtype"], run=run, carried=carried,
-        check=check)
+        check=check, source_names=source_names)
     read = records if samples_read is None else samples_read
     dropped_counts = Counter(json.loads(line)["reason"] for line in _lines(out, DROPPED_NAME))
     manifest = _build_manifest(sources, config, info, list(result.shards), read, [], provenance,

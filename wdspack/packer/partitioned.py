@@ -20,7 +20,11 @@ it differs from the global plan's (other shard names and pack order), which is w
 output-deciding one. A group's shards and ``plan/done-{g}`` appear only when it is complete, so a
 killed job resumed redoes only unfinished groups.
 
-Limits: ids that two sources share are not namespaced here (the job refuses several sources);
+Several sources: an id that two sources share becomes ``{source}/{id}`` in both, as the global plan
+names it. The ids (and the ids of records the measure stage dropped) are bucketed by their collision
+key (a split document's pieces ``{id}#{k}`` count as ``id``), so a bucket task sees every source an id
+comes from; it writes the renames with the repeats, and the select and plan tasks apply them. Which
+source each partition reads is one small file, ``plan/sources`` (the names and an index per partition).
 ``dropped.jsonl`` lists drops group by group.
 """
 
@@ -46,6 +50,7 @@ from ..format.tar import ShardWriter
 from ..storage.location import Location
 from .config import PackConfig
 from .selection import assign_shards, plan_selected
+from .sources.meta import collision_key, namespaced
 from .spool import SpoolReader, assemble_pack, read_meta
 
 __all__ = ["BUCKETS", "GroupResult", "group_shard_name", "plan_partitioned"]
@@ -83,13 +88,40 @@ def _bucket_of(sample_id: str) -> int:
     return zlib.crc32(sample_id.encode()) % BUCKETS
 
 
+def _write_sources(work: Location, source_names: Sequence[str]) -> bool:
+    """``plan/sources`` for a job of several sources (the distinct names, each partition's index);
+    False, and no file, for one source."""
+    names = sorted(set(source_names))
+    if len(names) < 2:
+        return False
+    at = {n: k for k, n in enumerate(names)}
+    index = np.fromiter((at[n] for n in source_names), np.uint32, count=len(source_names))
+    work.write_atomic("plan/sources", msgpack.packb({"names": names, "index": index.tobytes()}, use_bin_type=True))
+    return True
+
+
+def _read_sources(loc: Location) -> Callable[[int], str] | None:
+    """Partition -> its source's name, in a job of several sources; None in a job of one."""
+    if not loc.exists("plan/sources"):
+        return None
+    data = msgpack.unpackb(loc.read_bytes("plan/sources"), raw=False)
+    names, index = data["names"], np.frombuffer(data["index"], np.uint32)
+    return lambda part: names[int(index[part])]
+
+
 def _bucket_task(g: int, parts: Sequence[int], work: str) -> int:
-    """Write the group's ``(id, part, row)`` triples into one file per bucket."""
+    """Write the group's ``(id, part, row)`` triples into one file per bucket, by collision key; with
+    several sources the measure drops too (row ``-1 - k`` for the part's ``k``-th drop): an id a
+    dropped record holds in one source is namespaced in the other as well, as the global plan does."""
     loc = Location(work)
+    several = loc.exists("plan/sources")
     buckets: list[list[list[Any]]] = [[[], [], []] for _ in range(BUCKETS)]
     for i in parts:
-        for row, sid in enumerate(read_meta(loc, i)["ids"]):
-            cols = buckets[_bucket_of(sid)]
+        meta = read_meta(loc, i)
+        rows = enumerate(meta["ids"])
+        drops = ((-1 - k, d[0]) for k, d in enumerate(meta["dropped"])) if several else ()
+        for row, sid in itertools.chain(rows, drops):
+            cols = buckets[_bucket_of(collision_key(sid))]
             cols[0].append(sid)
             cols[1].append(i)
             cols[2].append(row)
@@ -99,18 +131,35 @@ def _bucket_task(g: int, parts: Sequence[int], work: str) -> int:
 
 
 def _duplicate_task(b: int, groups: int, work: str) -> int:
-    """Find the repeats of bucket ``b``: every copy of an id but the first in input order."""
+    """Bucket ``b``'s renames (with several sources: every copy of an id two sources share, as
+    ``{source}/{id}``) and repeats (every copy of an id, renamed, but the first in input order)."""
     loc = Location(work)
-    first: dict[str, tuple[int, int]] = {}
-    repeats: list[tuple[int, int]] = []
+    source_of = _read_sources(loc)
+    entries: list[tuple[str, int, int]] = []
     for g in range(groups):  # groups, parts and rows ascend: the first seen is the first in input order
         ids, parts, rows = msgpack.unpackb(loc.read_bytes(f"plan/ids-{g:06d}-{b:04d}"), raw=False)
-        for sid, p, r in zip(ids, parts, rows):
-            if sid in first:
-                repeats.append((p, r))
-            else:
-                first[sid] = (p, r)
-    loc.write_atomic(f"plan/dup-{b:04d}", msgpack.packb(repeats, use_bin_type=True))
+        entries.extend(zip(ids, parts, rows))
+    renames: list[tuple[int, int, str]] = []
+    if source_of is not None:
+        owner: dict[str, str | None] = {}  # collision key -> its one source, or None once a second is seen
+        for sid, p, _ in entries:
+            key, source = collision_key(sid), source_of(p)
+            if owner.setdefault(key, source) not in (source, None):
+                owner[key] = None
+        for k, (sid, p, r) in enumerate(entries):
+            if owner[collision_key(sid)] is None:
+                entries[k] = (namespaced(source_of(p), sid), p, r)
+                renames.append((p, r, entries[k][0]))
+    first: set[str] = set()
+    repeats: list[tuple[int, int]] = []
+    for sid, p, r in entries:
+        if r < 0:  # a measure drop: named above, never a repeat
+            continue
+        if sid in first:
+            repeats.append((p, r))
+        else:
+            first.add(sid)
+    loc.write_atomic(f"plan/dup-{b:04d}", msgpack.packb({"repeats": repeats, "renames": renames}, use_bin_type=True))
     return len(repeats)
 
 
@@ -119,29 +168,33 @@ def _group_table(loc: Location, parts: Sequence[int], seq_len: int,
     """The group's samples as a table (ids, integer columns, keep), and its drops in input order:
     the measure drops, then duplicates and samples over a budget, as :func:`select_samples` gives them."""
     repeats: set[tuple[int, int]] = set()
+    renames: dict[tuple[int, int], str] = {}
     first, last = parts[0], parts[-1]
     for b in range(BUCKETS):
-        repeats.update((p, r) for p, r in msgpack.unpackb(loc.read_bytes(f"plan/dup-{b:04d}"), raw=False)
-                       if first <= p <= last)
+        dup = msgpack.unpackb(loc.read_bytes(f"plan/dup-{b:04d}"), raw=False)
+        repeats.update((p, r) for p, r in dup["repeats"] if first <= p <= last)
+        renames.update(((p, r), sid) for p, r, sid in dup["renames"] if first <= p <= last)
+    source_of = _read_sources(loc)
     ids: list[str] = []
     cols: dict[str, list[np.ndarray]] = {c: [] for c in (*_COLUMNS, "part")}
     dropped: list[Dropped] = []
     for i in parts:
         meta = read_meta(loc, i)
-        ids.extend(meta["ids"])
+        ids.extend(renames.get((i, r), sid) for r, sid in enumerate(meta["ids"]))
         for c in _COLUMNS:
             cols[c].append(np.frombuffer(meta[c], np.int64))
         cols["part"].append(np.full(len(meta["ids"]), i, np.int64))
-        dropped.extend(Dropped(*d) for d in meta["dropped"])
+        dropped.extend(Dropped(renames.get((i, -1 - k), d[0]), *d[1:]) for k, d in enumerate(meta["dropped"]))
     cat = {c: np.concatenate(v) if v else np.zeros(0, np.int64) for c, v in cols.items()}
     keep = np.ones(len(ids), bool)
     rows = np.concatenate([np.arange(len(x)) for x in cols["tokens"]]) if ids else np.zeros(0, np.int64)
     for j, sid in enumerate(ids):
         if (int(cat["part"][j]), int(rows[j])) in repeats:
             keep[j] = False
-            dropped.append(Dropped(sid, "duplicate_id", f"id {sid!r} is used by more than one record; the first "
-                                   "is kept: give every record its own 'id' (or remove the 'id' fields to name "
-                                   "records '{file}:{row}')"))
+            where = f" of source {source_of(int(cat['part'][j]))!r}" if source_of is not None else ""
+            dropped.append(Dropped(sid, "duplicate_id", f"id {sid!r} is used by more than one record{where}; the "
+                                   "first is kept: give every record its own 'id' (or remove the 'id' fields to "
+                                   "name records '{file}:{row}')"))
         elif cat["tokens"][j] > seq_len:
             keep[j] = False
             dropped.append(Dropped(sid, "too_long", f"{int(cat['tokens'][j])} tokens > seq_len {seq_len}; "
@@ -218,7 +271,8 @@ def _read_done(work: Location, g: int) -> dict[str, Any]:
 
 def plan_partitioned(out: Location, work: Location, parts: int, config: PackConfig, *, token_dtype: str,
                      run: Callable[..., Iterable[Any]], carried: Sequence[Dropped],
-                     check: Callable[[list[Dropped], int, int], None]) -> tuple[GroupResult, int, int, dict[str, Any]]:
+                     check: Callable[[list[Dropped], int, int], None],
+                     source_names: Sequence[str] = ()) -> tuple[GroupResult, int, int, dict[str, Any]]:
     """Plan and write ``parts`` measured partitions in groups; write ``dropped.jsonl`` and the pack index.
 
     ``run(fn, tasks, desc)`` runs tasks on the job's executor (results in order); ``check(drops,
@@ -238,6 +292,7 @@ def plan_partitioned(out: Location, work: Location, parts: int, config: PackConf
     present = work.listdir("plan")
     todo = [g for g in range(len(groups)) if f"done-{g:06d}" not in present]
     if todo:  # a job whose groups are all written needs no selection again
+        _write_sources(work, source_names)
         for _ in run(_bucket_task, [(g, p, str(work)) for g, p in enumerate(groups)], "bucket"):
             pass
         for _ in run(_duplicate_task, [(b, len(groups), str(work)) for b in range(BUCKETS)], "duplicates"):
@@ -282,14 +337,6 @@ def plan_partitioned(out: Location, work: Location, parts: int, config: PackConf
     out.commit(f".{INDEX_NAME}.tmp", INDEX_NAME)
     entry = {"file": INDEX_NAME, "columns": list(COLUMNS), "bytes": size, "sha256": digest.hexdigest()}
     return GroupResult(tuple(shards), *maxima), records, drops, entry
-
-
-def check_sources(source_names: Sequence[str]) -> None:
-    """Refuse several sources: their shared ids are namespaced by the global plan only."""
-    if len(set(source_names)) > 1:
-        raise ConfigError("plan_group_partitions (partitioned planning) packs one source per job: ids two sources "
-                          "share are namespaced by the global plan only; pack each source on its own, or leave "
-                          "plan_group_partitions unset")
 
 
 def _raise_first(dropped: list[Dropped], on_error: str) -> None:
