@@ -177,6 +177,37 @@ def test_ray_reads_and_writes_s3_like_local(s3, local, remote_demo, sample_confi
     assert all(files[n] == expected[n] for n in expected if n.endswith(".tar"))
 
 
+def test_partitioned_job_on_ray_and_s3_equals_local(s3, remote_demo, demo_data, sample_config, tmp_path_factory):
+    """Planning in groups (``plan_group_partitions``) with Ray workers reading and writing S3: the
+    bucket, duplicate, select and plan tasks share the work folder on S3 (``plan/*``), and the shards
+    and drops equal the same grouped job run by the local executor on local disk."""
+    ray = pytest.importorskip("ray")
+    _, fs = s3
+    grouped = dict(plan_group_partitions=2, records_per_partition=20)
+    local_out = tmp_path_factory.mktemp("grouped-local") / "ds"
+    pack_dataset(demo_sources(demo_data), local_out, sample_config=sample_config, config=_config(**grouped))
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=str(tmp_path_factory.mktemp("ray")),
+             log_to_driver=False, logging_level=logging.ERROR, object_store_memory=100 * 2**20)
+    try:
+        url = f"s3://{BUCKET}/ray-grouped"
+        sources = [f"{remote_demo}/llava.jsonl", f"{remote_demo}/messages.jsonl"]
+        pack_dataset(sources, url, sample_config=sample_config, config=_config({"executor": "ray"}, **grouped))
+    finally:
+        ray.shutdown()
+    files, expected = _remote_files(fs, url), read_files(local_out)
+    tars = [n for n in expected if n.endswith(".tar")]
+    assert len({n.split("-")[1] for n in tars}) > 1, "several groups wrote shards"
+    assert [n for n in files if n.endswith(".tar")] == tars
+    assert all(files[n] == expected[n] for n in tars)
+
+    def drops(data: bytes) -> list[tuple[str, str]]:  # the details name the file where it is (a path, a URL)
+        return [(d["id"], d["reason"]) for d in map(json.loads, data.splitlines())]
+    assert drops(files["dropped.jsonl"]) == drops(expected["dropped.jsonl"]) and drops(expected["dropped.jsonl"])
+    assert not any(n.startswith(".wdspack") or "/" in n for n in files), "the work folder is removed"
+
+
 def test_remote_errors_name_the_url_and_the_fix(s3, remote_demo, sample_config, tmp_path):
     with pytest.raises(SourceError, match="does not exist"):
         list_partitions([f"s3://{BUCKET}/nothing-here.jsonl"])
