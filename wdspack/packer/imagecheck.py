@@ -7,9 +7,10 @@ Huffman-decodes every entropy-coded byte, so it fails exactly where the full dec
 third of the cost. ``tests/test_imagecheck.py`` holds the verdict to a full decode's over 3,000
 corrupted JPEGs of six layouts (the same verdict on every one; 7,200 in a wider run, likewise).
 
-A JPEG goes first through libjpeg-turbo by ``simplejpeg`` (header, then a 1/8-scale decode in
-*strict* mode: any warning of corrupt data is an error), half the cost again of Pillow's draft
-decode. A strict pass is a clean file, one Pillow decodes too; anything strict mode refuses (a
+A JPEG goes first through libjpeg-turbo by ``simplejpeg`` (header, then a 1/8-scale decode to
+grey in *strict* mode: any warning of corrupt data is an error; every component's coefficients are
+still entropy-decoded, only the colour planes' inverse DCT is skipped), half the cost of Pillow's
+draft decode. A strict pass is a clean file, one Pillow decodes too; anything strict mode refuses (a
 corrupt but decodable file, a CMYK or 12-bit JPEG, a size over Pillow's bomb limit), every other
 format, and a machine without ``simplejpeg`` get Pillow's own check (``Image.open`` then a draft
 decode), so the verdict, and the drop reason, are always Pillow's.
@@ -58,7 +59,7 @@ def _strict_jpeg(data: bytes, max_pixels: int) -> tuple[int, int] | None:
         h, w, _, _ = _simplejpeg.decode_jpeg_header(data)
         if w * h > min(max_pixels, _bomb_limit()) or w < 1 or h < 1:
             return None  # Pillow's path names the limit in its message
-        _simplejpeg.decode_jpeg(data, min_height=1, min_width=1, strict=True)
+        _simplejpeg.decode_jpeg(data, colorspace="GRAY", min_height=1, min_width=1, strict=True)
     except Exception:  # strict mode refuses warnings too: Pillow has the last word
         return None
     return w, h
