@@ -86,4 +86,5 @@ def test_bench_quick_reports_sane_ratios(tmp_path):
         assert row["floor_sps"] > 0 and row["measure_sps"] > 0 and row["pack_sps"] > 0
         # the pack job does the floor's work and more: a ratio far above 1 means the floor skipped work
         assert 0 < row["pack_vs_floor"] < 1.5 and 0 < row["measure_vs_floor"] < 1.5, row
+        assert 0 < row["pack_vs_floor_median"] < 1.5 and 0 < row["measure_vs_floor_median"] < 1.5, row
     assert 1 <= result["chat"]["rounds_mean"] <= 5

@@ -21,8 +21,9 @@
 3. **Captions (WebDataset shards).** ``.jpg`` + ``.txt`` pairs; the floor tokenizes each caption
    once; the pack job and its measure stage as above.
 
-Each figure is samples per CPU second of this process (the best of ``--repeats`` passes); ratios are
-pack / floor.
+Each figure is samples per CPU second of this process, the best of ``--repeats`` rounds that run the
+floor, the measure stage and the pack job in turn (so drift in this host's speed touches all three);
+ratios are pack / floor, and ``*_vs_floor_median`` the median of each round's own ratio.
 """
 
 from __future__ import annotations
@@ -173,11 +174,13 @@ def chat_stages(builder, path: Path, repeats: int) -> dict:
     checked = [(r, builder._prepare_images(r.images, r.sample_id)) for r in records]
     messages = [[builder._message(m) for m in r.messages] for r in records]
 
-    def text() -> None:
-        for (r, (images, counts)), m in zip(checked, messages):
-            t, spans = builder._render(m, r.sample_id)
-            ids, offsets = builder._encoder(t)
-            builder._expand(r.sample_id, ids, span_mask(offsets, spans), images, counts)
+    def text() -> None:  # in the job's stages (SampleBuilder.build_chats): render 128, tokenize them, finish them
+        for a in range(0, len(records), 128):
+            chunk = list(zip(checked[a:a + 128], messages[a:a + 128]))
+            rendered = [builder._render(m, r.sample_id) for (r, _), m in chunk]
+            encoded = [builder._encoder(t) for t, _ in rendered]
+            for ((r, (images, counts)), _), (_, spans), (ids, offsets) in zip(chunk, rendered, encoded):
+                builder._expand(r.sample_id, ids, span_mask(offsets, spans), images, counts)
 
     n = len(records) / 1000
     return {"read_ms": _best(lambda: [r for p in parts for r in iter_records(p)], repeats) * 1000 / n,
@@ -237,11 +240,10 @@ def bench(n_chat: int, n_captions: int, repeats: int, work: Path, n_processor: b
     convs, floor = chat_floor(builder, path)
     floor()  # warm-up: the template compiled, the page cache filled
     row = {"records": n_chat, "rounds_mean": round(float(np.mean([len(c) / 2 for c in convs])), 2)}
-    row["floor_sps"] = n_chat / _best(floor, repeats)
-    row["measure_sps"] = n_chat / _best(measure_stage([str(path)], chat_cfg, config, work / "spool-chat"), repeats)
+    row.update(_rounds(n_chat, repeats, floor, measure_stage([str(path)], chat_cfg, config, work / "spool-chat"),
+                       pack_run([str(path)], chat_cfg, config, work / "out-chat")))
     row["stages_ms_per_1000"] = {k: round(v, 1) for k, v in chat_stages(builder, path, repeats).items()}
     row["stages_ms_per_1000"]["floor_ms"] = round(1e6 / row["floor_sps"], 1)
-    row["pack_sps"] = n_chat / _best(pack_run([str(path)], chat_cfg, config, work / "out-chat"), repeats)
     result["chat"] = _ratios(row)
 
     if n_processor:
@@ -253,10 +255,9 @@ def bench(n_chat: int, n_captions: int, repeats: int, work: Path, n_processor: b
                                                              work / "qwen-processor")))
         floor = processor_floor(get_builder(proc_cfg), path)
         floor()
-        row = {"records": n_chat, "floor_sps": n_chat / _best(floor, repeats)}
-        row["measure_sps"] = n_chat / _best(measure_stage([str(path)], proc_cfg, config, work / "spool-proc"),
-                                            repeats)
-        row["pack_sps"] = n_chat / _best(pack_run([str(path)], proc_cfg, config, work / "out-proc"), repeats)
+        row = {"records": n_chat, **_rounds(n_chat, repeats, floor,
+                                            measure_stage([str(path)], proc_cfg, config, work / "spool-proc"),
+                                            pack_run([str(path)], proc_cfg, config, work / "out-proc"))}
         result["processor"] = _ratios(row)
 
     if n_captions:
@@ -266,11 +267,27 @@ def bench(n_chat: int, n_captions: int, repeats: int, work: Path, n_processor: b
         shards = make_captions(work / "captions", n_captions)
         floor = caption_floor(get_builder(cap_cfg), shards)
         floor()
-        row = {"records": n_captions, "floor_sps": n_captions / _best(floor, repeats)}
-        row["measure_sps"] = n_captions / _best(measure_stage(shards, cap_cfg, config, work / "spool-cap"), repeats)
-        row["pack_sps"] = n_captions / _best(pack_run(shards, cap_cfg, config, work / "out-cap"), repeats)
+        row = {"records": n_captions, **_rounds(n_captions, repeats, floor,
+                                                measure_stage(shards, cap_cfg, config, work / "spool-cap"),
+                                                pack_run(shards, cap_cfg, config, work / "out-cap"))}
         result["captions"] = _ratios(row)
     return result
+
+
+def _rounds(n: int, repeats: int, floor, measure, pack) -> dict:
+    """Floor, measure and pack run in turn, ``repeats`` rounds: this host's speed drifts by tens of
+    percent within minutes, so the three share each stretch of it. The best of each, and per round
+    the ratios to that round's floor (their median says how much the drift moved them)."""
+    times: dict[str, list[float]] = {"floor": [], "measure": [], "pack": []}
+    for _ in range(repeats):
+        for name, fn in (("floor", floor), ("measure", measure), ("pack", pack)):
+            t = time.process_time()
+            fn()
+            times[name].append(time.process_time() - t)
+    out = {f"{k}_sps": n / min(v) for k, v in times.items()}
+    for k in ("measure", "pack"):
+        out[f"{k}_vs_floor_median"] = round(float(np.median([f / t for f, t in zip(times["floor"], times[k])])), 3)
+    return out
 
 
 def _ratios(row: dict) -> dict:
@@ -285,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=2000, help="LLaVA records")
     ap.add_argument("--captions", type=int, default=2000, help="caption pairs (0: skip)")
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3, help="rounds of floor, measure and pack, in turn")
     ap.add_argument("--no-processor", action="store_true", help="skip the processor-mode row")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 120 records, 120 captions, one pass")
     ap.add_argument("--json", help="write the figures here")
