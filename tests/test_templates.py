@@ -149,6 +149,22 @@ def test_a_template_without_an_end_of_turn_token_is_warned_about(nemo_config):
     assert get_builder(nemo_config).template_warnings() == []  # turns end in </s>
 
 
+def test_a_turn_ending_in_its_special_token_and_a_newline_is_not_warned_about(tmp_path):
+    """Qwen's turns end ``<|im_end|>\n``: the newline after the end-of-turn token is no reason to warn."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    from tiny_vlm import qwen2_5_vl
+    from wdspack.models import save_processor
+
+    folder = save_processor(qwen2_5_vl.processor(tmp_path / "tok"), tmp_path / "processor")
+    qwen = SampleBuilder(SampleConfig(processor=str(folder)))
+    text, spans = qwen._render([qwen._message({"role": "user", "content": [{"type": "text", "text": "Hi"}]}),
+                                qwen._message({"role": "assistant", "content": [{"type": "text", "text": "Yo"}]})], "p")
+    assert text[spans[0][0]:spans[0][1]] == "Yo<|im_end|>\n"
+    assert qwen.template_warnings() == []
+
+
 def test_the_pack_job_logs_the_template_warning_once(tmp_path, nemo_config, caplog):
     import sys
 

@@ -395,7 +395,9 @@ class SampleBuilder:
         except (SampleError, ConfigError):
             return []  # a template that cannot render a plain chat fails on the records themselves
         enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        last = [i for i, (a, b) in enumerate(enc["offset_mapping"]) if b > a and a >= spans[0][0] and b <= spans[0][1]]
+        # the turn's last token that is not only whitespace (Qwen's turns end "<|im_end|>\n")
+        last = [i for i, (a, b) in enumerate(enc["offset_mapping"])
+                if b > a and a >= spans[0][0] and b <= spans[0][1] and text[a:b].strip()]
         special = set(self.tokenizer.all_special_ids) | {
             i for i, t in self.tokenizer.added_tokens_decoder.items() if getattr(t, "special", False)}
         if last and enc["input_ids"][last[-1]] in special:
