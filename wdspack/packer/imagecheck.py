@@ -4,8 +4,8 @@ Every image of a pack job is checked once before it is packed: its size against 
 and that it decodes (a file that does not would fail the training step that reads it). A full
 decode is the costliest part of a pack job's CPU time; a JPEG decoded at 1/8 scale reads and
 Huffman-decodes every entropy-coded byte, so it fails exactly where the full decode fails, at a
-third of the cost. ``tests/test_imagecheck.py`` holds the verdict to a full decode's over 3,000
-corrupted JPEGs of six layouts (the same verdict on every one; 7,200 in a wider run, likewise).
+third of the cost. ``tests/test_imagecheck.py`` holds the verdict to a full decode's over 3,060
+intact and corrupted JPEGs of six layouts (the same verdict on every one; 7,320 in a wider run, likewise).
 
 A JPEG goes first through libjpeg-turbo by ``simplejpeg`` (header, then a 1/8-scale decode to
 grey in *strict* mode: any warning of corrupt data is an error; every component's coefficients are

@@ -392,10 +392,10 @@ def _built(builder: Any, items: Iterable[Any], chunk: int = 128) -> Iterator[tup
     records (captions, documents), which :func:`~.text.build_samples` builds one by one."""
     it = iter(items)
     while batch := tuple(itertools.islice(it, chunk)):
-        chats = [x for x in batch if not isinstance(x, Dropped) and not hasattr(x, "segments")]
-        built = iter(builder.build_chats(chats))
-        for x in batch:
-            yield x, (None if isinstance(x, Dropped) or hasattr(x, "segments") else next(built))
+        chat = [not isinstance(x, Dropped) and not hasattr(x, "segments") for x in batch]  # as build() tells
+        built = iter(builder.build_chats([x for x, c in zip(batch, chat) if c]))
+        for x, c in zip(batch, chat):
+            yield x, (next(built) if c else None)
 
 
 def _whole_document_over_budget(record: Any, sample: Any, *, seq_len: int, max_images: int | None) -> Dropped | None:
