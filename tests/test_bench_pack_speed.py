@@ -49,16 +49,52 @@ def test_one_render_spans_are_the_prefix_spans(name, tmp_path, tekken_dir, nemo_
     template = {"pixtral": pixtral_template, "qwen2.5": QWEN25_TEMPLATE, "mistral-nemo": MISTRAL_NEMO_TEMPLATE}[name]
     builder = get_builder(SampleConfig(str(nemo_dir if name == "mistral-nemo" else tekken_dir),
                                        chat_template=template, tokens_per_image=4, image_token="[IMG]"))
-    fast = 0
+    fast = once = 0
     for k, raw in enumerate(_conversations(tmp_path, 60)):
         messages = [builder._message(m) for m in raw]
         one = builder._render(messages, f"s{k}")
         assert one == builder._render(messages, f"s{k}", one_render=False), (name, k)
-        fast += builder._one_render(messages, one[0]) is not None
+        fast += builder._one.spans(messages, one[0]) is not None
+        once += builder._one.once(messages) is not None
     if name != "mistral-nemo":  # prefix-stable: nearly every record takes one rendering
-        assert fast >= 48, (name, fast, builder._layouts)
+        assert fast >= 48, (name, fast, builder._one._layouts)
     else:  # its system prompt moves into the last user turn: those records take the prefix renderings
-        assert builder._layouts[True] is None
+        assert builder._one._layouts[True] is None
+    # the marked rendering alone: where the template does not look at the words (pixtral prints them;
+    # the Qwen2.5 template strips them, so its records are rendered twice)
+    assert once >= 48 if name == "pixtral" else once <= fast, (name, once, fast)
+    assert builder._one._checks is not None  # the records rendered both ways agreed
+
+
+def test_a_template_that_looks_at_the_words_renders_them_twice(tekken_dir):
+    """Words strip(), compared, tested for a prefix or measured: that record takes the plain rendering
+    too; and a template that changes them out of sight (``~`` then a filter) is caught by the first checks."""
+    looks = {
+        "strip": "{{ m.content | trim }}",
+        "compare": "{% if m.content == 'x' %}X{% endif %}{{ m.content }}",
+        "truth": "{% if m.content %}{{ m.content }}{% endif %}",
+        "search": "{% if '<think>' in m.content %}T{% endif %}{{ m.content }}",
+        "split": "{{ m.content.split('</think>')[-1] }}",
+        "length": "{{ m.content }}{{ m.content | length }}",
+    }
+    head = "{% for m in messages %}{% if m.role == 'user' %}[INST]{{ m.content }}[/INST]{% else %}"
+    tail = "</s>{% endif %}{% endfor %}"
+    chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "  Hello there  "}]
+    for name, words in looks.items():
+        builder = get_builder(SampleConfig(str(tekken_dir), chat_template=head + words + tail, tokens_per_image=4,
+                                           image_token="[IMG]"))
+        builder._render(chat, "warm-up")  # the renderer checks itself on its first rendering
+        assert builder._one.once(chat) is None, name
+        assert builder._render(chat, "s") == builder._render(chat, "s", one_render=False), name
+    printed = get_builder(SampleConfig(str(tekken_dir), chat_template=head + "{{ m.content }}" + tail,
+                                       tokens_per_image=4, image_token="[IMG]"))
+    printed._render(chat, "warm-up")
+    assert printed._one.once(chat) == printed._render(chat, "s", one_render=False)
+    hidden = get_builder(SampleConfig(str(tekken_dir), chat_template=head + "{{ ('' ~ m.content) | trim }}" + tail,
+                                      tokens_per_image=4, image_token="[IMG]"))
+    hidden._render(chat, "warm-up")
+    assert hidden._one.once(chat) is None and hidden._one._checks is None  # caught on a first record: off
+    assert hidden._render(chat, "s") == hidden._render(chat, "s", one_render=False)
 
 
 def test_one_render_refuses_what_it_cannot_vouch_for():

@@ -103,6 +103,16 @@ class ChatRenderer:
         return text
 
 
+    def marked(self, messages: list[dict], plain: list[dict]) -> str | None:
+        """The compiled template's rendering of ``messages`` (``plain`` with the assistant words
+        marked: :class:`~wdspack.packer.render.Words`), no generation prompt; None where the shortcut
+        is off, not yet checked, or would not take ``plain``."""
+        if self._compiled is None or not self._checked or not _plain(plain):
+            return None
+        return str(self._compiled.render(messages=messages, tools=None, documents=None, add_generation_prompt=False,
+                                         **self._variables))
+
+
 class TextEncoder:
     """Token ids and character offsets of a text, ``add_special_tokens=False``: what
     ``tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)`` gives (see the module).

@@ -22,10 +22,12 @@ calling, the prefix renderings decide, as before.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["CLOSE", "OPEN", "Layout", "learn_layout", "mark_assistant", "spans_from_marked", "typed_content"]
+__all__ = ["CLOSE", "OPEN", "Layout", "OneRender", "Words", "learn_layout", "mark_assistant", "spans_from_marked",
+           "typed_content"]
 
 #: Wrap an assistant turn's words (private-use characters: in no real text).
 OPEN, CLOSE = "\ue001", "\ue002"
@@ -37,10 +39,70 @@ Layout = tuple[str, str]
 
 Apply = Callable[..., str]
 
+log = logging.getLogger(__name__)
 
-def mark_assistant(messages: list[dict]) -> list[dict] | None:
+#: What a template may do with an assistant turn's words and still render them unchanged between
+#: the markers: print them (``str``), add to them (the result is watched too), copy or pickle them.
+_UNSEEN = {"__str__", "__add__", "__radd__", "__new__", "__init__", "__getattribute__", "__setattr__",
+           "__delattr__", "__class__", "__init_subclass__", "__subclasshook__", "__dir__", "__sizeof__", "__repr__",
+           "__reduce__", "__reduce_ex__", "__getnewargs__", "__getstate__", "__doc__"}
+
+
+class Words(str):
+    """An assistant turn's marked words that note (into ``seen``) whatever a template does with them
+    besides printing them or adding to them: compare, test, measure, slice, strip, split, search
+    them. A template that does any of it may render other words differently with the markers in,
+    so that record takes the plain rendering as well. (Joined by ``~`` or a filter that takes
+    ``str()`` first, the result is a plain string: the first records of each builder are rendered
+    both ways to catch a template that looks at that, :class:`OneRender`.)
+
+    Example:
+        >>> seen = []
+        >>> w = Words("Hi", seen)
+        >>> str(w) is w, type(w + "</s>").__name__, seen
+        (True, 'Words', [])
+        >>> w.strip(), "H" in w, seen
+        ('Hi', True, ['strip', 'contains'])
+    """
+
+    def __new__(cls, text: str, seen: list[str]) -> Words:
+        self = super().__new__(cls, text)
+        self.seen = seen
+        return self
+
+    def __str__(self) -> str:
+        return self  # printed, or passed on by soft_str(): still watched
+
+    def __add__(self, other: str) -> Words:  # type: ignore[override]
+        return Words(str.__add__(str.__str__(self), other), self.seen)
+
+    def __radd__(self, other: str) -> Words:
+        return Words(str.__add__(other, str.__str__(self)), self.seen)
+
+    def __html__(self) -> str:  # Markup(), |safe, |e: a plain copy from here on
+        self.seen.append("__html__")
+        return str.__str__(self)
+
+
+def _noting(name: str) -> Callable[..., Any]:
+    method = getattr(str, name)
+
+    def call(self: Words, *args: Any, **kwargs: Any) -> Any:
+        self.seen.append(name.strip("_"))
+        return method(str.__str__(self), *args, **kwargs)
+    call.__name__ = name
+    return call
+
+
+for _name in dir(str):
+    if _name not in _UNSEEN and callable(getattr(str, _name)) and _name not in Words.__dict__:
+        setattr(Words, _name, _noting(_name))
+
+
+def mark_assistant(messages: list[dict], watch: list[str] | None = None) -> list[dict] | None:
     """The messages with each assistant turn's words wrapped in :data:`OPEN` / :data:`CLOSE`; None
     where a turn cannot be wrapped (tool calls, an image at either end, the markers in the text).
+    With ``watch``, the wrapped words are :class:`Words` noting into it what the template does with them.
 
     Example:
         >>> mark_assistant([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}])[1]
@@ -59,12 +121,15 @@ def mark_assistant(messages: list[dict]) -> list[dict] | None:
             continue
         if m.get("tool_calls") or m.get("function_call"):
             return None
+        wrap = str if watch is None else lambda text: Words(text, watch)
         if isinstance(content, str):
-            out.append({**m, "content": OPEN + content + CLOSE})
+            out.append({**m, "content": wrap(OPEN + content + CLOSE)})
         elif isinstance(content, list) and content and all(p.get("type") == "text" for p in (content[0], content[-1])):
             parts = [dict(p) for p in content]
             parts[0]["text"] = OPEN + parts[0].get("text", "")
             parts[-1]["text"] = parts[-1].get("text", "") + CLOSE
+            for p in (parts[0], parts[-1]):
+                p["text"] = wrap(p["text"])
             out.append({**m, "content": parts})
         else:
             return None
@@ -94,7 +159,8 @@ def _words(marked: str) -> tuple[str, list[tuple[int, int]]] | None:
     return "".join(pieces), words
 
 
-def spans_from_marked(text: str, marked: str, layout: Layout, turns: int) -> list[tuple[int, int]] | None:
+def spans_from_marked(text: str, marked: str, layout: Layout, turns: int,
+                      found: tuple[str, list[tuple[int, int]]] | None = None) -> list[tuple[int, int]] | None:
     """The assistant spans in ``text`` from its marked rendering, or None where the one-render path
     cannot vouch for them (the prefix renderings then decide).
 
@@ -102,7 +168,7 @@ def spans_from_marked(text: str, marked: str, layout: Layout, turns: int) -> lis
         >>> spans_from_marked("[/INST]Yo</s>", "[/INST]\\ue001Yo\\ue002</s>", ("", "</s>"), 1)
         [(7, 13)]
     """
-    found = _words(marked)
+    found = found or _words(marked)
     if found is None or found[0] != text or len(found[1]) != turns:
         return None
     head, tail = layout
@@ -114,6 +180,78 @@ def spans_from_marked(text: str, marked: str, layout: Layout, turns: int) -> lis
         spans.append((start - len(head), end + len(tail)))
         last = end + len(tail)
     return spans
+
+
+class OneRender:
+    """A record's text and assistant spans from its marked rendering alone (:meth:`once`), or its
+    spans from a marked rendering beside the plain one (:meth:`spans`); None where the one-render
+    path cannot vouch for them (the prefix renderings decide).
+
+    :meth:`once` renders through ``compiled`` (the compiled template, no generation prompt; None
+    where it is not to be used) with the words as :class:`Words`: a record whose words the template
+    looks at (strips, compares, tests) takes the plain rendering too. The first :data:`CHECKS`
+    records of each builder are rendered both ways; where they differ, every record is.
+
+    Example:
+        >>> one = OneRender(builder._apply, builder._message, builder._renderer.marked)  # doctest: +SKIP
+        >>> one.once([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}])  # doctest: +SKIP
+        ('<s>[INST]Hi[/INST]Yo</s>', [(18, 24)])
+    """
+
+    #: Records per builder rendered both ways before :meth:`once` is trusted alone.
+    CHECKS = 32
+
+    def __init__(self, apply: Apply, message: Callable[[dict], dict],
+                 compiled: Callable[[list[dict], list[dict]], str | None]) -> None:
+        self.apply, self.message, self.compiled = apply, message, compiled
+        self._layouts: dict[bool, Layout | None] | None = None
+        self._checks: int | None = self.CHECKS
+
+    def layout(self, messages: list[dict]) -> Layout | None:
+        if messages[0]["role"] == "assistant" or any(m["role"] == "tool" for m in messages):
+            return None
+        if self._layouts is None:  # learned once per builder, on the first chat
+            self._layouts = learn_layout(self.apply, self.message)
+        return self._layouts[any(m["role"] == "system" for m in messages)]
+
+    def spans(self, messages: list[dict], text: str) -> list[tuple[int, int]] | None:
+        layout = self.layout(messages)
+        marked = mark_assistant(messages) if layout is not None else None
+        if layout is None or marked is None:
+            return None
+        try:
+            other = self.apply(marked, generation_prompt=False)
+        except Exception:  # a template that refuses the marked words: the prefix renderings decide
+            return None
+        return spans_from_marked(text, other, layout, sum(m["role"] == "assistant" for m in messages))
+
+    def once(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]] | None:
+        layout = self.layout(messages) if self._checks is not None else None
+        seen: list[str] = []
+        marked = mark_assistant(messages, seen) if layout is not None else None
+        if layout is None or marked is None:
+            return None
+        try:
+            other = self.compiled(marked, messages)
+        except Exception:  # the plain rendering raises its own error
+            return None
+        found = _words(other) if other is not None and not seen else None
+        if found is None:
+            return None
+        text = found[0]
+        spans = spans_from_marked(text, other, layout, sum(m["role"] == "assistant" for m in messages), found)
+        if spans is not None and self._checks:
+            self._checks -= 1
+            try:
+                same = self.apply(messages, generation_prompt=False) == text
+            except Exception:
+                return None
+            if not same:
+                log.warning("the chat template renders differently with each assistant turn's words marked, though "
+                            "it does not look at them; every record is rendered twice")
+                self._checks = None
+                return None
+        return (text, spans) if spans is not None else None
 
 
 def _probes(message: Callable[[dict], dict]) -> dict[bool, list[list[dict]]]:

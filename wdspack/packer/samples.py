@@ -46,7 +46,7 @@ from ..format.pack import token_dtype_for
 from .fastpath import ChatRenderer, TextEncoder, span_mask
 from .imagecheck import check_image, downscale
 from .imagecheck import error_text as _error_text
-from .render import learn_layout, mark_assistant, spans_from_marked
+from .render import OneRender
 from .render import typed_content as _typed_content
 from .sources.documents import TextRecord
 from .text import PretrainConfig, build_text_sample
@@ -194,7 +194,7 @@ class SampleBuilder:
             raise ConfigError(f"image token {feature!r} is not a single token in the vocabulary of "
                               f"{self.name!r}; pass the model's image token with --image-token")
         self.feature_token, self.image_token_id = feature, int(ids[0])
-        self._layouts: dict[bool, Any] | None = None
+        self._one = OneRender(self._apply, self._message, self._renderer.marked)
         self.typed_images = self._template_renders_typed_images()
         self.tool_support = self._template_renders_tools()
 
@@ -327,11 +327,13 @@ class SampleBuilder:
         replaced by a marker) and found in the full text after the previous turn. A turn found in
         neither way (a template that rewrites earlier turns) drops its record, naming the turn.
         """
+        if one_render and not tools and (once := self._one.once(messages)) is not None:
+            return once  # the text and spans from the marked rendering alone (wdspack.packer.render)
         try:
             text = self._apply(messages, generation_prompt=False, tools=tools)
         except Exception as e:  # jinja raises on templates that reject a conversation shape
             raise SampleError("malformed_record", f"the chat template rejected the conversation: {e}", sid) from None
-        found = self._one_render(messages, text) if one_render and not tools else None
+        found = self._one.spans(messages, text) if one_render and not tools else None
         if found is not None:  # the same spans from one more rendering, not two per turn (wdspack.packer.render)
             return text, found
         spans: list[tuple[int, int]] = []
@@ -355,21 +357,6 @@ class SampleBuilder:
                                   "rewrites earlier turns); pass a template that does not (--chat-template)", sid)
             spans.append((at, at + len(turn)))
         return text, spans
-
-    def _one_render(self, messages: list[dict], text: str) -> list[tuple[int, int]] | None:
-        """The spans from one marked rendering where the template's layout vouches for them, else None."""
-        if messages[0]["role"] == "assistant" or any(m["role"] == "tool" for m in messages):
-            return None
-        if self._layouts is None:  # learned once per builder, on the first chat
-            self._layouts = learn_layout(self._apply, self._message)
-        layout = self._layouts[any(m["role"] == "system" for m in messages)]
-        marked = mark_assistant(messages) if layout is not None else None
-        try:
-            other = self._apply(marked, generation_prompt=False) if marked is not None else ""
-        except Exception:  # a template that refuses the marked words: the prefix renderings decide
-            return None
-        turns = sum(m["role"] == "assistant" for m in messages)
-        return spans_from_marked(text, other, layout, turns) if marked is not None and layout else None
 
     def _turn_text(self, earlier: list[dict], after: str, *, tools: list[dict] | None) -> str:
         """The text of the last turn of ``after`` (the rendering of ``earlier`` + an assistant turn):
