@@ -193,3 +193,26 @@ def test_text_encoder_takes_it_and_checks_its_first_texts(tekken, caplog):
         ids, _ = wrong(text)
     assert ids.tolist() == ref["input_ids"] and wrong._fast is None
     assert "encodes differently from the tokenizer" in caplog.text
+
+
+def test_text_encoder_with_special_tokens_added(tekken, monkeypatch):
+    """Where the post-processor adds tokens (a BOS), ``add_special_tokens=True`` takes the public call;
+    where it adds none (tekken's), the fast path, with the same result."""
+    from transformers import PreTrainedTokenizerFast
+
+    text = "<|im_start|>Hello wörld<|im_end|>"
+    backend = _qwen2()
+    backend.post_processor = processors.TemplateProcessing(single="<|im_start|> $A", special_tokens=[
+        ("<|im_start|>", backend.token_to_id("<|im_start|>"))])
+    bos = PreTrainedTokenizerFast(tokenizer_object=backend)
+    for tok, adds in ((bos, True), (tekken, False)):
+        enc = TextEncoder(tok)
+        assert enc._fast is not None and enc._adds is adds
+        calls = []
+        monkeypatch.setattr(enc, "_fast", lambda t, real=enc._fast: (calls.append(t), real(t))[1])
+        enc._checks = 0
+        ids, offsets = enc(text, add_special_tokens=True)
+        ref = tok(text, add_special_tokens=True, return_offsets_mapping=True)
+        assert ids.tolist() == ref["input_ids"] and offsets.tolist() == [list(o) for o in ref["offset_mapping"]]
+        assert calls == ([] if adds else [text])
+    assert TextEncoder(bos)(text, add_special_tokens=True)[0][0] == backend.token_to_id("<|im_start|>")

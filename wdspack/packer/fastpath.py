@@ -114,8 +114,9 @@ class ChatRenderer:
 
 
 class TextEncoder:
-    """Token ids and character offsets of a text, ``add_special_tokens=False``: what
-    ``tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)`` gives (see the module).
+    """Token ids and character offsets of a text: what ``tokenizer(text, add_special_tokens=...,
+    return_offsets_mapping=True)`` gives (see the module; the public call where the tokenizer's
+    post-processor adds tokens and ``add_special_tokens`` is true).
 
     Example:
         >>> ids, offsets = TextEncoder(tokenizer)("Hello world")  # doctest: +SKIP
@@ -131,6 +132,8 @@ class TextEncoder:
         self._backend = self._direct_backend(tokenizer)
         self._fast = ByteLevelBPE.from_backend(self._backend) if self._backend is not None else None
         self._checks = self.CHECKS
+        post = getattr(self._backend, "post_processor", None)  # what add_special_tokens=True adds, if anything
+        self._adds = self._backend is None or (post is not None and post.num_special_tokens_to_add(False) > 0)
 
     @staticmethod
     def _direct_backend(tokenizer: Any) -> Any:
@@ -151,15 +154,15 @@ class TextEncoder:
             return None
         return backend
 
-    def public(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+    def public(self, text: str, add_special_tokens: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Through transformers' public call."""
-        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        enc = self.tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
         return (np.asarray(enc["input_ids"], np.int64),
                 np.asarray(enc["offset_mapping"], np.int64).reshape(-1, 2))
 
-    def __call__(self, text: str) -> tuple[np.ndarray, np.ndarray]:
-        if self._backend is None:
-            return self.public(text)
+    def __call__(self, text: str, add_special_tokens: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        if self._backend is None or (add_special_tokens and self._adds):
+            return self.public(text, add_special_tokens)
         if self._fast is not None:
             ids, offsets = self._fast(text)
         else:
@@ -168,7 +171,7 @@ class TextEncoder:
             offsets = np.fromiter(chain.from_iterable(enc.offsets), np.int64, count=2 * ids.size).reshape(-1, 2)
         if self._checks:  # the first texts of each builder, as ChatRenderer checks its first rendering
             self._checks -= 1
-            ref = self.public(text)
+            ref = self.public(text, add_special_tokens)
             if not (np.array_equal(ids, ref[0]) and np.array_equal(offsets, ref[1])):
                 log.warning("%s encodes differently from the tokenizer here; tokenizing through the tokenizer",
                             "the fast byte-level BPE" if self._fast is not None else "the tokenizer's backend")

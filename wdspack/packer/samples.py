@@ -513,10 +513,7 @@ class SampleBuilder:
             return p + sum(len(r) - len(ph) for at, r in zip(found, reps) if at + len(ph) <= p)
 
         bos = self.tokenizer.bos_token
-        enc = self.tokenizer(expanded, add_special_tokens=not (bos and expanded.startswith(bos)),
-                             return_offsets_mapping=True)
-        ids = np.asarray(enc["input_ids"], np.int64)
-        offsets = np.asarray(enc["offset_mapping"], np.int64).reshape(-1, 2)
+        ids, offsets = self._encoder(expanded, add_special_tokens=not (bos and expanded.startswith(bos)))
         mask = span_mask(offsets, [(moved(start), moved(end)) for start, end in spans])
         real = offsets[:, 1] > offsets[:, 0]
         feature = ids == self.image_token_id
