@@ -83,17 +83,52 @@ def corpus() -> list[bytes]:
     return files
 
 
-def test_same_verdict_as_a_full_decode(corpus, monkeypatch):
-    fast = []
-    strict = imagecheck._strict_jpeg
+@pytest.mark.parametrize("scan", [False, True], ids=["1/8-scale decode", "scan first"])
+def test_same_verdict_as_a_full_decode(corpus, monkeypatch, scan):
+    """The corpus's files are small: decoded at 1/8 scale, as such files are; with ``scan`` every one
+    is scanned first (as files over SCAN_FROM are), and what the scan passes is the decode's to judge no more."""
+    fast: list = []
+    scanned: list = []
+    strict, scanner = imagecheck._strict_jpeg, imagecheck._scanned_jpeg
     monkeypatch.setattr(imagecheck, "_strict_jpeg", lambda d, m: fast.append(strict(d, m)) or fast[-1])
+    monkeypatch.setattr(imagecheck, "_scanned_jpeg", lambda d, m: scanned.append(scanner(d, m)) or scanned[-1])
+    monkeypatch.setattr(imagecheck, "SCAN_FROM", 0 if scan else 10**9)
     verdicts = [(_accepts(d), _pillow_decodes(d)) for d in corpus]
     wrong = [i for i, (ours, pillow) in enumerate(verdicts) if ours != pillow]
     assert not wrong, f"{len(wrong)} of {len(corpus)} files judged otherwise than Pillow's full decode"
-    # both ways are exercised: the strict 1/8-scale decode passes most intact files, Pillow the rest
-    assert sum(s is not None for s in fast) > len(corpus) // 5
-    assert sum(ours for ours, _ in verdicts) > sum(s is not None for s in fast)  # Pillow accepted some it refused
+    # every way is exercised: the scan or the strict 1/8-scale decode passes most intact files, Pillow the rest
+    passed = sum(s is not None for s in fast + scanned)
+    assert passed > len(corpus) // 5
+    assert sum(ours for ours, _ in verdicts) > passed  # Pillow accepted some they refused
     assert sum(not ours for ours, _ in verdicts) > len(corpus) // 5
+    if scan:  # the scan passes the sequential ones (progressive files are decoded), and some damaged ones too
+        assert sum(s is not None for s in scanned) > len(corpus) // 3 and len(scanned) == len(corpus)
+    else:
+        assert scanned == []
+
+
+def test_a_photo_sized_jpeg_is_scanned_not_decoded(monkeypatch):
+    """A large sequential JPEG is judged by its markers and headers; a progressive one is decoded."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    pixels = np.clip(rng.normal(128, 40, (480, 640, 3)), 0, 255).astype(np.uint8)
+    decoded = []
+    strict = imagecheck._strict_jpeg
+    monkeypatch.setattr(imagecheck, "_strict_jpeg", lambda d, m: decoded.append(len(d)) or strict(d, m))
+    for progressive in (False, True):
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, "JPEG", quality=85, progressive=progressive)
+        data = buf.getvalue()
+        assert len(data) > imagecheck.SCAN_FROM
+        assert check_image(data, "image 0", sid="s", max_pixels=10**9) == ((640, 480), "JPEG")
+        assert (imagecheck._scanned_jpeg(data, 10**9) is None) is progressive
+        assert decoded == ([len(data)] if progressive else [])
+        # cut short, or with a marker the scan does not know in its data: decoded, and the verdict Pillow's
+        for bad in (data[:-5000], data[:len(data) // 2] + b"\xff\x01" + data[len(data) // 2:]):
+            assert imagecheck._scanned_jpeg(bad, 10**9) is None
+            assert _accepts(bad) == _pillow_decodes(bad)
+        decoded.clear()
 
 
 def test_intact_jpegs_take_the_fast_path_with_their_size():

@@ -3,9 +3,10 @@
     python tools/bench_pack_speed.py                          # 2000 LLaVA records + 2000 captions
     python tools/bench_pack_speed.py --quick                  # a few hundred: a smoke run
     python tools/bench_pack_speed.py --json docs/bench_pack_speed.json
+    python tools/bench_pack_speed.py --photos --captions 0 --no-processor   # chats with photo-sized JPEGs
 
 1. **Chat (LLaVA / ShareGPT with ``<image>``).** Held-out-style records: one JPEG each (256-640 px,
-   Pillow-drawn, saved as files), 1-5 rounds of question and answer with long-tailed answers, the
+   Pillow-drawn, saved as files; ``--photos``: photo-like ones, 640 px wide and about 85 KB), 1-5 rounds of question and answer with long-tailed answers, the
    real Pixtral tokenizer (``tekken.json`` from mistral_common) and its chat template, 16 images per
    pack. The **floor** is what any packer pays: render each record's chat template once and tokenize
    the text once (``apply_chat_template(..., tokenize=False)`` then ``tokenizer(text)``), records
@@ -75,14 +76,28 @@ def _jpeg(rng: np.random.Generator) -> bytes:
     return buf.getvalue()
 
 
-def make_llava(folder: Path, n: int, seed: int = 0) -> Path:
-    """``n`` LLaVA records (``folder/llava.jsonl``) with one JPEG each under ``folder/images``."""
+def _photo(rng: np.random.Generator) -> bytes:
+    """A JPEG that costs what a photo does to decode: COCO's size (640 wide, 360-640 high), smooth colour
+    plus sensor-like noise, quality 85 (about 85 KB, where the drawn ones are about 9 KB)."""
+    w, h = 640, int(rng.integers(360, 641))
+    y, x = np.mgrid[0:h, 0:w]
+    base = np.stack([(x * rng.uniform(0.1, 0.4) + y * rng.uniform(0.1, 0.4) + rng.uniform(0, 255)) % 256
+                     for _ in range(3)], -1)
+    img = Image.fromarray(np.clip(base + rng.normal(0, 12, (h, w, 3)), 0, 255).astype(np.uint8))
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=85)
+    return buf.getvalue()
+
+
+def make_llava(folder: Path, n: int, seed: int = 0, photos: bool = False) -> Path:
+    """``n`` LLaVA records (``folder/llava.jsonl``) with one JPEG each under ``folder/images``
+    (drawn shapes, or with ``photos`` :func:`_photo`'s)."""
     rng = np.random.default_rng(seed)
     (folder / "images").mkdir(parents=True, exist_ok=True)
     with open(folder / "llava.jsonl", "w", encoding="utf-8") as f:
         for k in range(n):
             name = f"images/{k:07d}.jpg"
-            (folder / name).write_bytes(_jpeg(rng))
+            (folder / name).write_bytes(_photo(rng) if photos else _jpeg(rng))
             turns = []
             for r in range(int(rng.choice([1, 1, 2, 3, 4, 5]))):  # LLaVA-Instruct: many single, a tail of rounds
                 q = QUESTIONS[int(rng.integers(len(QUESTIONS)))] + (" " + _text(rng, int(rng.integers(0, 12))))
@@ -217,7 +232,8 @@ def pack_run(sources: list[str], sample_config, config, out: Path) -> callable:
     return run
 
 
-def bench(n_chat: int, n_captions: int, repeats: int, work: Path, n_processor: bool = True) -> dict:
+def bench(n_chat: int, n_captions: int, repeats: int, work: Path, n_processor: bool = True,
+          photos: bool = False) -> dict:
     import mistral_common
 
     from wdspack.packer.config import PackConfig, RunOptions
@@ -236,10 +252,11 @@ def bench(n_chat: int, n_captions: int, repeats: int, work: Path, n_processor: b
     t = time.perf_counter()
     builder = get_builder(chat_cfg)
     result["startup_s"] = round(time.perf_counter() - t, 3)
-    path = make_llava(work / "llava", n_chat)
+    path = make_llava(work / "llava", n_chat, photos=photos)
     convs, floor = chat_floor(builder, path)
     floor()  # warm-up: the template compiled, the page cache filled
-    row = {"records": n_chat, "rounds_mean": round(float(np.mean([len(c) / 2 for c in convs])), 2)}
+    row = {"records": n_chat, "rounds_mean": round(float(np.mean([len(c) / 2 for c in convs])), 2),
+           "images": "photo-like" if photos else "drawn"}
     row.update(_rounds(n_chat, repeats, floor, measure_stage([str(path)], chat_cfg, config, work / "spool-chat"),
                        pack_run([str(path)], chat_cfg, config, work / "out-chat")))
     row["stages_ms_per_1000"] = {k: round(v, 1) for k, v in chat_stages(builder, path, repeats).items()}
@@ -304,13 +321,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--captions", type=int, default=2000, help="caption pairs (0: skip)")
     ap.add_argument("--repeats", type=int, default=3, help="rounds of floor, measure and pack, in turn")
     ap.add_argument("--no-processor", action="store_true", help="skip the processor-mode row")
+    ap.add_argument("--photos", action="store_true",
+                    help="chat records with photo-like JPEGs (COCO's size, ~85 KB) instead of drawn ones (~9 KB)")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 120 records, 120 captions, one pass")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
     if args.quick:
         args.records, args.captions, args.repeats = 120, 120, 1
     with tempfile.TemporaryDirectory(prefix="bench_pack_speed_") as tmp:
-        result = bench(args.records, args.captions, args.repeats, Path(tmp), n_processor=not args.no_processor)
+        result = bench(args.records, args.captions, args.repeats, Path(tmp), n_processor=not args.no_processor,
+                       photos=args.photos)
     for name in ("chat", "processor", "captions"):
         if name in result:
             r = result[name]

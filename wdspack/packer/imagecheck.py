@@ -7,7 +7,17 @@ Huffman-decodes every entropy-coded byte, so it fails exactly where the full dec
 third of the cost. ``tests/test_imagecheck.py`` holds the verdict to a full decode's over 3,060
 intact and corrupted JPEGs of six layouts (the same verdict on every one; 7,320 in a wider run, likewise).
 
-A JPEG goes first through libjpeg-turbo by ``simplejpeg`` (header, then a 1/8-scale decode to
+A sequential JPEG of :data:`SCAN_FROM` bytes or more (a photo) is not Huffman-decoded at all
+(:func:`_scanned_jpeg`): libjpeg gives up only on what is in a JPEG's markers (headers, tables, a
+scan's references) or on a stream cut short; damaged entropy-coded bytes are warned about and
+decoded anyway, by Pillow too. So its markers are walked, its one scan's bytes searched for a
+marker (only restart markers and then the end of image may come), and its headers decoded by
+Pillow with the size set to 8x8 and no scan data: a fifth of the 1/8-scale decode's cost for a
+photo (0.14 against 0.94 ms for a 640x480, 85 KB one). The test holds the scan to the full
+decode's verdict over the same corpus, every file scanned first; a wider run of 104,000 files,
+small ones and photo-sized ones, found none it passed that Pillow refused.
+
+Otherwise a JPEG goes first through libjpeg-turbo by ``simplejpeg`` (header, then a 1/8-scale decode to
 grey in *strict* mode: any warning of corrupt data is an error; every component's coefficients are
 still entropy-decoded, only the colour planes' inverse DCT is skipped), half the cost of Pillow's
 draft decode. A strict pass is a clean file, one Pillow decodes too; anything strict mode refuses (a
@@ -51,6 +61,59 @@ def _bomb_limit() -> float:
     return float("inf") if limit is None else 2 * limit
 
 
+#: A marker inside entropy-coded data: 0xFF then neither a stuffed 0x00, a fill 0xFF nor RST0-7.
+_MARKER = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")
+_NO_LENGTH = frozenset([0x00, 0x01, 0xD8, 0xD9, *range(0xD0, 0xD8)])
+_SEQUENTIAL = (0xC0, 0xC1)  # baseline and extended Huffman-coded; others (progressive, ...) decode
+#: Bytes from which a JPEG is scanned rather than decoded at 1/8 scale: the scan's fixed cost (Pillow
+#: reading the headers, about 0.1 ms) is what a 1/8-scale decode of about 10 KB costs.
+SCAN_FROM = 16 * 1024
+
+
+def _scanned_jpeg(data: bytes, max_pixels: int) -> tuple[int, int] | None:
+    """``(w, h)`` of a sequential JPEG whose one scan runs to its end of image with nothing but
+    entropy-coded bytes and restart markers in between, and whose headers and tables libjpeg (through
+    Pillow) sets up without error; None where it cannot tell (the decode decides).
+
+    What makes libjpeg give up on a JPEG is in its markers (headers, tables, what a scan refers to)
+    or a stream that ends before its end-of-image marker: bytes of entropy-coded data that are
+    wrong are warned about and decoded anyway, by Pillow too. So a file is judged here without
+    Huffman-decoding it: its markers walked, its scan's bytes searched for a marker, and its headers
+    decoded by Pillow with the image size set to 8x8 and no scan data (table errors are raised where
+    the scan starts, whatever the size). For a photo, a fifth of the 1/8-scale decode's cost."""
+    if _simplejpeg is None or not data.startswith(b"\xff\xd8"):
+        return None
+    pos, n, sof = 2, len(data), -1
+    while True:  # the markers up to the scan
+        if pos + 4 > n or data[pos] != 0xFF:
+            return None
+        while pos < n - 3 and data[pos] == 0xFF:
+            pos += 1
+        marker, length = data[pos], (data[pos + 1] << 8) | data[pos + 2]
+        if marker in _NO_LENGTH or length < 2:
+            return None
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # a frame header
+            if sof >= 0 or marker not in _SEQUENTIAL or length < 8:
+                return None
+            sof = pos
+        pos += 1 + length
+        if marker == 0xDA:
+            break
+    end = _MARKER.search(data, pos) if sof >= 0 and pos <= n else None
+    if end is None or data[end.end() - 1] != 0xD9:  # another scan, a marker after it, or no end: decode it
+        return None
+    try:
+        h, w, _, _ = _simplejpeg.decode_jpeg_header(data)
+        if w * h > min(max_pixels, _bomb_limit()) or not (0 < w <= 65500 and 0 < h <= 65500):
+            return None
+        headers = data[:sof + 4] + b"\x00\x08\x00\x08" + data[sof + 8:pos] + b"\xff\xd9"
+        with Image.open(io.BytesIO(headers)) as img:
+            img.load()
+    except Exception:
+        return None
+    return w, h
+
+
 def _strict_jpeg(data: bytes, max_pixels: int) -> tuple[int, int] | None:
     """``(w, h)`` of a JPEG that decodes cleanly at 1/8 scale, else None (Pillow decides)."""
     if _simplejpeg is None or not data.startswith(_JPEG):
@@ -71,7 +134,7 @@ def check_image(data: bytes, which: str, *, sid: str, max_pixels: int) -> tuple[
     """The image's ``(w, h)`` and format (``"JPEG"``, ...; None where unknown) if it decodes and
     holds at most ``max_pixels`` pixels; else :class:`SampleError` ``image_too_large`` or
     ``unreadable_image`` naming ``which`` (e.g. ``"image 0 ('a.jpg')"``) and the fix."""
-    size = _strict_jpeg(data, max_pixels)
+    size = (_scanned_jpeg(data, max_pixels) if len(data) >= SCAN_FROM else None) or _strict_jpeg(data, max_pixels)
     if size is not None:
         return size, "JPEG"
     try:
