@@ -208,8 +208,8 @@ def test_text_encoder_with_special_tokens_added(tekken, monkeypatch):
     for tok, adds in ((bos, True), (tekken, False)):
         enc = TextEncoder(tok)
         assert enc._fast is not None and enc._adds is adds
-        calls = []
-        monkeypatch.setattr(enc, "_fast", lambda t, real=enc._fast: (calls.append(t), real(t))[1])
+        calls: list[str] = []
+        monkeypatch.setattr(enc, "_fast", lambda t, real=enc._fast, seen=calls: (seen.append(t), real(t))[1])
         enc._checks = 0
         ids, offsets = enc(text, add_special_tokens=True)
         ref = tok(text, add_special_tokens=True, return_offsets_mapping=True)

@@ -6,10 +6,11 @@
     python tools/bench_pack_speed.py --photos --captions 0 --no-processor   # chats with photo-sized JPEGs
 
 1. **Chat (LLaVA / ShareGPT with ``<image>``).** Held-out-style records: one JPEG each (256-640 px,
-   Pillow-drawn, saved as files; ``--photos``: photo-like ones, 640 px wide and about 85 KB), 1-5 rounds of question and answer with long-tailed answers, the
-   real Pixtral tokenizer (``tekken.json`` from mistral_common) and its chat template, 16 images per
-   pack. The **floor** is what any packer pays: render each record's chat template once and tokenize
-   the text once (``apply_chat_template(..., tokenize=False)`` then ``tokenizer(text)``), records
+   Pillow-drawn, saved as files; ``--photos``: photo-like ones, 640 px wide and about 85 KB), 1-5
+   rounds of question and answer with long-tailed answers, the real Pixtral tokenizer (``tekken.json``
+   from mistral_common) and its chat template, 16 images per pack. The **floor** is what any packer
+   pays: render each record's chat template once and tokenize the text once
+   (``apply_chat_template(..., tokenize=False)`` then ``tokenizer(text)``), records
    already in memory. Against it: ``pack_dataset(..., RunOptions(workers=1))`` end to end (read,
    check images, tokenize, spool, plan, write shards), and its **measure** stage alone (the same
    partitions through the pack job's own measure task: read, images checked, tokenized, spooled).

@@ -65,6 +65,8 @@ class Words(str):
         ('Hi', True, ['strip', 'contains'])
     """
 
+    seen: list[str]
+
     def __new__(cls, text: str, seen: list[str]) -> Words:
         self = super().__new__(cls, text)
         self.seen = seen
@@ -73,7 +75,7 @@ class Words(str):
     def __str__(self) -> str:
         return self  # printed, or passed on by soft_str(): still watched
 
-    def __add__(self, other: str) -> Words:  # type: ignore[override]
+    def __add__(self, other: str) -> Words:
         return Words(str.__add__(str.__str__(self), other), self.seen)
 
     def __radd__(self, other: str) -> Words:
@@ -236,7 +238,7 @@ class OneRender:
         except Exception:  # the plain rendering raises its own error
             return None
         found = _words(other) if other is not None and not seen else None
-        if found is None:
+        if found is None or other is None:
             return None
         text = found[0]
         spans = spans_from_marked(text, other, layout, sum(m["role"] == "assistant" for m in messages), found)
