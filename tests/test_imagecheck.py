@@ -1,5 +1,8 @@
 """The pack job's image check gives Pillow's full decode's verdict on corrupted JPEGs, cheaper.
 
+Both ways it has: the scan of a sequential JPEG (markers, the scan's bytes, its own headers and
+tables decoded as one block of zeros) and the strict 1/8-scale decode.
+
 A corpus of JPEGs of every common layout (baseline 4:2:0 and 4:4:4, grayscale, CMYK, progressive,
 restart markers), each corrupted 50 ways (truncated, bits flipped, bytes overwritten, inserted,
 deleted, zeroed): ``check_image`` must accept exactly what ``Image.open(...).load()`` decodes.
@@ -129,6 +132,15 @@ def test_a_photo_sized_jpeg_is_scanned_not_decoded(monkeypatch):
             assert imagecheck._scanned_jpeg(bad, 10**9) is None
             assert _accepts(bad) == _pillow_decodes(bad)
         decoded.clear()
+    # a bad Huffman table (a DC symbol over 15) is libjpeg's error where the scan starts: the scan
+    # decodes the file's tables (one block of zeros) and sees it, as Pillow does
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "JPEG", quality=85)
+    data = bytearray(buf.getvalue())
+    dht = data.index(b"\xff\xc4")
+    data[dht + 5 + 16 + 11] = 0xFA  # the 12th symbol of the first (DC) table
+    assert imagecheck._scanned_jpeg(bytes(data), 10**9) is None
+    assert not _pillow_decodes(bytes(data)) and not _accepts(bytes(data))
 
 
 def test_intact_jpegs_take_the_fast_path_with_their_size():
