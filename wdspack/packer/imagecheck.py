@@ -16,8 +16,8 @@ decoded by libjpeg-turbo in strict mode with the image made one MCU of zeros: a 
 1/8-scale decode's cost for a photo (0.17 against 1.07 ms for a 640x480, 85 KB one), half for a
 9 KB drawing. The test holds the scan to the full decode's verdict over the same corpus, every file
 scanned first; a wider run of 74,928 files (1,488 of them photo-sized) found none among the 43,256
-it passed that Pillow refused. (Its first version had Pillow set up the headers with no scan data;
-the second, simplejpeg in its lenient mode, which let bad Huffman tables through: 7 in 30,600.)
+it passed that Pillow refused. (A first try, decoding the headers with no scan data in libjpeg's
+lenient mode, let bad Huffman tables through: 7 files in 30,600; strict mode needs the one MCU.)
 
 Otherwise a JPEG goes first through libjpeg-turbo by ``simplejpeg`` (header, then a 1/8-scale decode to
 grey in *strict* mode: any warning of corrupt data is an error; every component's coefficients are
