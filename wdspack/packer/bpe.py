@@ -210,7 +210,7 @@ class ByteLevelBPE:
         ascii_only = ascii_pattern(pattern)
         self._ascii = re.compile(ascii_only) if ascii_only is not None else self._split
         self._model = backend.model
-        # added tokens, longest first, by how ``tokenizers`` cuts them: raw text first, then normalised
+        # added tokens as ``tokenizers`` cuts them: those matched in the raw text first, then the normalised
         self._added = [{t: i for t, (i, norm) in added.items() if norm is n} for n in (False, True)]
         self._find = [re.compile(_trie(sorted(a))) if a else None for a in self._added]
         self._pieces: dict[str, tuple[tuple[int, ...], tuple[int, ...], int]] = {}
