@@ -215,4 +215,5 @@ def test_text_encoder_with_special_tokens_added(tekken, monkeypatch):
         ref = tok(text, add_special_tokens=True, return_offsets_mapping=True)
         assert ids.tolist() == ref["input_ids"] and offsets.tolist() == [list(o) for o in ref["offset_mapping"]]
         assert calls == ([] if adds else [text])
-    assert TextEncoder(bos)(text, add_special_tokens=True)[0][0] == backend.token_to_id("<|im_start|>")
+    with_bos, without = TextEncoder(bos)(text, add_special_tokens=True)[0], TextEncoder(bos)(text)[0]
+    assert with_bos.tolist() == [backend.token_to_id("<|im_start|>"), *without.tolist()]  # the BOS, then the text

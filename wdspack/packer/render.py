@@ -18,6 +18,11 @@ renderings. Per record the one-render path is taken only when the marked renderi
 removed, is the plain rendering character for character (a template that strips or inspects the
 words fails this) and the head and tail are where the layout puts them; otherwise, and for tool
 calling, the prefix renderings decide, as before.
+
+The plain rendering is needed only for that comparison. :meth:`OneRender.once` skips it where the
+template provably left the words alone: they go in as :class:`Words`, which note any use besides
+being printed or added to, and the marked rendering, markers removed, is then the text (the first
+records of each builder are still rendered both ways).
 """
 
 from __future__ import annotations
