@@ -42,6 +42,10 @@ its padding mask, the baseline):
 - ``flex``: transformers' ``flex_attention`` (a ``BlockMask`` from the positions; CUDA only, torch
   has no FlexAttention backward on a CPU).
 
+Several, comma-separated (``--attention varlen,sdpa,flex``): the first is the packed mode's, each other
+adds a mode ``packed_<name>`` (the same batches, a copy of the model) timed in the same rounds, with
+its own ratio over pad-to-longest: one run compares the attentions on the same drift.
+
 Model FLOPs utilisation: ``6 · N · real tokens / seconds / peak`` (``N`` every parameter, attention
 FLOPs left out, so a lower bound), with ``--peak-tflops`` (default by device name: H100/H200 989,
 A100 312, the dense bf16 figures; none on a CPU). ``--profile FILE`` writes a torch profiler table of
@@ -83,6 +87,8 @@ sys.path.insert(0, str(ROOT))  # this checkout's wdspack, wherever the environme
 
 #: ``--quick``: a smoke run (tiny data and model, one round).
 QUICK = {"records": 12, "seq_len": 512, "batch_size": 2, "hidden": 32, "layers": 1, "rounds": 1}
+#: ``--attention``'s choices for the packed modes.
+ATTENTIONS = ("sdpa", "varlen", "flex")
 DEFAULT = {"records": 40, "seq_len": 1024, "batch_size": 1, "hidden": 256, "layers": 4, "rounds": 2}
 
 
@@ -431,11 +437,12 @@ def prepare(args: argparse.Namespace, work: Path, device: torch.device) -> tuple
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     model = build_model(processor, hidden=args.hidden, layers=args.layers).to(device, dtype).train()
     model.set_attn_implementation("sdpa")
-    packed_model = with_attention(model, args.attention, device)
+    attention, *others = args.attention.split(",")
+    packed_model = with_attention(model, attention, device)
     packs = read_packs(work / "packed")
     subs = sub_samples(packs)
     steps, ids = packed_steps(work / "packed", folder, packed_model, batch_size=args.batch_size, packs=packs,
-                              padding_free=args.attention == "varlen")
+                              padding_free=attention == "varlen")
     order = [ids[i] for i in np.random.default_rng(args.seed).permutation(len(ids))]  # the arrival order
     lens = np.array([len(subs[s].input_ids) for s in ids])
     fill = sum(s.real_tokens for s in steps) / sum(s.slots for s in steps)
@@ -447,6 +454,10 @@ def prepare(args: argparse.Namespace, work: Path, device: torch.device) -> tuple
                               max_images=args.max_images, pad_token_id=processor.tokenizer.pad_token_id,
                               open_rows=args.otf_rows)
     modes["on_the_fly"] = (packed_model, otf)
+    for other in others:  # the same packs under another attention (same batches, another model copy)
+        alt = with_attention(model, other, device)
+        modes[f"packed_{other}"] = (alt, packed_steps(work / "packed", folder, alt, batch_size=args.batch_size,
+                                                      packs=packs, padding_free=other == "varlen")[0])
     if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
         fa2 = copy.deepcopy(model)
         fa2.set_attn_implementation("flash_attention_2")
@@ -456,8 +467,9 @@ def prepare(args: argparse.Namespace, work: Path, device: torch.device) -> tuple
     params = sum(p.numel() for p in model.parameters())
     config = {
         "device": str(device), "device_name": device_name(device), "dtype": str(dtype).removeprefix("torch."),
-        "attention": args.attention + (" (reference kernel on CPU)" if args.attention == "varlen" and
-                                       device.type == "cpu" else ""),
+        "attention": attention + (" (reference kernel on CPU)" if attention == "varlen" and
+                                  device.type == "cpu" else ""),
+        "other_attention": others,
         "peak_tflops": args.peak_tflops,
         "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
         "torch": torch.__version__, "transformers": __import__("transformers").__version__,
@@ -477,6 +489,17 @@ def prepare(args: argparse.Namespace, work: Path, device: torch.device) -> tuple
     return modes, config
 
 
+def attention_list(text: str) -> str:
+    """``--attention``: one of sdpa, varlen, flex, or several joined by commas (the first is the packed
+    mode's; each other one adds a mode ``packed_<name>`` over the same batches)."""
+    names = text.split(",")
+    bad = [n for n in names if n not in ATTENTIONS]
+    if bad or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"{text!r}: give one or more of {', '.join(ATTENTIONS)}, comma-separated, "
+                                         "each once (e.g. varlen,sdpa)")
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a smoke run: " + json.dumps(QUICK))
@@ -491,8 +514,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, help=f"text model layers (default {DEFAULT['layers']})")
     ap.add_argument("--rounds", type=int, help=f"timed passes over every mode (default {DEFAULT['rounds']})")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--attention", choices=("sdpa", "varlen", "flex"), default="sdpa",
-                    help="attention of the packed and on-the-fly modes (module docstring; pad-to-longest: sdpa)")
+    ap.add_argument("--attention", type=attention_list, default="sdpa",
+                    help="attention of the packed and on-the-fly modes, or several comma-separated (module docstring; "
+                         "pad-to-longest: sdpa)")
     ap.add_argument("--peak-tflops", type=float, help="the device's peak TFLOP/s for the model FLOPs utilisation "
                                                       "(default by device name: H100 989, A100 312; none on a CPU)")
     ap.add_argument("--profile", help="write a torch profiler table of three packed steps to this file")
@@ -519,6 +543,9 @@ def main(argv: list[str] | None = None) -> int:
                "fill_bound": round(modes_fill(modes, "packed") / modes_fill(modes, "pad_to_longest"), 3),
                "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
                "seconds_total": round(time.perf_counter() - t0, 1)}
+        for name in modes:
+            if name.startswith("packed_") and name != "packed_padding_free_fa2":
+                res["ratios"][f"{name}_vs_pad_to_longest"] = ratio(timing, name, "pad_to_longest")
         if "packed_padding_free_fa2" in modes:
             res["ratios"]["fa2_padding_free_vs_pad_to_longest"] = ratio(timing, "packed_padding_free_fa2",
                                                                         "pad_to_longest")

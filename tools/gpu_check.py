@@ -1,101 +1,216 @@
-"""The GPU checks in one command (``make gpu-check``; not in CI): the ``gpu``-marked tests and a
-``bench_train --device cuda`` run at the size of issue 24, then a short summary.
+"""The GPU checks in one command (``make gpu-check``; not in CI): the ``gpu``-marked tests, a
+``bench_train --device cuda`` run at the size of issue 24 and the loader at the host's cores against
+as many raw decoders side by side, then a short summary.
 
-    python3 tools/gpu_check.py                         # both, ~12 min on one H100
-    python3 tools/gpu_check.py --skip-bench            # the tests only (~4 min)
-    python3 tools/gpu_check.py --attention sdpa        # the bench's packed run on SDPA instead of varlen
+    python3 tools/gpu_check.py                                  # all three (~12 min on one H100)
+    python3 tools/gpu_check.py --out gpu-check --budget-s 540   # keep every file; stop each step in time
+    python3 tools/gpu_check.py --skip-bench --skip-loader       # the tests only
+    python3 tools/gpu_check.py --attention varlen,sdpa,flex     # the bench's packed mode under each
 
 On a machine without a virtual environment (docs/guides/train.md#on-a-gpu) run it with ``python3`` and
 ``PYTHONPATH`` set to the checkout (and the wheels' folder). The summary, for example::
 
-    gpu tests: 30 passed, 0 failed, 4 skipped (pytest -m gpu tests)
+    torch 2.11.0+cu130, transformers 5.17.0, NVIDIA H100 80GB HBM3, 16 CPUs; varlen_attn: window_size
+    gpu tests: 30 passed, 0 failed, 1 skipped (pytest -m gpu tests, 8 processes) in 95 s
     bench_train (varlen, NVIDIA H100 80GB HBM3): packed 60,000 tokens/s, pad-to-longest 21,000: 2.86x;
-      fill bound 2.86x (packed 99.4 %, pad-to-longest 34.8 %): 1.00 of it (goal >= 0.90); packed MFU 18.0 %
+      fill bound 2.86x (packed 99.4 %, pad-to-longest 34.8 %): 1.00 of it (goal >= 0.90); packed MFU 18.0%
+      packed_sdpa: 1.82x, 0.64 of the fill bound
+    loader, 16 workers: float32 85.0 %, uint8 93.0 % of 16 raw decoders side by side (goal >= 90 %)
 
-Exit status: 0 when every test passed (skips allowed) and the bench ran, 1 otherwise, 2 without CUDA.
+Every step writes into ``--out`` as it goes (``gpu-tests.xml``, ``gpu-check.log``, ``bench_train.json``,
+``profile.txt``, ``bench_loader.json``, ``summary.json``: six files), so what a step finished survives a
+later one running out of time. With ``--budget-s`` each step is stopped when the steps after it would
+no longer get their share (:data:`SHARES`) of what is left.
+
+Exit status: 0 when every test passed (skips allowed) and each step that ran finished, 1 otherwise,
+2 without CUDA.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import inspect
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: bench_train's arguments at the size of issue 24 (``--attention`` is added from this tool's own).
-BENCH_ARGS = ("--device", "cuda", "--records", "2000", "--seq-len", "4096", "--hidden", "1024", "--layers", "8",
-              "--rounds", "3")
+#: bench_train's arguments at the size of issue 24 (``--attention`` and ``--rounds`` come from this tool's own).
+BENCH_ARGS = ("--device", "cuda", "--records", "2000", "--seq-len", "4096", "--hidden", "1024", "--layers", "8")
 
-#: packed / pad-to-longest must reach this share of the fill ratio (issue 24).
+#: bench_loader's image pass at the host's cores: N workers against N raw decoders side by side.
+LOADER_ARGS = ("--only", "images", "--loaders", "wdspack", "--rounds", "3")
+
+#: packed / pad-to-longest must reach this share of the fill ratio, and the loader this share of the raw
+#: decoders (issue 24).
 GOAL = 0.9
 
+#: With ``--budget-s``: the share of the time left that each step may use when it starts, the steps
+#: after it keeping the rest (the tests are quickest, the bench slowest).
+SHARES = {"tests": 0.3, "bench": 0.75, "loader": 1.0}
 
-def run_tests(python: str, env: dict[str, str], work: Path, extra: list[str]) -> dict[str, int]:
-    """``pytest -m gpu tests -rA``; the counts from its JUnit XML."""
-    xml = work / "gpu-tests.xml"
-    cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "tests", "-rA",
-           f"--junitxml={xml}", *extra]
-    print("$ " + " ".join(cmd), flush=True)
-    code = subprocess.call(cmd, cwd=ROOT, env=env)
+
+class Log:
+    """Lines to the console and to ``gpu-check.log`` in the output folder."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.write_text("")
+
+    def __call__(self, text: str) -> None:
+        print(text, flush=True)
+        with self.path.open("a") as f:
+            f.write(text + "\n")
+
+
+def run_step(cmd: list[str], env: dict[str, str], log: Log, timeout: float | None) -> tuple[int, float]:
+    """Run ``cmd`` from the checkout, its output to the console and the log as it comes; ``(exit status,
+    seconds)``. Past ``timeout`` the command's process group is killed and the status is ``124``."""
+    log("$ " + " ".join(cmd))
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            bufsize=1, start_new_session=True)
+
+    def copy() -> None:
+        assert proc.stdout is not None
+        with log.path.open("a") as f:
+            for line in proc.stdout:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+                f.write(line)
+                f.flush()
+
+    reader = threading.Thread(target=copy, daemon=True)
+    reader.start()
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        code = 124
+    reader.join(timeout=10)
+    if code == 124:
+        log(f"(stopped after {timeout:.0f} s: the step's share of --budget-s)")
+    return code, time.monotonic() - t0
+
+
+def environment() -> dict[str, Any]:
+    """What this run is on: versions, the device, the CPUs, and what the kernels take."""
+    import torch
+    import transformers
+
+    env: dict[str, Any] = {"torch": torch.__version__, "transformers": transformers.__version__,
+                           "python": sys.version.split()[0], "cpus": os.cpu_count(),
+                           "device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+                           "flash_attn": importlib.util.find_spec("flash_attn") is not None,
+                           "xdist": importlib.util.find_spec("xdist") is not None}
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+
+        env["varlen_attn"] = sorted(inspect.signature(varlen_attn).parameters)
+    except ImportError:
+        env["varlen_attn"] = None
+    return env
+
+
+def parse_junit(xml: Path, code: int) -> dict[str, int]:
+    """The counts of a pytest JUnit XML (an error when there is none)."""
     if not xml.is_file():
         return {"passed": 0, "failed": 0, "errors": 1, "skipped": 0, "exit": code}
-    suite = ET.parse(xml).getroot()
-    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    root = ET.parse(xml).getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
     assert suite is not None
     total, failed, errors, skipped = (int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped"))
     return {"passed": total - failed - errors - skipped, "failed": failed, "errors": errors, "skipped": skipped,
             "exit": code}
 
 
-def run_bench(python: str, env: dict[str, str], work: Path, attention: str, extra: list[str]) -> dict | None:
-    """``bench_train`` at the issue's size; its JSON record (``None`` when it failed)."""
-    out = work / "bench_train.json"
-    cmd = [python, str(ROOT / "tools" / "bench_train.py"), *BENCH_ARGS, "--attention", attention,
-           "--json", str(out), *extra]
-    print("$ " + " ".join(cmd), flush=True)
-    if subprocess.call(cmd, cwd=ROOT, env=env) != 0 or not out.is_file():
-        return None
-    return json.loads(out.read_text())
-
-
-def summary_lines(tests: dict[str, int] | None, bench: dict | None, *, attention: str,
-                  skipped_bench: bool = False) -> list[str]:
-    """The closing summary (see the module docstring)."""
+def summary_lines(results: dict[str, Any]) -> list[str]:
+    """The closing summary (see the module docstring) of what :func:`main` gathered."""
     lines = []
+    env = results.get("environment")
+    if env:
+        varlen = "none" if env["varlen_attn"] is None else ", ".join(
+            p for p in env["varlen_attn"] if p in ("window_size", "enable_gqa")) or "no window_size"
+        lines.append(f"torch {env['torch']}, transformers {env['transformers']}, {env['device'] or 'no CUDA device'}, "
+                     f"{env['cpus']} CPUs; "
+                     f"varlen_attn: {varlen}")
+    tests = results.get("tests")
     if tests is not None:
+        procs = tests.get("processes", 1)
         lines.append(f"gpu tests: {tests['passed']} passed, {tests['failed'] + tests['errors']} failed, "
-                     f"{tests['skipped']} skipped (pytest -m gpu tests)")
-    if bench is not None:
-        modes, cfg = bench["modes"], bench["config"]
-        packed, padded = modes["packed"], modes["pad_to_longest"]
-        r, bound = bench["ratios"]["packed_vs_pad_to_longest"]["median"], bench["fill_bound"]
-        mfu = "" if packed.get("mfu") is None else f"; packed MFU {packed['mfu']:.1%}"
-        lines.append(f"bench_train ({attention}, {cfg.get('device_name', cfg['device'])}): packed "
-                     f"{packed['tokens_per_s']:,.0f} tokens/s, pad-to-longest {padded['tokens_per_s']:,.0f}: {r:.2f}x;")
-        lines.append(f"  fill bound {bound:.2f}x (packed {packed['fill']:.1%}, pad-to-longest {padded['fill']:.1%}): "
-                     f"{r / bound:.2f} of it (goal >= {GOAL:.2f}){mfu}")
-    elif not skipped_bench:
-        lines.append("bench_train: FAILED (its output is above)")
+                     f"{tests['skipped']} skipped (pytest -m gpu tests{f', {procs} processes' if procs > 1 else ''})"
+                     + (f" in {tests['seconds']:.0f} s" if "seconds" in tests else "")
+                     + (" - STOPPED for time" if tests["exit"] == 124 else ""))
+    if "bench" in results:
+        lines += _bench_lines(results["bench"], results.get("attention", "varlen"))
+    if "loader" in results:
+        lines += _loader_lines(results["loader"])
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
+def _bench_lines(bench: dict | None, attention: str) -> list[str]:
+    if bench is None:
+        return ["bench_train: FAILED or stopped (its output is in gpu-check.log)"]
+    modes, cfg = bench["modes"], bench["config"]
+    packed, padded = modes["packed"], modes["pad_to_longest"]
+    r, bound = bench["ratios"]["packed_vs_pad_to_longest"]["median"], bench["fill_bound"]
+    mfu = "" if packed.get("mfu") is None else f"; packed MFU {packed['mfu']:.1%}"
+    lines = [f"bench_train ({attention.split(',')[0]}, {cfg.get('device_name', cfg['device'])}): packed "
+             f"{packed['tokens_per_s']:,.0f} tokens/s, pad-to-longest {padded['tokens_per_s']:,.0f}: {r:.2f}x;",
+             f"  fill bound {bound:.2f}x (packed {packed['fill']:.1%}, pad-to-longest {padded['fill']:.1%}): "
+             f"{r / bound:.2f} of it (goal >= {GOAL:.2f}){mfu}"]
+    for name, other in bench["ratios"].items():
+        mode = name.removesuffix("_vs_pad_to_longest")
+        if mode != name and mode != "packed":
+            lines.append(f"  {mode}: {other['median']:.2f}x, {other['median'] / bound:.2f} of the fill bound")
+    return lines
+
+
+def _loader_lines(loader: dict | None) -> list[str]:
+    if loader is None:
+        return ["bench_loader: FAILED or stopped (its output is in gpu-check.log)"]
+    rows = {r["loader"]: r for r in loader["results"] if r["loader"].startswith("summary ")}
+    n = loader["args"]["workers"]
+    shares = ", ".join(f"{d} {rows[f'summary {d}']['of_raw_n_median']:.1%}" for d in ("float32", "uint8")
+                       if f"summary {d}" in rows)
+    return [f"loader, {n} workers: {shares} of {n} raw decoders side by side (goal >= {GOAL:.0%})"]
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--python", default=sys.executable, help="the interpreter for pytest and the bench")
-    ap.add_argument("--attention", choices=("varlen", "sdpa", "flex"), default="varlen",
-                    help="the bench's packed attention (default varlen)")
+    ap.add_argument("--python", default=sys.executable, help="the interpreter for pytest and the benches")
+    ap.add_argument("--attention", default="varlen,sdpa",
+                    help="bench_train's packed attention; more, comma-separated, add modes (default varlen,sdpa)")
+    ap.add_argument("--rounds", type=int, default=3, help="bench_train's rounds (default 3)")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                    help="bench_loader's workers and raw decoders (default: the host's CPUs)")
+    ap.add_argument("--loader-samples", type=int, default=20000, help="bench_loader's image-bearing samples")
+    ap.add_argument("--test-processes", type=int, default=min(8, max(1, (os.cpu_count() or 1) // 2)),
+                    help="pytest-xdist processes for the tests where it is installed (default: half the CPUs, <= 8)")
     ap.add_argument("--skip-tests", action="store_true")
     ap.add_argument("--skip-bench", action="store_true")
-    ap.add_argument("--bench-args", default="", help="more bench_train arguments, one string (e.g. '--rounds 1')")
+    ap.add_argument("--skip-loader", action="store_true")
+    ap.add_argument("--budget-s", type=float, help="stop each step in time for the later ones (see SHARES)")
+    ap.add_argument("--bench-args", default="", help="more bench_train arguments, one string (e.g. '--profile x')")
     ap.add_argument("--pytest-args", default="", help="more pytest arguments, one string (e.g. '-x')")
-    ap.add_argument("--json", help="write the counts and the bench record here")
-    args = ap.parse_args(argv)
+    ap.add_argument("--out", help="keep the files here (default: a temporary folder)")
+    ap.add_argument("--json", help="also write the summary record here")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
 
     import torch
 
@@ -103,20 +218,68 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu-check needs a CUDA device; torch {torch.__version__} sees none here. Run it on a GPU machine "
               "(docs/guides/train.md#on-a-gpu).", file=sys.stderr)
         return 2
+    env = step_env()
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
+        out = Path(args.out or tmp)
+        out.mkdir(parents=True, exist_ok=True)
+        results = run_all(args, env, out, Log(out / "gpu-check.log"))
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    tests, ok = results.get("tests"), True
+    if tests is not None:
+        ok = tests["failed"] + tests["errors"] == 0 and tests["exit"] in (0, 5)
+    return 0 if ok and results.get("bench", {}) is not None and results.get("loader", {}) is not None else 1
+
+
+def step_env() -> dict[str, str]:
+    """The steps' environment: offline, this checkout first on ``PYTHONPATH``, output unbuffered."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
-        work = Path(tmp)
-        tests = None if args.skip_tests else run_tests(args.python, env, work, args.pytest_args.split())
-        bench = None if args.skip_bench else run_bench(args.python, env, work, args.attention,
-                                                       args.bench_args.split())
-    print("\n== gpu-check summary ==")
-    for line in summary_lines(tests, bench, attention=args.attention, skipped_bench=args.skip_bench):
-        print(line)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"tests": tests, "bench": bench}, indent=1) + "\n")
-    ok = (tests is None or (tests["failed"] + tests["errors"] == 0 and tests["exit"] in (0, 5)))
-    return 0 if ok and (args.skip_bench or bench is not None) else 1
+    return env
+
+
+def bench_args(step: str, args: argparse.Namespace, out: Path) -> list[str]:
+    """The bench tool and its arguments for ``step`` (``bench`` or ``loader``)."""
+    if step == "bench":
+        return [str(ROOT / "tools" / "bench_train.py"), *BENCH_ARGS, "--attention", args.attention, "--rounds",
+                str(args.rounds), "--profile", str(out / "profile.txt"), *args.bench_args.split()]
+    return [str(ROOT / "tools" / "bench_loader.py"), *LOADER_ARGS, "--workers", str(args.workers), "--samples",
+            str(args.loader_samples)]
+
+
+def run_all(args: argparse.Namespace, env: dict[str, str], out: Path, log: Log) -> dict[str, Any]:
+    """The steps in turn, the summary rewritten after each (``summary.json``)."""
+    start = time.monotonic()
+    results: dict[str, Any] = {"environment": environment(), "attention": args.attention}
+    steps = [s for s in ("tests", "bench", "loader") if not getattr(args, f"skip_{s}")]
+
+    def limit(step: str) -> float | None:
+        if args.budget_s is None:
+            return None
+        return max(30.0, (args.budget_s - (time.monotonic() - start)) * SHARES[step])
+
+    def save() -> None:
+        (out / "summary.json").write_text(json.dumps(results, indent=1) + "\n")
+
+    save()
+    log(summary_lines(results)[0])
+    for step in steps:
+        if step == "tests":
+            xml = out / "gpu-tests.xml"
+            procs = args.test_processes if results["environment"]["xdist"] else 1
+            cmd = [args.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "tests", "-rA",
+                   f"--junitxml={xml}", *(["-n", str(procs)] if procs > 1 else []), *args.pytest_args.split()]
+            code, seconds = run_step(cmd, env, log, limit(step))
+            results["tests"] = {**parse_junit(xml, code), "processes": procs, "seconds": round(seconds, 1)}
+        else:
+            path = out / f"bench_{'train' if step == 'bench' else 'loader'}.json"
+            code, _ = run_step([args.python, *bench_args(step, args, out), "--json", str(path)], env, log, limit(step))
+            results[step] = json.loads(path.read_text()) if code == 0 and path.is_file() else None
+        save()
+    log("\n== gpu-check summary ==")
+    for line in summary_lines(results):
+        log(line)
+    return results
 
 
 if __name__ == "__main__":
