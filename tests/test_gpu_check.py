@@ -58,6 +58,8 @@ def test_summary_of_failed_stopped_and_skipped_steps():
         "bench_train: FAILED or stopped (its output is in gpu-check.log)",
         "bench_loader: FAILED or stopped (its output is in gpu-check.log)"]
     assert tool.summary_lines({}) == []
+    partial = tool.summary_lines({"bench": {**BENCH, "stopped": True, "rounds_done": 1}})
+    assert "(varlen, NVIDIA H100 80GB HBM3, stopped for time after 1 round(s)): packed 60,000" in partial[0]
     assert tool.summary_lines({"environment": {**ENV, "varlen_attn": None}})[0].endswith("varlen_attn: none")
 
 
@@ -119,6 +121,7 @@ def test_a_whole_run_on_cpu_keeps_each_steps_files_and_sums_them_up(tmp_path):
     bench, loader = results["bench"], results["loader"]
     assert bench["config"]["attention"].startswith("varlen") and bench["config"]["other_attention"] == ["sdpa"]
     assert set(bench["modes"]) == {"packed", "pad_to_longest", "on_the_fly", "packed_sdpa"}
+    assert bench["rounds_done"] == 1 and "stopped" not in bench
     assert bench["modes"]["packed_sdpa"]["real_tokens"] == bench["modes"]["packed"]["real_tokens"]
     assert bench["modes"]["packed_sdpa"]["loss_sum"] == pytest.approx(bench["modes"]["packed"]["loss_sum"], rel=1e-4)
     assert loader["args"]["workers"] == 1

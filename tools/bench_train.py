@@ -74,6 +74,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -362,9 +363,11 @@ def train_step(model: Any, kwargs: dict[str, Any], *, sync: bool) -> tuple[float
     return seconds, float(loss.detach())
 
 
-def run_rounds(modes: dict[str, tuple[Any, list[Step]]], *, rounds: int, sync: bool) -> dict[str, dict]:
+def run_rounds(modes: dict[str, tuple[Any, list[Step]]], *, rounds: int, sync: bool,
+               each: Callable[[dict[str, dict]], Any] | None = None) -> dict[str, dict]:
     """``rounds`` passes over every mode's steps, interleaved step by step (the mode with the
-    smallest share done goes next); per mode and round the seconds, and the summed loss."""
+    smallest share done goes next); per mode and round the seconds, and the summed loss. ``each`` is
+    called with the timing so far after every round."""
     for model, steps in modes.values():  # warm-up, untimed: allocator, thread pools
         train_step(model, steps[0].kwargs, sync=sync)
     out = {name: {"seconds": [], "loss_sum": []} for name in modes}
@@ -384,6 +387,8 @@ def run_rounds(modes: dict[str, tuple[Any, list[Step]]], *, rounds: int, sync: b
             out[name]["seconds"].append(seconds[name])
             out[name]["loss_sum"].append(loss[name])
         print(f"round {r + 1}/{rounds}: " + ", ".join(f"{m} {seconds[m]:.1f} s" for m in modes), flush=True)
+        if each is not None:
+            each(out)
     return out
 
 
@@ -536,25 +541,35 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prepared in {time.perf_counter() - t0:.0f} s: " + json.dumps(config), flush=True)
         if args.profile:
             profile_packed(*modes["packed"], Path(args.profile), sync=device.type == "cuda")
-        timing = run_rounds(modes, rounds=args.rounds, sync=device.type == "cuda")
-        res = {"config": config, "modes": summarize(modes, timing, peak_tflops=args.peak_tflops),
-               "ratios": {"packed_vs_pad_to_longest": ratio(timing, "packed", "pad_to_longest"),
-                          "packed_vs_on_the_fly": ratio(timing, "packed", "on_the_fly")},
-               "fill_bound": round(modes_fill(modes, "packed") / modes_fill(modes, "pad_to_longest"), 3),
-               "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
-               "seconds_total": round(time.perf_counter() - t0, 1)}
-        for name in modes:
-            if name.startswith("packed_") and name != "packed_padding_free_fa2":
-                res["ratios"][f"{name}_vs_pad_to_longest"] = ratio(timing, name, "pad_to_longest")
-        if "packed_padding_free_fa2" in modes:
-            res["ratios"]["fa2_padding_free_vs_pad_to_longest"] = ratio(timing, "packed_padding_free_fa2",
-                                                                        "pad_to_longest")
-        print_table(res)
-        if args.json:
-            Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
+
+        def record(timing: dict[str, dict]) -> dict:
+            res = results(modes, timing, config, peak_tflops=args.peak_tflops, seconds=time.perf_counter() - t0)
+            if args.json:  # after every round: a run stopped early still leaves the rounds it finished
+                Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
+            return res
+
+        print_table(record(run_rounds(modes, rounds=args.rounds, sync=device.type == "cuda", each=record)))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def results(modes: dict[str, tuple[Any, list[Step]]], timing: dict[str, dict], config: dict, *,
+            peak_tflops: float | None, seconds: float) -> dict[str, Any]:
+    """The bench's record from the rounds timed so far."""
+    res = {"config": config, "modes": summarize(modes, timing, peak_tflops=peak_tflops),
+           "ratios": {"packed_vs_pad_to_longest": ratio(timing, "packed", "pad_to_longest"),
+                      "packed_vs_on_the_fly": ratio(timing, "packed", "on_the_fly")},
+           "fill_bound": round(modes_fill(modes, "packed") / modes_fill(modes, "pad_to_longest"), 3),
+           "rounds_done": len(timing["packed"]["seconds"]),
+           "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+           "seconds_total": round(seconds, 1)}
+    for name in modes:
+        if name.startswith("packed_") and name != "packed_padding_free_fa2":
+            res["ratios"][f"{name}_vs_pad_to_longest"] = ratio(timing, name, "pad_to_longest")
+    if "packed_padding_free_fa2" in modes:
+        res["ratios"]["fa2_padding_free_vs_pad_to_longest"] = ratio(timing, "packed_padding_free_fa2", "pad_to_longest")
+    return res
 
 
 def modes_fill(modes: dict[str, tuple[Any, list[Step]]], name: str) -> float:

@@ -57,7 +57,7 @@ GOAL = 0.9
 
 #: With ``--budget-s``: the share of the time left that each step may use when it starts, the steps
 #: after it keeping the rest (the tests are quickest, the bench slowest).
-SHARES = {"tests": 0.3, "bench": 0.75, "loader": 1.0}
+SHARES = {"tests": 0.3, "bench": 0.8, "loader": 1.0}
 
 
 class Log:
@@ -166,7 +166,8 @@ def _bench_lines(bench: dict | None, attention: str) -> list[str]:
     packed, padded = modes["packed"], modes["pad_to_longest"]
     r, bound = bench["ratios"]["packed_vs_pad_to_longest"]["median"], bench["fill_bound"]
     mfu = "" if packed.get("mfu") is None else f"; packed MFU {packed['mfu']:.1%}"
-    lines = [f"bench_train ({attention.split(',')[0]}, {cfg.get('device_name', cfg['device'])}): packed "
+    stopped = f", stopped for time after {bench['rounds_done']} round(s)" if bench.get("stopped") else ""
+    lines = [f"bench_train ({attention.split(',')[0]}, {cfg.get('device_name', cfg['device'])}{stopped}): packed "
              f"{packed['tokens_per_s']:,.0f} tokens/s, pad-to-longest {padded['tokens_per_s']:,.0f}: {r:.2f}x;",
              f"  fill bound {bound:.2f}x (packed {packed['fill']:.1%}, pad-to-longest {padded['fill']:.1%}): "
              f"{r / bound:.2f} of it (goal >= {GOAL:.2f}){mfu}"]
@@ -274,7 +275,11 @@ def run_all(args: argparse.Namespace, env: dict[str, str], out: Path, log: Log) 
         else:
             path = out / f"bench_{'train' if step == 'bench' else 'loader'}.json"
             code, _ = run_step([args.python, *bench_args(step, args, out), "--json", str(path)], env, log, limit(step))
-            results[step] = json.loads(path.read_text()) if code == 0 and path.is_file() else None
+            # bench_train writes its record after every round: one stopped for time keeps the rounds it finished
+            kept = code == 0 or (code == 124 and step == "bench")
+            results[step] = json.loads(path.read_text()) if kept and path.is_file() else None
+            if code == 124 and results[step] is not None:
+                results[step]["stopped"] = True
         save()
     log("\n== gpu-check summary ==")
     for line in summary_lines(results):
