@@ -108,6 +108,12 @@ def own_batches(packed):
 def test_recipe_stopped_mid_epoch_and_resumed_trains_like_ddp_on_its_own_batches(recipe, packed, reference,
                                                                                    own_batches, tmp_path):
     """The uninterrupted run to compare with is train_ddp.py's (bit for bit the same training)."""
+    import transformers
+    from packaging.version import Version
+
+    if recipe == "trainer" and Version(transformers.__version__) < Version("5.18"):
+        pytest.skip(f"transformers {transformers.__version__}'s Trainer cannot resume on several CPU ranks "
+                    "(PackedTrainer refuses it: test_resume_refused_where_transformers_cannot_do_it)")
     ref_losses, ref_digest = reference
     ckpt = tmp_path / "ckpt"
     first = _torchrun(recipe, *packed, "--steps", "1", "--save-every", "1", "--checkpoint", str(ckpt), "--log-batches")
@@ -182,6 +188,28 @@ def test_packed_trainer_refuses_what_would_break_resume(packed, tmp_path):
     assert not hasattr(stream, "__len__") and not hasattr(stream, "set_epoch")
     with pytest.raises(ConfigError, match="no checkpoint"):
         trainer.train(resume_from_checkpoint=True)
+
+
+def test_resume_refused_where_transformers_cannot_do_it(monkeypatch):
+    """transformers 5.17's Trainer loads the optimizer state onto ``cpu:0`` on several CPU ranks, which torch
+    cannot restore; PackedTrainer says so before loading anything. 5.18 and later, GPUs and one rank resume."""
+    from types import SimpleNamespace
+
+    import torch
+    import transformers
+
+    from wdspack.errors import ConfigError
+    from wdspack.train.trainers import _check_resumable
+
+    ranks = SimpleNamespace(world_size=2, device=torch.device("cpu", 0))
+    monkeypatch.setattr(transformers, "__version__", "5.17.0")
+    with pytest.raises(ConfigError, match=r"transformers 5\.17\.0's Trainer cannot resume a run of 2 CPU ranks.*"
+                                          r"'cpu:0'.*transformers>=5\.18"):
+        _check_resumable(ranks)
+    _check_resumable(SimpleNamespace(world_size=1, device=torch.device("cpu")))
+    _check_resumable(SimpleNamespace(world_size=2, device=torch.device("cuda", 0)))
+    monkeypatch.setattr(transformers, "__version__", "5.18.0")
+    _check_resumable(ranks)
 
 
 def test_loader_state_files_round_trip(packed, tmp_path):

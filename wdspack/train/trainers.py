@@ -307,6 +307,7 @@ class PackedTrainerMixin:
         else:
             checkpoint = resume_from_checkpoint or None
         if checkpoint:
+            _check_resumable(self.args)
             load_loader_state(self.loader, checkpoint)
             _restore_renamed_weights(self.accelerator.unwrap_model(self.model), checkpoint)
         # super() is the Trainer this is mixed into, which mypy cannot see from the mixin: hence the ignore
@@ -379,6 +380,22 @@ def _restore_renamed_weights(model: Any, folder: str | os.PathLike[str]) -> None
         return
     loaded = type(model).from_pretrained(str(folder), dtype=next(model.parameters()).dtype)
     model.load_state_dict(loaded.state_dict())
+
+
+def _check_resumable(args: Any) -> None:
+    """Refuse, before anything is loaded, a resume that transformers 5.17's Trainer cannot do: with several
+    ranks on CPU it loads the optimizer state with ``map_location`` ``cpu:0``, which torch cannot restore
+    (fixed in 5.18, which maps to plain ``cpu``)."""
+    import transformers
+    from packaging.version import Version
+
+    device = getattr(args, "device", None)
+    if (getattr(args, "world_size", 1) > 1 and getattr(device, "type", None) == "cpu"
+            and getattr(device, "index", None) is not None and Version(transformers.__version__) < Version("5.18")):
+        raise ConfigError(f"transformers {transformers.__version__}'s Trainer cannot resume a run of "
+                          f"{args.world_size} CPU ranks: it loads the optimizer state onto {str(device)!r}, which "
+                          "torch refuses ('don't know how to restore data location'); upgrade to transformers >= 5.18 "
+                          "(pip install 'transformers>=5.18'), or resume on GPUs or one rank")
 
 
 def _check_training_args(args: Any, loader: PackedLoader) -> None:
