@@ -87,6 +87,17 @@ def test_a_step_past_its_time_is_stopped(tmp_path):
     assert "started" in text and "stopped after 2 s" in text
 
 
+def test_each_step_gets_its_share_of_the_budget_and_the_last_all_that_is_left():
+    limit = _tool().step_limit
+    steps = ["tests", "bench", "loader"]
+    assert limit("tests", steps, None, 0.0) is None
+    assert limit("tests", steps, 540, 0.0) == pytest.approx(0.35 * 540)
+    assert limit("bench", steps, 540, 140.0) == pytest.approx(0.8 * 400)
+    assert limit("loader", steps, 540, 460.0) == pytest.approx(80.0)
+    assert limit("bench", ["tests", "bench"], 540, 140.0) == pytest.approx(400.0), "bench is last: all of it"
+    assert limit("loader", steps, 540, 530.0) == 30.0, "never under 30 s"
+
+
 def test_environment_reads_versions_and_the_kernel_signature():
     import torch
 

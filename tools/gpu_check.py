@@ -56,8 +56,8 @@ LOADER_ARGS = ("--only", "images", "--loaders", "wdspack", "--rounds", "3")
 GOAL = 0.9
 
 #: With ``--budget-s``: the share of the time left that each step may use when it starts, the steps
-#: after it keeping the rest (the tests are quickest, the bench slowest).
-SHARES = {"tests": 0.3, "bench": 0.8, "loader": 1.0}
+#: after it keeping the rest (the tests are quickest, the bench slowest); the last step to run takes all.
+SHARES = {"tests": 0.35, "bench": 0.8, "loader": 1.0}
 
 
 class Log:
@@ -248,6 +248,15 @@ def bench_args(step: str, args: argparse.Namespace, out: Path) -> list[str]:
             str(args.loader_samples)]
 
 
+def step_limit(step: str, steps: list[str], budget_s: float | None, elapsed_s: float) -> float | None:
+    """Seconds ``step`` may run: its share (:data:`SHARES`) of what is left of the budget, all of it for the
+    last step to run, never under 30 s; ``None`` without a budget."""
+    if budget_s is None:
+        return None
+    share = SHARES[step] if step != steps[-1] else 1.0
+    return max(30.0, (budget_s - elapsed_s) * share)
+
+
 def run_all(args: argparse.Namespace, env: dict[str, str], out: Path, log: Log) -> dict[str, Any]:
     """The steps in turn, the summary rewritten after each (``summary.json``)."""
     start = time.monotonic()
@@ -255,9 +264,7 @@ def run_all(args: argparse.Namespace, env: dict[str, str], out: Path, log: Log) 
     steps = [s for s in ("tests", "bench", "loader") if not getattr(args, f"skip_{s}")]
 
     def limit(step: str) -> float | None:
-        if args.budget_s is None:
-            return None
-        return max(30.0, (args.budget_s - (time.monotonic() - start)) * SHARES[step])
+        return step_limit(step, steps, args.budget_s, time.monotonic() - start)
 
     def save() -> None:
         (out / "summary.json").write_text(json.dumps(results, indent=1) + "\n")
@@ -268,7 +275,8 @@ def run_all(args: argparse.Namespace, env: dict[str, str], out: Path, log: Log) 
         if step == "tests":
             xml = out / "gpu-tests.xml"
             procs = args.test_processes if results["environment"]["xdist"] else 1
-            cmd = [args.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "tests", "-rA",
+            # -v: each test's verdict is in the log as it ends, so a run stopped for time still tells them
+            cmd = [args.python, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "gpu", "tests", "-rA",
                    f"--junitxml={xml}", *(["-n", str(procs)] if procs > 1 else []), *args.pytest_args.split()]
             code, seconds = run_step(cmd, env, log, limit(step))
             results["tests"] = {**parse_junit(xml, code), "processes": procs, "seconds": round(seconds, 1)}
