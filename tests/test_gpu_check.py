@@ -63,6 +63,17 @@ def test_summary_of_failed_stopped_and_skipped_steps():
     assert tool.summary_lines({"environment": {**ENV, "varlen_attn": None}})[0].endswith("varlen_attn: none")
 
 
+def test_exit_status_needs_every_test_passed_and_each_bench_finished_in_time():
+    ok = _tool().passed
+    green = {"passed": 31, "failed": 0, "errors": 0, "skipped": 0, "exit": 0}
+    assert ok({"tests": green, "bench": BENCH, "loader": LOADER}) and ok({}) and ok({"bench": BENCH})
+    assert ok({"tests": {**green, "exit": 5}}), "no gpu test selected is no failure"
+    assert not ok({"tests": {**green, "failed": 1, "exit": 1}})
+    assert not ok({"tests": {**green, "exit": 124}}), "stopped for time"
+    assert not ok({"tests": green, "bench": None})
+    assert not ok({"bench": {**BENCH, "stopped": True, "rounds_done": 1}}), "a partial bench is reported, not passed"
+
+
 def test_junit_counts_of_a_real_pytest_run(tmp_path):
     (tmp_path / "test_three.py").write_text(
         "import pytest\n\ndef test_ok():\n    assert 1\n\ndef test_bad():\n    assert 0\n\n"

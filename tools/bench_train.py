@@ -88,9 +88,9 @@ sys.path.insert(0, str(ROOT))  # this checkout's wdspack, wherever the environme
 
 #: ``--quick``: a smoke run (tiny data and model, one round).
 QUICK = {"records": 12, "seq_len": 512, "batch_size": 2, "hidden": 32, "layers": 1, "rounds": 1}
+DEFAULT = {"records": 40, "seq_len": 1024, "batch_size": 1, "hidden": 256, "layers": 4, "rounds": 2}
 #: ``--attention``'s choices for the packed modes.
 ATTENTIONS = ("sdpa", "varlen", "flex")
-DEFAULT = {"records": 40, "seq_len": 1024, "batch_size": 1, "hidden": 256, "layers": 4, "rounds": 2}
 
 
 @dataclass(frozen=True, slots=True)
@@ -542,13 +542,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.profile:
             profile_packed(*modes["packed"], Path(args.profile), sync=device.type == "cuda")
 
-        def record(timing: dict[str, dict]) -> dict:
-            res = results(modes, timing, config, peak_tflops=args.peak_tflops, seconds=time.perf_counter() - t0)
-            if args.json:  # after every round: a run stopped early still leaves the rounds it finished
-                Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
-            return res
+        latest: dict[str, Any] = {}
 
-        print_table(record(run_rounds(modes, rounds=args.rounds, sync=device.type == "cuda", each=record)))
+        def record(timing: dict[str, dict]) -> None:  # after every round: a run stopped early keeps what it did
+            latest.update(results(modes, timing, config, peak_tflops=args.peak_tflops,
+                                  seconds=time.perf_counter() - t0))
+            if args.json:
+                Path(args.json).write_text(json.dumps(latest, indent=1) + "\n")
+
+        run_rounds(modes, rounds=args.rounds, sync=device.type == "cuda", each=record)
+        print_table(latest)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -111,7 +111,9 @@ def test_recipe_stopped_mid_epoch_and_resumed_trains_like_ddp_on_its_own_batches
     import transformers
     from packaging.version import Version
 
-    if recipe == "trainer" and Version(transformers.__version__) < Version("5.18"):
+    from wdspack.train.trainers import RESUMES_ON_CPU_RANKS
+
+    if recipe == "trainer" and Version(transformers.__version__) < Version(RESUMES_ON_CPU_RANKS):
         pytest.skip(f"transformers {transformers.__version__}'s Trainer cannot resume on several CPU ranks "
                     "(PackedTrainer refuses it: test_resume_refused_where_transformers_cannot_do_it)")
     ref_losses, ref_digest = reference

@@ -382,6 +382,11 @@ def _restore_renamed_weights(model: Any, folder: str | os.PathLike[str]) -> None
     model.load_state_dict(loaded.state_dict())
 
 
+#: The first transformers whose Trainer resumes a run of several CPU ranks (5.17 maps the optimizer state to
+#: ``cpu:0``, which torch cannot restore).
+RESUMES_ON_CPU_RANKS = "5.18"
+
+
 def _check_resumable(args: Any) -> None:
     """Refuse, before anything is loaded, a resume that transformers 5.17's Trainer cannot do: with several
     ranks on CPU it loads the optimizer state with ``map_location`` ``cpu:0``, which torch cannot restore
@@ -390,12 +395,14 @@ def _check_resumable(args: Any) -> None:
     from packaging.version import Version
 
     device = getattr(args, "device", None)
-    if (getattr(args, "world_size", 1) > 1 and getattr(device, "type", None) == "cpu"
-            and getattr(device, "index", None) is not None and Version(transformers.__version__) < Version("5.18")):
+    indexed_cpu = getattr(device, "type", None) == "cpu" and getattr(device, "index", None) is not None
+    if (getattr(args, "world_size", 1) > 1 and indexed_cpu
+            and Version(transformers.__version__) < Version(RESUMES_ON_CPU_RANKS)):
         raise ConfigError(f"transformers {transformers.__version__}'s Trainer cannot resume a run of "
                           f"{args.world_size} CPU ranks: it loads the optimizer state onto {str(device)!r}, which "
-                          "torch refuses ('don't know how to restore data location'); upgrade to transformers >= 5.18 "
-                          "(pip install 'transformers>=5.18'), or resume on GPUs or one rank")
+                          "torch refuses ('don't know how to restore data location'); upgrade to transformers >= "
+                          f"{RESUMES_ON_CPU_RANKS} (pip install 'transformers>={RESUMES_ON_CPU_RANKS}'), or resume on "
+                          "GPUs or one rank")
 
 
 def _check_training_args(args: Any, loader: PackedLoader) -> None:
