@@ -64,8 +64,8 @@ bench: env
 	$(BIN)/python tools/bench_mixture_loader.py --json docs/bench_mixture_loader.json
 	$(BIN)/python tools/bench_pack_speed.py --json docs/bench_pack_speed.json
 
-# On a CUDA machine (not in CI): the gpu-marked tests, bench_train at issue 24's size and the loader at the
-# host's cores, then a summary. No venv:
+# On a CUDA machine (not in CI): the gpu-marked tests, the loader at the host's cores and bench_train at
+# issue 24's size, then a summary. No venv:
 # the machine's own CUDA torch (docs/guides/train.md#on-a-gpu); run with PYTHONPATH set as the guide says.
 gpu-check:
 	$(PYTHON) tools/gpu_check.py

@@ -152,7 +152,7 @@ def test_split_path_gives_what_the_transform_gives_bit_for_bit():
             _encode(_smooth(300, 200), "JPEG"), _encode(Image.new("LA", (9, 31), (80, 200)), "PNG")]
     whole = t(data)["pixel_values"]
     pixels = t.decode_resized(data)
-    assert [(p.shape, p.dtype) for p in pixels] == [((24, 24, 3), np.uint8)] * 4
+    assert [(p.shape, p.dtype) for p in pixels] == [((3, 24, 24), np.uint8)] * 4
     out = torch.full((6, 3, 24, 24), 7.0)  # larger than needed: entries past the images stay as they are
     t.normalize_into(pixels, out)
     assert torch.equal(out[:4], whole) and torch.all(out[4:] == 7.0)
@@ -161,14 +161,29 @@ def test_split_path_gives_what_the_transform_gives_bit_for_bit():
     assert torch.equal(batch[5:7], whole[1:3]) and not batch[:5].any() and not batch[7:].any()
 
 
+def test_decode_resized_is_pillows_image_channel_first():
+    """The planes read band by band are Pillow's decoded, resized image itself, HWC → CHW (checked against
+    ``np.asarray`` of the same image, the interleaved read), for every mode ``_to_rgb`` turns into RGB."""
+    t = make_image_transform(size=24)
+    data = [_encode(_noise(40, 30, 5), "JPEG", quality=90), _encode(_noise(24, 24, 6), "PNG"),
+            _encode(_smooth(300, 200), "JPEG"), _encode(Image.new("LA", (9, 31), (80, 200)), "PNG"),
+            _encode(_noise(33, 17, 7).convert("L"), "PNG"), _encode(_noise(20, 20, 8).convert("CMYK"), "JPEG")]
+    for px, raw in zip(t.decode_resized(data), data, strict=True):
+        img = decode_image(raw, draft=24)
+        expected = np.asarray(img if img.size == (24, 24) else img.resize((24, 24), Image.Resampling.BICUBIC))
+        assert np.array_equal(px, expected.transpose(2, 0, 1)) and px.dtype == np.uint8
+
+
 def test_split_path_refuses_wrong_inputs():
     t = make_image_transform(size=4)
     px = t.decode_resized([_encode(_noise(8, 8), "PNG")])
     for bad in (torch.zeros(1, 3, 4, 4, dtype=torch.float64), torch.zeros(1, 3, 5, 5), torch.zeros(0, 3, 4, 4)):
         with pytest.raises(ConfigError, match=r"float32 \[>= 1, 3, 4, 4\]"):
             t.normalize_into(px, bad)
-    with pytest.raises(ConfigError, match=r"expected uint8 \(4, 4, 3\)"):
-        t.normalize_into([np.zeros((4, 4, 3), np.float32)], torch.zeros(1, 3, 4, 4))
+    with pytest.raises(ConfigError, match=r"expected uint8 \(3, 4, 4\)"):
+        t.normalize_into([np.zeros((3, 4, 4), np.float32)], torch.zeros(1, 3, 4, 4))
+    with pytest.raises(ConfigError, match=r"is uint8 \(4, 4, 3\); expected uint8 \(3, 4, 4\)"):
+        t.copy_into([np.zeros((4, 4, 3), np.uint8)], torch.zeros(1, 3, 4, 4, dtype=torch.uint8))
     with pytest.raises(ImageDecodeError, match=r"^image 1: ") as info:
         t.decode_resized([_encode(_noise(8, 8), "PNG"), b"garbage"])
     assert info.value.index == 1

@@ -74,7 +74,7 @@ def test_uint8_bytes_are_the_decoded_images(pictures):
     checked = 0
     for b, number in enumerate(pack_numbers(batch["input_ids"])):
         for k, px in enumerate(transform.decode_resized(_pack_images(pictures, number))):
-            assert torch.equal(batch["pixel_values"][b * M + k], torch.from_numpy(px).permute(2, 0, 1))
+            assert torch.equal(batch["pixel_values"][b * M + k], torch.from_numpy(px.copy()))
             checked += 1
     assert checked == int(batch["image_mask"].sum())
 
@@ -171,7 +171,7 @@ def test_a_recycled_buffer_is_reused_only_for_the_same_dtype():
 
 def test_normalize_matches_the_cpu_path_bit_for_bit():
     t = make_image_transform(size=5, mean=CLIP_MEAN, std=CLIP_STD)
-    px = [np.random.default_rng(k).integers(0, 256, (5, 5, 3), dtype=np.uint8) for k in range(3)]
+    px = [np.random.default_rng(k).integers(0, 256, (3, 5, 5), dtype=np.uint8) for k in range(3)]
     floats, raw = torch.empty(3, 3, 5, 5), torch.empty(3, 3, 5, 5, dtype=torch.uint8)
     t.normalize_into(px, floats)
     t.copy_into(px, raw)

@@ -19,9 +19,12 @@ flattened patches    ``pixel_values`` [P, D] (P = Σ t·h·w),    [R, D] + ``pat
 ``merge_size²`` patches and a pack holds at most ``seq_len`` tokens), or ``max_patches``.
 
 The built-in path also comes in two halves, which the loader uses: :meth:`~ImageTransform.decode_resized`
-(bytes → ``[S, S, 3]`` uint8, in the dataset, where a bad image can still skip its pack) and
+(bytes → ``[3, S, S]`` uint8, channel-first, in the dataset, where a bad image can still skip its pack) and
 :meth:`~ImageTransform.normalize_into` (uint8 → normalised float32, written straight into the
-pack's slots of the batch tensor). Together they give exactly what ``__call__`` gives.
+pack's slots of the batch tensor). Together they give exactly what ``__call__`` gives. The first
+half reads each channel out of Pillow's image separately (``tobytes("raw", band)``), which costs
+what one interleaved ``[S, S, 3]`` read costs, so the second half copies and scales contiguous
+planes instead of gathering every third byte.
 
 Every decode reads the header first and refuses more than ``max_pixels`` pixels *before* any
 pixel is decoded, so a decompression bomb costs a few hundred bytes of parsing. Only common
@@ -36,6 +39,7 @@ height, and a rotated image would change a dynamic-resolution grid.
 
 from __future__ import annotations
 
+import functools
 import io
 import warnings
 from collections.abc import Sequence
@@ -81,6 +85,10 @@ class PatchLayout(Protocol):
     def merge_size(self) -> int: ...
 
     def patch_rows(self, seq_len: int, max_images: int) -> int | None: ...
+
+
+#: The channels :meth:`ImageTransform.decode_resized` reads out of an RGB image, one plane each.
+_BANDS = ("R", "G", "B")
 
 
 class ImageDecodeError(FormatError):
@@ -225,7 +233,8 @@ class ImageTransform:
         return self._fixed(pil)
 
     def decode_resized(self, images: Sequence[bytes]) -> list[np.ndarray]:
-        """Built-in path, first half: encoded images → ``[S, S, 3]`` uint8 RGB arrays (decoded, resized).
+        """Built-in path, first half: encoded images → ``[3, S, S]`` uint8 RGB arrays (decoded, resized,
+        channel-first, read-only).
 
         With :meth:`normalize_into` it gives exactly what ``__call__`` gives; split, the float
         pixels can be written once, straight into their slot of a batch tensor (the loader does).
@@ -237,8 +246,8 @@ class ImageTransform:
         Example:
             >>> t = make_image_transform(size=4)
             >>> buf = io.BytesIO(); Image.new("RGB", (8, 6), (255, 0, 0)).save(buf, format="PNG")
-            >>> px = t.decode_resized([buf.getvalue()]); px[0].shape, px[0].dtype, px[0][0, 0].tolist()
-            ((4, 4, 3), dtype('uint8'), [255, 0, 0])
+            >>> px = t.decode_resized([buf.getvalue()]); px[0].shape, px[0].dtype, px[0][:, 0, 0].tolist()
+            ((3, 4, 4), dtype('uint8'), [255, 0, 0])
         """
         if self.processor is not None:
             raise ConfigError(f"decode_resized is the built-in path's; this transform wraps "
@@ -249,46 +258,48 @@ class ImageTransform:
             img = self._decode(k, data)
             if img.size != (s, s):
                 img = img.resize((s, s), Image.Resampling.BICUBIC)
-            pixels.append(np.asarray(img))
+            # one plane per channel, each read contiguously out of Pillow's RGBX rows (no HWC → CHW gather)
+            planes = b"".join([img.tobytes("raw", band) for band in _BANDS])
+            pixels.append(np.frombuffer(planes, np.uint8).reshape(3, s, s))
         return pixels
 
     def normalize_into(self, pixels: Sequence[np.ndarray], out: torch.Tensor) -> None:
-        """Built-in path, second half: ``[S, S, 3]`` uint8 arrays → ``out[:N]`` ``[N, 3, S, S]`` float32, normalised.
+        """Built-in path, second half: ``[3, S, S]`` uint8 arrays → ``out[:N]`` ``[N, 3, S, S]`` float32, normalised.
 
-        Each pixel is read once and written once (HWC bytes → CHW floats in one pass); ``out`` may
+        Each pixel is scaled straight into its slot, then shifted there; ``out`` may
         be a view into a larger batch tensor (its slots of one pack) and must be float32, C-contiguous
         per image, on the CPU. Entries of ``out`` past ``N`` are left as they are.
 
         Example:
             >>> t = make_image_transform(size=2)
             >>> out = torch.zeros(2, 3, 2, 2)
-            >>> t.normalize_into([np.full((2, 2, 3), 255, np.uint8)], out)
+            >>> t.normalize_into([np.full((3, 2, 2), 255, np.uint8)], out)
             >>> out[0, :, 0, 0].tolist(), out[1].abs().sum().item()
             ([1.0, 1.0, 1.0], 0.0)
         """
         dst = self._check_out(pixels, out, torch.float32, "normalize_into")
         scale, shift = self._scale[:, None, None], self._shift[:, None, None]
         for k, px in enumerate(pixels):
-            # HWC bytes → CHW floats in one pass, then the shift in place: (x / 255 - mean) / std.
-            np.multiply(self._checked(k, px).transpose(2, 0, 1), scale, out=dst[k], casting="unsafe")
+            # bytes → floats in one pass, then the shift in place: (x / 255 - mean) / std.
+            np.multiply(self._checked(k, px), scale, out=dst[k], casting="unsafe")
             dst[k] += shift
 
     def copy_into(self, pixels: Sequence[np.ndarray], out: torch.Tensor) -> None:
-        """Built-in path, second half for ``pixel_dtype="uint8"``: ``[S, S, 3]`` uint8 arrays → ``out[:N]``
-        ``[N, 3, S, S]`` uint8, un-normalised (HWC → CHW); :meth:`normalize` finishes them on the device.
+        """Built-in path, second half for ``pixel_dtype="uint8"``: ``[3, S, S]`` uint8 arrays → ``out[:N]``
+        ``[N, 3, S, S]`` uint8, un-normalised (a plain copy); :meth:`normalize` finishes them on the device.
 
         ``out`` may be a view into a larger batch tensor; entries past ``N`` are left as they are.
 
         Example:
             >>> t = make_image_transform(size=2)
             >>> out = torch.zeros(1, 3, 2, 2, dtype=torch.uint8)
-            >>> t.copy_into([np.full((2, 2, 3), (255, 0, 7), np.uint8)], out)
+            >>> t.copy_into([np.array([255, 0, 7], np.uint8).repeat(4).reshape(3, 2, 2)], out)
             >>> out[0, :, 0, 0].tolist()
             [255, 0, 7]
         """
         dst = self._check_out(pixels, out, torch.uint8, "copy_into")
         for k, px in enumerate(pixels):
-            dst[k] = self._checked(k, px).transpose(2, 0, 1)
+            dst[k] = self._checked(k, px)
 
     def normalize(self, pixels: torch.Tensor) -> torch.Tensor:
         """``[..., 3, S, S]`` uint8 pixels (:meth:`copy_into`) → float32, normalised, on their own device.
@@ -320,8 +331,8 @@ class ImageTransform:
 
     def _checked(self, k: int, px: np.ndarray) -> np.ndarray:
         s = self.size
-        if px.shape != (s, s, 3) or px.dtype != np.uint8:
-            raise ConfigError(f"pixels[{k}] is {px.dtype} {px.shape}; expected uint8 ({s}, {s}, 3) from decode_resized")
+        if px.shape != (3, s, s) or px.dtype != np.uint8:
+            raise ConfigError(f"pixels[{k}] is {px.dtype} {px.shape}; expected uint8 (3, {s}, {s}) from decode_resized")
         return px
 
     def _decode(self, k: int, data: bytes) -> Image.Image:
@@ -412,7 +423,14 @@ def _to_rgb(img: Image.Image) -> Image.Image:
 
 def _available(formats: Sequence[str]) -> list[str]:
     Image.init()  # registers every plugin once; a no-op afterwards
-    return [f.upper() for f in formats if f.upper() in Image.OPEN]
+    return list(_available_once(tuple(formats), len(Image.OPEN)))
+
+
+@functools.lru_cache(maxsize=64)
+def _available_once(formats: tuple[str, ...], plugins: int) -> tuple[str, ...]:
+    """The installed ones of ``formats``, upper-case: worked out once per image transform rather than
+    per image (``plugins``, the count of registered openers, keys in a plugin registered later)."""
+    return tuple(f.upper() for f in formats if f.upper() in Image.OPEN)
 
 
 def _max_patches_per_image(processor: Any) -> int | None:
