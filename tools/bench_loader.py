@@ -41,8 +41,8 @@ the loader (persistent workers, ``make_loader``'s default) over the rest of the 
 has delivered its first batch (the warm-up's images are not counted; its time from a cold start is
 ``cold_start_s``). The workers' split is ``balance="cost"`` (``--balance``): a DataLoader hands out
 batches in turn, so a worker whose batch is cheap waits for a slower one's turn unless each step's
-batches cost about the same (on 2 cores the plain split kept the workers busy 76 % of the time, the
-balanced one 92 %). ``of_raw_n`` is wdspack's aggregate images/s at N workers over the raw decoders'
+batches cost about the same (on 2 cores the plain split kept the workers busy 72–75 % of the time, the
+balanced one 91–94 %). ``of_raw_n`` is wdspack's aggregate images/s at N workers over the raw decoders'
 aggregate; ``of_raw_cpu`` the same per CPU second (the workers' CPU read from ``/proc`` over the
 timed part). Where the rest goes: ``cold_start_s``, ``main_cpu_s`` (CPU time
 of the main process during the pass: receiving batches), and, with ``--profile``, a one-worker pass
