@@ -57,6 +57,38 @@ def test_peak_and_mfu_figures():
     assert next(peak for key, peak in tool.PEAK_TFLOPS if key in "NVIDIA H100 80GB HBM3") == 989.0
 
 
+def test_warm_up_passes_run_every_step_untimed():
+    """One step of every mode, then ``warmup_passes`` whole passes, then the timed rounds; ``warm`` runs
+    between (the profile: steady state), and the rounds hold only their own steps' losses."""
+    import dataclasses
+
+    import torch
+
+    tool = _tool()
+    calls: list[str] = []
+
+    class Model(torch.nn.Module):
+        def __init__(self, name):
+            super().__init__()
+            self.name, self.w = name, torch.nn.Parameter(torch.ones(()))
+
+        def forward(self, x):
+            calls.append(self.name)
+            return type("Out", (), {"loss": self.w * x})()
+
+    def step(x):
+        fields = {f.name: 1 for f in dataclasses.fields(tool.Step)}
+        return tool.Step(**{**fields, "kwargs": {"x": torch.tensor(float(x))}, "targets": 2})
+
+    modes = {"a": (Model("a"), [step(1), step(2), step(3)]), "b": (Model("b"), [step(5)])}
+    marks: list[int] = []
+    out = tool.run_rounds(modes, rounds=2, sync=False, warmup_passes=1, warm=lambda: marks.append(len(calls)))
+    assert calls.count("a") == 1 + 3 * 3 and calls.count("b") == 1 + 1 * 3
+    assert marks == [2 + 4], "warm runs after the first steps and the warm-up pass, before the rounds"
+    assert out["a"]["loss_sum"] == [12.0, 12.0] and out["b"]["loss_sum"] == [10.0, 10.0]
+    assert len(out["a"]["seconds"]) == 2
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("attention", ["sdpa", "varlen"])
 def test_quick_run_trains_the_same_tokens_three_ways(tmp_path, attention):
@@ -92,3 +124,4 @@ def test_quick_run_trains_the_same_tokens_three_ways(tmp_path, attention):
     for r in res["ratios"].values():
         assert 0.1 < r["min"] <= r["median"] <= r["max"] < 10
     assert res["config"]["model"]["class"] == "Qwen2_5_VLForConditionalGeneration"
+    assert res["config"]["model"]["vocab"] % 128 == 0 and res["config"]["warmup_passes"] == 0, "aligned; no pass on CPU"

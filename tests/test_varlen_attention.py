@@ -27,6 +27,7 @@ from wdspack.models.varlen import (
     use_varlen_attention,
     varlen_attention,
     varlen_kwargs,
+    varlen_vision_attention,
 )
 
 LENGTHS = (5, 1, 9, 3)  # segments of the flattened batch, one of a single token
@@ -105,6 +106,30 @@ def test_what_reaches_the_kernel(sliding_window):
     flat = (t.transpose(1, 2).reshape(B * L, t.shape[1], D) for t in (q, k, v))
     want = _dense(*flat, lengths, window=sliding_window, scale=0.25).view(B, L, H, D)
     torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
+
+
+def test_what_reaches_the_kernel_from_a_vision_tower():
+    """A vision tower's FlashAttention path: [1, H, T, D] and the tower's own cu_seq_lens_q (int64 there is
+    made int32) reach the kernel once, every span attending to itself both ways; equal to per-span SDPA."""
+    lengths, H, D = (4, 9, 1, 6), 2, 8
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, H, sum(lengths), D, generator=g, dtype=torch.float64) for _ in range(3))
+    kernel = _Recorder()
+    cu = _cu(lengths).long()
+    out, _ = varlen_vision_attention(kernel)(_module(is_causal=False), q, k, v, None, scaling=0.5,
+                                             cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=9, max_length_k=9,
+                                             is_causal=False, **{CU_SEQLENS_KEY: _cu((5,)), MAX_SEQLEN_KEY: 5})
+    (call,) = kernel.calls
+    assert call["window_size"] == (-1, -1) and call["scale"] == 0.5 and call["max_q"] == call["max_k"] == 9
+    assert call["cu_q"].dtype == torch.int32 and call["cu_q"].tolist() == cu.tolist(), "the tower's, not the text's"
+    spans = zip(*(t[0].split(list(lengths), dim=1) for t in (q, k, v)))
+    want = torch.cat([F.scaled_dot_product_attention(a, b, c, scale=0.5) for a, b, c in spans], dim=1)
+    torch.testing.assert_close(out[0], want.transpose(0, 1), rtol=1e-12, atol=1e-12)
+    attend = varlen_vision_attention(reference_varlen_attn)
+    with pytest.raises(ConfigError, match=r"without its cu_seqlens.*'sdpa'"):
+        attend(_module(), q, k, v, None)
+    with pytest.raises(ConfigError, match=r"bidirectional.*is_causal=True"):
+        attend(_module(), q, k, v, None, cu_seq_lens_q=cu, max_length_q=9, is_causal=True)
 
 
 def test_refusals_name_the_fix():

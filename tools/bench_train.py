@@ -25,9 +25,9 @@ packed loader's full batches (it drops fewer than ``B`` packs at the end of an e
 and on-the-fly packing take them in one seeded shuffled order (the arrival order).
 
 Model: ``Qwen2_5_VLForConditionalGeneration`` with random weights, ``--hidden``/``--layers`` deep,
-the tokenizer's 131k vocabulary. No optimizer step (the weights stay fixed, so every mode and round
-computes the same function, and its per-step cost is not per token); float32 on a CPU, bfloat16 on
-CUDA. On CUDA with ``flash_attn`` installed a fourth mode runs: packed, padding-free
+the tokenizer's 131k vocabulary (padded to a multiple of 128). No optimizer step (the weights stay
+fixed, so every mode and round computes the same function, and its per-step cost is not per token);
+float32 on a CPU, bfloat16 on CUDA. On CUDA with ``flash_attn`` installed a fourth mode runs: packed, padding-free
 (``[1, B·L]``) with FlashAttention-2's varlen kernel.
 
 Attention of the packed and on-the-fly modes (``--attention``; pad-to-longest always runs SDPA with
@@ -36,7 +36,8 @@ its padding mask, the baseline):
 - ``sdpa`` (default): ``[B, L]`` rows; transformers builds the block-causal mask from the restarting
   positions each step.
 - ``varlen``: ``wdspack.use_varlen_attention`` (PyTorch's FlashAttention varlen kernel, no extra
-  package) on ``padding_free=True`` batches, segments from the batch's ``cu_seqlens``: no mask at all.
+  package) on ``padding_free=True`` batches, segments from the batch's ``cu_seqlens``: no mask at all;
+  the vision tower on the same kernel, one call per layer instead of one per window.
   On a CPU the kernel is ``reference_varlen_attn`` (per-segment SDPA: the same numbers, not the
   kernel's speed), so the plumbing can be checked anywhere.
 - ``flex``: transformers' ``flex_attention`` (a ``BlockMask`` from the positions; CUDA only, torch
@@ -115,8 +116,15 @@ class SubSample:
 # ---------------------------------------------------------------------------------------------- data
 
 
+#: The embedding and LM head rows, rounded up to a multiple of this as released checkpoints do (Qwen2.5-VL
+#: 151,936, Pixtral 131,072): the tokenizer's 131,079 sent the LM head's products on an H200 to sm75 CUTLASS
+#: kernels (unaligned rows), half of a packed step's GPU time.
+VOCAB_MULTIPLE = 128
+
+
 def build_model(processor: Any, *, hidden: int, layers: int, seed: int = 0) -> Any:
-    """A random-init ``Qwen2_5_VLForConditionalGeneration`` (the real class), ``hidden`` wide."""
+    """A random-init ``Qwen2_5_VLForConditionalGeneration`` (the real class), ``hidden`` wide, its vocabulary
+    the tokenizer's rounded up to :data:`VOCAB_MULTIPLE`."""
     import transformers
 
     tok = processor.tokenizer
@@ -125,7 +133,8 @@ def build_model(processor: Any, *, hidden: int, layers: int, seed: int = 0) -> A
         ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"))}
     heads = 4
     half = hidden // heads // 2  # mRoPE splits half the head dimension into (t, h, w)
-    text = dict(vocab_size=len(tok), hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
+    vocab = -(-len(tok) // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+    text = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
                 num_attention_heads=heads, num_key_value_heads=2, max_position_embeddings=32768,
                 rope_parameters={"rope_type": "default", "rope_theta": 1e6,
                                  "mrope_section": [half - 2 * (half // 4), half // 4, half // 4]},
@@ -363,15 +372,17 @@ def train_step(model: Any, kwargs: dict[str, Any], *, sync: bool) -> tuple[float
     return seconds, float(loss.detach())
 
 
-def run_rounds(modes: dict[str, tuple[Any, list[Step]]], *, rounds: int, sync: bool,
-               each: Callable[[dict[str, dict]], Any] | None = None) -> dict[str, dict]:
+def run_rounds(modes: dict[str, tuple[Any, list[Step]]], *, rounds: int, sync: bool, warmup_passes: int = 0,
+               each: Callable[[dict[str, dict]], Any] | None = None,
+               warm: Callable[[], Any] | None = None) -> dict[str, dict]:
     """``rounds`` passes over every mode's steps, interleaved step by step (the mode with the
     smallest share done goes next); per mode and round the seconds, and the summed loss. ``each`` is
-    called with the timing so far after every round."""
-    for model, steps in modes.values():  # warm-up, untimed: allocator, thread pools
-        train_step(model, steps[0].kwargs, sync=sync)
-    out = {name: {"seconds": [], "loss_sum": []} for name in modes}
-    for r in range(rounds):
+    called with the timing so far after every round, ``warm`` once before the first. Untimed first:
+    one step of every mode (allocator, thread pools), then ``warmup_passes`` whole passes (on CUDA,
+    cuDNN builds a plan for every new attention shape: the first pass of pad-to-longest took 1.5-4x
+    the next on an H200)."""
+
+    def one_pass() -> tuple[dict[str, float], dict[str, float]]:
         done = dict.fromkeys(modes, 0)
         seconds = dict.fromkeys(modes, 0.0)
         loss = dict.fromkeys(modes, 0.0)
@@ -383,6 +394,19 @@ def run_rounds(modes: dict[str, tuple[Any, list[Step]]], *, rounds: int, sync: b
             seconds[name] += s
             loss[name] += mean * step.targets
             done[name] += 1
+        return seconds, loss
+
+    for model, steps in modes.values():
+        train_step(model, steps[0].kwargs, sync=sync)
+    for w in range(warmup_passes):
+        seconds, _ = one_pass()
+        print(f"warm-up pass {w + 1}/{warmup_passes} (untimed): " + ", ".join(f"{m} {seconds[m]:.1f} s" for m in modes),
+              flush=True)
+    if warm is not None:
+        warm()
+    out = {name: {"seconds": [], "loss_sum": []} for name in modes}
+    for r in range(rounds):
+        seconds, loss = one_pass()
         for name in modes:
             out[name]["seconds"].append(seconds[name])
             out[name]["loss_sum"].append(loss[name])
@@ -488,7 +512,8 @@ def prepare(args: argparse.Namespace, work: Path, device: torch.device) -> tuple
                  "tokens_mean": round(float(lens.mean()), 1), "tokens_median": int(np.median(lens)),
                  "tokens_p90": int(np.percentile(lens, 90)), "tokens_max": int(lens.max())},
         "seq_len": args.seq_len, "max_images": args.max_images, "batch_size": args.batch_size,
-        "padded_batch_size": b, "otf_rows": args.otf_rows, "rounds": args.rounds, "seed": args.seed,
+        "padded_batch_size": b, "otf_rows": args.otf_rows, "rounds": args.rounds,
+        "warmup_passes": args.warmup_passes, "seed": args.seed,
         "optimizer_step": False,
     }
     return modes, config
@@ -525,6 +550,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peak-tflops", type=float, help="the device's peak TFLOP/s for the model FLOPs utilisation "
                                                       "(default by device name: H100 989, A100 312; none on a CPU)")
     ap.add_argument("--profile", help="write a torch profiler table of three packed steps to this file")
+    ap.add_argument("--warmup-passes", type=int, help="untimed passes over every mode before the rounds (default: 1 "
+                    "on CUDA, where cuDNN plans each new attention shape once; 0 on a CPU)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
@@ -532,6 +559,8 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, key) is None:
             setattr(args, key, value)
     device = torch.device(args.device)
+    if args.warmup_passes is None:
+        args.warmup_passes = int(device.type == "cuda")
     if args.peak_tflops is None:
         args.peak_tflops = default_peak(device)
     work = Path(tempfile.mkdtemp(prefix="bench-train-"))
@@ -539,7 +568,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         modes, config = prepare(args, work, device)
         print(f"prepared in {time.perf_counter() - t0:.0f} s: " + json.dumps(config), flush=True)
-        if args.profile:
+
+        def profile() -> None:  # after the warm-up: the steady state
             profile_packed(*modes["packed"], Path(args.profile), sync=device.type == "cuda")
 
         latest: dict[str, Any] = {}
@@ -550,7 +580,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:
                 Path(args.json).write_text(json.dumps(latest, indent=1) + "\n")
 
-        run_rounds(modes, rounds=args.rounds, sync=device.type == "cuda", each=record)
+        run_rounds(modes, rounds=args.rounds, sync=device.type == "cuda", warmup_passes=args.warmup_passes, each=record,
+                   warm=profile if args.profile else None)
         print_table(latest)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -53,8 +53,9 @@ def processor(folder: Any, *, longest_edge: int = 96, tile: int = 32, image_seq_
                               image_seq_len=image_seq_len)
 
 
-def model(processor: Any, *, seed: int = 0, cls: str = "SmolVLMForConditionalGeneration") -> Any:
-    """A tiny random-init ``cls`` whose vision tower matches ``processor``'s tile size and ``image_seq_len``."""
+def model(processor: Any, *, seed: int = 0, cls: str = "SmolVLMForConditionalGeneration", head_dim: int = 8) -> Any:
+    """A tiny random-init ``cls`` whose vision tower matches ``processor``'s tile size and ``image_seq_len``;
+    ``head_dim`` of the text model 16 or more for GPU attention kernels (FlexAttention needs >= 16)."""
     import torch
     import transformers
 
@@ -66,7 +67,7 @@ def model(processor: Any, *, seed: int = 0, cls: str = "SmolVLMForConditionalGen
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=tile,
                   patch_size=patch)
     text = dict(model_type="llama", vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim, max_position_embeddings=4096,
                 pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
     config = config_cls(vision_config=vision, text_config=text, scale_factor=scale,
                         image_token_id=tok.convert_tokens_to_ids(processor.image_token))

@@ -122,8 +122,22 @@ def test_flex_attention_loss_equals_one_by_one(smol, monkeypatch):
 
 @pytest.mark.gpu
 def test_flex_attention_gradients_equal_one_by_one(smol):
+    """On CUDA with the compiled kernel, which takes head dims of 16 or more: the same tiny model with head_dim 16."""
+    from tiny_vlm import smolvlm
+
     processor, model, dataset = smol
-    h.check_flex_gradients(model, processor, dataset, seq_len=SEQ_LEN)
+    gpu_model = smolvlm.model(processor, cls=type(model).__name__, head_dim=16)
+    assert gpu_model.config.text_config.head_dim == 16
+    h.check_flex_gradients(gpu_model, processor, dataset, seq_len=SEQ_LEN)
+
+
+def test_the_gpu_build_takes_the_compiled_kernel(smol):
+    """The flex test's build (head_dim 16) has no head dim the compiled kernel refuses; the default (8) has."""
+    from tiny_vlm import smolvlm
+
+    processor, model, _ = smol
+    assert h.small_head_dims(model) and set(h.small_head_dims(model).values()) == {8}
+    assert not h.small_head_dims(smolvlm.model(processor, cls=type(model).__name__, head_dim=16))
 
 
 def test_padding_free_row_gives_the_same_loss(smol):

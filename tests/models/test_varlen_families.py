@@ -4,9 +4,10 @@ For each family the loader feeds, the tiny real model (``examples/tiny_vlm``) tr
 batches under the varlen attention gives the loss and gradients of its sub-samples run one by one
 through the plain processor → model path under SDPA:
 
-* on CPU (float64) with ``kernel=reference_varlen_attn`` (per-segment SDPA) for two families, both
+* on CPU (float64) with ``kernel=reference_varlen_attn`` (per-segment SDPA) for three families, both
   batch layouts, one with a sliding window: the plumbing (the segments reach every text layer
-  through ``model_inputs``; vision towers keep SDPA);
+  through ``model_inputs``; the Qwen-VL vision towers run the kernel once per layer on their own
+  offsets, bidirectionally; Pixtral's keeps SDPA);
 * on CUDA (``gpu``) with torch's own kernel in bfloat16, every family (Mistral 3 with and without a
   sliding window), at the FlashAttention-2 tests' tolerances.
 
@@ -52,15 +53,15 @@ def _build(name: str, folder):
 
 
 class _Counting:
-    """``reference_varlen_attn``, counting its calls (one per text layer per forward)."""
+    """``reference_varlen_attn``, counting its calls by window: causal (text layers) and both ways (vision)."""
 
     __name__ = "counting_reference"
 
     def __init__(self):
-        self.calls = 0
+        self.calls = {"text": 0, "vision": 0}
 
     def __call__(self, *args, **kwargs):
-        self.calls += 1
+        self.calls["vision" if kwargs["window_size"] == (-1, -1) else "text"] += 1
         return reference_varlen_attn(*args, **kwargs)
 
 
@@ -79,14 +80,18 @@ def _check(model, processor, dataset, *, kernel=None, padding_free: bool, rtol: 
 
 
 @pytest.mark.parametrize("padding_free", [False, True], ids=["rows", "padding_free"])
-@pytest.mark.parametrize("name", ["qwen2_5_vl", "mistral3_sliding"])
+@pytest.mark.parametrize("name", ["qwen2_5_vl", "qwen3_vl", "mistral3_sliding"])
 def test_packed_equals_one_by_one_on_cpu(name, padding_free, tmp_path):
     processor, model, dataset = _build(name, tmp_path)
     model = model.double()
     kernel = _Counting()
     batches = _check(model, processor, dataset, kernel=kernel, padding_free=padding_free, rtol=1e-9, atol=1e-11)
     layers = model.config.get_text_config().num_hidden_layers
-    assert kernel.calls == layers * len(batches), "every text layer of every forward, and nothing else"
+    assert kernel.calls["text"] == layers * len(batches), "every text layer of every forward"
+    with_images = sum(int(b["pixel_values"].numel() > 0) for b in batches if "pixel_values" in b)
+    depth = 0 if name.startswith("mistral3") else model.config.vision_config.depth  # Pixtral's tower keeps SDPA
+    assert with_images and kernel.calls["vision"] == depth * with_images, "one call per vision layer per forward"
+    assert model.config.vision_config._attn_implementation == "sdpa", "set_attn_implementation('sdpa') undoes both"
     if name == "mistral3_sliding":
         lengths = [len(ids) for ids, *_ in h.dataset_sub_samples(dataset).values()]
         assert max(lengths) > 8, "a sub-sample is longer than the window"

@@ -298,12 +298,22 @@ def check_flex(model: Any, processor: Any, dataset: Path, *, seq_len: int, monke
     assert_same(model, got, want, rtol=rtol, atol=atol)
 
 
+def small_head_dims(model: Any) -> dict[str, int]:
+    """The text stack's attention layers whose head dim is under 16 (what the compiled FlexAttention
+    kernel refuses on CUDA), by module name."""
+    text = model.config.get_text_config()
+    return {name: int(m.head_dim) for name, m in model.named_modules()
+            if getattr(m, "config", None) is text and isinstance(getattr(m, "head_dim", None), int) and m.head_dim < 16}
+
+
 def check_flex_gradients(model: Any, processor: Any, dataset: Path, *, seq_len: int, chats: Sequence = CHATS) -> None:
     """Loss and gradients under the model's compiled FlexAttention on CUDA, float32 (the compiled kernel
     needs head dims of at least 16 where the model's text stack uses it: Gemma 3, LLaVA and Mistral 3 pass a
     ``head_dim=16`` build of their tiny model)."""
     import copy
 
+    small = small_head_dims(model)
+    assert not small, f"the compiled FlexAttention kernel needs head dims >= 16; build with head_dim=16: {small}"
     gpu = copy.deepcopy(model).to("cuda", torch.float32)
     got, want = packed_and_reference(gpu, processor, dataset, attn="flex_attention", seq_len=seq_len, chats=chats)
     assert_same(gpu, got, want, rtol=1e-4, atol=1e-5)

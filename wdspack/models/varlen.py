@@ -2,8 +2,12 @@
 (``torch.nn.attention.varlen.varlen_attn``) as a transformers attention implementation.
 
 :func:`use_varlen_attention` registers :data:`VARLEN_ATTENTION` with ``transformers.AttentionInterface``
-and sets it on the model's text stack (its vision tower keeps its own implementation); from then on
-:func:`wdspack.model_inputs` hands every decoder layer the batch's own segment offsets. A packed batch
+and sets it on the model's text stack; from then on :func:`wdspack.model_inputs` hands every decoder
+layer the batch's own segment offsets. Vision towers that attend within images by offsets of their
+own (Qwen2-VL, Qwen2.5-VL, Qwen3-VL: transformers runs their FlashAttention path on ``cu_seqlens``,
+every other implementation one attention call per image or window, each with a host sync) run
+:data:`VARLEN_VISION_ATTENTION` too: one kernel call per layer, bidirectional within each span.
+Other towers (CLIP, SigLIP, Pixtral) keep their implementation. A packed batch
 is flattened to one row of tokens and each segment (a sub-sample, or a pack's padding tail) attends
 only to itself, causally::
 
@@ -41,12 +45,16 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 
-__all__ = ["VARLEN_ATTENTION", "is_varlen", "reference_varlen_attn", "use_varlen_attention", "varlen_attention",
-           "varlen_kwargs"]
+__all__ = ["VARLEN_ATTENTION", "VARLEN_VISION_ATTENTION", "is_varlen", "reference_varlen_attn", "use_varlen_attention",
+           "varlen_attention", "varlen_kwargs", "varlen_vision_attention"]
 
 #: The name :func:`use_varlen_attention` registers with ``transformers.AttentionInterface`` (with a
 #: custom ``kernel``: this name plus ``_`` and the kernel's ``__name__``).
 VARLEN_ATTENTION = "wdspack_varlen"
+
+#: The vision towers' implementation. The name holds "flash": transformers sends a tower down its
+#: ``cu_seqlens`` path when its config's implementation name does (``is_flash_attention_requested``).
+VARLEN_VISION_ATTENTION = "wdspack_flash_varlen_vision"
 
 #: The forward keyword arguments that carry the batch's segments to every attention layer.
 CU_SEQLENS_KEY, MAX_SEQLEN_KEY = "wdspack_cu_seqlens", "wdspack_max_seqlen"
@@ -163,6 +171,67 @@ def varlen_attention(kernel: Kernel | None = None) -> Callable[..., tuple[torch.
     return attend
 
 
+def varlen_vision_attention(kernel: Kernel | None = None) -> Callable[..., tuple[torch.Tensor, None]]:
+    """The attention function of a vision tower's FlashAttention path over ``kernel``: transformers calls
+    it with ``query [1, H, T, D]`` and the tower's own ``cu_seq_lens_q``/``max_length_q`` (one span per
+    image or window); every span attends to itself both ways (``window_size=(-1, -1)``)."""
+    checked = kernel is None
+    if kernel is None:
+        kernel = torch_varlen_kernel()
+    takes_gqa = "enable_gqa" in inspect.signature(kernel).parameters
+
+    def attend(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               attention_mask: Any = None, dropout: float = 0.0, scaling: float | None = None,
+               cu_seq_lens_q: torch.Tensor | None = None, cu_seq_lens_k: torch.Tensor | None = None,
+               max_length_q: Any = None, max_length_k: Any = None, is_causal: bool | None = None,
+               **kwargs: Any) -> tuple[torch.Tensor, None]:
+        layer = type(module).__name__
+        if cu_seq_lens_q is None or max_length_q is None:
+            raise ConfigError(f"{layer} runs {VARLEN_VISION_ATTENTION!r} without its cu_seqlens: only vision towers "
+                              "that attend by offsets take it; set 'sdpa' on this one")
+        if is_causal or (dropout and module.training):
+            raise ConfigError(f"{layer}: {VARLEN_VISION_ATTENTION!r} computes bidirectional attention without "
+                              f"dropout (got is_causal={is_causal}, dropout={dropout}); set 'sdpa' on this tower")
+        if checked and (query.dtype not in (torch.bfloat16, torch.float16) or query.device.type != "cuda"):
+            raise ConfigError(f"{VARLEN_VISION_ATTENTION!r} (FlashAttention) runs on CUDA in bfloat16/float16, not "
+                              f"{query.dtype} on {query.device}: model.to('cuda', torch.bfloat16)")
+        B, H, T, D = query.shape
+        q = query.transpose(1, 2).reshape(B * T, H, D)
+        k = key.transpose(1, 2).reshape(B * T, key.shape[1], D)
+        v = value.transpose(1, 2).reshape(B * T, value.shape[1], value.shape[-1])
+        cu_q = cu_seq_lens_q.to(torch.int32)
+        cu_k = cu_q if cu_seq_lens_k is None else cu_seq_lens_k.to(torch.int32)
+        max_q = int(max_length_q)
+        max_k = max_q if max_length_k is None else int(max_length_k)
+        extra = {"enable_gqa": key.shape[1] != H} if takes_gqa else {}
+        out = kernel(q, k, v, cu_q, cu_k, max_q, max_k, scale=scaling, window_size=(-1, -1), **extra)
+        return out.view(B, T, H, out.shape[-1]), None
+
+    attend.__name__ = f"{VARLEN_VISION_ATTENTION}_attention"
+    return attend
+
+
+def _offset_vision_configs(model: Any) -> list[Any]:
+    """The configs of ``model``'s vision attention layers that run on ``cu_seqlens`` under FlashAttention
+    (read from their ``forward``: the path transformers takes when the implementation name holds "flash")."""
+    text = model.config.get_text_config()
+    found: dict[int, Any] = {}
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        forward = type(module).forward
+        if config is None or config is text or config is model.config or id(config) in found:
+            continue
+        if "cu_seqlens" not in inspect.signature(forward).parameters:
+            continue
+        try:
+            source = inspect.getsource(forward)
+        except (OSError, TypeError):
+            continue
+        if "cu_seq_lens_q" in source and "is_flash_attention_requested" in source:
+            found[id(config)] = config
+    return list(found.values())
+
+
 def _text_config_key(config: Any) -> str | None:
     text = config.get_text_config()
     if text is config:
@@ -173,17 +242,20 @@ def _text_config_key(config: Any) -> str | None:
     raise ConfigError(f"cannot find the text sub-config of {type(config).__name__} to set {VARLEN_ATTENTION!r} on")
 
 
-def use_varlen_attention(model: Any, *, kernel: Kernel | None = None) -> str:
+def use_varlen_attention(model: Any, *, kernel: Kernel | None = None, vision: bool = True) -> str:
     """Train ``model``'s text stack padding-free on PyTorch's varlen FlashAttention kernel.
 
-    Registers the attention function with transformers and sets it on the text config (vision towers
-    keep theirs); :func:`wdspack.model_inputs` then adds the batch's ``cu_seqlens``/``max_seqlen``.
-    Either loader layout works; ``make_loader(..., padding_free=True)`` drops the padding tokens.
+    Registers the attention function with transformers and sets it on the text config;
+    :func:`wdspack.model_inputs` then adds the batch's ``cu_seqlens``/``max_seqlen``. Either loader
+    layout works; ``make_loader(..., padding_free=True)`` drops the padding tokens. With ``vision``,
+    a vision tower that attends by offsets (the Qwen-VL families) runs the same kernel, one call per
+    layer instead of one per image or window (:data:`VARLEN_VISION_ATTENTION`).
 
     Args:
         model: a transformers model of a family wdspack feeds.
         kernel: the attention kernel, with ``varlen_attn``'s signature (default: torch's, CUDA and
             bf16/fp16 only). ``reference_varlen_attn`` runs the same computation anywhere (tests).
+        vision: also the vision tower, where it attends by offsets (``False``: it keeps its own).
 
     Returns:
         The attention implementation's name (``"wdspack_varlen"``; with a ``kernel``, that name + ``_`` +
@@ -210,6 +282,13 @@ def use_varlen_attention(model: Any, *, kernel: Kernel | None = None) -> str:
     AttentionInterface.register(name, varlen_attention(kernel))
     key = _text_config_key(model.config)
     model.set_attn_implementation(name if key is None else {key: name})
+    if vision:
+        towers = _offset_vision_configs(model)
+        if towers:
+            vision_name = VARLEN_VISION_ATTENTION if kernel is None else f"{VARLEN_VISION_ATTENTION}_{name}"
+            AttentionInterface.register(vision_name, varlen_vision_attention(kernel))
+            for config in towers:  # set on the config, not through set_attn_implementation: that takes a
+                config._attn_implementation = vision_name  # name holding "flash" for a hub kernel to load
     return name
 
 
