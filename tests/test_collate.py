@@ -13,7 +13,7 @@ from PIL import Image
 
 from wdspack.errors import ConfigError, FormatError
 from wdspack.format.pack import Pack
-from wdspack.loader.buffers import decode_pack_images, write_pixel_slots
+from wdspack.loader.buffers import collate_staged, decode_pack_images, fresh_pixels, staged_example, write_pixel_slots
 from wdspack.loader.collate import IGNORE_INDEX, collate_packs, pack_to_example
 from wdspack.loader.images import ImageDecodeError, make_image_transform
 
@@ -307,6 +307,22 @@ def test_collate_stage_decode_equals_the_transform_bit_for_bit():
     write_pixel_slots(images, fresh, slots=4, dirty=[0, 0, 0])
     assert torch.equal(fresh, ref["pixel_values"])
     assert torch.equal(t(list(IMAGES))["pixel_values"], ref["pixel_values"][:3])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.uint8, torch.bfloat16])
+def test_fresh_pixels_outside_a_worker_are_zero_and_written_once(dtype):
+    """Out of a worker the memory is new and zero (numpy's calloc; bf16 through torch), so its packs'
+    empty slots need no writing (``dirty`` 0 each); a batch made with it has zeros in every empty slot."""
+    out, dirty = fresh_pixels((6, 3, 4, 4), 2, dtype=dtype)
+    assert out.dtype == dtype and out.shape == (6, 3, 4, 4) and dirty == [0, 0]
+    assert not out.any()
+    t = make_image_transform(size=16)
+    examples = [staged_example(p, seq_len=10, max_images=4, pad_token_id=0, image_transform=t) for p in MIXED]
+    batch, counts = collate_staged(examples)
+    ref = collate_packs([pack_to_example(p, seq_len=10, max_images=4, pad_token_id=0, image_transform=t)
+                         for p in MIXED])
+    assert counts == [3, 0, 1] and torch.equal(batch["pixel_values"], ref["pixel_values"])
+    assert not batch["pixel_values"][3:8].any() and batch["pixel_values"][:3].abs().sum() > 0
 
 
 def test_collate_stage_decode_errors_name_the_sample():

@@ -51,6 +51,7 @@ MODEL_KEY = "__wdspack_model__"
 _STAGED_KEYS = (PIXELS_KEY, MODEL_KEY)
 #: ``make_loader(pixel_dtype=...)``: what a batch's ``pixel_values`` travel as.
 PIXEL_DTYPES = {"float32": torch.float32, "uint8": torch.uint8}
+_NUMPY_DTYPES = {torch.float32: np.float32, torch.uint8: np.uint8}
 #: ``take(shape, packs) -> (tensor, dirty)``: memory for a batch's pixels and, per pack, how many
 #: leading slots (or rows) may hold non-zero bytes from earlier use (``None``: unknown, zero them all).
 TakePixels = Callable[[tuple[int, ...], int], tuple[torch.Tensor, "list[int] | None"]]
@@ -234,11 +235,15 @@ def normalize_pixels(batch: Mapping[str, Any], source: Any, *, device: torch.dev
 
 def fresh_pixels(shape: tuple[int, ...], packs: int, *, dtype: torch.dtype = torch.float32
                  ) -> tuple[torch.Tensor, list[int] | None]:
-    """New memory (a :data:`TakePixels`): in a DataLoader worker a new shared-memory segment, which
-    the OS zero-fills and the DataLoader passes on without copying; elsewhere plain memory."""
+    """New memory (a :data:`TakePixels`), zero from the start, so only the real images are written: in a
+    DataLoader worker a new shared-memory segment, which the OS zero-fills and the DataLoader passes on
+    without copying; elsewhere numpy's zeros (``calloc``: a batch's megabytes come as fresh zero pages,
+    not written twice; empty slots used to cost a float32 batch as much as decoding its images)."""
     if torch.utils.data.get_worker_info() is not None:
         return new_shared(shape, dtype=dtype), [0] * packs
-    return torch.empty(shape, dtype=dtype), None
+    if dtype in _NUMPY_DTYPES:
+        return torch.from_numpy(np.zeros(shape, dtype=_NUMPY_DTYPES[dtype])), [0] * packs
+    return torch.zeros(shape, dtype=dtype), [0] * packs
 
 
 def new_shared(shape: tuple[int, ...], *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
