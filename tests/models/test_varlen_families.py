@@ -97,6 +97,20 @@ def test_packed_equals_one_by_one_on_cpu(name, padding_free, tmp_path):
         assert max(lengths) > 8, "a sub-sample is longer than the window"
 
 
+def test_vision_false_leaves_the_tower_alone(tmp_path):
+    """``vision=False``: the text stack runs the kernel, the Qwen-VL vision tower keeps SDPA; by default both."""
+    from tiny_vlm import qwen2_5_vl
+
+    processor = qwen2_5_vl.processor(tmp_path / "tok")
+    model = qwen2_5_vl.model(processor)
+    wdspack.use_varlen_attention(model, kernel=reference_varlen_attn, vision=False)
+    assert model.config.get_text_config()._attn_implementation.startswith("wdspack_varlen")
+    assert model.config.vision_config._attn_implementation == "sdpa"
+    wdspack.use_varlen_attention(model, kernel=reference_varlen_attn)
+    assert model.config.vision_config._attn_implementation.startswith("wdspack_flash_varlen_vision")
+    assert model.model.visual.config is model.config.vision_config, "the tower reads the config that was set"
+
+
 def test_gemma3_is_refused(tmp_path):
     from tiny_vlm import gemma3
 
