@@ -117,6 +117,30 @@ def reference_varlen_attn(query: torch.Tensor, key: torch.Tensor, value: torch.T
     return out
 
 
+def _check_half_on_cuda(query: torch.Tensor) -> None:
+    """What torch's kernel takes, checked without a host-device sync; the errors name the fix."""
+    if query.dtype not in (torch.bfloat16, torch.float16):
+        raise ConfigError(f"{VARLEN_ATTENTION!r} (FlashAttention) takes bfloat16 or float16, not "
+                          f"{query.dtype}: model.to(torch.bfloat16) or run under "
+                          "torch.autocast('cuda', dtype=torch.bfloat16)")
+    if query.device.type != "cuda":
+        raise ConfigError(f"{VARLEN_ATTENTION!r} runs on CUDA only (query on {query.device}): move the model "
+                          "to a CUDA device, or use 'sdpa' on CPU")
+
+
+def _flat_call(kernel: Kernel, takes_gqa: bool, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               cu: tuple[torch.Tensor, torch.Tensor], max_len: tuple[int, int], *, scale: float | None,
+               window: tuple[int, int]) -> torch.Tensor:
+    """``[B, H, L, D]`` query, key and value flattened to ``[B·L, H, D]`` through ``kernel``; ``[B, L, H, D]``."""
+    B, H, L, D = query.shape
+    q = query.transpose(1, 2).reshape(B * L, H, D)
+    k = key.transpose(1, 2).reshape(B * L, key.shape[1], D)
+    v = value.transpose(1, 2).reshape(B * L, value.shape[1], value.shape[-1])
+    extra = {"enable_gqa": key.shape[1] != H} if takes_gqa else {}
+    out = kernel(q, k, v, cu[0], cu[1], max_len[0], max_len[1], scale=scale, window_size=window, **extra)
+    return out.view(B, L, H, out.shape[-1])
+
+
 def varlen_attention(kernel: Kernel | None = None) -> Callable[..., tuple[torch.Tensor, None]]:
     """The transformers attention function over ``kernel`` (default: torch's ``varlen_attn``, checked
     for CUDA and half precision at each call, without a host-device sync).
@@ -150,22 +174,10 @@ def varlen_attention(kernel: Kernel | None = None) -> Callable[..., tuple[torch.
             raise ConfigError(f"{layer} is not causal; {VARLEN_ATTENTION!r} serves causal text layers only: set it on "
                               "the text stack (use_varlen_attention does) and keep the vision tower on 'sdpa'")
         if checked:
-            if query.dtype not in (torch.bfloat16, torch.float16):
-                raise ConfigError(f"{VARLEN_ATTENTION!r} (FlashAttention) takes bfloat16 or float16, not "
-                                  f"{query.dtype}: model.to(torch.bfloat16) or run under "
-                                  "torch.autocast('cuda', dtype=torch.bfloat16)")
-            if query.device.type != "cuda":
-                raise ConfigError(f"{VARLEN_ATTENTION!r} runs on CUDA only (query on {query.device}): move the model "
-                                  "to a CUDA device, or use 'sdpa' on CPU")
-        B, H, L, D = query.shape
-        q = query.transpose(1, 2).reshape(B * L, H, D)
-        k = key.transpose(1, 2).reshape(B * L, key.shape[1], D)
-        v = value.transpose(1, 2).reshape(B * L, value.shape[1], value.shape[-1])
+            _check_half_on_cuda(query)
         window = (-1, 0) if sliding_window is None else (int(sliding_window) - 1, 0)
-        extra = {"enable_gqa": key.shape[1] != H} if takes_gqa else {}
-        out = kernel(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, scale=scaling, window_size=window,
-                     **extra)
-        return out.view(B, L, H, out.shape[-1]), None
+        return _flat_call(kernel, takes_gqa, query, key, value, (cu_seqlens, cu_seqlens), (max_seqlen, max_seqlen),
+                          scale=scaling, window=window), None
 
     attend.__name__ = f"{VARLEN_ATTENTION}_attention"
     return attend
@@ -192,20 +204,14 @@ def varlen_vision_attention(kernel: Kernel | None = None) -> Callable[..., tuple
         if is_causal or (dropout and module.training):
             raise ConfigError(f"{layer}: {VARLEN_VISION_ATTENTION!r} computes bidirectional attention without "
                               f"dropout (got is_causal={is_causal}, dropout={dropout}); set 'sdpa' on this tower")
-        if checked and (query.dtype not in (torch.bfloat16, torch.float16) or query.device.type != "cuda"):
-            raise ConfigError(f"{VARLEN_VISION_ATTENTION!r} (FlashAttention) runs on CUDA in bfloat16/float16, not "
-                              f"{query.dtype} on {query.device}: model.to('cuda', torch.bfloat16)")
-        B, H, T, D = query.shape
-        q = query.transpose(1, 2).reshape(B * T, H, D)
-        k = key.transpose(1, 2).reshape(B * T, key.shape[1], D)
-        v = value.transpose(1, 2).reshape(B * T, value.shape[1], value.shape[-1])
+        if checked:
+            _check_half_on_cuda(query)
         cu_q = cu_seq_lens_q.to(torch.int32)
         cu_k = cu_q if cu_seq_lens_k is None else cu_seq_lens_k.to(torch.int32)
         max_q = int(max_length_q)
         max_k = max_q if max_length_k is None else int(max_length_k)
-        extra = {"enable_gqa": key.shape[1] != H} if takes_gqa else {}
-        out = kernel(q, k, v, cu_q, cu_k, max_q, max_k, scale=scaling, window_size=(-1, -1), **extra)
-        return out.view(B, T, H, out.shape[-1]), None
+        return _flat_call(kernel, takes_gqa, query, key, value, (cu_q, cu_k), (max_q, max_k), scale=scaling,
+                          window=(-1, -1)), None
 
     attend.__name__ = f"{VARLEN_VISION_ATTENTION}_attention"
     return attend
@@ -218,18 +224,28 @@ def _offset_vision_configs(model: Any) -> list[Any]:
     found: dict[int, Any] = {}
     for module in model.modules():
         config = getattr(module, "config", None)
-        forward = type(module).forward
         if config is None or config is text or config is model.config or id(config) in found:
             continue
-        if "cu_seqlens" not in inspect.signature(forward).parameters:
-            continue
-        try:
-            source = inspect.getsource(forward)
-        except (OSError, TypeError):
-            continue
-        if "cu_seq_lens_q" in source and "is_flash_attention_requested" in source:
+        if _attends_by_offsets(type(module)):
             found[id(config)] = config
     return list(found.values())
+
+
+_OFFSET_CLASSES: dict[type, bool] = {}
+
+
+def _attends_by_offsets(cls: type) -> bool:
+    """Whether ``cls.forward`` takes ``cu_seqlens`` and passes them on under FlashAttention (read once per class)."""
+    if cls not in _OFFSET_CLASSES:
+        forward = getattr(cls, "forward", None)
+        source = ""
+        try:
+            if forward is not None and "cu_seqlens" in inspect.signature(forward).parameters:
+                source = inspect.getsource(forward)
+        except (OSError, TypeError, ValueError):
+            pass
+        _OFFSET_CLASSES[cls] = "cu_seq_lens_q" in source and "is_flash_attention_requested" in source
+    return _OFFSET_CLASSES[cls]
 
 
 def _text_config_key(config: Any) -> str | None:
