@@ -8,6 +8,7 @@ packed batch carries each pack's tiles ``[T, 3, 32, 32]`` (``T`` static) with
 from __future__ import annotations
 
 import copy
+import warnings
 
 import numpy as np
 import pytest
@@ -129,6 +130,32 @@ def test_flex_attention_gradients_equal_one_by_one(smol):
     gpu_model = smolvlm.model(processor, cls=type(model).__name__, head_dim=16)
     assert gpu_model.config.text_config.head_dim == 16
     h.check_flex_gradients(gpu_model, processor, dataset, seq_len=SEQ_LEN)
+
+
+def test_flex_runs_keep_to_the_main_kernel(smol, monkeypatch):
+    """The gpu flex test's one-by-one chats include queries under 128 tokens whose length × 2 query heads per KV
+    head passes 128, where torch's decoding kernel finds no tile (pytorch/pytorch#185349); under
+    ``flex_main_kernel`` every FlexAttention call carries the option that keeps it on the main kernel."""
+    import transformers.integrations.flex_attention as tfa
+    from torch.nn.attention.flex_attention import flex_attention
+
+    processor, model, dataset = smol
+    seen = []
+
+    def uncompiled(query, key, value, training=False, kernel_options=None, **kwargs):
+        seen.append((query.shape[1] // key.shape[1], query.shape[-2], kernel_options))
+        with warnings.catch_warnings():  # "called without torch.compile()": on purpose here
+            warnings.simplefilter("ignore", UserWarning)
+            return flex_attention(query, key, value, kernel_options=kernel_options, **kwargs)
+
+    monkeypatch.setattr(tfa, "compile_friendly_flex_attention", uncompiled)
+    with h.flex_main_kernel() as calls:
+        got, want = h.packed_and_reference(model, processor, dataset, attn="flex_attention", seq_len=SEQ_LEN,
+                                           backward=False)
+    h.assert_same(model, got, want)
+    assert len(calls) == len(seen) > 0 and tfa.compile_friendly_flex_attention is uncompiled
+    assert all(options == {"FORCE_USE_FLEX_ATTENTION": True} for _, _, options in seen)
+    assert any(q_len < 128 < group * q_len for group, q_len, _ in seen), "a query the decoding kernel refuses"
 
 
 def test_the_gpu_build_takes_the_compiled_kernel(smol):

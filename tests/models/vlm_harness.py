@@ -19,11 +19,12 @@ A family's test module builds its real processor and a tiny random-init model of
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +42,8 @@ from wdspack.format.pack import decode_pack  # noqa: E402
 from wdspack.models import save_processor  # noqa: E402
 
 __all__ = ["CHATS", "assert_same", "check_flex", "check_flex_gradients", "check_tokens", "check_training",
-           "dataset_sub_samples", "oracle", "pack_chats", "pack_sample_ids", "packed", "packed_and_reference",
-           "reference", "train_steps"]
+           "dataset_sub_samples", "flex_main_kernel", "oracle", "pack_chats", "pack_sample_ids", "packed",
+           "packed_and_reference", "reference", "train_steps"]
 
 #: (id, turns, image sizes (width, height)). A turn is (role, text); "<image>" in a user text marks
 #: where an image goes.
@@ -315,8 +316,39 @@ def check_flex_gradients(model: Any, processor: Any, dataset: Path, *, seq_len: 
     small = small_head_dims(model)
     assert not small, f"the compiled FlexAttention kernel needs head dims >= 16; build with head_dim=16: {small}"
     gpu = copy.deepcopy(model).to("cuda", torch.float32)
-    got, want = packed_and_reference(gpu, processor, dataset, attn="flex_attention", seq_len=seq_len, chats=chats)
+    with flex_main_kernel() as calls:
+        got, want = packed_and_reference(gpu, processor, dataset, attn="flex_attention", seq_len=seq_len, chats=chats)
+    assert calls, "the model ran FlexAttention"
     assert_same(gpu, got, want, rtol=1e-4, atol=1e-5)
+
+
+@contextlib.contextmanager
+def flex_main_kernel() -> Iterator[list[dict]]:
+    """transformers' compiled FlexAttention told to keep to torch's main kernel
+    (``kernel_options={"FORCE_USE_FLEX_ATTENTION": True}``); yields the kernel options of each call.
+
+    For a query under 128 tokens torch picks its decoding kernel, whose tile for grouped-query heads is
+    ``next_power_of_2(query length × heads per KV head)``; over 128 it no longer divides the mask's
+    128-token blocks, every configuration is filtered out, and Inductor raises ``NoValidChoicesError``
+    (pytorch/pytorch#185349). SmolVLM's one-by-one chats of 66-119 tokens with 2 heads per KV head met
+    it on an H200 with torch 2.11. Training never wants the decoding kernel.
+    """
+    import transformers.integrations.flex_attention as tfa
+
+    original, calls = tfa.compile_friendly_flex_attention, []
+
+    def main_kernel(*args: Any, kernel_options: dict | None = None, **kwargs: Any) -> Any:
+        options = dict(kernel_options or {})
+        if "BACKEND" not in options:  # torch refuses both knobs at once
+            options.setdefault("FORCE_USE_FLEX_ATTENTION", True)
+        calls.append(options)
+        return original(*args, kernel_options=options, **kwargs)
+
+    tfa.compile_friendly_flex_attention = main_kernel
+    try:
+        yield calls
+    finally:
+        tfa.compile_friendly_flex_attention = original
 
 
 def check_training(model: Any, dataset: Path, processor: Any, *, dtype: torch.dtype | None = None) -> list[float]:
