@@ -274,6 +274,7 @@ def padded_steps(records: dict[str, Any], subs: dict[str, SubSample], order: lis
     (padded to the longest, right side); labels are the samples' assistant turns, as packed."""
     from PIL import Image
 
+    from wdspack.models.vision_meta import precomputed_vision_kwargs
     from wdspack.packer.samples import _typed_content
 
     processor.tokenizer.padding_side = "right"
@@ -302,7 +303,10 @@ def padded_steps(records: dict[str, Any], subs: dict[str, SubSample], order: lis
             mask = torch.from_numpy(s.loss_mask.astype(bool))
             mask[0] = False
             labels[row, :n] = torch.where(mask, torch.from_numpy(s.input_ids), -100)
-        kwargs = {k: v.to(device) for k, v in inputs.items()} | {"labels": labels.to(device), "use_cache": False}
+        if "image_grid_thw" in inputs:  # the tower's bookkeeping on the host, as model_inputs gives packed steps
+            inputs |= precomputed_vision_kwargs(model, inputs["image_grid_thw"])
+        kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()} | {
+            "labels": labels.to(device), "use_cache": False}
         steps.append(Step(kwargs, len(names), int(inputs["attention_mask"].sum()), int(inputs["input_ids"].numel()),
                           _targets(labels)))
     return steps

@@ -40,7 +40,7 @@ __all__ = ["IMAGE_TOKEN_GUESSES", "Budgets", "Family", "assemble_processor", "fa
            "image_processor_for", "load_processor", "model_inputs", "save_processor"]
 
 #: Modules of this package that are not families.
-_NOT_FAMILIES = frozenset({"compat", "family", "processors", "varlen"})
+_NOT_FAMILIES = frozenset({"compat", "family", "processors", "varlen", "vision_meta"})
 
 
 @lru_cache(maxsize=1)
@@ -108,7 +108,9 @@ def model_inputs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]:
 
     The batch must come from ``make_loader(..., processor=...)`` for the model's family. Tensors
     are moved to the model's device. Under :func:`wdspack.use_varlen_attention` the batch's
-    ``cu_seqlens``/``max_seqlen`` go along (and no mask). ``use_cache`` is off: with a cache the models do not look
+    ``cu_seqlens``/``max_seqlen`` go along (and no mask). A Qwen-VL vision tower gets its grid bookkeeping
+    worked out here, from the batch's CPU ``image_grid_thw`` (:mod:`wdspack.models.vision_meta`), instead of
+    reading it back from the GPU image by image. ``use_cache`` is off: with a cache the models do not look
     for the packed sub-samples in the positions.
 
     Example:

@@ -7,8 +7,9 @@ signature no longer takes, raises :class:`IncompatibleTransformersError` naming 
 version and the range wdspack is tested with, instead of an ``ImportError`` or ``TypeError`` deep
 inside a training step.
 
-Used here: ``transformers.masking_utils`` (mask functions and builders, Gemma 3's packed masks) and
-``transformers.models.gemma3.modeling_gemma3.get_block_sequence_ids_for_mask``.
+Used here: ``transformers.masking_utils`` (mask functions and builders, Gemma 3's packed masks),
+``transformers.models.gemma3.modeling_gemma3.get_block_sequence_ids_for_mask`` and the grid helpers of
+``transformers.vision_utils`` (a Qwen-VL tower's bookkeeping, :mod:`wdspack.models.vision_meta`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["TESTED_TRANSFORMERS", "IncompatibleTransformersError", "call_private", "private"]
+__all__ = ["TESTED_TRANSFORMERS", "IncompatibleTransformersError", "call_private", "in_tested_range", "private"]
 
 #: The transformers releases the private names below are tested with: the lock file's version
 #: (``requirements.lock``, what ``make test`` installs) is the upper end; ``make test-latest``
@@ -44,6 +45,20 @@ def _error(what: str, why: str) -> IncompatibleTransformersError:
         f"{what} {why} in the installed transformers {_installed()}; wdspack is tested with transformers "
         f"{lo} to {hi}: install one of those (pip install 'transformers>={lo},<={hi}') or a wdspack that "
         "supports your release")
+
+
+def in_tested_range() -> bool:
+    """Whether the installed transformers is within :data:`TESTED_TRANSFORMERS` (both ends included):
+    for speed-ups that must give exactly what transformers would, and so are used only where tested.
+
+    Example:
+        >>> in_tested_range()
+        True
+    """
+    from packaging.version import Version
+
+    lo, hi = TESTED_TRANSFORMERS
+    return Version(lo) <= Version(_installed()) <= Version(hi)
 
 
 def private(module: str, *names: str) -> Any:

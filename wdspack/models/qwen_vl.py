@@ -28,6 +28,7 @@ import torch
 
 from ..errors import ConfigError
 from .family import Budgets, Family, Rows, run_image_processor
+from .vision_meta import precomputed_vision_kwargs
 
 __all__ = ["QWEN2_5_VL", "QWEN2_VL", "mrope_positions"]
 
@@ -147,7 +148,9 @@ def _model_kwargs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]:
                               "mm_token_type_ids": batch["mm_token_type_ids"]}
     if bool(batch["image_mask"].any()):
         kwargs["pixel_values"] = batch["pixel_values"][batch["patch_mask"]]
-        kwargs["image_grid_thw"] = batch["image_grid_thw"][batch["image_mask"]]
+        kwargs["image_grid_thw"] = grid = batch["image_grid_thw"][batch["image_mask"]]
+        if grid.device.type == "cpu":  # the tower's bookkeeping, worked out here instead of on the GPU
+            kwargs.update(precomputed_vision_kwargs(model, grid))
     return kwargs
 
 
