@@ -89,6 +89,34 @@ def test_warm_up_passes_run_every_step_untimed():
     assert len(out["a"]["seconds"]) == 2
 
 
+def test_profile_heads_its_tables_with_where_a_step_goes(tmp_path):
+    """The profile: a step's unprofiled wall, the GPU's busy time (none on a CPU) and the host's waits for it,
+    then a table by device time and one by the host's own time."""
+    import dataclasses
+
+    import torch
+
+    tool = _tool()
+    model = torch.nn.Linear(64, 64)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = model
+
+        def forward(self, x):
+            return type("Out", (), {"loss": self.inner(x).square().mean()})()
+
+    fields = {f.name: 1 for f in dataclasses.fields(tool.Step)}
+    steps = [tool.Step(**{**fields, "kwargs": {"x": torch.randn(256, 64)}}) for _ in range(4)]
+    figures = tool.profile_packed(Model(), steps, tmp_path / "profile.txt", sync=False)
+    assert figures["step_wall_ms"] > 0 and figures["gpu_busy_ms"] == 0 and figures["host_waits_per_step"] == 0
+    text = (tmp_path / "profile.txt").read_text()
+    assert text.startswith(f"packed step: {figures['step_wall_ms']:.1f} ms wall (unprofiled), GPU busy 0.0 ms")
+    by_device, by_host = text.split("by device time:")[1].split("by the host's own time:")
+    assert "aten::addmm" in by_device and "aten::addmm" in by_host
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("attention", ["sdpa", "varlen"])
 def test_quick_run_trains_the_same_tokens_three_ways(tmp_path, attention):

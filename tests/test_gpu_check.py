@@ -48,6 +48,11 @@ def test_summary_names_counts_ratios_shares_and_the_loader():
     assert lines[4] == "  packed_sdpa: 1.82x, 0.64 of the fill bound"
     assert lines[5] == "loader, 16 workers: float32 85.0%, uint8 93.0% of 16 raw decoders side by side (goal >= 90%)"
     assert len(lines) == 6
+    profiled = {**BENCH, "config": {**BENCH["config"], "profile": {"step_wall_ms": 184.2, "gpu_busy_ms": 61.4,
+                                                                     "host_waits_per_step": 2.0}}}
+    lines = _tool().summary_lines({"bench": profiled, "attention": "varlen,sdpa"})
+    assert lines[-1] == "  a packed step: 184 ms, the GPU busy 61 ms of it; the host waits on the GPU 2 times a step " \
+                        "(profile.txt)"
 
 
 def test_summary_of_failed_stopped_and_skipped_steps():
@@ -151,6 +156,8 @@ def test_a_whole_run_on_cpu_keeps_each_steps_files_and_sums_them_up(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text()) == json.loads(json.dumps(results))
     text = (tmp_path / "gpu-check.log").read_text()
     summary = text[text.index("== gpu-check summary =="):].splitlines()[1:]
-    assert summary == tool.summary_lines(results) and len(summary) == 5, summary
+    assert summary == tool.summary_lines(results) and len(summary) == 6, summary
     assert summary[0].startswith(f"torch {torch.__version__}, ") and "no CUDA device" in summary[0]
-    assert summary[3].startswith("  packed_sdpa: ") and summary[4].startswith("loader, 1 workers: float32 ")
+    assert summary[3].startswith("  packed_sdpa: ") and summary[5].startswith("loader, 1 workers: float32 ")
+    assert summary[4].startswith("  a packed step: ") and "the GPU busy 0 ms" in summary[4]
+    assert bench["config"]["profile"]["step_wall_ms"] > 0

@@ -347,18 +347,37 @@ def with_attention(model: Any, attention: str, device: torch.device) -> Any:
     return other
 
 
-def profile_packed(model: Any, steps: list[Step], path: Path, *, sync: bool) -> None:
-    """A torch profiler table of three packed steps (after one untimed), sorted by device time."""
+#: CUDA runtime calls after which the host waits for the GPU (the profiler lists them among its CPU events).
+HOST_WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+
+
+def profile_packed(model: Any, steps: list[Step], path: Path, *, sync: bool) -> dict[str, float]:
+    """Three packed steps (after one untimed): their wall time unprofiled, then a torch profiler table by
+    device time and one by the host's own time, headed by where a step's time goes: the GPU busy (kernels'
+    device time) against the wall, and the waits of the host for the GPU (``HOST_WAITS``) per step. A GPU
+    busy far less than the wall means the host sets the pace. Returns those figures."""
     from torch.profiler import ProfilerActivity, profile
 
-    train_step(model, steps[0].kwargs, sync=sync)
+    few = steps[:3]
+    train_step(model, few[0].kwargs, sync=sync)
+    wall = sum(train_step(model, step.kwargs, sync=sync)[0] for step in few) / len(few)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if sync else [])
     with profile(activities=activities, record_shapes=False) as prof:
-        for step in steps[:3]:
+        for step in few:
             train_step(model, step.kwargs, sync=sync)
-    key = "cuda_time_total" if sync else "cpu_time_total"
-    path.write_text(prof.key_averages().table(sort_by=key, row_limit=40) + "\n")
-    print(f"profile of {min(3, len(steps))} packed steps: {path}", flush=True)
+    events = prof.key_averages()
+    device_us = sum(getattr(e, "self_device_time_total", 0.0) for e in events)
+    waits = sum(e.count for e in events if e.key.startswith(HOST_WAITS))
+    figures = {"step_wall_ms": round(wall * 1e3, 2), "gpu_busy_ms": round(device_us / 1e3 / len(few), 2),
+               "host_waits_per_step": round(waits / len(few), 1)}
+    busy, wall_ms = figures["gpu_busy_ms"], figures["step_wall_ms"]
+    head = (f"packed step: {wall_ms:.1f} ms wall (unprofiled), GPU busy {busy:.1f} ms ({busy / wall_ms:.0%}), "
+            f"the host waits on the GPU {figures['host_waits_per_step']:g} times per step")
+    by_device = events.table(sort_by="self_device_time_total" if sync else "self_cpu_time_total", row_limit=30)
+    by_host = events.table(sort_by="self_cpu_time_total", row_limit=30)
+    path.write_text(f"{head}\n\nby device time:\n{by_device}\n\nby the host's own time:\n{by_host}\n")
+    print(f"profile of {len(few)} packed steps: {path}\n{head}", flush=True)
+    return figures
 
 
 # ---------------------------------------------------------------------------------------------- timing
@@ -574,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prepared in {time.perf_counter() - t0:.0f} s: " + json.dumps(config), flush=True)
 
         def profile() -> None:  # after the warm-up: the steady state
-            profile_packed(*modes["packed"], Path(args.profile), sync=device.type == "cuda")
+            config["profile"] = profile_packed(*modes["packed"], Path(args.profile), sync=device.type == "cuda")
 
         latest: dict[str, Any] = {}
 

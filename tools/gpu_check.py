@@ -185,6 +185,10 @@ def _bench_lines(bench: dict | None, attention: str) -> list[str]:
         mode = name.removesuffix("_vs_pad_to_longest")
         if mode != name and mode != "packed":
             lines.append(f"  {mode}: {other['median']:.2f}x, {other['median'] / bound:.2f} of the fill bound")
+    prof = cfg.get("profile")
+    if prof and prof.get("step_wall_ms"):
+        lines.append(f"  a packed step: {prof['step_wall_ms']:.0f} ms, the GPU busy {prof['gpu_busy_ms']:.0f} ms of "
+                     f"it; the host waits on the GPU {prof['host_waits_per_step']:g} times a step (profile.txt)")
     return lines
 
 
