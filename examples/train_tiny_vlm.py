@@ -81,8 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     for step, batch in enumerate(loader):
         kwargs = wdspack.model_inputs(batch, model)
         if step == 0:
+            tower = [k for k in kwargs if k.startswith("image_") and k != "image_grid_thw"]
             print("   keys fed to the model: " + ", ".join(f"{k} {tuple(v.shape)}" for k, v in kwargs.items()
-                                                        if isinstance(v, torch.Tensor)))
+                                                        if isinstance(v, torch.Tensor) and k not in tower)
+                  + (f"; and the vision tower's bookkeeping, worked out on the host: {', '.join(tower)}"
+                     if tower else ""))
         loss = model(**kwargs).loss
         opt.zero_grad()
         loss.backward()
