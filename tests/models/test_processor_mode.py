@@ -129,6 +129,54 @@ def test_uint8_patches_normalise_to_the_float32_patches(qwen, workers):
         wdspack.make_loader(ds, batch_size=1, num_workers=0, pixel_dtype="uint8")
 
 
+def test_model_inputs_pick_the_real_rows_by_index_where_the_pixels_are_elsewhere(monkeypatch):
+    """``take_rows``: rows on another device than their CPU mask (a batch normalised on the GPU; here "meta")
+    go through ``index_select`` with indices found on the CPU, not a copy of the mask; on one device, the mask."""
+    from wdspack.models.family import take_rows
+
+    values, mask = torch.arange(24.0).reshape(6, 4), torch.tensor([1, 0, 1, 1, 0, 0], dtype=torch.bool)
+    picked = []
+    real = torch.Tensor.index_select
+    monkeypatch.setattr(torch.Tensor, "index_select",
+                        lambda self, dim, index: picked.append((self.device.type, index.device.type, index.shape))
+                        or real(self, dim, index))
+    elsewhere = take_rows(values.to("meta"), mask)
+    assert elsewhere.device.type == "meta" and elsewhere.shape == (3, 4)
+    assert picked == [("meta", "meta", (3,))]
+    assert torch.equal(take_rows(values, mask), values[mask]) and len(picked) == 1, "one device: the mask itself"
+
+
+@pytest.mark.gpu
+def test_model_inputs_of_a_batch_normalised_on_the_gpu_do_not_wait_for_it(qwen):
+    """uint8 rows normalised on the GPU, then ``model_inputs``: no host-device sync (the GPU's sync debug mode
+    set to raise), and the same kwargs as the float32 batch on the CPU."""
+    import copy
+
+    from tiny_vlm import qwen2_5_vl
+
+    processor, _, dataset = qwen
+    model = qwen2_5_vl.model(processor)
+    gpu_model = copy.deepcopy(model).to("cuda")
+    loader = wdspack.make_loader(str(dataset), batch_size=2, num_workers=0, processor=processor, shuffle=False,
+                                 pixel_dtype="uint8")
+    floats = wdspack.make_loader(str(dataset), batch_size=2, num_workers=0, processor=processor, shuffle=False)
+    for batch, want_batch in zip(loader, floats, strict=True):
+        on_gpu = wdspack.normalize_pixels(batch, loader, device="cuda", non_blocking=True)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            got = wdspack.model_inputs(on_gpu, gpu_model)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        want = wdspack.model_inputs(want_batch, model)
+        assert got.keys() == want.keys()
+        for key, value in want.items():
+            if isinstance(value, torch.Tensor):
+                assert got[key].device.type == "cuda", key
+                torch.testing.assert_close(got[key].cpu(), value, rtol=0, atol=1e-6, msg=key)
+            else:
+                assert got[key] == value, key
+
+
 def test_workers_give_the_same_batches_as_in_process(qwen):
     processor, _, dataset = qwen
     streams = []

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Budgets", "Family", "Rows", "default_pixels", "run_image_processor"]
+__all__ = ["Budgets", "Family", "Rows", "default_pixels", "run_image_processor", "take_rows"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +58,24 @@ class Rows:
     @property
     def pieces(self) -> tuple[torch.Tensor, ...]:
         return (self.tensor,) if isinstance(self.tensor, torch.Tensor) else self.tensor
+
+
+def take_rows(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``values[mask]`` (a boolean mask over the first dimension), without waiting for the GPU.
+
+    A batch normalised on the GPU (``wdspack.normalize_pixels(batch, loader, device="cuda")``) has its
+    ``pixel_values`` there and its masks on the CPU. Indexing by the mask would copy it over with a
+    blocking copy, which waits until the GPU has run everything queued; here the rows' indices are found
+    on the CPU and sent without blocking. Elsewhere (both on one device) it is ``values[mask]``.
+
+    Example:
+        >>> take_rows(torch.arange(8).reshape(4, 2), torch.tensor([True, False, False, True])).tolist()
+        [[0, 1], [6, 7]]
+    """
+    if mask.device == values.device or mask.device.type != "cpu":
+        return values[mask]
+    index = mask.nonzero().squeeze(1)
+    return values.index_select(0, index.to(values.device, non_blocking=True))
 
 
 def run_image_processor(processor: Any, images: Sequence[Any], **kwargs: Any) -> dict[str, torch.Tensor]:

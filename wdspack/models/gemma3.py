@@ -42,7 +42,7 @@ import torch
 
 from ..errors import ConfigError
 from .compat import call_private, private
-from .family import Budgets, Family
+from .family import Budgets, Family, take_rows
 
 __all__ = ["GEMMA3", "packed_masks"]
 
@@ -138,7 +138,7 @@ def _model_kwargs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"],
                               "attention_mask": masks}
     if bool(batch["image_mask"].any()):
-        kwargs["pixel_values"] = batch["pixel_values"][batch["image_mask"]]
+        kwargs["pixel_values"] = take_rows(batch["pixel_values"], batch["image_mask"])
     return kwargs
 
 

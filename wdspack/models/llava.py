@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from .family import Budgets, Family, Rows
+from .family import Budgets, Family, Rows, take_rows
 
 __all__ = ["LLAVA", "LLAVA_ONEVISION"]
 
@@ -129,7 +129,7 @@ def _llava_pad(out: Mapping[str, torch.Tensor], processor: Any, budgets: Budgets
 def _llava_kwargs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"]}
     if bool(batch["image_mask"].any()):
-        kwargs["pixel_values"] = batch["pixel_values"][batch["image_mask"]]
+        kwargs["pixel_values"] = take_rows(batch["pixel_values"], batch["image_mask"])
     return kwargs
 
 

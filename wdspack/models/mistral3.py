@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from .family import Budgets, Family, Rows, run_image_processor
+from .family import Budgets, Family, Rows, run_image_processor, take_rows
 
 __all__ = ["MISTRAL3", "canvas", "resized_size"]
 
@@ -125,8 +125,8 @@ def _pad_pixels(out: Mapping[str, torch.Tensor], processor: Any, budgets: Budget
 def _model_kwargs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"]}
     if bool(batch["image_mask"].any()):
-        kwargs["pixel_values"] = batch["pixel_values"][batch["image_mask"]]
-        kwargs["image_sizes"] = batch["image_sizes"][batch["image_mask"]]
+        kwargs["pixel_values"] = take_rows(batch["pixel_values"], batch["image_mask"])
+        kwargs["image_sizes"] = take_rows(batch["image_sizes"], batch["image_mask"])
     return kwargs
 
 

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from .family import Budgets, Family, Rows, run_image_processor
+from .family import Budgets, Family, Rows, run_image_processor, take_rows
 from .vision_meta import precomputed_vision_kwargs
 
 __all__ = ["QWEN2_5_VL", "QWEN2_VL", "mrope_positions"]
@@ -147,8 +147,8 @@ def _model_kwargs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"],
                               "mm_token_type_ids": batch["mm_token_type_ids"]}
     if bool(batch["image_mask"].any()):
-        kwargs["pixel_values"] = batch["pixel_values"][batch["patch_mask"]]
-        kwargs["image_grid_thw"] = grid = batch["image_grid_thw"][batch["image_mask"]]
+        kwargs["pixel_values"] = take_rows(batch["pixel_values"], batch["patch_mask"])
+        kwargs["image_grid_thw"] = grid = take_rows(batch["image_grid_thw"], batch["image_mask"])
         if grid.device.type == "cpu":  # the tower's bookkeeping, worked out here instead of on the GPU
             kwargs.update(precomputed_vision_kwargs(model, grid))
     return kwargs
