@@ -19,6 +19,7 @@ from torch.overrides import TorchFunctionMode
 
 import vlm_harness as h
 import wdspack
+from wdspack.errors import ConfigError
 from wdspack.models import compat, vision_meta
 
 #: name -> (tiny_vlm module, processor options, model options, helpers its tower calls)
@@ -138,7 +139,7 @@ def test_left_to_the_tower_where_it_is_not_known_to_be_exact(qwen, monkeypatch):
     monkeypatch.setattr(compat, "TESTED_TRANSFORMERS", ("0.1.0", "0.2.0"))  # an untested release
     assert vision_meta.precomputed_vision_kwargs(model, grid) == {}
     monkeypatch.undo()
-    with pytest.raises(ValueError, match="image_grid_thw is on meta"):
+    with pytest.raises(ConfigError, match="image_grid_thw is on meta"):
         vision_meta.precomputed_vision_kwargs(model, grid.to("meta"))
 
 

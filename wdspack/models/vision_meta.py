@@ -29,10 +29,12 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import accumulate
 from typing import Any
 
 import torch
 
+from ..errors import ConfigError
 from .compat import in_tested_range, private
 
 __all__ = ["precomputed_vision_kwargs", "vision_helpers"]
@@ -124,14 +126,14 @@ def precomputed_vision_kwargs(model: Any, image_grid_thw: torch.Tensor) -> dict[
     shifted by the patches before), which the tests check equals one call over the whole grid.
 
     Raises:
-        ValueError: ``image_grid_thw`` is not a CPU tensor.
+        ConfigError: ``image_grid_thw`` is not a CPU tensor.
     """
     tower = _tower(model)
     helpers = vision_helpers(tower) if tower is not None else None
     if helpers is None or not in_tested_range() or image_grid_thw.numel() == 0:
         return {}
     if image_grid_thw.device.type != "cpu":
-        raise ValueError(f"image_grid_thw is on {image_grid_thw.device}; pass the loader's (CPU) copy, which "
+        raise ConfigError(f"image_grid_thw is on {image_grid_thw.device}; pass the loader's (CPU) copy, which "
                          "is what saves the GPU reads")
     grid = image_grid_thw.to(torch.int64)
     settings = _Settings.of(tower, helpers)
@@ -142,9 +144,8 @@ def precomputed_vision_kwargs(model: Any, image_grid_thw: torch.Tensor) -> dict[
                            "image_cu_seqlens": cu_seqlens, "image_max_seqlen": _longest(cu_seqlens)}
     if settings.window is not None:  # Qwen2.5-VL: each image's windows after the patches and tokens before it
         patches = [t * h * w for t, h, w in rows]
-        tokens = [n // settings.merge ** 2 for n in patches]
-        before = [sum(patches[:i]) for i in range(len(rows))]
-        index = torch.cat([p["window_index"] + sum(tokens[:i]) for i, p in enumerate(parts)])
+        before = list(accumulate(patches, initial=0))  # patches of the images before each one
+        index = torch.cat([p["window_index"] + b // settings.merge ** 2 for p, b in zip(parts, before)])
         cu_windows = torch.unique_consecutive(torch.cat(
             [torch.zeros(1, dtype=torch.int32)] + [p["cu_window_seqlens"][1:] + b for p, b in zip(parts, before)]))
         out.update(image_window_index=index, image_cu_window_seqlens=cu_windows,
