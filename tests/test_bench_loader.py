@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
 
 
 def _tool():
@@ -23,9 +26,28 @@ def test_side_by_side_raw_decoders_decode_every_image_once():
     tool = _tool()
     jpeg = tool._photo_like(np.random.default_rng(0))
     pics = [[jpeg] * 2, [], [jpeg] * 3]
-    rate, count = tool.raw_side_by_side(pics, 2)
+    rate, count, split = tool.raw_side_by_side(pics, 2)
     assert count == 5 and rate > 0
+    # each decoder timed its own loop: CPU per image, and a wall that cannot be under its CPU
+    assert split["decode_cpu_ms"] > 0 and split["decode_wall_over_cpu"] >= 0.99
     assert tool.raw_side_by_side(pics, 2, per_process=4)[1] == 8  # cycled to 2 × 4
+
+
+def test_the_decode_clock_sums_decoding_and_takes_itself_away():
+    from decode_clock import DecodeClock, since
+    from wdspack.loader.images import ImageTransform, make_image_transform
+
+    jpeg = _tool()._photo_like(np.random.default_rng(0))
+    transform, original = make_image_transform(size=32), ImageTransform.decode_resized
+    clock = DecodeClock(2)
+    with clock.installed():
+        before = clock.totals()
+        assert [p.shape for p in transform.decode_resized([jpeg] * 3)] == [(3, 32, 32)] * 3
+        got = since(clock, before)
+    assert ImageTransform.decode_resized is original
+    assert got["decoded_images"] == 3 and got["decode_cpu_ms"] > 0 and got["decode_wall_over_cpu"] >= 0.99
+    transform.decode_resized([jpeg])  # not counted once taken away
+    assert clock.totals()[2] == 3
 
 
 def test_scaling_reports_both_dtypes_against_the_raw_decoders(tmp_path, capsys):
@@ -46,5 +68,14 @@ def test_scaling_reports_both_dtypes_against_the_raw_decoders(tmp_path, capsys):
         # the packs an epoch leaves over (fewer than one batch per worker)
         assert 0 < r["warm_up_images"] and r["images"] + r["warm_up_images"] <= raw[0]["images"]
         assert r["balance"] == "cost"
+        # the workers' CPU, split: decoding (timed inside them) fits within it (/proc counts 10 ms ticks)
+        assert r["decoded_images"] > 0 and r["decode_cpu_ms"] > 0 and 0 < r["workers_busy"]
+        assert r["decode_cpu_ms"] * r["decoded_images"] / 1e3 <= r["workers_cpu_s"] + 0.02 * 2
+        assert r["own_cpu_ms"] == pytest.approx(
+            1e3 * (r["workers_cpu_s"] - r["decode_cpu_ms"] * r["decoded_images"] / 1e3) / r["images"])
+        assert r["main_cpu_ms"] == pytest.approx(1e3 * r["main_cpu_s"] / r["images"])
+    summaries = {r["loader"]: r for r in results if r["loader"].startswith("summary ")}
+    assert "CPU per image: decoding" in summaries["summary uint8"]["cpu_split"]
     printed = capsys.readouterr().out
     assert "float32, 2 workers:" in printed and "uint8, 2 workers:" in printed
+    assert "uint8, 2 workers, CPU per image: decoding" in printed

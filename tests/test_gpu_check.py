@@ -31,7 +31,7 @@ BENCH = {"config": {"device": "cuda", "device_name": "NVIDIA H100 80GB HBM3"},
 LOADER = {"args": {"workers": 16},
           "results": [{"loader": "wdspack float32", "of_raw_n": 0.8},
                       {"loader": "summary float32", "of_raw_n_median": 0.85},
-                      {"loader": "summary uint8", "of_raw_n_median": 0.93}]}
+                      {"loader": "summary uint8", "of_raw_n_median": 0.93, "cpu_split": "uint8, 16 workers, CPU"}]}
 ENV = {"torch": "2.11.0+cu130", "transformers": "5.17.0", "device": "NVIDIA H100 80GB HBM3", "cpus": 16,
        "varlen_attn": ["cu_seq_k", "scale", "window_size"]}
 
@@ -47,7 +47,8 @@ def test_summary_names_counts_ratios_shares_and_the_loader():
     assert "fill bound 2.86x" in lines[3] and "0.91 of it (goal >= 0.90)" in lines[3] and "MFU 18.0%" in lines[3]
     assert lines[4] == "  packed_sdpa: 1.82x, 0.64 of the fill bound"
     assert lines[5] == "loader, 16 workers: float32 85.0%, uint8 93.0% of 16 raw decoders side by side (goal >= 90%)"
-    assert len(lines) == 6
+    assert lines[6] == "  uint8, 16 workers, CPU", "where the uint8 workers' CPU went"
+    assert len(lines) == 7
     profiled = {**BENCH, "config": {**BENCH["config"], "profile": {"step_wall_ms": 184.2, "gpu_busy_ms": 61.4,
                                                                      "host_waits_per_step": 2.0}}}
     lines = _tool().summary_lines({"bench": profiled, "attention": "varlen,sdpa"})
@@ -156,8 +157,9 @@ def test_a_whole_run_on_cpu_keeps_each_steps_files_and_sums_them_up(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text()) == json.loads(json.dumps(results))
     text = (tmp_path / "gpu-check.log").read_text()
     summary = text[text.index("== gpu-check summary =="):].splitlines()[1:]
-    assert summary == tool.summary_lines(results) and len(summary) == 6, summary
+    assert summary == tool.summary_lines(results) and len(summary) == 7, summary
     assert summary[0].startswith(f"torch {torch.__version__}, ") and "no CUDA device" in summary[0]
     assert summary[3].startswith("  packed_sdpa: ") and summary[5].startswith("loader, 1 workers: float32 ")
     assert summary[4].startswith("  a packed step: ") and "the GPU busy 0 ms" in summary[4]
+    assert summary[6].startswith("  uint8, 1 workers, CPU per image: decoding ")
     assert bench["config"]["profile"]["step_wall_ms"] > 0

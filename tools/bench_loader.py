@@ -45,7 +45,11 @@ batches cost about the same (on 2 cores the plain split kept the workers busy 72
 balanced one 91–94 %). ``of_raw_n`` is wdspack's aggregate images/s at N workers over the raw decoders'
 aggregate; ``of_raw_cpu`` the same per CPU second (the workers' CPU read from ``/proc`` over the
 timed part). Where the rest goes: ``cold_start_s``, ``main_cpu_s`` (CPU time
-of the main process during the pass: receiving batches), and, with ``--profile``, a one-worker pass
+of the main process during the pass: receiving batches); per image delivered, the CPU split
+(:mod:`decode_clock`, timed inside every worker): decoding (``decode_cpu_ms``, against the raw
+decoders' own), the workers' own work besides it (``own_cpu_ms``), the main process's (``main_cpu_ms``),
+how busy the workers were, and decoding's wall over its CPU (above 1: waiting for a core), printed
+under each summary; and, with ``--profile``, a one-worker pass
 profiled inside the worker (cProfile), split into decode + resize, placing the pixels (normalise or
 copy), collating the text, and the rest (reading, unpacking, shuffling, waiting).
 """
@@ -76,6 +80,9 @@ from wdspack.format.pack import Pack, encode_pack
 from wdspack.format.tar import ShardWriter, shard_name
 from wdspack.loader.images import make_image_transform
 from wdspack.ops.index import index_dataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from decode_clock import DecodeClock, since, split_line
 
 IMAGE_TOKENS, SIZE, MAX_IMAGES, PAD_ID, IMAGE_TOKEN_ID = 64, 224, 16, 11, 10
 
@@ -277,16 +284,18 @@ def _raw_worker(flat: list[bytes], share: slice, start, out) -> None:
     t = make_image_transform(size=SIZE)
     mine = flat[share]
     start.wait()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     for p in mine:
         t.decode_resized([p])
-    out.put((t0, time.perf_counter(), len(mine)))
+    out.put((t0, time.perf_counter(), len(mine), time.thread_time() - c0))
 
 
-def raw_side_by_side(pics: list[list[bytes]], processes: int, per_process: int | None = None) -> tuple[float, int]:
+def raw_side_by_side(pics: list[list[bytes]], processes: int,
+                     per_process: int | None = None) -> tuple[float, int, dict[str, float]]:
     """Aggregate images/s of ``processes`` raw decoders started together (fork), each decoding and resizing
     (``decode_resized``: no loader, no normalising) every ``processes``-th of the same images (all of
-    them, or the first ``processes × per_process``): from the first start to the last finish; and the count."""
+    them, or the first ``processes × per_process``): from the first start to the last finish; the count;
+    and decoding's CPU per image (ms) and its wall over its CPU (:func:`decode_clock.since`'s keys)."""
     flat = [p for ps in pics for p in ps]
     if per_process is not None:
         flat = (flat * (processes * per_process // max(1, len(flat)) + 1))[: processes * per_process]
@@ -299,7 +308,9 @@ def raw_side_by_side(pics: list[list[bytes]], processes: int, per_process: int |
     got = [out.get() for _ in procs]
     for pr in procs:
         pr.join()
-    return len(flat) / (max(t1 for _, t1, _ in got) - min(t0 for t0, _, _ in got)), len(flat)
+    cpu, wall = sum(g[3] for g in got), sum(g[1] - g[0] for g in got)
+    split = {"decode_cpu_ms": 1e3 * cpu / max(len(flat), 1), "decode_wall_over_cpu": wall / cpu if cpu else 0.0}
+    return len(flat) / (max(g[1] for g in got) - min(g[0] for g in got)), len(flat), split
 
 
 def profile_worker(root: Path, *, batch_size: int, pixel_dtype: str) -> dict[str, float]:
@@ -427,23 +438,30 @@ def scaling(root: Path, pics: list[list[bytes]], args) -> list[dict]:
         for what in order[i % 3:] + order[: i % 3]:
             if what == "raw":
                 c0 = _cpu(resource.RUSAGE_CHILDREN)
-                rate, count = raw_side_by_side(pics, n, args.raw_images)
-                row["raw"] = {"images_per_s_all": rate, "images": count,
+                rate, count, split = raw_side_by_side(pics, n, args.raw_images)
+                row["raw"] = {"images_per_s_all": rate, "images": count, **split,
                               "images_per_cpu_s": count / (_cpu(resource.RUSAGE_CHILDREN) - c0)}
                 continue
-            dtype = what
+            dtype, clock = what, DecodeClock(n)
             before = set(_children())
-            loader = make_loader(str(root), batch_size=args.batch_size, num_workers=n, shuffle=False,
-                                 pin_memory=False, persistent_workers=True, balance=balance(args),
-                                 image_transform=make_image_transform(size=SIZE), pixel_dtype=dtype)
-            cold, warm_images = warm_up(loader, n)
-            workers = [pid for pid in _children() if pid not in before]
-            c0 = _children_cpu(workers)
-            r = measure(loader, workers=n)  # the rest of the epoch, with warm workers
-            r["workers_cpu_s"] = _children_cpu(workers) - c0
+            with clock.installed():  # forked into the workers with them
+                loader = make_loader(str(root), batch_size=args.batch_size, num_workers=n, shuffle=False,
+                                     pin_memory=False, persistent_workers=True, balance=balance(args),
+                                     image_transform=make_image_transform(size=SIZE), pixel_dtype=dtype)
+                cold, warm_images = warm_up(loader, n)
+                workers = [pid for pid in _children() if pid not in before]
+                c0, decoded = _children_cpu(workers), clock.totals()
+                r = measure(loader, workers=n)  # the rest of the epoch, with warm workers
+                r["workers_cpu_s"] = _children_cpu(workers) - c0
+                r.update(since(clock, decoded))
+                del loader
             r["images_per_cpu_s"] = r["images"] / (r["workers_cpu_s"] + r["main_cpu_s"])
+            # the workers' CPU besides decoding, and the main process's, per image delivered
+            own_s = r["workers_cpu_s"] - r["decode_cpu_ms"] * r["decoded_images"] / 1e3
+            per_image = 1e3 / max(r["images"], 1)
+            r.update(own_cpu_ms=own_s * per_image, main_cpu_ms=r["main_cpu_s"] * per_image,
+                     workers_busy=r["workers_cpu_s"] / (n * r["seconds"]))
             r.update(cold_start_s=cold, warm_up_images=warm_images, balance=args.balance)
-            del loader
             row[dtype] = r
         for dtype in ("float32", "uint8"):
             row[dtype]["of_raw_n"] = row[dtype]["images_per_s_all"] / row["raw"]["images_per_s_all"]
@@ -467,13 +485,15 @@ def scaling(root: Path, pics: list[list[bytes]], args) -> list[dict]:
     for dtype in ("float32", "uint8"):
         wall = sorted(row[dtype]["of_raw_n"] for row in rounds)
         cpu = sorted(row[dtype]["of_raw_cpu"] for row in rounds)
+        median = sorted(rounds, key=lambda row: row[dtype]["of_raw_n"])[len(rounds) // 2]
         summary = {"dataset": "image-bearing", "loader": f"summary {dtype}", "workers": n,
                    "of_raw_n_median": wall[len(wall) // 2], "of_raw_n_min": wall[0], "of_raw_n_max": wall[-1],
-                   "of_raw_cpu_median": cpu[len(cpu) // 2]}
+                   "of_raw_cpu_median": cpu[len(cpu) // 2],
+                   "cpu_split": split_line(dtype, n, median[dtype], median["raw"])}  # of the median round
         out.append(summary)
         print(f"\n{dtype}, {n} workers: {summary['of_raw_n_median']:.1%} of {n} raw decoders side by side (median "
               f"of {len(wall)} rounds, {wall[0]:.1%}-{wall[-1]:.1%}); per CPU second "
-              f"{summary['of_raw_cpu_median']:.1%}", end="", flush=True)
+              f"{summary['of_raw_cpu_median']:.1%}\n  {summary['cpu_split']}", end="", flush=True)
     print()
     if args.profile:
         print("\n| pixel_dtype | one worker, profiled | decode + resize | place pixels | collate text | rest |\n"

@@ -199,7 +199,9 @@ def _loader_lines(loader: dict | None) -> list[str]:
     n = loader["args"]["workers"]
     shares = ", ".join(f"{d} {rows[f'summary {d}']['of_raw_n_median']:.1%}" for d in ("float32", "uint8")
                        if f"summary {d}" in rows)
-    return [f"loader, {n} workers: {shares} of {n} raw decoders side by side (goal >= {GOAL:.0%})"]
+    split = rows.get("summary uint8", {}).get("cpu_split")  # where the CPU went (bench_loader's decode clock)
+    return [f"loader, {n} workers: {shares} of {n} raw decoders side by side (goal >= {GOAL:.0%})",
+            *([f"  {split}"] if split else [])]
 
 
 def parser() -> argparse.ArgumentParser:
