@@ -7,8 +7,8 @@ collate function writes them once, straight into the batch's ``pixel_values``
 
 How a worker's batch travels (``reuse_buffers=True``, the default)::
 
-    dataset: pack ─► text tensors per pack; images decoded + resized to uint8 per pack
-    collate: text  ─► stacked [B, L] ... in ordinary memory ─► by value, through the pipe
+    dataset: pack ─► kept as it is (budgets checked); images decoded + resized to uint8 per pack
+    collate: text  ─► written in one pass as [B, L] ... (text_batch) ─► by value, through the pipe
              uint8 ─► normalised straight into pixel_values [B·M, 3, S, S] ─► shared memory:
                       a buffer the worker reuses once the main process holds no view of it
                       (``pixel_dtype="uint8"``: copied as they are, CHW, a quarter of the bytes;
@@ -35,7 +35,8 @@ import torch
 
 from ..errors import ConfigError
 from ..format.pack import Pack
-from .collate import collate_packs, naming_sample, pack_to_example
+from .collate import SOURCE_KEY, check_budgets, collate_packs, naming_sample, pack_to_example
+from .textbatch import text_batch
 
 if TYPE_CHECKING:
     from .images import ImageTransform
@@ -48,7 +49,10 @@ __all__ = ["MODEL_KEY", "PIXELS_KEY", "PIXEL_DTYPES", "DecodedImages", "PixelBuf
 PIXELS_KEY = "__wdspack_pixels__"
 #: Private example key (:func:`staged_example`): ``(batcher, pixels, rows)``, the processor's parts of the pack.
 MODEL_KEY = "__wdspack_model__"
-_STAGED_KEYS = (PIXELS_KEY, MODEL_KEY)
+#: Private example key (:func:`staged_example`): ``(pack, seq_len, max_images, pad_token_id)``, the pack's text
+#: left for :func:`collate_staged` to write straight into the batch (:func:`~.textbatch.text_batch`).
+TEXT_KEY = "__wdspack_text__"
+_STAGED_KEYS = (PIXELS_KEY, MODEL_KEY, TEXT_KEY)
 #: ``make_loader(pixel_dtype=...)``: what a batch's ``pixel_values`` travel as.
 PIXEL_DTYPES = {"float32": torch.float32, "uint8": torch.uint8}
 _NUMPY_DTYPES = {torch.float32: np.float32, torch.uint8: np.uint8}
@@ -109,13 +113,17 @@ def write_pixel_slots(images: Sequence[DecodedImages], out: torch.Tensor, *, slo
 
 
 def staged_example(pack: Pack, *, seq_len: int, max_images: int, pad_token_id: int, image_transform: Any = None,
-                   batcher: Any = None) -> dict[str, Any]:
+                   batcher: Any = None, defer_text: bool = False) -> dict[str, Any]:
     """:func:`~.collate.pack_to_example` with the pixels left for :func:`collate_staged` to place in the batch.
 
     With a processor's ``batcher`` (:class:`~wdspack.loader.batching.ModelBatcher`) the pack's parts
     go under :data:`MODEL_KEY`; with the built-in transform the images are only decoded and resized
     (:data:`PIXELS_KEY`, uint8); any other transform runs here as in :func:`~.collate.pack_to_example`. Decode
-    errors surface here, where a bad pack can still be skipped, and name the sub-sample.
+    errors and packs over a budget surface here, where a bad pack can still be skipped, and name the sub-sample.
+
+    ``defer_text`` (the loader's own dataset, whose examples only its collate sees): with the built-in
+    transform or none, the example holds the pack itself (:data:`TEXT_KEY`) instead of its text tensors, and
+    :func:`collate_staged` writes the whole batch's text in one pass (:func:`~.textbatch.text_batch`).
     """
     from .images import ImageTransform
 
@@ -126,8 +134,13 @@ def staged_example(pack: Pack, *, seq_len: int, max_images: int, pad_token_id: i
         parts[MODEL_KEY] = (batcher, pixels, rows)
         return parts
     staged = isinstance(image_transform, ImageTransform) and image_transform.writes_into
-    example: dict[str, Any] = pack_to_example(pack, seq_len=seq_len, max_images=max_images, pad_token_id=pad_token_id,
-                                              image_transform=None if staged else image_transform, pad_images=False)
+    example: dict[str, Any]  # text tensors, or the pack itself; and the decoded images
+    if defer_text and (staged or image_transform is None):
+        check_budgets(pack, seq_len=seq_len, max_images=max_images)  # refused here, where the pack can be skipped
+        example = {TEXT_KEY: (pack, seq_len, max_images, pad_token_id)}
+    else:
+        example = dict(pack_to_example(pack, seq_len=seq_len, max_images=max_images, pad_token_id=pad_token_id,
+                                       image_transform=None if staged else image_transform, pad_images=False))
     if staged:
         example[PIXELS_KEY] = decode_pack_images(pack, image_transform)
     return example
@@ -153,22 +166,44 @@ def collate_staged(examples: Sequence[dict[str, Any]], *, attention_mask: str | 
     first, packs = examples[0], len(examples)
     images = [ex[PIXELS_KEY] for ex in examples] if PIXELS_KEY in first else None
     parts = [ex[MODEL_KEY] for ex in examples] if MODEL_KEY in first else None
-    plain = [{k: v for k, v in ex.items() if k not in _STAGED_KEYS} for ex in examples]
     if pixel_dtype not in PIXEL_DTYPES:
         raise ConfigError(f"pixel_dtype={pixel_dtype!r} is not one of {sorted(PIXEL_DTYPES)}")
     take = take or (lambda shape, n: fresh_pixels(shape, n, dtype=PIXEL_DTYPES[pixel_dtype]))
-    batch: dict[str, Any] = dict(collate_packs(plain, attention_mask=attention_mask, padding_free=padding_free,
-                                               max_segments=max_segments, share_memory=share_memory))
+    options: dict[str, Any] = {"attention_mask": attention_mask, "padding_free": padding_free,
+                               "max_segments": max_segments}
+    shared = torch.utils.data.get_worker_info() is not None if share_memory is None else share_memory
+    if TEXT_KEY in first and not shared and all(k in _ONE_PASS_KEYS for ex in examples for k in ex):
+        _, seq_len, max_images, pad_token_id = first[TEXT_KEY]
+        batch: dict[str, Any] = text_batch([ex[TEXT_KEY][0] for ex in examples],
+                                           [int(ex.get(SOURCE_KEY, 0)) for ex in examples], seq_len=seq_len,
+                                           max_images=max_images, pad_token_id=pad_token_id, **options)
+    else:  # the reference path: each pack's tensors, then stacked (straight into shared memory if asked)
+        plain = [_text_tensors(ex) for ex in examples]
+        batch = dict(collate_packs(plain, **options, share_memory=share_memory))
     counts = None
     if parts is not None:
         batch, counts = parts[0][0].collate(batch, [(pixels, rows) for _, pixels, rows in parts],
                                             padding_free=padding_free, take=lambda shape: take(shape, packs))
     if images is not None:
-        M, size = plain[0]["image_mask"].shape[0], images[0].transform.size
+        M, size = batch["image_mask"].shape[0] // packs, images[0].transform.size
         out, dirty = take((packs * M, 3, size, size), packs)
         counts = write_pixel_slots(images, out, slots=M, dirty=dirty)
         batch = _insert_after(batch, "image_token_counts", "pixel_values", out)
     return batch, counts
+
+
+#: The keys a staged example may hold for :func:`collate_staged` to take its one-pass text path.
+_ONE_PASS_KEYS = frozenset({TEXT_KEY, PIXELS_KEY, SOURCE_KEY})
+
+
+def _text_tensors(example: Mapping[str, Any]) -> dict[str, Any]:
+    """A staged example's own keys, with its pack's text as :func:`~.collate.pack_to_example`'s tensors."""
+    out = {k: v for k, v in example.items() if k not in _STAGED_KEYS}
+    if TEXT_KEY in example:
+        pack, seq_len, max_images, pad_token_id = example[TEXT_KEY]
+        out = {**pack_to_example(pack, seq_len=seq_len, max_images=max_images, pad_token_id=pad_token_id,
+                                 pad_images=False), **out}
+    return out
 
 
 def normalize_pixels(batch: Mapping[str, Any], source: Any, *, device: torch.device | str | None = None,

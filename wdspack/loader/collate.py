@@ -131,13 +131,8 @@ def pack_to_example(pack: Pack, *, seq_len: int, max_images: int, pad_token_id: 
         >>> e["labels"].tolist(), e["position_ids"].tolist(), e["seq_idx"].tolist()
         ([-100, 5, 2, -100, -100], [0, 1, 2, 0, 1], [0, 0, 0, 1, 1])
     """
+    check_budgets(pack, seq_len=seq_len, max_images=max_images)
     n, k = pack.num_tokens, pack.num_images
-    if n > seq_len:
-        raise FormatError(f"pack with samples {_names(pack)} has {n} tokens > seq_len {seq_len}; load with the "
-                          "seq_len the dataset was packed for (its manifest), or reshard it")
-    if k > max_images:
-        raise FormatError(f"pack with samples {_names(pack)} has {k} images > max_images {max_images}; load with "
-                          "max_images at least the images of the dataset's fullest pack (the loader's default)")
     lens = np.asarray(pack.seq_lens, np.int64)
     starts = np.cumsum(lens) - lens
     ids = np.full(seq_len, pad_token_id, np.int64)
@@ -166,6 +161,27 @@ def pack_to_example(pack: Pack, *, seq_len: int, max_images: int, pad_token_id: 
         out.update(_images_to_slots(pack, image_transform, seq_len=seq_len, max_images=max_images,
                                     pad=pad_images))
     return out
+
+
+def check_budgets(pack: Pack, *, seq_len: int, max_images: int) -> None:
+    """:class:`FormatError` for a pack over the row's tokens or image slots, naming its samples and the fix."""
+    n, k = pack.num_tokens, pack.num_images
+    if n > seq_len:
+        raise FormatError(f"pack with samples {_names(pack)} has {n} tokens > seq_len {seq_len}; load with the "
+                          "seq_len the dataset was packed for (its manifest), or reshard it")
+    if k > max_images:
+        raise FormatError(f"pack with samples {_names(pack)} has {k} images > max_images {max_images}; load with "
+                          "max_images at least the images of the dataset's fullest pack (the loader's default)")
+
+
+def check_options(attention_mask: str | None, padding_free: bool) -> None:
+    """:class:`ConfigError` for an ``attention_mask`` / ``padding_free`` pair a batch cannot have."""
+    if attention_mask not in (None, "2d", "4d"):
+        raise ConfigError(f"attention_mask must be None, '2d' or '4d', got {attention_mask!r}")
+    if padding_free and attention_mask == "2d":
+        raise ConfigError("a '2d' attention_mask with padding_free=True would make the model treat the whole row "
+                          "as one sequence; pass attention_mask=None (boundaries are in position_ids and cu_seqlens) "
+                          "or '4d'")
 
 
 def collate_packs(examples: Sequence[dict[str, torch.Tensor]], *, attention_mask: str | None = None,
@@ -204,12 +220,7 @@ def collate_packs(examples: Sequence[dict[str, torch.Tensor]], *, attention_mask
     """
     if not examples:
         raise ConfigError("collate_packs needs at least one example")
-    if attention_mask not in (None, "2d", "4d"):
-        raise ConfigError(f"attention_mask must be None, '2d' or '4d', got {attention_mask!r}")
-    if padding_free and attention_mask == "2d":
-        raise ConfigError("a '2d' attention_mask with padding_free=True would make the model treat the whole row "
-                          "as one sequence; pass attention_mask=None (boundaries are in position_ids and cu_seqlens) "
-                          "or '4d'")
+    check_options(attention_mask, padding_free)
     shapes = {tuple(e["input_ids"].shape) + tuple(e["image_mask"].shape) for e in examples}
     if len(shapes) != 1:
         raise ConfigError(f"examples have different (seq_len, max_images): {sorted(shapes)}; build them all with "

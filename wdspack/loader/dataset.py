@@ -452,7 +452,7 @@ class PackedDataset(IterableDataset):
         if self.with_position or self.model_batcher is not None:
             example = staged_example(pack, seq_len=self.seq_len, max_images=self.max_images,
                                      pad_token_id=self.pad_token_id, image_transform=self.image_transform,
-                                     batcher=self.model_batcher)
+                                     batcher=self.model_batcher, defer_text=self.with_position)
             if not self.with_position:  # used without the loader: the processor's parts as plain tensors
                 _, pixels, rows = example.pop(MODEL_KEY)
                 example.update(self.model_batcher.padded(pixels))

@@ -1,0 +1,93 @@
+"""The loader's text side of a batch, built from its packs in one pass.
+
+:func:`~.collate.pack_to_example` then :func:`~.collate.collate_packs` is the reference: a dozen
+tensors per pack, then stacked, then each pack's sub-sample lengths and targets counted again from
+those tensors. In a loader worker that text work cost about as much per image as copying the pixels,
+and every small NumPy or torch call costs more there than in a tight loop (the decoder has just swept
+the caches). :func:`text_batch` writes the same batch straight into ``[B, L]`` arrays, taking each
+pack's sub-sample lengths and targets from the pack itself. It gives exactly what the reference gives,
+key order included (``tests/test_textbatch.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..format.pack import Pack
+from .collate import IGNORE_INDEX, SOURCE_KEY, _block_causal, _cu_seqlens, _padding_free, check_budgets, check_options
+
+__all__ = ["text_batch"]
+
+
+def text_batch(packs: Sequence[Pack], sources: Sequence[int], *, seq_len: int, max_images: int, pad_token_id: int,
+               attention_mask: str | None = None, padding_free: bool = False, max_segments: int | None = None
+               ) -> dict[str, Any]:
+    """``collate_packs([pack_to_example(p, seq_len=..., max_images=..., pad_token_id=...) ...], ...)``
+    without the per-pack tensors, for packs with no image transform (the loader places the pixels
+    itself); ``sources[b]`` is pack ``b``'s ``source_idx``.
+
+    Raises:
+        FormatError: a pack over a budget (as :func:`~.collate.pack_to_example`).
+        ConfigError: options as :func:`~.collate.collate_packs` refuses them.
+    """
+    check_options(attention_mask, padding_free)
+    B, L, M = len(packs), seq_len, max_images
+    ids = np.full((B, L), pad_token_id, np.int64)
+    labels = np.full((B, L), IGNORE_INDEX, np.int64)
+    positions = np.empty((B, L), np.int64)
+    seq_idx = np.empty((B, L), np.int32)
+    owner = np.full((B, M), -1, np.int64)
+    counts = np.zeros((B, M), np.int64)
+    tokens, samples, images = np.empty(B, np.int64), np.empty(B, np.int64), np.empty(B, np.int64)
+    sample_lens: list[np.ndarray] = []
+    per_pack: list[int] = []
+    per_segment: list[int] = []
+    for b, pack in enumerate(packs):
+        check_budgets(pack, seq_len=seq_len, max_images=max_images)
+        n, k = pack.num_tokens, pack.num_images
+        lens = np.asarray(pack.seq_lens, np.int64)
+        starts = np.cumsum(lens) - lens
+        ids[b, :n] = pack.input_ids
+        trained = pack.loss_mask.astype(bool)
+        trained[starts] = False  # no target across a sub-sample boundary
+        np.copyto(labels[b, :n], ids[b, :n], where=trained)
+        positions[b, :n] = np.arange(n) - np.repeat(starts, lens)
+        positions[b, n:] = np.arange(L - n)
+        seq_idx[b, :n] = np.repeat(np.arange(len(lens), dtype=np.int32), lens)
+        seq_idx[b, n:] = len(lens)
+        owner[b, :k] = pack.image_sample
+        counts[b, :k] = pack.image_tokens
+        tokens[b], samples[b], images[b] = n, len(lens), k
+        targets = np.add.reduceat(trained, starts).tolist() if n else []
+        sample_lens.append(lens)
+        per_pack.append(sum(targets))
+        per_segment += targets + ([0] if L > n and not padding_free else [])
+    batch: dict[str, Any] = {
+        "input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels),
+        "position_ids": torch.from_numpy(positions), "seq_idx": torch.from_numpy(seq_idx),
+        "num_tokens": torch.from_numpy(tokens), "num_samples": torch.from_numpy(samples),
+        SOURCE_KEY: torch.from_numpy(np.asarray(sources, np.int64).reshape(B)),
+        "image_mask": torch.from_numpy((np.arange(M)[None, :] < images[:, None]).reshape(-1)),
+        "image_sample_idx": torch.from_numpy(owner.reshape(-1)),
+        "image_token_counts": torch.from_numpy(counts.reshape(-1)),
+        "image_pack_idx": torch.from_numpy(np.arange(B, dtype=np.int64).repeat(M)),
+    }
+    if padding_free:
+        lengths = _padding_free(batch, sample_lens, B=B, L=L, pad_to="batch")
+    else:
+        lengths = [x for lens, n in zip(sample_lens, tokens.tolist()) for x in (*lens.tolist(), L - n) if x > 0]
+    batch["cu_seqlens"] = _cu_seqlens(lengths, max_segments)
+    batch["max_seqlen"] = max(lengths, default=0)
+    segments = np.zeros(batch["cu_seqlens"].numel() - 1, np.int64)
+    segments[:len(per_segment)] = per_segment
+    batch["num_targets"] = torch.tensor(per_pack, dtype=torch.int64)
+    batch["segment_targets"] = torch.from_numpy(segments)
+    if attention_mask == "2d":
+        batch["attention_mask"] = (torch.arange(L)[None, :] < batch["num_tokens"][:, None]).long()
+    elif attention_mask == "4d":
+        batch["attention_mask"] = _block_causal(batch["seq_idx"], torch.bool)
+    return batch
