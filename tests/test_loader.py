@@ -438,9 +438,13 @@ def _expected_pixels(root: Path) -> dict[int, torch.Tensor]:
     return {pack_numbers(ex["input_ids"])[0]: ex["pixel_values"] for ex in ds}
 
 
-def _inode(t: torch.Tensor) -> int:
+def _inode(t: torch.Tensor) -> tuple[str, int]:
+    """Which memory a batch's pixels are in: a shared-memory segment's inode, or, for a view of a recycled
+    buffer the main process keeps mapped (not shared memory of its own), the mapped address."""
+    if not t.is_shared():
+        return "mapped", t.untyped_storage().data_ptr()
     fd, _ = t.untyped_storage()._share_fd_cpu_()
-    return os.fstat(fd).st_ino
+    return "segment", os.fstat(fd).st_ino
 
 
 @pytest.mark.parametrize("workers, reuse, options", [

@@ -18,7 +18,8 @@ A new shared-memory segment per tensor (what a stock DataLoader does) costs a fi
 passed over a socket, a mapping made and unmade, and a zeroed page per 4 KiB; on the benchmark's
 2-core host that was about a third of an image worker's time and two thirds of a text-only
 worker's. Small tensors therefore go by value (:class:`Shipment`), and only the large pixel tensor
-uses shared memory, in buffers that are reused.
+uses shared memory, in buffers that are reused and that cross to the main process once
+(:class:`PixelBuffers`): later batches in a buffer travel as their place in it.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ import math
 import os
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 import torch
@@ -316,6 +317,12 @@ class PixelBuffers:
     counter), so a late or stale release can only make it allocate a new buffer, never reuse one
     still in use. Slots that held images last time and are empty now are zeroed again.
 
+    A buffer crosses to the main process once: the first shipment passes its file descriptor (a
+    socket connection with an authentication handshake per batch, then a mapping made and unmade),
+    and the main process keeps that mapping while the loader lives (:data:`_MAPPED`). Later
+    shipments of the same buffer carry only where the batch lies in it, and the main process views
+    it through a new storage object of its own, whose end is the release.
+
     Memory handed on from the main process to *another* process is not tracked: for that, pass
     ``reuse_buffers=False`` to :func:`~wdspack.loader.make_loader`.
     """
@@ -325,11 +332,14 @@ class PixelBuffers:
         self.released = torch.zeros((workers, size), dtype=torch.int64).share_memory_()
         self.table = f"{os.getpid()}-{os.urandom(8).hex()}"
         _RELEASE_TABLES[self.table] = self.released
+        _MAPPED[self.table] = {}
+        weakref.finalize(self.released, _MAPPED.pop, self.table, None).atexit = False  # the mappings go with it
         self._held: list[tuple[torch.Tensor, Lease | None, list[int]]] = []  # tensor, last lease, filled slots
+        self._sent: set[int] = set()  # buffers the main process has mapped (shipped once through shared memory)
         self._leases = 0
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_held": [], "_leases": 0}  # a worker starts with no buffers of its own
+    def __getstate__(self) -> dict[str, Any]:  # a worker starts with no buffers of its own
+        return {**self.__dict__, "_held": [], "_sent": set(), "_leases": 0}
 
     def take(self, shape: tuple[int, ...], *, worker: int, packs: int, dtype: torch.dtype = torch.float32
              ) -> tuple[torch.Tensor, list[int], Lease | None]:
@@ -341,20 +351,34 @@ class PixelBuffers:
             if (lease is not None and tuple(tensor.shape) == shape and tensor.dtype == dtype and len(filled) == packs
                     and int(self.released[worker, i]) == lease.number):
                 self._held[i] = (tensor, None, filled)  # taken: not handed out again before it ships
-                return tensor, filled, self._lease(worker, i)
+                return tensor, filled, self._lease(worker, i, mapped=i in self._sent)
         tensor = new_shared(shape, dtype=dtype)
         if len(self._held) >= self.size:
             return tensor, [0] * packs, None
         self._held.append((tensor, None, []))
         return tensor, [0] * packs, self._lease(worker, len(self._held) - 1)
 
-    def ship(self, lease: Lease, counts: list[int]) -> None:
-        """Record that ``lease``'s buffer leaves with images in the first ``counts[b]`` slots of pack ``b``."""
-        self._held[lease.index] = (self._held[lease.index][0], lease, list(counts))
+    def ship(self, lease: Lease, counts: list[int], pixels: torch.Tensor | None = None) -> Lease:
+        """Record that ``lease``'s buffer leaves with images in the first ``counts[b]`` slots of pack ``b``,
+        as (or in) ``pixels``; the lease to send with it (:class:`Lease`'s ``mapped`` / ``map``).
 
-    def _lease(self, worker: int, index: int) -> Lease:
+        The place alone goes only where the main process mapped this very buffer before; the buffer goes
+        to be mapped only when ``pixels`` lie in it and travel through shared memory (not by value).
+        """
+        i, tensor = lease.index, self._held[lease.index][0]
+        through = (pixels is not None and not _by_value(pixels)[0]
+                   and pixels.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr())
+        if lease.mapped and not through:  # by value, or not in the buffer: as any other batch
+            lease = replace(lease, mapped=False)
+        elif through and not lease.mapped:
+            lease = replace(lease, map=True)
+            self._sent.add(i)
+        self._held[i] = (tensor, lease, list(counts))
+        return lease
+
+    def _lease(self, worker: int, index: int, *, mapped: bool = False) -> Lease:
         self._leases += 1
-        return Lease(self.table, worker, index, (os.getpid() << 31) + self._leases)
+        return Lease(self.table, worker, index, (os.getpid() << 31) + self._leases, mapped)
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,7 +386,19 @@ class Lease:
     table: str  # which PixelBuffers (its entry in _RELEASE_TABLES)
     worker: int
     index: int
-    number: int
+    number: int  # the worker's pid << 31, plus a counter
+    mapped: bool = False  # the main process has this buffer mapped already: send only where the batch lies
+    map: bool = False  # the pixels travel in this buffer through shared memory: the main process maps it
+
+
+@dataclass(frozen=True, slots=True)
+class _Place:
+    """Where a batch's pixels lie in a buffer the main process has mapped (instead of the buffer)."""
+
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    dtype: torch.dtype
 
 
 #: Per main process: the ``released`` tensor of each live :class:`PixelBuffers`, by its ``table`` name.
@@ -370,6 +406,9 @@ _RELEASE_TABLES: weakref.WeakValueDictionary[str, torch.Tensor] = weakref.WeakVa
 #: Tensors up to this size travel by value through the worker's pipe: cheaper than a shared-memory
 #: segment each (a new file, a file descriptor passed over a socket, a mapping made and unmade).
 _BY_VALUE_BYTES = 1 << 20
+#: Per main process and live :class:`PixelBuffers` (by ``table``): the worker buffers mapped here,
+#: ``(worker, index) -> (the worker's pid, the buffer's whole memory as a flat uint8 tensor)``.
+_MAPPED: dict[str, dict[tuple[int, int], tuple[int, torch.Tensor]]] = {}
 
 
 class Shipment:
@@ -385,7 +424,11 @@ class Shipment:
         self.batch, self.lease = batch, lease
 
     def __reduce__(self):
-        return (_receive, ([(k, *_by_value(v)) for k, v in self.batch.items()], self.lease))
+        items = [(k, *_by_value(v)) for k, v in self.batch.items()]
+        if self.lease is not None and self.lease.mapped:  # the main process has the buffer: say where, not what
+            items = [(k, False, _Place(tuple(v.shape), v.stride(), int(v.storage_offset()), v.dtype))
+                     if k == "pixel_values" and not by_value else (k, by_value, v) for k, by_value, v in items]
+        return (_receive, (items, self.lease))
 
 
 def _by_value(value: Any) -> tuple[bool, Any]:
@@ -403,9 +446,39 @@ def _receive(items: list[tuple[str, bool, Any]], lease: Lease | None) -> dict[st
     batch = {k: torch.from_numpy(v) if by_value else v for k, by_value, v in items}
     released = _RELEASE_TABLES.get(lease.table) if lease is not None else None
     if lease is not None and released is not None:  # elsewhere than in the loader's process nothing is released
+        if lease.mapped or lease.map:
+            batch["pixel_values"] = _mapped_view(batch["pixel_values"], lease)
         storage = batch["pixel_values"].untyped_storage()
         weakref.finalize(storage, _release, released, lease.worker, lease.index, lease.number).atexit = False
+    elif lease is not None and lease.mapped:
+        _unmapped(lease)
     return batch
+
+
+def _mapped_view(pixels: torch.Tensor | _Place, lease: Lease) -> torch.Tensor:
+    """The batch's pixels as a view of the mapped buffer through a storage object of its own (its end is
+    the release; the mapping stays); the buffer is mapped on its first arrival through shared memory."""
+    table, pid = _MAPPED.get(lease.table), lease.number >> 31
+    if isinstance(pixels, _Place):
+        entry = table.get((lease.worker, lease.index)) if table is not None else None
+        if entry is None or entry[0] != pid:
+            _unmapped(lease)
+        base, place = entry[1], pixels
+    elif table is not None:  # lease.map: the buffer itself, through shared memory
+        for key in [k for k, (owner, _) in table.items() if k[0] == lease.worker and owner != pid]:
+            del table[key]  # a restarted worker's buffers are new ones
+        base = torch.empty(0, dtype=torch.uint8).set_(pixels.untyped_storage())
+        table[(lease.worker, lease.index)] = (pid, base)
+        place = _Place(tuple(pixels.shape), pixels.stride(), int(pixels.storage_offset()), pixels.dtype)
+    else:  # the loader is gone: nothing to map into
+        return pixels
+    return torch.from_numpy(base.numpy()).view(place.dtype).as_strided(place.size, place.stride, place.offset)
+
+
+def _unmapped(lease: Lease) -> NoReturn:
+    raise ConfigError(f"a batch of worker {lease.worker} of a wdspack loader names a pixel buffer this process has "
+                      "not mapped: such batches can only be received by the loader's own process; pass "
+                      "reuse_buffers=False to make_loader for batches handed on to other processes")
 
 
 def _release(released: torch.Tensor, worker: int, index: int, number: int) -> None:

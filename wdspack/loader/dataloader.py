@@ -593,7 +593,7 @@ class _Collate:
                                        share_memory=info is not None and not recycle)
         if lease is not None:
             assert buffers is not None and counts is not None  # a lease is taken from the buffers, then written
-            buffers.ship(lease, counts)
+            lease = buffers.ship(lease, counts, batch.get("pixel_values"))
         batch[META_KEY] = meta
         return Shipment(batch, lease) if recycle else batch
 
