@@ -241,14 +241,29 @@ def collate_packs(examples: Sequence[dict[str, torch.Tensor]], *, attention_mask
     real = batch["num_tokens"].tolist()
     sample_lens = [np.bincount(e["seq_idx"][:n].numpy(), minlength=int(e["num_samples"]))
                    for e, n in zip(examples, real)]
+    targets = [_sample_targets(e, n) for e, n in zip(examples, real)]
+    return segment_batch(batch, sample_lens, targets, L=L, padding_free=padding_free, pad_to=pad_to,
+                         max_segments=max_segments, attention_mask=attention_mask, mask_dtype=mask_dtype)
+
+
+def segment_batch(batch: dict[str, Any], sample_lens: Sequence[np.ndarray], targets: Sequence[list[int]], *, L: int,
+                  padding_free: bool, pad_to: int | str | None, max_segments: int | None, attention_mask: str | None,
+                  mask_dtype: torch.dtype) -> dict[str, Any]:
+    """The rest of a batch from its stacked text and, per pack, its sub-samples' lengths and targets:
+    the padding-free layout, ``cu_seqlens`` / ``max_seqlen``, ``num_targets`` / ``segment_targets``
+    (targets per pack, and per segment with padding segments 0) and the attention mask."""
+    real = batch["num_tokens"].tolist()
     if padding_free:
-        lengths = _padding_free(batch, sample_lens, B=B, L=L, pad_to=pad_to)
+        lengths = _padding_free(batch, sample_lens, B=len(real), L=L, pad_to=pad_to)
     else:
         lengths = [x for lens, n in zip(sample_lens, real) for x in (*lens.tolist(), L - n) if x > 0]
     batch["cu_seqlens"] = _cu_seqlens(lengths, max_segments)
     batch["max_seqlen"] = max(lengths, default=0)
-    batch["num_targets"], batch["segment_targets"] = _targets(examples, real, padding_free=padding_free,
-                                                              size=batch["cu_seqlens"].numel() - 1)
+    per_segment = [c for t, n in zip(targets, real) for c in t + ([0] if L > n and not padding_free else [])]
+    segments = np.zeros(batch["cu_seqlens"].numel() - 1, np.int64)
+    segments[:len(per_segment)] = per_segment
+    batch["num_targets"] = torch.tensor([sum(t) for t in targets], dtype=torch.int64)
+    batch["segment_targets"] = torch.from_numpy(segments)
     if attention_mask == "2d":
         batch["attention_mask"] = (torch.arange(L)[None, :] < batch["num_tokens"][:, None]).long()
     elif attention_mask == "4d":
@@ -302,7 +317,7 @@ def _names(pack: Pack) -> str:
     return f"{ids}"[:-1] + ", ...]" if pack.num_samples > 3 else f"{ids}"
 
 
-def _padding_free(batch: dict[str, Any], sample_lens: list[np.ndarray], *, B: int, L: int,
+def _padding_free(batch: dict[str, Any], sample_lens: Sequence[np.ndarray], *, B: int, L: int,
                   pad_to: int | str | None) -> list[int]:
     """Rewrite the text tensors of ``batch`` as one ``[1, N]`` row; return the segment lengths."""
     total = int(batch["num_tokens"].sum())
@@ -323,19 +338,11 @@ def _padding_free(batch: dict[str, Any], sample_lens: list[np.ndarray], *, B: in
     return lens + ([tail] if tail else [])
 
 
-def _targets(examples, real: list[int], *, padding_free: bool, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Target tokens (``labels != -100``) per pack ``[B]`` and per ``cu_seqlens`` segment ``[size]``
-    (sub-samples in order, padding segments 0): what exact loss normalisation counts (:mod:`wdspack.train.loss`)."""
-    per_pack, per_segment = [], []
-    for e, n in zip(examples, real):
-        L = e["input_ids"].shape[0]
-        trained = (e["labels"][:n] != IGNORE_INDEX).numpy()
-        counts = np.bincount(e["seq_idx"][:n].numpy()[trained], minlength=int(e["num_samples"])).tolist()
-        per_pack.append(sum(counts))
-        per_segment += counts + ([0] if L > n and not padding_free else [])
-    segments = np.zeros(size, np.int64)
-    segments[:len(per_segment)] = per_segment
-    return torch.tensor(per_pack, dtype=torch.int64), torch.from_numpy(segments)
+def _sample_targets(example: dict[str, torch.Tensor], n: int) -> list[int]:
+    """Target tokens (``labels != -100``) per sub-sample of one example: what exact loss normalisation
+    counts (:mod:`wdspack.train.loss`)."""
+    trained = (example["labels"][:n] != IGNORE_INDEX).numpy()
+    return np.bincount(example["seq_idx"][:n].numpy()[trained], minlength=int(example["num_samples"])).tolist()
 
 
 def _cu_seqlens(lengths: list[int], max_segments: int | None) -> torch.Tensor:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..format.pack import Pack
-from .collate import IGNORE_INDEX, SOURCE_KEY, _block_causal, _cu_seqlens, _padding_free, check_budgets, check_options
+from .collate import IGNORE_INDEX, SOURCE_KEY, check_budgets, check_options, segment_batch
 
 __all__ = ["text_batch"]
 
@@ -44,8 +44,7 @@ def text_batch(packs: Sequence[Pack], sources: Sequence[int], *, seq_len: int, m
     counts = np.zeros((B, M), np.int64)
     tokens, samples, images = np.empty(B, np.int64), np.empty(B, np.int64), np.empty(B, np.int64)
     sample_lens: list[np.ndarray] = []
-    per_pack: list[int] = []
-    per_segment: list[int] = []
+    targets: list[list[int]] = []
     for b, pack in enumerate(packs):
         check_budgets(pack, seq_len=seq_len, max_images=max_images)
         n, k = pack.num_tokens, pack.num_images
@@ -62,10 +61,8 @@ def text_batch(packs: Sequence[Pack], sources: Sequence[int], *, seq_len: int, m
         owner[b, :k] = pack.image_sample
         counts[b, :k] = pack.image_tokens
         tokens[b], samples[b], images[b] = n, len(lens), k
-        targets = np.add.reduceat(trained, starts).tolist() if n else []
         sample_lens.append(lens)
-        per_pack.append(sum(targets))
-        per_segment += targets + ([0] if L > n and not padding_free else [])
+        targets.append(np.add.reduceat(trained, starts).tolist() if n else [])
     batch: dict[str, Any] = {
         "input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels),
         "position_ids": torch.from_numpy(positions), "seq_idx": torch.from_numpy(seq_idx),
@@ -76,18 +73,5 @@ def text_batch(packs: Sequence[Pack], sources: Sequence[int], *, seq_len: int, m
         "image_token_counts": torch.from_numpy(counts.reshape(-1)),
         "image_pack_idx": torch.from_numpy(np.arange(B, dtype=np.int64).repeat(M)),
     }
-    if padding_free:
-        lengths = _padding_free(batch, sample_lens, B=B, L=L, pad_to="batch")
-    else:
-        lengths = [x for lens, n in zip(sample_lens, tokens.tolist()) for x in (*lens.tolist(), L - n) if x > 0]
-    batch["cu_seqlens"] = _cu_seqlens(lengths, max_segments)
-    batch["max_seqlen"] = max(lengths, default=0)
-    segments = np.zeros(batch["cu_seqlens"].numel() - 1, np.int64)
-    segments[:len(per_segment)] = per_segment
-    batch["num_targets"] = torch.tensor(per_pack, dtype=torch.int64)
-    batch["segment_targets"] = torch.from_numpy(segments)
-    if attention_mask == "2d":
-        batch["attention_mask"] = (torch.arange(L)[None, :] < batch["num_tokens"][:, None]).long()
-    elif attention_mask == "4d":
-        batch["attention_mask"] = _block_causal(batch["seq_idx"], torch.bool)
-    return batch
+    return segment_batch(batch, sample_lens, targets, L=L, padding_free=padding_free, pad_to="batch",
+                         max_segments=max_segments, attention_mask=attention_mask, mask_dtype=torch.bool)
