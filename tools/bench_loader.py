@@ -82,7 +82,7 @@ from wdspack.loader.images import make_image_transform
 from wdspack.ops.index import index_dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decode_clock import DecodeClock, since, split_line
+from decode_clock import DecodeClock, per_image, since, split_line
 
 IMAGE_TOKENS, SIZE, MAX_IMAGES, PAD_ID, IMAGE_TOKEN_ID = 64, 224, 16, 11, 10
 
@@ -309,8 +309,7 @@ def raw_side_by_side(pics: list[list[bytes]], processes: int,
     for pr in procs:
         pr.join()
     cpu, wall = sum(g[3] for g in got), sum(g[1] - g[0] for g in got)
-    split = {"decode_cpu_ms": 1e3 * cpu / max(len(flat), 1), "decode_wall_over_cpu": wall / cpu if cpu else 0.0}
-    return len(flat) / (max(g[1] for g in got) - min(g[0] for g in got)), len(flat), split
+    return len(flat) / (max(g[1] for g in got) - min(g[0] for g in got)), len(flat), per_image(cpu, wall, len(flat))
 
 
 def profile_worker(root: Path, *, batch_size: int, pixel_dtype: str) -> dict[str, float]:

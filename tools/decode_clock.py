@@ -78,8 +78,12 @@ def since(clock: DecodeClock, before: tuple[float, float, int]) -> dict[str, flo
     """What ``clock`` summed since ``before`` (a :meth:`DecodeClock.totals`): decoding's CPU per image (ms),
     its wall over its CPU (above 1: the decoding process waited for a core), and the images."""
     cpu, wall, images = (a - b for a, b in zip(clock.totals(), before, strict=True))
-    return {"decode_cpu_ms": 1e3 * cpu / max(images, 1), "decode_wall_over_cpu": wall / cpu if cpu else 0.0,
-            "decoded_images": images}
+    return {**per_image(cpu, wall, int(images)), "decoded_images": images}
+
+
+def per_image(cpu: float, wall: float, images: int) -> dict[str, float]:
+    """Decoding's CPU per image (ms) and its wall over its CPU, from totals (a loader's or raw decoders')."""
+    return {"decode_cpu_ms": 1e3 * cpu / max(images, 1), "decode_wall_over_cpu": wall / cpu if cpu else 0.0}
 
 
 def split_line(dtype: str, workers: int, r: dict[str, float], raw: dict[str, float]) -> str:
