@@ -526,13 +526,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", action="store_true", help="also profile one in-process image pass per pixel dtype")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
-    from wdspack import make_loader
-
-    results = []
+    results: list[dict] = []
     if args.loaders == "all" or args.only != "images":
         print("| dataset | loader | rows/s | real tokens/s | images/s | padding | rows | first batch |\n"
               "|---|---|---:|---:|---:|---:|---:|---:|")
-    work = Path(tempfile.mkdtemp(prefix="bench-loader-"))
+    with tempfile.TemporaryDirectory(prefix="bench-loader-") as d:  # the tokenizer's copy, gone afterwards
+        results = run(args, Path(d), results)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
+    return 0
+
+
+def run(args: argparse.Namespace, work: Path, results: list[dict]) -> list[dict]:
+    """The passes ``main`` asked for; ``work`` holds the tokenizer."""
+    from wdspack import make_loader
+
     tokenizer = load_tokenizer(work / "tokenizer")
     for images in (False, True):
         if args.only is not None and images != (args.only == "images"):
@@ -576,9 +584,7 @@ def main(argv: list[str] | None = None) -> int:
                 results.append({"dataset": name, "loader": "raw decode", "images_per_s": raw})
                 print(f"| {name} | raw decode + resize, one process | | | {raw:.1f} | | | |\n"
                       f"\nwdspack's images/s per worker: {share:.1%} of the raw rate", flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
-    return 0
+    return results
 
 
 if __name__ == "__main__":
