@@ -111,10 +111,31 @@ def test_profile_heads_its_tables_with_where_a_step_goes(tmp_path):
     steps = [tool.Step(**{**fields, "kwargs": {"x": torch.randn(256, 64)}}) for _ in range(4)]
     figures = tool.profile_packed(Model(), steps, tmp_path / "profile.txt", sync=False)
     assert figures["step_wall_ms"] > 0 and figures["gpu_busy_ms"] == 0 and figures["host_waits_per_step"] == 0
+    assert figures["host_cpu_ms"] > 0 and figures["kernel_launches_per_step"] == 0
     text = (tmp_path / "profile.txt").read_text()
     assert text.startswith(f"packed step: {figures['step_wall_ms']:.1f} ms wall (unprofiled), GPU busy 0.0 ms")
     by_device, by_host = text.split("by device time:")[1].split("by the host's own time:")
     assert "aten::addmm" in by_device and "aten::addmm" in by_host
+
+
+def test_gpu_busy_counts_the_kernels_once_and_waits_count_synchronisations():
+    """An operator's row carries its kernels' device time again: the GPU's busy time is the device rows
+    alone. A ``cudaMemcpyAsync`` is no wait (``.item()`` waits in the ``cudaStreamSynchronize`` after it)."""
+    from types import SimpleNamespace as NS
+
+    from torch.autograd import DeviceType
+
+    tool = _tool()
+
+    def row(key, device_type, device_us, count=1):
+        return NS(key=key, device_type=device_type, self_device_time_total=device_us, count=count)
+
+    events = [row("aten::mm", DeviceType.CPU, 470.0, 10), row("nvjet_sm90_tst_256x128", DeviceType.CUDA, 470.0, 10),
+              row("aten::copy_", DeviceType.CPU, 30.0, 2), row("Memcpy HtoD (Pageable -> Device)", DeviceType.CUDA, 30.0),
+              row("cudaMemcpyAsync", DeviceType.CPU, 0.0, 34), row("cudaStreamSynchronize", DeviceType.CPU, 0.0, 6),
+              row("cudaDeviceSynchronize", DeviceType.CPU, 0.0, 3), row("cudaMemcpy", DeviceType.CPU, 0.0, 1)]
+    assert tool.gpu_busy_us(events) == 500.0
+    assert tool.host_waits(events) == 10
 
 
 @pytest.mark.slow

@@ -54,6 +54,10 @@ def test_summary_names_counts_ratios_shares_and_the_loader():
     lines = _tool().summary_lines({"bench": profiled, "attention": "varlen,sdpa"})
     assert lines[-1] == "  a packed step: 184 ms, the GPU busy 61 ms of it; the host waits on the GPU 2 times a step " \
                         "(profile.txt)"
+    profiled["config"]["profile"]["host_cpu_ms"] = 170.4
+    lines = _tool().summary_lines({"bench": profiled, "attention": "varlen,sdpa"})
+    assert lines[-1] == ("  a packed step: 184 ms, the GPU busy 61 ms of it, the host's own CPU 170 ms (profiled); "
+                         "the host waits on the GPU 2 times a step (profile.txt)")
 
 
 def test_summary_of_failed_stopped_and_skipped_steps():

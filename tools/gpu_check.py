@@ -187,8 +187,9 @@ def _bench_lines(bench: dict | None, attention: str) -> list[str]:
             lines.append(f"  {mode}: {other['median']:.2f}x, {other['median'] / bound:.2f} of the fill bound")
     prof = cfg.get("profile")
     if prof and prof.get("step_wall_ms"):
+        host = f", the host's own CPU {prof['host_cpu_ms']:.0f} ms (profiled)" if "host_cpu_ms" in prof else ""
         lines.append(f"  a packed step: {prof['step_wall_ms']:.0f} ms, the GPU busy {prof['gpu_busy_ms']:.0f} ms of "
-                     f"it; the host waits on the GPU {prof['host_waits_per_step']:g} times a step (profile.txt)")
+                     f"it{host}; the host waits on the GPU {prof['host_waits_per_step']:g} times a step (profile.txt)")
     return lines
 
 
