@@ -374,8 +374,9 @@ def profile_packed(model: Any, steps: list[Step], path: Path, *, sync: bool) -> 
     device time and one by the host's own time, headed by where a step's time goes: the GPU busy (its
     kernels' time, :func:`gpu_busy_us`) and the host's own CPU time (profiled, so above its unprofiled
     share) against the wall, and the host's waits for the GPU per step besides the two of the bench's
-    own (:func:`train_step`'s closing synchronize and its reading of the loss). A GPU busy far less than the wall means the host sets the pace: the step costs what
-    launching its kernels costs, whatever the tokens. Returns those figures."""
+    own (:func:`train_step`'s closing synchronize and its reading of the loss). A GPU busy far less than
+    the wall means the host sets the pace: the step costs what launching its kernels costs, whatever the
+    tokens. Returns those figures."""
     from torch.profiler import ProfilerActivity, profile
 
     few = steps[:3]
