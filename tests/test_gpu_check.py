@@ -68,6 +68,9 @@ def test_summary_of_failed_stopped_and_skipped_steps():
         "bench_train: FAILED or stopped (its output is in gpu-check.log)",
         "bench_loader: FAILED or stopped (its output is in gpu-check.log)"]
     assert tool.summary_lines({}) == []
+    sized = {**BENCH, "config": {**BENCH["config"], "batch_size": 2, "seq_len": 4096}}
+    assert "(varlen, NVIDIA H100 80GB HBM3, 2 x 4,096 tokens a step): packed 60,000" in tool.summary_lines(
+        {"bench": sized})[0]
     partial = tool.summary_lines({"bench": {**BENCH, "stopped": True, "rounds_done": 1}})
     assert "(varlen, NVIDIA H100 80GB HBM3, stopped for time after 1 round(s)): packed 60,000" in partial[0]
     assert tool.summary_lines({"environment": {**ENV, "varlen_attn": None}})[0].endswith("varlen_attn: none")
