@@ -33,6 +33,21 @@ def test_side_by_side_raw_decoders_decode_every_image_once():
     assert tool.raw_side_by_side(pics, 2, per_process=4)[1] == 8  # cycled to 2 × 4
 
 
+def test_samples_that_fit_no_row_are_left_out_of_every_loader_alike(capsys):
+    """At a short seq_len some generated samples fit no row: each loader gets the same rest (the packer
+    would leave them out, the on-the-fly packers could not place them, a padded batch outgrows its rows)."""
+    tool = _tool()
+    ids = [np.zeros(n, np.uint32) for n in (10, 40, 20, 41)]
+    pics = [[], [b"j"], [b"j"] * (tool.MAX_IMAGES + 1), []]
+    texts = ["a", "b", "c", "d"]
+    kept = tool.fitting(ids, pics, texts, seq_len=40, dataset="text-only")
+    assert [len(x) for x in kept[0]] == [10, 40] and kept[1] == [[], [b"j"]] and kept[2] == ["a", "b"]
+    said = capsys.readouterr().out
+    assert f"2 of 4 samples do not fit a row of 40 tokens and {tool.MAX_IMAGES} images (the longest has 41" in said
+    assert tool.fitting(ids[:1], pics[:1], texts[:1], seq_len=40) == (ids[:1], pics[:1], texts[:1])
+    assert capsys.readouterr().out == ""
+
+
 def test_the_decode_clock_sums_decoding_and_takes_itself_away():
     from decode_clock import DecodeClock, since
     from wdspack.loader.images import ImageTransform, make_image_transform

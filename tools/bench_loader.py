@@ -116,6 +116,20 @@ def make_samples(n: int, *, images: bool, tokenizer, seed: int = 0
     return ids, pics, texts
 
 
+def fitting(ids: list[np.ndarray], pics: list[list[bytes]], texts: list[str], *, seq_len: int,
+            dataset: str = "") -> tuple[list[np.ndarray], list[list[bytes]], list[str]]:
+    """The samples that fit one row of ``seq_len`` tokens and :data:`MAX_IMAGES` images, for every loader
+    alike: the packer leaves the others out (a pack cannot hold them), the on-the-fly packers could not
+    place them in a row, and a padded batch would be wider than the rows. Says how many were left out."""
+    keep = [i for i, (x, p) in enumerate(zip(ids, pics)) if len(x) <= seq_len and len(p) <= MAX_IMAGES]
+    if len(keep) < len(ids):
+        longest = max(len(x) for x in ids)
+        print(f"{dataset or 'samples'}: {len(ids) - len(keep)} of {len(ids)} samples do not fit a row of {seq_len} "
+              f"tokens and {MAX_IMAGES} images (the longest has {longest} tokens) and are left out of every "
+              "loader's data", flush=True)
+    return [ids[i] for i in keep], [pics[i] for i in keep], [texts[i] for i in keep]
+
+
 def _photo_like(rng: np.random.Generator) -> bytes:
     """A 320×240 JPEG with smooth structure and some noise (realistic size and decode cost)."""
     _, x = np.mgrid[0:240, 0:320] / 80.0
@@ -548,6 +562,7 @@ def run(args: argparse.Namespace, work: Path, results: list[dict]) -> list[dict]
         name = "image-bearing" if images else "text-only"
         ids, pics, texts = make_samples(args.samples if images else args.text_samples, images=images,
                                         tokenizer=tokenizer)
+        ids, pics, texts = fitting(ids, pics, texts, seq_len=args.seq_len, dataset=name)
         with tempfile.TemporaryDirectory() as d:
             root = Path(d)
             (root / "packed").mkdir()
