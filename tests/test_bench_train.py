@@ -138,13 +138,18 @@ def test_gpu_busy_counts_the_kernels_once_and_waits_count_synchronisations():
     assert tool.host_waits(events) == 10
 
 
+def test_target_logits_need_one_row_batches():
+    with pytest.raises(SystemExit, match=r"one-row batches.*not 2 rows under sdpa"):
+        _tool().main(["--quick", "--target-logits", "--attention", "sdpa"])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("attention", ["sdpa", "varlen"])
 def test_quick_run_trains_the_same_tokens_three_ways(tmp_path, attention):
     """``varlen`` on a CPU runs the reference kernel (per-segment SDPA) on padding-free batches: same loss."""
     out = tmp_path / "bench_train.json"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    extra = ["--attention", attention] + (["--peak-tflops", "1"] if attention == "varlen" else [])
+    extra = ["--attention", attention] + (["--peak-tflops", "1", "--target-logits"] if attention == "varlen" else [])
     done = subprocess.run([sys.executable, str(TOOL), "--quick", "--json", str(out), *extra], capture_output=True,
                           text=True, timeout=400, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -162,6 +167,11 @@ def test_quick_run_trains_the_same_tokens_three_ways(tmp_path, attention):
         assert 0 < m["fill"] <= 1 and m["computed_tokens"] >= m["real_tokens"]
         assert m["tokens_per_s"] == pytest.approx(m["real_tokens"] / min(m["seconds"]), rel=0.01)
     assert modes["pad_to_longest"]["fill"] < 1, "padding to the longest pads"
+    if attention == "varlen":  # --target-logits: the same packed batches, the head on the targets only
+        kept = modes["packed_target_logits"]
+        assert (kept["real_tokens"], kept["targets"]) == (packed["real_tokens"], packed["targets"])
+        assert kept["loss_sum"] == pytest.approx(packed["loss_sum"], rel=1e-5)
+        assert "packed_target_logits_vs_packed" in res["ratios"] and res["config"]["target_logits"] is True
     assert res["config"]["attention"].startswith(attention)
     assert res["fill_bound"] == pytest.approx(packed["fill"] / modes["pad_to_longest"]["fill"], rel=1e-3)
     params = res["config"]["model"]["params"]

@@ -187,7 +187,7 @@ def _targets(labels: torch.Tensor) -> int:
 
 
 def packed_steps(dataset: Path, processor_dir: Path, model: Any, *, batch_size: int, packs: list[Any],
-                 padding_free: bool = False) -> tuple[list[Step], list[str]]:
+                 padding_free: bool = False, logits: str = "all") -> tuple[list[Step], list[str]]:
     """The loader's batches of one epoch (unshuffled, in this process) as model inputs, and the
     ids of the sub-samples they hold (checked against the stored packs, batch by batch)."""
     import wdspack
@@ -200,7 +200,7 @@ def packed_steps(dataset: Path, processor_dir: Path, model: Any, *, batch_size: 
         if batch["num_tokens"].tolist() != [p.num_tokens for p in mine]:
             raise AssertionError(f"batch {k}: the loader's packs are not the stored packs {k * batch_size}...")
         ids += [sid for p in mine for sid in p.sample_ids]
-        kwargs = wdspack.model_inputs(batch, model)
+        kwargs = wdspack.model_inputs(batch, model, logits=logits)
         steps.append(Step(kwargs, int(batch["num_samples"].sum()), int(batch["num_tokens"].sum()),
                           int(batch["input_ids"].numel()), _targets(kwargs["labels"])))
     return steps, ids
@@ -535,6 +535,10 @@ def prepare(args: argparse.Namespace, work: Path, device: torch.device) -> tuple
         alt = with_attention(model, other, device)
         modes[f"packed_{other}"] = (alt, packed_steps(work / "packed", folder, alt, batch_size=args.batch_size,
                                                       packs=packs, padding_free=other == "varlen")[0])
+    if args.target_logits:  # the same batches and model, the LM head and loss on the target positions only
+        modes["packed_target_logits"] = (packed_model, packed_steps(
+            work / "packed", folder, packed_model, batch_size=args.batch_size, packs=packs,
+            padding_free=attention == "varlen", logits="targets")[0])
     if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
         fa2 = copy.deepcopy(model)
         fa2.set_attn_implementation("flash_attention_2")
@@ -546,7 +550,7 @@ def prepare(args: argparse.Namespace, work: Path, device: torch.device) -> tuple
         "device": str(device), "device_name": device_name(device), "dtype": str(dtype).removeprefix("torch."),
         "attention": attention + (" (reference kernel on CPU)" if attention == "varlen" and
                                   device.type == "cpu" else ""),
-        "other_attention": others,
+        "other_attention": others, "target_logits": bool(args.target_logits),
         "peak_tflops": args.peak_tflops,
         "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
         "torch": torch.__version__, "transformers": __import__("transformers").__version__,
@@ -597,6 +601,9 @@ def main(argv: list[str] | None = None) -> int:
                          "pad-to-longest: sdpa)")
     ap.add_argument("--peak-tflops", type=float, help="the device's peak TFLOP/s for the model FLOPs utilisation "
                                                       "(default by device name: H100 989, A100 312; none on a CPU)")
+    ap.add_argument("--target-logits", action="store_true",
+                    help="add a mode packed_target_logits: the packed batches through model_inputs(..., "
+                         "logits='targets'), the LM head and loss on the target positions only (one-row batches)")
     ap.add_argument("--profile", help="write a torch profiler table of three packed steps to this file")
     ap.add_argument("--warmup-passes", type=int, help="untimed passes over every mode before the rounds (default: 1 "
                     "on CUDA, where cuDNN plans each new attention shape once; 0 on a CPU)")
@@ -606,6 +613,9 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in (QUICK if args.quick else DEFAULT).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.target_logits and not args.attention.startswith("varlen") and args.batch_size != 1:
+        raise SystemExit(f"--target-logits needs one-row batches: --attention varlen (padding-free) or --batch-size 1 "
+                         f"(not {args.batch_size} rows under {args.attention.split(',')[0]})")
     device = torch.device(args.device)
     if args.warmup_passes is None:
         args.warmup_passes = int(device.type == "cuda")
@@ -649,6 +659,8 @@ def results(modes: dict[str, tuple[Any, list[Step]]], timing: dict[str, dict], c
     for name in modes:
         if name.startswith("packed_") and name != "packed_padding_free_fa2":
             res["ratios"][f"{name}_vs_pad_to_longest"] = ratio(timing, name, "pad_to_longest")
+    if "packed_target_logits" in modes:
+        res["ratios"]["packed_target_logits_vs_packed"] = ratio(timing, "packed_target_logits", "packed")
     if "packed_padding_free_fa2" in modes:
         res["ratios"]["fa2_padding_free_vs_pad_to_longest"] = ratio(timing, "packed_padding_free_fa2", "pad_to_longest")
     return res

@@ -28,7 +28,8 @@ One pack of 4,096 tokens a step leaves this 395M-parameter model's H200 steps pa
 was busy 25 ms of a 54 ms step while the host launched about 1,370 kernels, so a step cost the same
 whatever its tokens. Two packs a step (:data:`BENCH_ARGS`) give the GPU the work to set the pace.
 There the tests took 133 s, the loader about 2 min at 20,000 samples, and the two-pack bench 63 s to prepare,
-56 s for its untimed pass and 37 s a round (three modes; ``packed_sdpa`` adds about a third).
+56 s for its untimed pass and 37 s a round (three modes; ``packed_sdpa`` adds about a third, and
+``packed_target_logits``, not yet run on a GPU, about as much as ``packed``).
 
 Every step writes into ``--out`` as it goes (``gpu-tests.xml``, ``gpu-check.log``, ``bench_train.json``,
 ``profile.txt``, ``bench_loader.json``, ``summary.json``: six files), so what a step finished survives a
@@ -59,9 +60,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 #: bench_train's arguments at the size of issue 24 (``--attention`` and ``--rounds`` come from this tool's own),
-#: two packs a step: at one, the host's kernel launches set the pace of this model's steps on an H100/H200.
+#: two packs a step: at one, the host's kernel launches set the pace of this model's steps on an H100/H200;
+#: and the packed batches again with the LM head on the target positions only (``packed_target_logits``).
 BENCH_ARGS = ("--device", "cuda", "--records", "2000", "--seq-len", "4096", "--hidden", "1024", "--layers", "8",
-              "--batch-size", "2")
+              "--batch-size", "2", "--target-logits")
 
 #: bench_loader's image pass at the host's cores: N warm workers (``balance="cost"``, bench_loader's default)
 #: against N raw decoders side by side.

@@ -380,3 +380,31 @@ def train_steps(model: Any, dataset: Path, processor: Any, *, steps: int = 6, lr
         losses.append(float(loss.detach()))
     model.eval()
     return losses
+
+
+#: The families the loader feeds, by name -> (tiny_vlm module, processor options, model options, seq_len).
+#: Gemma 3 is apart (its own test module; varlen refuses it).
+FAMILIES = {
+    "qwen2_5_vl": ("qwen2_5_vl", {"cls": "Qwen2_5_VLProcessor"}, {"cls": "Qwen2_5_VLForConditionalGeneration"}, 96),
+    "qwen2_vl": ("qwen2_5_vl", {"cls": "Qwen2VLProcessor"}, {"cls": "Qwen2VLForConditionalGeneration"}, 96),
+    "qwen3_vl": ("qwen3_vl", {}, {}, 80),
+    "smolvlm": ("smolvlm", {"cls": "SmolVLMProcessor"}, {"cls": "SmolVLMForConditionalGeneration"}, 192),
+    "idefics3": ("smolvlm", {"cls": "Idefics3Processor"}, {"cls": "Idefics3ForConditionalGeneration"}, 192),
+    "llava": ("llava", {"kind": "llava"}, {}, 96),
+    "llava_onevision": ("llava", {"kind": "llava_onevision"}, {}, 96),
+    "mistral3": ("mistral3", {}, {}, 96),
+    "mistral3_sliding": ("mistral3", {}, {"sliding_window": 8}, 96),
+}
+
+
+def build_family(name: str, folder: Path) -> tuple[Any, Any, Path]:
+    """The real processor, the tiny model and the packed dataset of :data:`FAMILIES`' ``name``."""
+    import importlib
+
+    module, proc_opts, model_opts, seq_len = FAMILIES[name]
+    tiny = importlib.import_module(f"tiny_vlm.{module}")
+    tok = folder / "tok"
+    processor = tiny.processor(folder if module == "llava" else tok, **proc_opts)
+    model = tiny.model(processor, **model_opts)
+    dataset = pack_chats(folder, processor, seq_len=seq_len)
+    return processor, model, dataset

@@ -34,13 +34,14 @@ import torch
 from ..errors import ConfigError
 from .family import Budgets, Family
 from .processors import assemble_processor, load_processor, save_processor
+from .target_logits import LOGITS, target_logits_kwargs
 from .varlen import is_varlen, varlen_kwargs
 
 __all__ = ["IMAGE_TOKEN_GUESSES", "Budgets", "Family", "assemble_processor", "families", "family_for",
            "image_processor_for", "load_processor", "model_inputs", "save_processor"]
 
 #: Modules of this package that are not families.
-_NOT_FAMILIES = frozenset({"compat", "family", "processors", "varlen", "vision_meta"})
+_NOT_FAMILIES = frozenset({"compat", "family", "processors", "target_logits", "varlen", "vision_meta"})
 
 
 @lru_cache(maxsize=1)
@@ -103,7 +104,7 @@ def image_processor_for(name: str) -> Any:
         raise ConfigError(f"cannot load image processor {name!r}: {e}") from None
 
 
-def model_inputs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]:
+def model_inputs(batch: Mapping[str, Any], model: Any, *, logits: str = "all") -> dict[str, Any]:
     """The keyword arguments for ``model(**kwargs)`` from a loader batch (labels included).
 
     The batch must come from ``make_loader(..., processor=...)`` for the model's family. Tensors
@@ -112,6 +113,10 @@ def model_inputs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]:
     worked out here, from the batch's CPU ``image_grid_thw`` (:mod:`wdspack.models.vision_meta`), instead of
     reading it back from the GPU image by image. ``use_cache`` is off: with a cache the models do not look
     for the packed sub-samples in the positions.
+
+    ``logits="targets"`` has the model compute its LM head and loss only at the positions whose next
+    token is trained (:mod:`wdspack.models.target_logits`; one-row batches: ``padding_free=True`` or
+    ``batch_size=1``): the same loss and gradients, and ``outputs.logits`` holds those positions only.
 
     Example:
         >>> loader = wdspack.make_loader("packed/", batch_size=4, processor="./qwen2.5-vl")  # doctest: +SKIP
@@ -122,9 +127,13 @@ def model_inputs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]:
     if isinstance(pixels, torch.Tensor) and pixels.dtype == torch.uint8:
         raise ConfigError("the batch's pixel_values are uint8 (make_loader(..., pixel_dtype='uint8')), not yet "
                           "normalised; first: batch = wdspack.normalize_pixels(batch, loader, device=...)")
+    if logits not in LOGITS:
+        raise ConfigError(f"logits={logits!r}: use one of {', '.join(map(repr, LOGITS))}")
     family = family_for(model)
     kwargs = family.model_kwargs(batch, model)
     kwargs["labels"] = batch["labels"]
+    if logits == "targets":
+        kwargs.update(target_logits_kwargs(batch, model))
     if is_varlen(model):  # segments from cu_seqlens, no mask (wdspack.use_varlen_attention)
         kwargs.pop("attention_mask", None)
         kwargs.update(varlen_kwargs(batch))
