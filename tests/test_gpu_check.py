@@ -156,7 +156,7 @@ def test_a_whole_run_on_cpu_keeps_each_steps_files_and_sums_them_up(tmp_path):
                                                         "profile.txt", "summary.json"]
     bench, loader = results["bench"], results["loader"]
     assert bench["config"]["attention"].startswith("varlen") and bench["config"]["other_attention"] == ["sdpa"]
-    assert set(bench["modes"]) == {"packed", "pad_to_longest", "on_the_fly", "packed_sdpa"}
+    assert set(bench["modes"]) == {"packed", "pad_to_longest", "on_the_fly", "packed_sdpa", "packed_target_logits"}
     assert bench["rounds_done"] == 1 and "stopped" not in bench
     assert bench["modes"]["packed_sdpa"]["real_tokens"] == bench["modes"]["packed"]["real_tokens"]
     assert bench["modes"]["packed_sdpa"]["loss_sum"] == pytest.approx(bench["modes"]["packed"]["loss_sum"], rel=1e-4)
@@ -164,9 +164,10 @@ def test_a_whole_run_on_cpu_keeps_each_steps_files_and_sums_them_up(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text()) == json.loads(json.dumps(results))
     text = (tmp_path / "gpu-check.log").read_text()
     summary = text[text.index("== gpu-check summary =="):].splitlines()[1:]
-    assert summary == tool.summary_lines(results) and len(summary) == 7, summary
+    assert summary == tool.summary_lines(results) and len(summary) == 8, summary
     assert summary[0].startswith(f"torch {torch.__version__}, ") and "no CUDA device" in summary[0]
-    assert summary[3].startswith("  packed_sdpa: ") and summary[5].startswith("loader, 1 workers: float32 ")
-    assert summary[4].startswith("  a packed step: ") and "the GPU busy 0 ms" in summary[4]
-    assert summary[6].startswith("  uint8, 1 workers, CPU per image: decoding ")
+    assert summary[3].startswith("  packed_sdpa: ") and summary[6].startswith("loader, 1 workers: float32 ")
+    assert summary[4].startswith("  packed_target_logits: ") and summary[4].endswith("x packed")
+    assert summary[5].startswith("  a packed step: ") and "the GPU busy 0 ms" in summary[5]
+    assert summary[7].startswith("  uint8, 1 workers, CPU per image: decoding ")
     assert bench["config"]["profile"]["step_wall_ms"] > 0

@@ -198,7 +198,9 @@ def _bench_lines(bench: dict | None, attention: str) -> list[str]:
     for name, other in bench["ratios"].items():
         mode = name.removesuffix("_vs_pad_to_longest")
         if mode != name and mode != "packed":
-            lines.append(f"  {mode}: {other['median']:.2f}x, {other['median'] / bound:.2f} of the fill bound")
+            over = bench["ratios"].get(f"{mode}_vs_packed")
+            lines.append(f"  {mode}: {other['median']:.2f}x, {other['median'] / bound:.2f} of the fill bound"
+                         + ("" if over is None else f"; {over['median']:.2f}x packed"))
     prof = cfg.get("profile")
     if prof and prof.get("step_wall_ms"):
         host = f", the host's own CPU {prof['host_cpu_ms']:.0f} ms (profiled)" if "host_cpu_ms" in prof else ""
