@@ -69,6 +69,8 @@ def test_rows_and_models_without_logits_to_keep_are_refused(tmp_path):
     one = next(iter(wdspack.make_loader(str(dataset), batch_size=2, num_workers=0, shuffle=False,
                                         processor=processor, padding_free=True)))
     assert wdspack.model_inputs(one, model, logits="targets")["logits_to_keep"].ndim == 1
+    compiled = torch.compile(model)  # built lazily: nothing compiles until it is called
+    assert wdspack.model_inputs(one, compiled, logits="targets")["shift_labels"].shape[0] == 1
 
     class NoKeep(type(model)):
         def forward(self, input_ids=None, labels=None, **kwargs):

@@ -36,6 +36,7 @@ __all__ = ["LOGITS", "target_logits_kwargs"]
 #: What ``model_inputs(..., logits=...)`` takes: every position (the model's own default) or the targets'.
 LOGITS = ("all", "targets")
 
+#: The label of an untrained position (transformers' ``ignore_index``, the loader's ``IGNORE_INDEX``).
 IGNORE_INDEX = -100
 
 
@@ -60,7 +61,7 @@ def target_logits_kwargs(batch: Mapping[str, Any], model: Any) -> dict[str, torc
         raise ConfigError(f"logits='targets' needs a batch of one row; this one has labels of shape "
                           f"{tuple(labels.shape)}: make_loader(..., padding_free=True) puts a batch's packs in one "
                           "row (or use batch_size=1), or pass logits='all'")
-    forward = getattr(model, "forward", None)
+    forward = getattr(getattr(model, "_orig_mod", model), "forward", None)  # torch.compile's wrapper takes *args
     try:
         takes = forward is not None and "logits_to_keep" in inspect.signature(forward).parameters
     except (TypeError, ValueError):
