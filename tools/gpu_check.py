@@ -8,9 +8,10 @@ size of issue 24, in that order, then a short summary.
     python3 tools/gpu_check.py --attention varlen,sdpa,flex     # the bench's packed mode under each
 
 On a machine without a virtual environment (docs/guides/train.md#on-a-gpu) run it with ``python3`` and
-``PYTHONPATH`` set to the checkout (and the wheels' folder). The summary, as one H200 host gave it at
-commit 68a28bc (the bench then at one pack a step; the two-pack line below is ``bench_train`` run alone
-with these arguments at 8957da3, where the profile's figures were corrected)::
+``PYTHONPATH`` set to the checkout (and the wheels' folder). The summary of one H200 host's figures, in this
+tool's present format: the tests, loader and one-pack bench from a run at commit 68a28bc (whose profile line
+then read "GPU busy 49 ms", a double count since mended, and which also timed ``packed_sdpa``: 1.53x), the
+two-pack bench from ``bench_train`` run alone with these arguments at 8957da3::
 
     torch 2.11.0+cu130, transformers 5.17.0, NVIDIA H200, 16 CPUs; varlen_attn: window_size
     gpu tests: 27 passed, 0 failed, 7 skipped (pytest -m gpu tests, 8 processes) in 133 s
