@@ -52,23 +52,23 @@ test-latest:
 	build/venv-latest/bin/python -m pytest -q -p no:cacheprovider
 
 bench: env
-	$(BIN)/python tools/bench_packing.py
-	$(BIN)/python tools/bench_loader.py --json docs/bench_loader.json
-	$(BIN)/python tools/bench_processor.py --json docs/bench_processor.json
-	$(BIN)/python tools/bench_train.py --records 120 --json docs/bench_train.json
-	$(BIN)/python tools/bench_balance.py --json docs/bench_balance.json --plot docs/balance.png
-	$(BIN)/python tools/bench_mixture_balance.py --json docs/bench_mixture_balance.json
-	$(BIN)/python -W ignore tools/bench_wds.py --json docs/bench_wds.json
-	$(BIN)/python tools/bench_sources.py --json docs/bench_sources.json
-	$(BIN)/python tools/bench_mixture.py --json docs/bench_mixture.json
-	$(BIN)/python tools/bench_mixture_loader.py --json docs/bench_mixture_loader.json
-	$(BIN)/python tools/bench_pack_speed.py --json docs/bench_pack_speed.json
+	$(BIN)/python -m tools.bench_packing
+	$(BIN)/python -m tools.bench_loader --json docs/bench_loader.json
+	$(BIN)/python -m tools.bench_processor --json docs/bench_processor.json
+	$(BIN)/python -m tools.bench_train --records 120 --json docs/bench_train.json
+	$(BIN)/python -m tools.bench_balance --json docs/bench_balance.json --plot docs/balance.png
+	$(BIN)/python -m tools.bench_mixture_balance --json docs/bench_mixture_balance.json
+	$(BIN)/python -W ignore -m tools.bench_wds --json docs/bench_wds.json
+	$(BIN)/python -m tools.bench_sources --json docs/bench_sources.json
+	$(BIN)/python -m tools.bench_mixture --json docs/bench_mixture.json
+	$(BIN)/python -m tools.bench_mixture_loader --json docs/bench_mixture_loader.json
+	$(BIN)/python -m tools.bench_pack_speed --json docs/bench_pack_speed.json
 
 # On a CUDA machine (not in CI): the gpu-marked tests, the loader at the host's cores and bench_train at
 # issue 24's size, then a summary. No venv:
 # the machine's own CUDA torch (docs/guides/train.md#on-a-gpu); run with PYTHONPATH set as the guide says.
 gpu-check:
-	$(PYTHON) tools/gpu_check.py
+	$(PYTHON) -m tools.gpu_check
 
 # The documentation site (mkdocs.yml, docs/) into build/site. --strict: any warning fails the build (a broken
 # link or anchor, a name of wdspack.__all__ without its API entry); the CLI and API pages are generated.

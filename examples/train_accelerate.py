@@ -3,7 +3,7 @@
     torchrun --nproc-per-node 8 examples/train_accelerate.py packed/ --processor Qwen/Qwen2.5-VL-3B-Instruct \\
         --model Qwen/Qwen2.5-VL-3B-Instruct --steps 1000 --accumulation 4 --save-every 100
 
-    # offline, on CPU, with a tiny random-init Qwen2.5-VL (what tests/models/test_train_trainers.py runs):
+    # offline, on CPU, with a tiny random-init Qwen2.5-VL (what tests/train/test_trainers.py runs):
     torchrun --nproc-per-node 2 examples/train_accelerate.py packed/ --processor proc/ --tiny --backend gloo
 
 ``accelerator.prepare`` gets the model and the optimizer only. The loader is not prepared: it gives

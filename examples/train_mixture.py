@@ -4,7 +4,7 @@
     torchrun --nproc-per-node 8 examples/train_mixture.py mix.yaml --processor Qwen/Qwen2.5-VL-3B-Instruct \\
         --model Qwen/Qwen2.5-VL-3B-Instruct --steps 1000 --accumulation 4 --log-every 10
 
-    # offline, on CPU, with a tiny random-init Qwen2.5-VL (what tests/test_train_mixture.py runs):
+    # offline, on CPU, with a tiny random-init Qwen2.5-VL (what tests/train/test_mixture.py runs):
     python examples/train_mixture.py mix.yaml --processor proc/ --tiny --device cpu --steps 4
     torchrun --nproc-per-node 2 examples/train_mixture.py mix.yaml --processor proc/ --tiny --device cpu
 

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.demo import demo_pack_config
+
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
 
@@ -28,31 +30,21 @@ TESTS = ROOT / "tests"
 #: 2-core dev machine so that the rest, the fast tier, runs in under 4 minutes there. A fast module
 #: with one slow test marks that test ``@pytest.mark.slow`` instead, which puts it in this tier too.
 INTEGRATION = (
-    "models/",  # the model families, processor mode, Trainer/TRL/Accelerate and DDP training
-    "test_distributed",  # torchrun
-    "test_ray",  # a Ray cluster
-    "test_remote",  # the pack job on moto's S3
-    "test_s3_loader",  # the loader on moto's S3
-    "test_hub",  # olah, a Hub mirror
-    "test_http",  # HTTP servers
-    "test_bench_mixture_loader",  # the same, for the mixture loader bench
-    "test_webdataset_pipeline",  # olah, the example in a process, model processors
-    "test_elastic",  # checkpoints of real DataLoader worker processes resumed on other layouts
-    "test_templates",  # published chat templates (Qwen2.5, Mistral-Nemo) with their tokenizers
-    "test_sources_chat_formats",  # the same, and the CLI on them
+    "models/",  # the model families, processor mode, varlen attention on every family
+    "train/test_ddp",  # torchrun: examples/train_ddp.py
+    "train/test_trainers",  # torchrun: the HF Trainer and Accelerate examples
+    "loader/test_distributed",  # torchrun
+    "packer/test_executors_ray",  # a Ray cluster
+    "packer/test_job_remote",  # the pack job on moto's S3
+    "storage/test_s3",  # the loader on moto's S3
+    "storage/test_hub",  # olah, a Hub mirror
+    "storage/test_http",  # HTTP servers
+    "tools/test_bench_mixture_loader",  # the same, for the mixture loader bench
+    "loader/test_wds",  # olah, the example in a process, model processors
+    "loader/test_elastic",  # checkpoints of real DataLoader worker processes resumed on other layouts
+    "packer/test_render",  # published chat templates (Qwen2.5, Mistral-Nemo) with their tokenizers
+    "packer/sources/test_toolcalls",  # the same, and the CLI on them
 )
-
-#: How ``demo_packed`` packs the demo: several shards, and the deliberately bad records dropped.
-DEMO_PACK = dict(seq_len=2048, max_images=6, shard_max_bytes=150_000, records_per_partition=40,
-                 run={"max_drop_fraction": 1.0})
-
-
-def demo_pack_config():
-    """:data:`DEMO_PACK` as a ``PackConfig``."""
-    from wdspack.packer.config import PackConfig, RunOptions
-
-    return PackConfig(**{**DEMO_PACK, "run": RunOptions(**DEMO_PACK["run"])})
-
 
 @pytest.fixture(scope="session")
 def tekken_dir(tmp_path_factory) -> Path:
@@ -92,7 +84,7 @@ def sample_config(tekken_dir, pixtral_template):
 @pytest.fixture(scope="session")
 def demo_data(tmp_path_factory) -> Path:
     """The demo dataset (``llava.jsonl``, ``messages.jsonl``, ``images/``), shared: never write into it."""
-    from demo_job import generate_demo
+    from tests.support.demo import generate_demo
 
     return generate_demo(tmp_path_factory.mktemp("demo"), records=150, seed=11)
 
@@ -100,7 +92,7 @@ def demo_data(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def demo_packed(tmp_path_factory, demo_data, sample_config):
     """``(folder, summary)``: ``demo_data`` packed with :data:`DEMO_PACK`, shared: never write into it."""
-    from demo_job import demo_sources
+    from tests.support.demo import demo_sources
     from wdspack.packer.job import pack_dataset
 
     out = tmp_path_factory.mktemp("demo-packed") / "ds"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from demo_job import generate_demo
+from tests.support.demo import generate_demo
 from wdspack.cli import _parser, main, parse_size
 from wdspack.errors import ConfigError
 from wdspack.packer.config import PackSummary
@@ -29,7 +29,7 @@ def demo_data(tmp_path_factory):
 
 def _argv(demo_data, tekken_dir, out, *extra):
     # 60 demo records hold the 6 deliberately bad ones (10 %, plus a few too long for 2048 tokens): over the
-    # default 5 % tolerance, so accept up to half (test_sources_chat_formats.py tests the tolerance itself)
+    # default 5 % tolerance, so accept up to half (tests/packer/sources/test_toolcalls.py tests the tolerance itself)
     return ["pack", str(demo_data / "llava.jsonl"), str(demo_data / "messages.jsonl"), "--output", str(out),
             "--tokenizer", str(tekken_dir), "--chat-template",
             str(ROOT / "examples" / "chat_templates" / "pixtral.jinja"), "--image-token", "[IMG]",

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from demo_job import ROOT, generate_demo
+from tests.support.demo import ROOT, generate_demo
 
 GUIDES = ROOT / "docs" / "guides"
 RUN_LANGS = ("python", "bash")
@@ -120,14 +120,10 @@ def guide_workspace(tmp_path_factory) -> Path:
     generate_demo(demo / "data", records=DEMO_RECORDS, seed=0)
     script.prepare_tokenizer(demo / "tokenizer")
     script.prepare_nemo_tokenizer(demo / "nemo-tokenizer")
-    sys.path.insert(0, str(ROOT / "examples"))
-    try:
-        from tiny_vlm import qwen2_5_vl
-        from wdspack.models import save_processor
+    from tiny_vlm import qwen2_5_vl
+    from wdspack.models import save_processor
 
-        save_processor(qwen2_5_vl.processor(demo / "qwen" / "tokenizer"), demo / "qwen" / "processor")
-    finally:
-        sys.path.remove(str(ROOT / "examples"))
+    save_processor(qwen2_5_vl.processor(demo / "qwen" / "tokenizer"), demo / "qwen" / "processor")
     # The commands make demo runs, from build/demo with the guides' relative paths: the tokenizer
     # and processor a pack job loads are then the ones the guides' commands find loaded already.
     with contextlib.chdir(demo):
@@ -181,7 +177,7 @@ def _run_python(block: Block, run: _PageRun) -> None:
     try:
         exec(code, run.namespace)
     finally:
-        sys.path[:] = saved_path  # a block may extend sys.path (examples/); its imports are already done
+        sys.path[:] = saved_path  # the train guide's block extends sys.path as a user would: undo it here
 
 
 @pytest.mark.slow  # the integration tier: it packs, streams and trains (about 2 minutes on 2 idle cores)

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from PIL import PngImagePlugin
 
-from synthetic import write_dataset
-from test_bad_input import bomb_png
+from tests.support.bad_input import bomb_png
+from tests.support.synthetic import write_dataset
 from wdspack import cli
 from wdspack.errors import FormatError, OutputError, SampleError
 from wdspack.format.manifest import read_manifest

@@ -1,7 +1,7 @@
 """How long the slowest rank makes every step wait: the loader's plans with and without ``balance="cost"``.
 
-    python tools/bench_balance.py                       # 200k LLaVA-like samples, 8 and 64 ranks
-    python tools/bench_balance.py --json docs/bench_balance.json --plot docs/balance.png
+    python -m tools.bench_balance                       # 200k LLaVA-like samples, 8 and 64 ranks
+    python -m tools.bench_balance --json docs/bench_balance.json --plot docs/balance.png
 
 Small datasets too (``small``): about 660 packs in shards of 100 over 8 ranks, 2 packs a step, where
 a fixed run of 32 packs per request leaves few runs to deal; the run length the loader chooses by
@@ -35,9 +35,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
 
-from bench_packing import llava_like  # noqa: E402
+from tools.bench_packing import llava_like  # noqa: E402
 from wdspack import CostModel, plan_packs  # noqa: E402
 from wdspack.format.pack_index import COLUMNS  # noqa: E402
 from wdspack.loader.balance import choose_run, plan_epoch_balanced, step_costs  # noqa: E402

@@ -1,9 +1,9 @@
 """Loader benchmark: wdspack's pre-packed stream vs on-the-fly packing and naive padding.
 
-    python tools/bench_loader.py          # 16000 text-only and 4000 image-bearing samples, seq_len 4096, B = 4
-    python tools/bench_loader.py --samples 1500 --workers 2 --json bench.json
-    python tools/bench_loader.py --only images --loaders wdspack     # the image-loader gap alone, quickly
-    python tools/bench_loader.py --only images --loaders wdspack --workers 2 --json scale.json
+    python -m tools.bench_loader          # 16000 text-only and 4000 image-bearing samples, seq_len 4096, B = 4
+    python -m tools.bench_loader --samples 1500 --workers 2 --json bench.json
+    python -m tools.bench_loader --only images --loaders wdspack     # the image-loader gap alone, quickly
+    python -m tools.bench_loader --only images --loaders wdspack --workers 2 --json scale.json
                                      # N workers against N raw decoders side by side, float32 and uint8
 
 The same seeded samples, written twice: as wdspack shards (one tar member per pack, planned
@@ -74,15 +74,13 @@ import numpy as np
 import torch
 from PIL import Image
 
+from tools.decode_clock import DecodeClock, per_image, since, split_line
 from wdspack import plan_packs
 from wdspack.format.manifest import Manifest, write_json_atomic
 from wdspack.format.pack import Pack, encode_pack
 from wdspack.format.tar import ShardWriter, shard_name
 from wdspack.loader.images import make_image_transform
 from wdspack.ops.index import index_dataset
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decode_clock import DecodeClock, per_image, since, split_line
 
 IMAGE_TOKENS, SIZE, MAX_IMAGES, PAD_ID, IMAGE_TOKEN_ID = 64, 224, 16, 11, 10
 

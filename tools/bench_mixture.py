@@ -1,8 +1,8 @@
 """The token mix a run gets from a 50/50 mixture: wdspack's pack schedule against the peers' sample blend.
 
-    python tools/bench_mixture.py                               # 2 × 100 M tokens, 8 ranks × 2 packs a step
-    python tools/bench_mixture.py --json docs/bench_mixture.json
-    python tools/bench_mixture.py --quick                       # seconds (tests/test_bench_mixture.py)
+    python -m tools.bench_mixture                               # 2 × 100 M tokens, 8 ranks × 2 packs a step
+    python -m tools.bench_mixture --json docs/bench_mixture.json
+    python -m tools.bench_mixture --quick                       # seconds (tests/tools/test_bench_mixture.py)
 
 Two sources with very different sample lengths, 50/50 in tokens: ``long`` (answers of 300-2,000
 tokens, uniform) and ``short`` (captions of 20-120 tokens), the same number of tokens each. Only

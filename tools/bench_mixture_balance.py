@@ -2,8 +2,8 @@
 the mixture's shares. An image-heavy source (LLaVA-like packs: 4096 tokens, up to 16 images) and a
 text-only one (the same text, no images), 50/50 in tokens:
 
-    python tools/bench_mixture_balance.py
-    python tools/bench_mixture_balance.py --json docs/bench_mixture_balance.json
+    python -m tools.bench_mixture_balance
+    python -m tools.bench_mixture_balance --json docs/bench_mixture_balance.json
 
 For each layout (ranks × workers, packs per step) it plans one mixture epoch with the loader's own
 functions (:func:`~wdspack.loader.schedule.plan_slot` per slot, then, balanced, each worker's windows
@@ -31,9 +31,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
 
-from bench_packing import llava_like  # noqa: E402
+from tools.bench_packing import llava_like  # noqa: E402
 from wdspack import CostModel, plan_packs  # noqa: E402
 from wdspack.format.pack_index import COLUMNS  # noqa: E402
 from wdspack.loader.balance import band_order, waiting  # noqa: E402

@@ -1,12 +1,12 @@
 """The mixture loader against one dataset of the same size: batches/s and requests, same run, same server.
 
-    python tools/bench_mixture_loader.py                          # ~1-2 min
-    python tools/bench_mixture_loader.py --json docs/bench_mixture_loader.json
+    python -m tools.bench_mixture_loader                          # ~1-2 min
+    python -m tools.bench_mixture_loader --json docs/bench_mixture_loader.json
 
-Three seeded synthetic packed datasets (``tests/synthetic.py``, with a pack index; uneven shards,
+Three seeded synthetic packed datasets (``tests/support/synthetic.py``, with a pack index; uneven shards,
 up to ``--max-images`` small images per pack) are written: ``a`` and ``b`` (the two sources, with
 different seeds) and ``one`` (a single dataset with as many shards and packs as ``a`` and ``b``
-together). ``tests/httpserver.py`` serves them on loopback and logs every request. For each of
+together). ``tests/support/httpserver.py`` serves them on loopback and logs every request. For each of
 0 and 2 workers and 1 and 2 ranks, the same loader settings read one epoch of:
 
 - **mixture**: ``make_loader([(a, 0.5), (b, 0.5)], ...)`` (50/50 in tokens), and
@@ -31,14 +31,13 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 
 import wdspack  # noqa: E402
 
 
 def write_data(folder: Path, *, shards: int, packs: tuple[int, int], seq_len: int, max_images: int) -> dict:
     """``a``, ``b`` and ``one`` (``a`` + ``b``'s shard counts) under ``folder``; their pack counts."""
-    from synthetic import write_dataset
+    from tests.support.synthetic import write_dataset
 
     rng = np.random.default_rng(0)
     counts = {name: [int(c) for c in rng.integers(packs[0], packs[1] + 1, size=shards)] for name in ("a", "b")}
@@ -66,7 +65,7 @@ def epoch(source, *, workers: int, batch_size: int, rank: int, ranks: int, serve
 
 
 def run(args: argparse.Namespace) -> dict:
-    from httpserver import serve
+    from tests.support.httpserver import serve
 
     results = []
     with tempfile.TemporaryDirectory() as tmp:

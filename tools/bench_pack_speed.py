@@ -1,9 +1,9 @@
 """The pack job's speed per process against the tokenizer's floor, side by side in one run.
 
-    python tools/bench_pack_speed.py                          # 2000 LLaVA records + 2000 captions
-    python tools/bench_pack_speed.py --quick                  # a few hundred: a smoke run
-    python tools/bench_pack_speed.py --json docs/bench_pack_speed.json
-    python tools/bench_pack_speed.py --photos --captions 0 --no-processor   # chats with photo-sized JPEGs
+    python -m tools.bench_pack_speed                          # 2000 LLaVA records + 2000 captions
+    python -m tools.bench_pack_speed --quick                  # a few hundred: a smoke run
+    python -m tools.bench_pack_speed --json docs/bench_pack_speed.json
+    python -m tools.bench_pack_speed --photos --captions 0 --no-processor   # chats with photo-sized JPEGs
 
 1. **Chat (LLaVA / ShareGPT with ``<image>``).** Held-out-style records: one JPEG each (256-640 px,
    Pillow-drawn, saved as files; ``--photos``: photo-like ones, 640 px wide and about 85 KB), 1-5
@@ -265,8 +265,7 @@ def bench(n_chat: int, n_captions: int, repeats: int, work: Path, n_processor: b
     result["chat"] = _ratios(row)
 
     if n_processor:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-        from tiny_vlm import qwen2_5_vl
+        from examples.tiny_vlm import qwen2_5_vl
         from wdspack.models import save_processor
 
         proc_cfg = SampleConfig(processor=str(save_processor(qwen2_5_vl.processor(work / "qwen-tok"),

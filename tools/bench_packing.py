@@ -1,8 +1,8 @@
 """Packing benchmark: every algorithm and naive padding on seeded length distributions.
 
-    python tools/bench_packing.py                 # LLaVA-like n=100k and 1M, two image-bound cases
-    python tools/bench_packing.py --quick         # n=100k only
-    python tools/bench_packing.py --json out.json --plot waste.png
+    python -m tools.bench_packing                 # LLaVA-like n=100k and 1M, two image-bound cases
+    python -m tools.bench_packing --quick         # n=100k only
+    python -m tools.bench_packing --json out.json --plot waste.png
 
 Per workload and algorithm: packs vs the lower bound LB = max(⌈Σtokens/seq_len⌉,
 ⌈Σimages/max_images⌉) and vs the token lower bound, fill ratio, padding waste, samples and

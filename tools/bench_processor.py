@@ -1,7 +1,7 @@
 """Processor-mode benchmark: packing and loading with a model's own processor (Qwen2.5-VL).
 
-    python tools/bench_processor.py                       # the demo data, 1500 records
-    python tools/bench_processor.py --records 600 --json docs/bench_processor.json
+    python -m tools.bench_processor                       # the demo data, 1500 records
+    python -m tools.bench_processor --records 600 --json docs/bench_processor.json
 
 The demo dataset (``examples/make_demo_data.py``: Pillow images of 64-640 px, long-tailed chats)
 and the real ``Qwen2_5_VLProcessor`` class (``examples/tiny_vlm``; images of 4 to 64 tokens).
@@ -39,7 +39,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
 
 
 def _pack(sources: list[str], out: Path, sample_config, workers: int, seq_len: int, max_images: int) -> dict:
@@ -155,8 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
 
-    from make_demo_data import generate
-    from tiny_vlm import qwen2_5_vl
+    from examples.make_demo_data import generate
+    from examples.tiny_vlm import qwen2_5_vl
     from wdspack.models import save_processor
     from wdspack.packer.samples import SampleConfig
 

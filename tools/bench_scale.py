@@ -1,7 +1,7 @@
 """How the pack job scales: samples/s for the local pool (1 and 2 processes) and for Ray (2 CPUs)
 on the same generated data, and a paper estimate for 25 M samples on 64 CPUs.
 
-    python tools/bench_scale.py [--records 3000] [--out docs/bench_scale.md]
+    python -m tools.bench_scale [--records 3000] [--out docs/bench_scale.md]
 
 Data: ``examples/make_demo_data.py`` (Pillow images, long-tailed chats), tokenized with the real
 Pixtral tokenizer shipped in ``mistral_common`` (as ``examples/demo.py`` does), seq_len 4096,
@@ -29,7 +29,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -171,7 +170,7 @@ def report(rows: list[dict], *, plan_n: int, plan_s: float, cpus_here: int) -> s
         "",
         f"At 3000 records the driver term is mostly fixed start-up cost (tokenizer load, shard list), so "
         "its per-sample figure overstates it; the task stages dominate either way. The driver's memory "
-        "peaks at ~190 B + the id per sample (tests/test_driver_memory.py): "
+        "peaks at ~190 B + the id per sample (tests/packer/test_driver_memory.py): "
         f"~{TARGET_SAMPLES * (190 + 80) / 1e9:.0f} GB for 25 M samples with 30-byte ids.",
     ]
     return "\n".join(lines) + "\n"

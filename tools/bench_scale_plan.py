@@ -1,6 +1,6 @@
 """The partitioned pack job at scale: the real measure → plan → write path on caption shards.
 
-    python tools/bench_scale_plan.py --samples 2000000 --work /tmp/scale [--workers 2] [--group-samples 200000]
+    python -m tools.bench_scale_plan --samples 2000000 --work /tmp/scale [--workers 2] [--group-samples 200000]
 
 Data: WebDataset caption shards (img2dataset layout: ``{key}.jpg`` + ``{key}.txt``) of
 ``--shard-samples`` pairs each, one real 8×8 JPEG reused (decoded by the check like any image) and
@@ -37,7 +37,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

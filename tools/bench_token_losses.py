@@ -4,7 +4,7 @@ Before, the shifted logits went to ``cross_entropy`` as ``[R, V, T - 1]`` (a tra
 which reads the vocabulary with a stride of ``T``; now they go as a flat ``[R * T, V]`` view. The
 values agree to float rounding (the flat one is closer to a float64 reference).
 
-    .venv/bin/python tools/bench_token_losses.py --rows 1 --seq-len 1024 --vocab 131072   # ~1 minute
+    .venv/bin/python -m tools.bench_token_losses --rows 1 --seq-len 1024 --vocab 131072   # ~1 minute
 
 On the 2-core dev machine (CPU, shared with other jobs, best of 3, two runs): float32 3.3-6.3 s ->
 0.37-0.57 s, bfloat16 3.1-5.5 s -> 0.57-0.91 s; with ``--vocab 32768`` (~15 s) 1.0 s -> 0.15 s and

@@ -1,8 +1,8 @@
 """Training-throughput benchmark: real tokens/s through forward + backward of a real VLM class.
 
-    python tools/bench_train.py --json docs/bench_train.json     # the default run: ~5 min on 2 idle CPU cores
-    python tools/bench_train.py --quick                           # a smoke run, well under a minute
-    python tools/bench_train.py --device cuda --records 2000 --seq-len 4096 --hidden 1024 --layers 8
+    python -m tools.bench_train --json docs/bench_train.json     # the default run: ~5 min on 2 idle CPU cores
+    python -m tools.bench_train --quick                           # a smoke run, well under a minute
+    python -m tools.bench_train --device cuda --records 2000 --seq-len 4096 --hidden 1024 --layers 8
 
 The same samples go through forward + backward of the same model, three ways:
 
@@ -84,8 +84,6 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
-sys.path.insert(0, str(ROOT))  # this checkout's wdspack, wherever the environment's points
 
 #: ``--quick``: a smoke run (tiny data and model, one round).
 QUICK = {"records": 12, "seq_len": 512, "batch_size": 2, "hidden": 32, "layers": 1, "rounds": 1}
@@ -496,8 +494,8 @@ def ratio(timing: dict[str, dict], a: str, b: str) -> dict[str, Any]:
 
 def prepare(args: argparse.Namespace, work: Path, device: torch.device) -> tuple[dict, dict]:
     """Data, processor, model and every mode's steps; the configuration record."""
-    from make_demo_data import generate
-    from tiny_vlm import qwen2_5_vl
+    from examples.make_demo_data import generate
+    from examples.tiny_vlm import qwen2_5_vl
     from wdspack.models import save_processor
     from wdspack.packer.config import PackConfig, RunOptions
     from wdspack.packer.job import pack_dataset

@@ -1,12 +1,12 @@
 """make_loader vs a plain webdataset pipeline with wdspack's stages: same data, same run, same server.
 
-    python tools/bench_wds.py                                  # ~2 min: 16 uneven shards, B = 8, 0/1/2 workers, 2 ranks
-    python tools/bench_wds.py --json docs/bench_wds.json
-    python tools/bench_wds.py --shards 8 --packs 20 60 --repeats 1     # quicker
+    python -m tools.bench_wds                                  # ~2 min: 16 uneven shards, B = 8, 0/1/2 workers, 2 ranks
+    python -m tools.bench_wds --json docs/bench_wds.json
+    python -m tools.bench_wds --shards 8 --packs 20 60 --repeats 1     # quicker
 
-One seeded synthetic dataset (``tests/synthetic.py``; shards of uneven pack counts, as byte-cut
+One seeded synthetic dataset (``tests/support/synthetic.py``; shards of uneven pack counts, as byte-cut
 shards are; up to ``--max-images`` small PNG/JPEG images per pack, decoded and resized to
-``--image-size`` by the same transform) is served by ``tests/httpserver.py`` on loopback, which
+``--image-size`` by the same transform) is served by ``tests/support/httpserver.py`` on loopback, which
 logs every request. Two readers make full passes over it:
 
 - **make_loader**: ``wdspack.make_loader(URL, batch_size=B, num_workers=W, seed=0)`` (shard order
@@ -30,7 +30,6 @@ import gc
 import json
 import os
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,7 +37,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 
 import webdataset as wds  # noqa: E402
 
@@ -48,7 +46,7 @@ from wdspack.loader.wds import batched, read_dataset, to_examples  # noqa: E402
 
 def write_data(folder: Path, *, shards: int, packs: tuple[int, int], seq_len: int, max_images: int,
                seed: int) -> list[int]:
-    from synthetic import write_dataset
+    from tests.support.synthetic import write_dataset
 
     rng = np.random.default_rng(seed)
     counts = [int(c) for c in rng.integers(packs[0], packs[1] + 1, size=shards)]
@@ -76,7 +74,7 @@ def make_reader(kind: str, url: str, *, batch_size: int, workers: int, transform
 
 def one_pass(kind: str, server, *, batch_size: int, workers: int, transform, rank: int = 0, world: int = 1) -> dict:
     """Build the reader and read one epoch; time, batches, packs and the requests it made."""
-    from synthetic import pack_numbers
+    from tests.support.synthetic import pack_numbers
 
     mark = len(server.log)
     env = {"RANK": str(rank), "WORLD_SIZE": str(world)} if world > 1 and kind != "make_loader" else {}
@@ -116,7 +114,7 @@ def best(kind: str, server, repeats: int, **kw) -> dict:
 
 def with_a_cut(kind: str, server, *, shard: str, at: int, batch_size: int, transform) -> dict:
     """One pass with the first response for ``shard`` cut after ``at`` body bytes."""
-    from httpserver import cut
+    from tests.support.httpserver import cut
 
     server.script(f"/{shard}", cut(at))
     try:
@@ -140,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
 
-    from httpserver import serve
+    from tests.support.httpserver import serve
 
     transform = wdspack.make_image_transform(size=args.image_size)
     kinds = ("make_loader", "webdataset + wdspack.loader.wds")

@@ -2,10 +2,10 @@
 the host's cores against as many raw decoders side by side, and a ``bench_train --device cuda`` run at the
 size of issue 24, in that order, then a short summary.
 
-    python3 tools/gpu_check.py                                  # all three: about 10 min on an H200
-    python3 tools/gpu_check.py --out gpu-check --budget-s 540   # keep every file; stop each step in time
-    python3 tools/gpu_check.py --skip-bench --skip-loader       # the tests only
-    python3 tools/gpu_check.py --attention varlen,sdpa,flex     # the bench's packed mode under each
+    python -m tools.gpu_check                                  # all three: about 10 min on an H200
+    python -m tools.gpu_check --out gpu-check --budget-s 540   # keep every file; stop each step in time
+    python -m tools.gpu_check --skip-bench --skip-loader       # the tests only
+    python -m tools.gpu_check --attention varlen,sdpa,flex     # the bench's packed mode under each
 
 On a machine without a virtual environment (docs/guides/train.md#on-a-gpu) run it with ``python3`` and
 ``PYTHONPATH`` set to the checkout (and the wheels' folder). The summary of one H200 host's figures, in this
@@ -281,9 +281,9 @@ def step_env() -> dict[str, str]:
 def bench_args(step: str, args: argparse.Namespace, out: Path) -> list[str]:
     """The bench tool and its arguments for ``step`` (``bench`` or ``loader``)."""
     if step == "bench":
-        return [str(ROOT / "tools" / "bench_train.py"), *BENCH_ARGS, "--attention", args.attention, "--rounds",
+        return ["-m", "tools.bench_train", *BENCH_ARGS, "--attention", args.attention, "--rounds",
                 str(args.rounds), "--profile", str(out / "profile.txt"), *args.bench_args.split()]
-    return [str(ROOT / "tools" / "bench_loader.py"), *LOADER_ARGS, "--workers", str(args.workers), "--samples",
+    return ["-m", "tools.bench_loader", *LOADER_ARGS, "--workers", str(args.workers), "--samples",
             str(args.loader_samples)]
 
 

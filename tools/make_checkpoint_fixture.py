@@ -6,7 +6,7 @@ package; its modules were flat: ``wdspack/pipeline.py``, ``wdspack/loader/``), f
 the current checkout (it reads ``examples/`` from here, which the re-layout did not change)::
 
     git worktree add /tmp/oldtree 5796b65
-    PYTHONPATH=/tmp/oldtree HF_HUB_OFFLINE=1 .venv/bin/python tools/make_checkpoint_fixture.py
+    PYTHONPATH=/tmp/oldtree HF_HUB_OFFLINE=1 .venv/bin/python -m tools.make_checkpoint_fixture
     git worktree remove /tmp/oldtree
 
 It generates the demo dataset (``examples/make_demo_data.py``: 150 records, seed 11) and packs it
@@ -20,7 +20,7 @@ same batches (checked here too, where the layout is the same). One JSON file per
 The state is JSON already (``PackedLoader.state_dict`` holds ints, strings and lists), so it is
 stored as it is: no pickle, no ``torch.load``. Run with today's code instead of the old one, the
 script writes the same states and digests (only ``made_by`` differs); what
-``tests/test_checkpoint_compat.py`` asserts is stronger: today's loader, given the old states,
+``tests/loader/test_checkpoint_compat.py`` asserts is stronger: today's loader, given the old states,
 yields the recorded batches.
 """
 

@@ -1,10 +1,10 @@
 """Write the golden shard checked into ``tests/golden/`` — the only way it should change.
 
-    python tools/make_golden_shard.py          # rewrite tests/golden/train-000000.tar
-    python tools/make_golden_shard.py --check  # exit 1 if the checked-in bytes differ
+    python -m tools.make_golden_shard          # rewrite tests/golden/train-000000.tar
+    python -m tools.make_golden_shard --check  # exit 1 if the checked-in bytes differ
 
 The packs are built by hand (no tokenizer), so the bytes depend only on pack format v1 and the
-shard writer. ``tests/test_codec.py`` decodes the file and compares it with :func:`golden_packs`.
+shard writer. ``tests/format/test_pack.py`` decodes the file and compares it with :func:`golden_packs`.
 """
 
 from __future__ import annotations

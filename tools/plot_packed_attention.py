@@ -1,6 +1,6 @@
 """Draw what a packed model-ready batch looks like to the model: docs/packed_attention.png.
 
-    python tools/plot_packed_attention.py [--out docs/packed_attention.png]
+    python -m tools.plot_packed_attention [--out docs/packed_attention.png]
 
 One pack of three chats (two with an image) made with the real ``Gemma3Processor`` (tiny sizes,
 ``examples/tiny_vlm``), streamed by ``make_loader(..., processor=...)``; the picture shows the
@@ -19,7 +19,6 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
 
 CHATS = [
     ("cat", [("user", "<image>What is this?"), ("assistant", "A cat on a mat.")], [(48, 32)]),
@@ -64,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
 
     import wdspack
-    from tiny_vlm import gemma3
+    from examples.tiny_vlm import gemma3
     from wdspack.models import save_processor
     from wdspack.packer.config import PackConfig
     from wdspack.packer.job import pack_dataset

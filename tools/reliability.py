@@ -1,6 +1,6 @@
 """Long-running reliability checks that do not belong in ``make test`` (issue 5).
 
-    python tools/reliability.py [--kills 24] [--epochs 120] [--seed 0] [--no-tests]
+    python -m tools.reliability [--kills 24] [--epochs 120] [--seed 0] [--no-tests]
 
 1. **SIGKILL**: the ``wdspack pack`` CLI killed at ≥ 20 random points (at random times, on the
    first shard appearing, on ``dropped.jsonl`` appearing — i.e. while measuring, writing and in
@@ -14,8 +14,8 @@
    folder (``chmod 0o500``, which does not bite when run as root: then reported as such).
    Each must end in a one-line error, no manifest, no shard under a final name that fails to
    decode; then ``--resume`` with room again must give the reference bytes.
-4. The fast tests that cover the rest of the matrix (``tests/test_bad_input.py``,
-   ``test_fuzz.py``, ``test_security.py`` and the existing reliability tests) are run once and
+4. The fast tests that cover the rest of the matrix (``tests/packer/test_bad_input.py``,
+   ``tests/format/test_fuzz.py``, ``test_security.py`` and the existing reliability tests) are run once and
    their outcomes listed.
 
 Writes ``docs/reliability.json`` (everything measured) and ``docs/reliability.md`` (a table of
@@ -41,7 +41,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 TEMPLATE = ROOT / "examples" / "chat_templates" / "pixtral.jinja"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
@@ -187,7 +186,7 @@ def check_soak(work: Path, *, epochs: int) -> dict:
     import psutil
     import torch
 
-    from synthetic import pack_numbers, write_dataset
+    from tests.support.synthetic import pack_numbers, write_dataset
     from wdspack.loader import make_loader
 
     root = work / "soak"
@@ -234,7 +233,7 @@ def check_soak(work: Path, *, epochs: int) -> dict:
 
 
 def check_disk_full(work: Path, tekken: Path) -> dict:
-    from test_bad_input import build_bad_dataset, pack_argv, run_with_file_size_limit
+    from tests.support.bad_input import build_bad_dataset, pack_argv, run_with_file_size_limit
     from wdspack import cli
 
     path, images, *_ = build_bad_dataset(work / "diskfull")
@@ -285,7 +284,7 @@ def check_disk_full(work: Path, tekken: Path) -> dict:
         cases.append({"case": "read-only output folder (chmod 0o500)", "ok": None, "rc": None,
                       "message": "not run: running as root, chmod 0o500 does not stop writes (RLIMIT_FSIZE "
                                  "cases above stand in; a file in place of the output folder is "
-                                 "tests/test_bad_input.py::test_unwritable_output_is_a_clear_error)"})
+                                 "tests/packer/test_bad_input.py::test_unwritable_output_is_a_clear_error)"})
     ro.chmod(stat.S_IRWXU)
     ok = all(c["ok"] is not False for c in cases)
     line = (f"disk full: {'PASS' if ok else 'FAIL'}: " + "; ".join(
@@ -297,23 +296,23 @@ def check_disk_full(work: Path, tekken: Path) -> dict:
 # -- 4. the fast tests ------------------------------------------------------------------------------------
 
 EXISTING = [
-    "tests/test_pipeline.py::test_sigkill_at_random_points_then_resume",
-    "tests/test_pipeline.py::test_resume_after_a_crash_while_writing",
-    "tests/test_pipeline.py::test_resume_after_a_crash_while_measuring",
-    "tests/test_pipeline.py::test_every_record_is_packed_or_dropped_once",
-    "tests/test_loader.py::test_corrupt_pack_is_skipped_counted_and_logged",
-    "tests/test_loader.py::test_truncated_shard_is_skipped_counted_and_raised_on_request",
-    "tests/test_loader.py::test_non_pack_members_are_ignored_and_counted",
-    "tests/test_loader.py::test_unknown_pack_format_is_refused_naming_both_versions",
-    "tests/test_images.py::test_decompression_bomb_refused_before_decoding",
-    "tests/test_images.py::test_corrupt_and_refused_bytes",
-    "tests/test_samples.py::test_decompression_bomb_refused_before_decoding",
-    "tests/test_samples.py::test_bad_images",
-    "tests/test_sources.py::test_bad_records_are_dropped_with_their_reason",
-    "tests/test_sources.py::test_image_path_escape",
-    "tests/test_sources.py::test_malformed_lines_in_the_middle_lose_nothing_around_them",
+    "tests/packer/test_job.py::test_sigkill_at_random_points_then_resume",
+    "tests/packer/test_job.py::test_resume_after_a_crash_while_writing",
+    "tests/packer/test_job.py::test_resume_after_a_crash_while_measuring",
+    "tests/packer/test_job.py::test_every_record_is_packed_or_dropped_once",
+    "tests/loader/test_dataloader.py::test_corrupt_pack_is_skipped_counted_and_logged",
+    "tests/loader/test_dataloader.py::test_truncated_shard_is_skipped_counted_and_raised_on_request",
+    "tests/loader/test_dataloader.py::test_non_pack_members_are_ignored_and_counted",
+    "tests/loader/test_dataloader.py::test_unknown_pack_format_is_refused_naming_both_versions",
+    "tests/loader/test_images.py::test_decompression_bomb_refused_before_decoding",
+    "tests/loader/test_images.py::test_corrupt_and_refused_bytes",
+    "tests/packer/test_samples.py::test_decompression_bomb_refused_before_decoding",
+    "tests/packer/test_samples.py::test_bad_images",
+    "tests/packer/sources/test_readers.py::test_bad_records_are_dropped_with_their_reason",
+    "tests/packer/sources/test_readers.py::test_image_path_escape",
+    "tests/packer/sources/test_readers.py::test_malformed_lines_in_the_middle_lose_nothing_around_them",
 ]
-NEW = ["tests/test_bad_input.py", "tests/test_fuzz.py", "tests/test_security.py"]
+NEW = ["tests/packer/test_bad_input.py", "tests/format/test_fuzz.py", "tests/test_security.py"]
 
 
 def run_tests(work: Path) -> dict:
@@ -354,39 +353,39 @@ _BAD_INPUT = [
 
 _TEST_CASES = [
     ("bad input", "every bad record dropped with its reason, good ones packed once, manifest counts add up",
-     "tests/test_bad_input.py::test_every_bad_record_is_dropped_with_its_reason"),
+     "tests/packer/test_bad_input.py::test_every_bad_record_is_dropped_with_its_reason"),
     ("bad input", "duplicate ids: the first occurrence is the one packed",
-     "tests/test_bad_input.py::test_the_first_duplicate_is_kept"),
+     "tests/packer/test_bad_input.py::test_the_first_duplicate_is_kept"),
     ("bad input", "`--on-error raise` stops at the first bad record, naming it",
-     "tests/test_bad_input.py::test_on_error_raise_names_the_first_bad_record"),
+     "tests/packer/test_bad_input.py::test_on_error_raise_names_the_first_bad_record"),
     ("bad input", "`--on-error raise` for too long / duplicate / non-UTF-8",
-     "tests/test_bad_input.py::test_on_error_raise_for_budget_and_duplicate_drops"),
+     "tests/packer/test_bad_input.py::test_on_error_raise_for_budget_and_duplicate_drops"),
     ("bad input", "CLI `--on-error raise`: exit 1, one line naming the record",
-     "tests/test_bad_input.py::test_cli_on_error_raise_is_one_line_exit_1"),
+     "tests/packer/test_bad_input.py::test_cli_on_error_raise_is_one_line_exit_1"),
     ("output", "full disk (RLIMIT_FSIZE 3000 B): one-line error, nothing half-written, resume identical",
-     "tests/test_bad_input.py::test_full_disk_is_a_clear_error_and_leaves_nothing_half_written"),
+     "tests/packer/test_bad_input.py::test_full_disk_is_a_clear_error_and_leaves_nothing_half_written"),
     ("output", "output path under a regular file: one-line error",
-     "tests/test_bad_input.py::test_unwritable_output_is_a_clear_error"),
-    ("codec fuzz", "random bytes → only FormatError", "tests/test_fuzz.py::test_decode_random_bytes"),
-    ("codec fuzz", "every truncation of a valid pack → FormatError", "tests/test_fuzz.py::test_decode_truncated_pack"),
-    ("codec fuzz", "byte flips in a valid pack → only FormatError", "tests/test_fuzz.py::test_decode_flipped_bytes"),
+     "tests/packer/test_bad_input.py::test_unwritable_output_is_a_clear_error"),
+    ("codec fuzz", "random bytes → only FormatError", "tests/format/test_fuzz.py::test_decode_random_bytes"),
+    ("codec fuzz", "every truncation of a valid pack → FormatError", "tests/format/test_fuzz.py::test_decode_truncated_pack"),
+    ("codec fuzz", "byte flips in a valid pack → only FormatError", "tests/format/test_fuzz.py::test_decode_flipped_bytes"),
     ("codec fuzz", "valid msgpack with any value in any field → only FormatError",
-     "tests/test_fuzz.py::test_decode_well_formed_msgpack_of_the_wrong_shape"),
+     "tests/format/test_fuzz.py::test_decode_well_formed_msgpack_of_the_wrong_shape"),
     ("codec fuzz", "4 GiB bin / str / array / map claims, ext types, deep nesting: refused, < 128 MB",
-     "tests/test_fuzz.py::test_a_huge_claim_is_refused_without_allocating_it"),
+     "tests/format/test_fuzz.py::test_a_huge_claim_is_refused_without_allocating_it"),
     ("tar fuzz", "truncated shard → ShardError (or all packs, when cut after the last)",
-     "tests/test_fuzz.py::test_truncated_shard"),
+     "tests/format/test_fuzz.py::test_truncated_shard"),
     ("tar fuzz", "byte flips in a shard → packs, counted skips or ShardError",
-     "tests/test_fuzz.py::test_flipped_bytes_in_a_shard"),
-    ("tar fuzz", "random bytes as a shard", "tests/test_fuzz.py::test_random_bytes_as_a_shard"),
+     "tests/format/test_fuzz.py::test_flipped_bytes_in_a_shard"),
+    ("tar fuzz", "random bytes as a shard", "tests/format/test_fuzz.py::test_random_bytes_as_a_shard"),
     ("tar fuzz", "a header claiming any size up to 2^88 bytes: never allocated (< 64 MB)",
-     "tests/test_fuzz.py::test_a_header_with_any_size_never_allocates_it"),
+     "tests/format/test_fuzz.py::test_a_header_with_any_size_never_allocates_it"),
     ("tar fuzz", "8 GiB / 2^80 / negative / non-octal sizes → ShardError",
-     "tests/test_fuzz.py::test_garbled_sizes_are_shard_errors"),
+     "tests/format/test_fuzz.py::test_garbled_sizes_are_shard_errors"),
     ("tar fuzz", "PackedDataset over a truncated / flipped / random / re-sized shard: full epoch or FormatError",
-     "tests/test_fuzz.py::test_packed_dataset_over_a_mutated_shard"),
+     "tests/format/test_fuzz.py::test_packed_dataset_over_a_mutated_shard"),
     ("tar fuzz", "no readable pack at all: an error, not a hang",
-     "tests/test_fuzz.py::test_a_shard_that_reads_nothing_at_all_is_an_error_not_a_hang"),
+     "tests/format/test_fuzz.py::test_a_shard_that_reads_nothing_at_all_is_an_error_not_a_hang"),
     ("security", "no pickle/torch.load/allow_pickle/marshal/yaml.load/eval/exec in wdspack/",
      "tests/test_security.py::test_no_code_path_unpickles_or_evals"),
     ("security", "malicious .pyd/.pth/.pickle/.pkl members: loader ignores and counts them, marker never created",
@@ -423,7 +422,7 @@ def write_report(results: dict, md: Path) -> None:
 
     rows = ["| area | case | where | outcome |", "|---|---|---|---|"]
     for case, reason in _BAD_INPUT:
-        test = "tests/test_bad_input.py::test_every_bad_record_is_dropped_with_its_reason"
+        test = "tests/packer/test_bad_input.py::test_every_bad_record_is_dropped_with_its_reason"
         rows.append(f"| bad input | {case} → `{reason}` | `{test}` | {outcome(test)} |")
     for area, case, test in _TEST_CASES:
         rows.append(f"| {area} | {case} | `{test}` | {outcome(test)} |")
@@ -450,7 +449,7 @@ def write_report(results: dict, md: Path) -> None:
             rows.append(f"| disk full | {c['case']} | `tools/reliability.py` | {verdict}: "
                         f"{c['message'].replace('|', '/')} |")
     summary = [f"- {v['summary']}" for k, v in results.items() if isinstance(v, dict) and "summary" in v]
-    md.write_text("# Reliability checks\n\nWritten by `python tools/reliability.py` (numbers in "
+    md.write_text("# Reliability checks\n\nWritten by `python -m tools.reliability` (numbers in "
                   "`docs/reliability.json`).\n\n" + "\n".join(summary) + "\n\n" + "\n".join(rows) + "\n",
                   encoding="utf-8")
 

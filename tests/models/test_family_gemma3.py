@@ -20,8 +20,8 @@ import inspect
 import pytest
 import torch
 
-import vlm_harness as h
 import wdspack
+from tests.support import vlm_harness as h
 from wdspack.errors import ConfigError
 from wdspack.models.gemma3 import GEMMA3, packed_masks
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 from PIL import Image
 
-import vlm_harness as h
 import wdspack
+from tests.support import vlm_harness as h
 from wdspack.errors import WdspackError
 from wdspack.models.mistral3 import MISTRAL3, resized_size
 

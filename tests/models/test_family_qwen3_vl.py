@@ -14,8 +14,8 @@ import pytest
 import torch
 from PIL import Image
 
-import vlm_harness as h
 import wdspack
+from tests.support import vlm_harness as h
 from wdspack.errors import ConfigError
 
 SEQ_LEN = 80

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import vlm_harness as h
 import wdspack
+from tests.support import vlm_harness as h
 from wdspack.errors import ConfigError
 from wdspack.models.qwen_vl import mrope_positions
 

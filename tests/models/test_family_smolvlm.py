@@ -15,8 +15,8 @@ import pytest
 import torch
 from PIL import Image
 
-import vlm_harness as h
 import wdspack
+from tests.support import vlm_harness as h
 from wdspack.models import Budgets
 from wdspack.models.idefics3 import tile_grid, tile_slots
 

@@ -12,7 +12,6 @@ import logging
 
 import pytest
 
-import vlm_harness  # noqa: F401  (puts examples/ on sys.path for tiny_vlm)
 from wdspack.errors import ConfigError
 from wdspack.models import load_processor, save_processor
 

@@ -11,8 +11,8 @@ import logging
 import pytest
 import torch
 
-import vlm_harness as h
 import wdspack
+from tests.support import vlm_harness as h
 from wdspack.cli import main
 from wdspack.errors import ConfigError
 from wdspack.models import load_processor, save_processor
@@ -216,15 +216,15 @@ def test_captions_and_documents_pack_for_the_processor_and_feed_its_model(qwen, 
     """Pre-training records in processor mode: each image laid out as the processor lays it out
     (the real model checks that its image features and image tokens agree), caption and document
     text trained, image tokens never."""
-    from test_sources_pretrain import _caption_shard, _documents
+    from tests.support.pretrain import caption_shard, write_documents
     from tiny_vlm import qwen2_5_vl
     from wdspack.format.dataset import iter_dataset_packs, open_dataset
     from wdspack.packer.samples import SampleConfig
     from wdspack.packer.text import PretrainConfig
 
     processor, folder, _ = qwen
-    shard = _caption_shard(tmp_path / "caps.tar", 4)
-    docs = _documents(tmp_path)
+    shard = caption_shard(tmp_path / "caps.tar", 4)
+    docs = write_documents(tmp_path)
     pretrain = PretrainConfig(eos_token="<|endoftext|>", caption_template="{image}A photo of {caption}")
     config = SampleConfig(processor=str(folder / "processor"), pretrain=pretrain)
     out = tmp_path / "out"

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import vlm_harness as h
 import wdspack
+from tests.support import vlm_harness as h
 from wdspack.errors import ConfigError
 
 TOLERANCE = {"rtol": 1e-6, "atol": 1e-9}

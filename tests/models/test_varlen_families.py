@@ -21,8 +21,8 @@ import copy
 import pytest
 import torch
 
-import vlm_harness as h
 import wdspack
+from tests.support import vlm_harness as h
 from wdspack.errors import ConfigError
 from wdspack.models.varlen import reference_varlen_attn
 

@@ -17,8 +17,8 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-import vlm_harness as h
 import wdspack
+from tests.support import vlm_harness as h
 from wdspack.errors import ConfigError
 from wdspack.models import compat, vision_meta
 

@@ -54,7 +54,7 @@ one padding segment at the end up to ``pad_to`` (default ``B·L``, so shapes sta
     seq_idx        0    0    0   0  0   0   1  1   1  |  2    2    2   2  2   2   3  3   3  |   4     4
     cu_seqlens    [0, 6, 9, 15, 18, 20]
 
-Which keys to feed (each is exact: ``tests/test_packed_exact.py``):
+Which keys to feed (each is exact: ``tests/loader/test_packed_exact.py``):
 
 * transformers ≥ 5, SDPA / eager / flex: ``input_ids``, ``labels``, ``position_ids``, no
   ``attention_mask``, ``use_cache=False`` (with a cache the model does not look for packed

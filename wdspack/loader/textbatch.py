@@ -6,7 +6,7 @@ those tensors. In a loader worker that text work cost about as much per image as
 and every small NumPy or torch call costs more there than in a tight loop (the decoder has just swept
 the caches). :func:`text_batch` writes the same batch straight into ``[B, L]`` arrays, taking each
 pack's sub-sample lengths and targets from the pack itself. It gives exactly what the reference gives,
-key order included (``tests/test_textbatch.py``).
+key order included (``tests/loader/test_textbatch.py``).
 """
 
 from __future__ import annotations

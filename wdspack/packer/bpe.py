@@ -26,7 +26,7 @@ added tokens are encoded independently by ``tokenizers`` too, so the result is t
   (:meth:`ByteLevelBPE.from_backend` returns None).
 
 :class:`~wdspack.packer.fastpath.TextEncoder` also compares its first texts with the public call.
-``tests/test_bpe.py`` holds it equal to ``Tokenizer.encode`` on every code point, on text from
+``tests/packer/test_bpe.py`` holds it equal to ``Tokenizer.encode`` on every code point, on text from
 many scripts and on the bundled tokenizers.
 """
 

@@ -64,7 +64,7 @@ class PackConfig:
     holds no per-sample state (:mod:`~wdspack.packer.partitioned`): for jobs whose ids do not fit
     one process (``DRIVER_BYTES_PER_SAMPLE`` + the id per sample in the global plan). Fill stays
     within 0.1 % of the global plan for groups of 100 k samples or more
-    (``tests/test_partitioned.py``); the shards are named by group, so the bytes differ from the
+    (``tests/packer/test_partitioned.py``); the shards are named by group, so the bytes differ from the
     global plan's.
 
     Example:

@@ -16,7 +16,7 @@ truncation or padding set, through :class:`~wdspack.packer.bpe.ByteLevelBPE` whe
 byte-level BPE (tekken, Llama 3, Qwen2: about 3 times faster again), else ``tokenizer(text, ...)``.
 
 Both check themselves on their first uses against the public call (a template, special tokens or
-tokenizer that disagrees turns the shortcut off for the builder), and ``tests/test_fastpath.py``
+tokenizer that disagrees turns the shortcut off for the builder), and ``tests/packer/test_fastpath.py``
 holds them equal, character for character and token for token, over the bundled chat templates and
 tokenizers. Measured in ``tools/bench_pack_speed.py``.
 """

@@ -4,7 +4,7 @@ Every image of a pack job is checked once before it is packed: its size against 
 and that it decodes (a file that does not would fail the training step that reads it). A full
 decode is the costliest part of a pack job's CPU time; a JPEG decoded at 1/8 scale reads and
 Huffman-decodes every entropy-coded byte, so it fails exactly where the full decode fails, at a
-third of the cost. ``tests/test_imagecheck.py`` holds the verdict to a full decode's over 3,060
+third of the cost. ``tests/packer/test_imagecheck.py`` holds the verdict to a full decode's over 3,060
 intact and corrupted JPEGs of six layouts (the same verdict on every one; 7,320 in a wider run, likewise).
 
 A sequential JPEG of :data:`SCAN_FROM` bytes or more is not Huffman-decoded at all

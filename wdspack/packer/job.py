@@ -34,7 +34,7 @@ of the measured samples), :mod:`.selection` (the driver's integers: drops, plan,
 With ``PackConfig(plan_group_partitions=N)`` (``wdspack pack --plan-groups N``) everything after
 measuring runs as tasks over groups of ``N`` partitions (:mod:`.partitioned`): the driver keeps
 per-group and per-shard state only, never ids or per-sample integers, so its memory does not grow
-with the sample count (``tests/test_driver_memory.py``).
+with the sample count (``tests/packer/test_driver_memory.py``).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ logger = logging.getLogger("wdspack.pipeline")
 WORK_DIR = ".wdspack-work"
 #: The driver's peak memory per sample, besides the sample's id (a ``str``: ~50 B + its length, and
 #: an 8 B list slot): the integer columns, twice while they are joined, and the plan while it is
-#: built. Measured by ``tests/test_driver_memory.py`` (about 210 B on CPython 3.11).
+#: built. Measured by ``tests/packer/test_driver_memory.py`` (about 210 B on CPython 3.11).
 DRIVER_BYTES_PER_SAMPLE = 250
 
 

@@ -1,0 +1,193 @@
+"""How a job starts (issue #19, items 7 and 8): a configuration that cannot work is refused before the
+output is touched; a job that failed before writing anything does not block its corrected re-run; a job
+with finished work keeps it for --resume; outside a terminal, progress is a plain line every N seconds."""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.demo import demo_sources, generate_demo, read_files
+from wdspack.cli import main
+from wdspack.errors import OutputError, TooManyDropsError
+from wdspack.packer.config import PackConfig, RunOptions
+from wdspack.packer.executors import ProgressLog
+from wdspack.packer.job import WORK_DIR, pack_dataset
+from wdspack.packer.reshard import reshard_dataset
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE = str(ROOT / "examples" / "chat_templates" / "pixtral.jinja")
+STARTING_OVER = "wrote nothing yet (no tokenized partition, no shard); starting it over"
+
+
+@pytest.fixture(scope="module")
+def demo_data(tmp_path_factory):
+    return generate_demo(tmp_path_factory.mktemp("demo"), records=40, seed=11)
+
+
+def _argv(demo_data, tekken_dir, out, *extra, template: str | None = TEMPLATE) -> list[str]:
+    # the demo's deliberately bad records are 15 % of 40: accept them (the tolerance is tested elsewhere)
+    return ["pack", *demo_sources(demo_data), "--output", str(out), "--tokenizer", str(tekken_dir),
+            *(["--chat-template", template] if template else []), "--image-token", "[IMG]",
+            "--tokens-per-image", "16", "--seq-len", "2048", "--max-images", "8", "--max-drop-fraction", "0.5",
+            *extra]
+
+
+def _metas(out: Path) -> list[Path]:
+    return sorted((out / WORK_DIR / "spool").glob("*.meta"))
+
+
+@pytest.fixture(scope="module")
+def reference(demo_data, tekken_dir, tmp_path_factory) -> dict[str, bytes]:
+    """The files of a clean, uninterrupted run of the corrected command."""
+    out = tmp_path_factory.mktemp("reference") / "ds"
+    assert main(_argv(demo_data, tekken_dir, out, "--quiet")) == 0
+    return read_files(out)
+
+
+# ---- item 7: checked before the work folder ------------------------------------------------------
+
+
+def test_a_tokenizer_that_does_not_load_leaves_nothing_behind(demo_data, tekken_dir, tmp_path, capsys, reference):
+    out = tmp_path / "ds"
+    bad = _argv(demo_data, tekken_dir, out, "--quiet")
+    bad[bad.index("--tokenizer") + 1] = str(tmp_path / "no-such-tokenizer")
+    assert main(bad) == 2
+    err = capsys.readouterr().err
+    assert "cannot load tokenizer" in err and "no-such-tokenizer" in err
+    assert not out.exists()  # nothing created: nothing to resume, nothing to delete
+    assert main(_argv(demo_data, tekken_dir, out, "--quiet")) == 0  # the fix, as a plain re-run
+    assert read_files(out) == reference
+
+
+@pytest.mark.slow  # builds its own tokenizer (tekken: ~5 s each)
+def test_a_job_that_failed_before_writing_anything_is_started_over(demo_data, tekken_dir, tmp_path, capsys, caplog,
+                                                                   reference):
+    """No --chat-template for a tokenizer without one: the first chat record stops the job (a configuration
+    error, not a per-record drop), after the work folder was made but before any partition finished."""
+    out = tmp_path / "ds"
+    assert main(_argv(demo_data, tekken_dir, out, "--quiet", template=None)) == 2
+    assert "has no chat template" in capsys.readouterr().err
+    assert (out / WORK_DIR / "job.json").exists() and _metas(out) == []
+    # the corrected command, another fingerprint, and no --resume: started over, with a one-line notice
+    with caplog.at_level(logging.WARNING, logger="wdspack.pipeline"):
+        assert main(_argv(demo_data, tekken_dir, out, "--quiet")) == 0
+    notices = [r.getMessage() for r in caplog.records if STARTING_OVER in r.getMessage()]
+    assert len(notices) == 1 and str(out) in notices[0] and "\n" not in notices[0]
+    assert read_files(out) == reference  # nothing of the failed run leaks into the result
+
+
+def test_a_job_with_finished_work_keeps_refusing_with_the_fix(demo_data, tekken_dir, tmp_path, capsys, caplog,
+                                                              reference):
+    out = tmp_path / "ds"
+    strict = _argv(demo_data, tekken_dir, out, "--quiet")
+    strict[strict.index("--max-drop-fraction") + 1] = "0"
+    assert main(strict) == 1  # over the drop tolerance: every partition was tokenized and is kept
+    assert "--resume --max-drop-fraction" in capsys.readouterr().err
+    assert _metas(out)
+    other = _argv(demo_data, tekken_dir, out, "--quiet")
+    other[other.index("--seq-len") + 1] = "1024"
+    assert main(other) == 1
+    assert "holds an unfinished pack job; pass --resume to continue it" in capsys.readouterr().err
+    assert main([*other, "--resume"]) == 1
+    assert "was started with other inputs or arguments" in capsys.readouterr().err
+    with caplog.at_level(logging.WARNING, logger="wdspack.pipeline"):  # the fix the first error named
+        assert main(_argv(demo_data, tekken_dir, out, "--quiet", "--resume")) == 0
+    assert not [r for r in caplog.records if STARTING_OVER in r.getMessage()]
+    assert read_files(out) == reference
+
+
+# ---- item 7 for reshard, which runs the same job ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def packed(demo_data, sample_config, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("packed") / "ds"
+    pack_dataset(demo_sources(demo_data), out, sample_config=sample_config,
+                 config=PackConfig(seq_len=2048, max_images=8, shard_max_packs=3,
+                                   run=RunOptions(max_drop_fraction=0.5)))
+    return out
+
+
+def test_reshard_that_failed_before_writing_anything_is_started_over(packed, tmp_path, caplog):
+    config = PackConfig(seq_len=4096, max_images=16)
+    source = tmp_path / "source"
+    shutil.copytree(packed, source)
+    clean = tmp_path / "clean"
+    reshard_dataset(str(source), clean, config=config)
+    first = sorted(source.glob("*.tar"))[0]
+    first.rename(first.with_suffix(".away"))  # the first task fails at once: nothing is spooled
+    out = tmp_path / "ds"
+    with pytest.raises(FileNotFoundError):
+        reshard_dataset(str(source), out, config=config)
+    assert (out / WORK_DIR / "job.json").exists() and _metas(out) == []
+    first.with_suffix(".away").rename(first)
+    with caplog.at_level(logging.WARNING, logger="wdspack.pipeline"):
+        summary = reshard_dataset(str(source), out, config=config)
+    assert any(STARTING_OVER in r.getMessage() for r in caplog.records)
+    assert summary.packs > 0 and read_files(out) == read_files(clean)
+
+
+def test_reshard_with_finished_work_keeps_refusing(packed, tmp_path):
+    out = tmp_path / "ds"
+    with pytest.raises(TooManyDropsError):  # most samples are longer than 256 tokens
+        reshard_dataset(str(packed), out, config=PackConfig(seq_len=256, run=RunOptions(max_drop_fraction=0)))
+    assert _metas(out)
+    with pytest.raises(OutputError, match="holds an unfinished pack job; pass --resume"):
+        reshard_dataset(str(packed), out, config=PackConfig(seq_len=4096))
+    with pytest.raises(OutputError, match="other inputs or arguments"):
+        reshard_dataset(str(packed), out, config=PackConfig(seq_len=4096), resume=True)
+
+
+# ---- item 8: progress lines where no terminal draws a bar ----------------------------------------
+
+_LINE = re.compile(r"^wdspack (measure|write): \d+/\d+ (part|shard)s( \(\d+%\))?, \d+:\d\d:\d\d elapsed, "
+                   r"[\d.e+-]+ (part|shard)s/s, ETA (\d+:\d\d:\d\d|unknown)$")
+
+
+def test_progress_lines_when_stderr_is_not_a_terminal(demo_data, tekken_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WDSPACK_PROGRESS_INTERVAL", "0.05")
+    assert main(_argv(demo_data, tekken_dir, tmp_path / "ds", "--shard-packs", "1")) == 0  # no --quiet
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    ticks = [line for line in lines if _LINE.match(line)]
+    assert any(line.startswith("wdspack measure: ") for line in ticks), captured.err
+    assert any(re.fullmatch(r"wdspack measure: (\d+)/\1 parts done in \d+:\d\d:\d\d", line) for line in lines)
+    assert "\r" not in captured.err  # no bar drawn into a log
+    assert all(_LINE.match(line) or " done in " in line for line in lines), lines
+    assert "samples  read " in captured.out
+    # --quiet: none
+    assert main(_argv(demo_data, tekken_dir, tmp_path / "quiet", "--quiet")) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_progress_log_says_stage_counts_rate_and_eta():
+    stream = io.StringIO()
+    log = ProgressLog("write", "shard", total=4, interval=0.05, stream=stream)
+    log.update()
+    log.update()
+    time.sleep(0.3)
+    log.close()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) >= 3 and all(_LINE.match(line) for line in lines[:-1]), lines
+    assert lines[0].startswith("wdspack write: 2/4 shards (50%), ") and "ETA 0:00:0" in lines[0]
+    assert re.fullmatch(r"wdspack write: 2/4 shards stopped in 0:00:0\d", lines[-1])
+    quick = io.StringIO()
+    log = ProgressLog("measure", "part", total=1, interval=30, stream=quick)
+    log.update()
+    log.close()
+    assert quick.getvalue() == ""  # a stage shorter than the interval stays silent
+
+
+def test_a_bad_progress_interval_is_a_usage_error(demo_data, tekken_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WDSPACK_PROGRESS_INTERVAL", "soon")
+    assert main(_argv(demo_data, tekken_dir, tmp_path / "ds")) == 2
+    err = capsys.readouterr().err
+    assert "WDSPACK_PROGRESS_INTERVAL='soon'" in err and "positive number" in err
+    assert not (tmp_path / "ds").exists()
