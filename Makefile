@@ -23,12 +23,17 @@ env: $(STAMP)
 demo: env
 	$(BIN)/python examples/demo.py --workdir build/demo
 
+# pytest-xdist processes (TEST_PROCESSES=1: one process); a test file's tests run in one of them, so a module's
+# fixtures are built once. PYTEST_ARGS: more arguments (.ci/run adds --durations).
+TEST_PROCESSES ?= 2
+PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider $(if $(filter-out 1,$(TEST_PROCESSES)),-n $(TEST_PROCESSES) --dist loadfile,-p no:xdist)
+
 test: env
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(PYTEST) $(PYTEST_ARGS)
 
 # The inner loop: everything but the integration tier (torchrun, Ray, servers, model families; tests/conftest.py).
 test-fast: env
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not integration"
+	$(PYTEST) -m "not integration" $(PYTEST_ARGS)
 
 # Static checks (pyproject.toml configures each): ruff's rule set, mypy on the package, the import-linter
 # contracts (DESIGN.md section 7). PYTHONPATH=. : the layers are read from this checkout, wherever the venv points.

@@ -5,7 +5,9 @@
 - ``pixtral_template``: the text of ``examples/chat_templates/pixtral.jinja``.
 - ``sample_config``: both as a :class:`~wdspack.packer.samples.SampleConfig`, 16 ``[IMG]`` tokens per image.
 - ``demo_data``: ``examples/make_demo_data.py``'s dataset (150 records, seed 11), generated once per session.
-- ``demo_packed``: ``demo_data`` packed once per session with :data:`DEMO_PACK` (a folder and its summary).
+- ``demo_packed``: ``demo_data`` packed once per session with ``support.demo.DEMO_PACK`` (a folder and its summary).
+- ``vlm_family``: ``get(name)`` -> the real processor, a fresh tiny model and the packed chats of a family of
+  ``vlm_harness.FAMILIES`` (or ``"gemma3"``), each family built and packed once per session.
 
 Tiers: the modules in :data:`INTEGRATION` and the tests marked ``slow`` are marked ``integration``;
 ``make test-fast`` runs ``-m "not integration"`` (the inner loop), ``make test`` (CI) runs both.
@@ -14,6 +16,7 @@ Tiers: the modules in :data:`INTEGRATION` and the tests marked ``slow`` are mark
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -91,13 +94,32 @@ def demo_data(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def demo_packed(tmp_path_factory, demo_data, sample_config):
-    """``(folder, summary)``: ``demo_data`` packed with :data:`DEMO_PACK`, shared: never write into it."""
+    """``(folder, summary)``: ``demo_data`` packed with ``support.demo.DEMO_PACK``, shared: never write into it."""
     from tests.support.demo import demo_sources
     from wdspack.packer.job import pack_dataset
 
     out = tmp_path_factory.mktemp("demo-packed") / "ds"
     summary = pack_dataset(demo_sources(demo_data), out, sample_config=sample_config, config=demo_pack_config())
     return out, summary
+
+
+@pytest.fixture(scope="session")
+def vlm_family(tmp_path_factory):
+    """``get(name) -> (processor, model, dataset)``; every call gets its own copy of the model (same weights),
+    the processor and the dataset are shared: never change or write into them."""
+    import copy
+
+    from tests.support import vlm_harness as h
+
+    built: dict[str, tuple] = {}
+
+    def get(name: str) -> tuple:
+        if name not in built:
+            built[name] = h.build_family(name, tmp_path_factory.mktemp(name))
+        processor, model, dataset = built[name]
+        return processor, copy.deepcopy(model), dataset
+
+    return get
 
 
 def _in_integration(path: Path) -> bool:
@@ -129,3 +151,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_runtest_logreport(report):
+    """With ``WDSPACK_TEST_DURATIONS=FILE`` (``.ci/run`` sets it), every phase of every test as a JSON line, for
+    ``python -m tools.suite_durations`` (the table in docs/development.md). Written by the controller alone
+    under pytest-xdist (its workers send it their reports)."""
+    path = os.environ.get("WDSPACK_TEST_DURATIONS")
+    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    line = {"test": report.nodeid, "when": report.when, "seconds": round(report.duration, 3),
+            "outcome": report.outcome, "integration": "integration" in report.keywords}
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(line) + "\n")

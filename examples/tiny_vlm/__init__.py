@@ -34,22 +34,36 @@ def tekken_dir(folder: str | Path) -> Path:
     return folder
 
 
-@lru_cache(maxsize=2)
-def _base_tokenizer(folder: str) -> Any:
+@lru_cache(maxsize=1)
+def _base_tokenizer() -> Any:
+    """The tekken tokenizer, loaded once per process (a 131k vocabulary: seconds); every folder that
+    :func:`tekken_dir` fills holds the same file, so each family's tokenizer is a copy of this one."""
+    import tempfile
+
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(folder)
+    with tempfile.TemporaryDirectory() as folder:
+        return AutoTokenizer.from_pretrained(str(tekken_dir(folder)))
 
 
 def tokenizer(folder: str | Path, special: list[str], **named: str) -> Any:
     """The real tekken tokenizer plus the family's special tokens (``named``: e.g. ``image_token="<image>"``
-    registers the attribute the processor reads)."""
+    registers the attribute the processor reads); a copy of the one made once per process for these tokens."""
     import copy
 
-    tok = copy.deepcopy(_base_tokenizer(str(tekken_dir(folder))))
-    extra = [t for t in special if t not in tok.get_vocab()]
+    tekken_dir(folder)  # the folder a family's tokenizer names, as the caller expects it
+    return copy.deepcopy(_extended_tokenizer(tuple(special), tuple(sorted(named.items()))))
+
+
+@lru_cache(maxsize=8)
+def _extended_tokenizer(special: tuple[str, ...], named: tuple[tuple[str, str], ...]) -> Any:
+    import copy
+
+    tok = copy.deepcopy(_base_tokenizer())
+    vocab = tok.get_vocab()  # a dict of 131k entries, built anew on every call
+    extra = [t for t in special if t not in vocab]
     tok.add_special_tokens({"additional_special_tokens": extra}, replace_extra_special_tokens=False)
-    for key, value in named.items():
+    for key, value in named:
         setattr(tok, key, value)
     return tok
 

@@ -18,13 +18,6 @@ from wdspack.errors import ConfigError
 TOLERANCE = {"rtol": 1e-6, "atol": 1e-9}
 
 
-def _gemma3(folder):
-    from tiny_vlm import gemma3
-
-    processor = gemma3.processor(folder / "tok")
-    return processor, gemma3.model(processor), h.pack_chats(folder, processor, seq_len=128)
-
-
 def _step(model, batch, logits):
     model.zero_grad()
     kwargs = wdspack.model_inputs(batch, model, logits=logits)
@@ -34,8 +27,8 @@ def _step(model, batch, logits):
 
 
 @pytest.mark.parametrize("name", [*sorted(set(h.FAMILIES) - {"mistral3_sliding"}), "gemma3"])
-def test_target_logits_give_the_same_loss_and_gradients(tmp_path, name):
-    processor, model, dataset = _gemma3(tmp_path) if name == "gemma3" else h.build_family(name, tmp_path)
+def test_target_logits_give_the_same_loss_and_gradients(vlm_family, name):
+    processor, model, dataset = vlm_family(name)
     model = model.double()
     batches = list(wdspack.make_loader(str(dataset), batch_size=1, num_workers=0, shuffle=False, processor=processor))
     assert len(batches) >= 2
@@ -58,8 +51,8 @@ def test_target_logits_give_the_same_loss_and_gradients(tmp_path, name):
         assert seen > 10, "gradients reached the model"
 
 
-def test_rows_and_models_without_logits_to_keep_are_refused(tmp_path):
-    processor, model, dataset = h.build_family("qwen2_5_vl", tmp_path)
+def test_rows_and_models_without_logits_to_keep_are_refused(vlm_family):
+    processor, model, dataset = vlm_family("qwen2_5_vl")
     batch = next(iter(wdspack.make_loader(str(dataset), batch_size=2, num_workers=0, shuffle=False,
                                           processor=processor)))
     with pytest.raises(ConfigError, match=r"one row; this one has labels of shape \(2, 96\).*padding_free=True"):

@@ -27,7 +27,6 @@ from wdspack.errors import ConfigError
 from wdspack.models.varlen import reference_varlen_attn
 
 FAMILIES = h.FAMILIES
-_build = h.build_family
 
 
 class _Counting:
@@ -59,8 +58,8 @@ def _check(model, processor, dataset, *, kernel=None, padding_free: bool, rtol: 
 
 @pytest.mark.parametrize("padding_free", [False, True], ids=["rows", "padding_free"])
 @pytest.mark.parametrize("name", ["qwen2_5_vl", "qwen3_vl", "mistral3_sliding"])
-def test_packed_equals_one_by_one_on_cpu(name, padding_free, tmp_path):
-    processor, model, dataset = _build(name, tmp_path)
+def test_packed_equals_one_by_one_on_cpu(name, padding_free, vlm_family):
+    processor, model, dataset = vlm_family(name)
     model = model.double()
     kernel = _Counting()
     batches = _check(model, processor, dataset, kernel=kernel, padding_free=padding_free, rtol=1e-9, atol=1e-11)
@@ -100,9 +99,9 @@ def test_gemma3_is_refused(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.parametrize("padding_free", [True, False], ids=["padding_free", "rows"])
 @pytest.mark.parametrize("name", sorted(FAMILIES))
-def test_packed_equals_one_by_one_on_cuda(name, padding_free, tmp_path):
+def test_packed_equals_one_by_one_on_cuda(name, padding_free, vlm_family):
     """torch's varlen kernel, bfloat16, loss and gradients (the FlashAttention-2 tests' tolerances)."""
     pytest.importorskip("torch.nn.attention.varlen", reason=f"torch {torch.__version__} has no varlen_attn")
-    processor, model, dataset = _build(name, tmp_path)
+    processor, model, dataset = vlm_family(name)
     gpu = copy.deepcopy(model).to("cuda", torch.bfloat16)
     _check(gpu, processor, dataset, padding_free=padding_free, rtol=2e-2, atol=2e-2)
