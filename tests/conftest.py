@@ -1,6 +1,7 @@
 """Shared fixtures (real tokenizers loaded offline, the demo dataset) and the two test tiers.
 
 - ``tekken_dir``: a folder holding the Pixtral tokenizer (``tekken.json`` from mistral_common).
+- ``tekken``: that tokenizer loaded (a 131k vocabulary: seconds), once per session: never change it.
 - ``nemo_dir``: a folder holding Mistral-Nemo-Instruct-2407's tokenizer (mistral_common's July 2024 tekken).
 - ``pixtral_template``: the text of ``examples/chat_templates/pixtral.jinja``.
 - ``sample_config``: both as a :class:`~wdspack.packer.samples.SampleConfig`, 16 ``[IMG]`` tokens per image.
@@ -56,6 +57,14 @@ def tekken_dir(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("tekken")
     shutil.copyfile(Path(mistral_common.__file__).parent / "data" / "tekken_240911.json", folder / "tekken.json")
     return folder
+
+
+@pytest.fixture(scope="session")
+def tekken(tekken_dir):
+    """The Pixtral tokenizer, loaded once: ``SampleConfig(tekken, ...)`` builds on it without a load of its own."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tekken_dir))
 
 
 @pytest.fixture(scope="session")

@@ -90,7 +90,7 @@ def test_parse_size():
 
 
 @pytest.mark.slow  # builds its own tokenizer (tekken: ~5 s each)
-def test_fixed_mode_needs_tokens_per_image(demo_data, tekken_dir, tmp_path, capsys):
+def test_fixed_mode_needs_tokens_per_image(demo_data, tekken_dir, tmp_path, capsys, tekken):
     argv = _argv(demo_data, tekken_dir, tmp_path / "out")
     k = argv.index("--tokens-per-image")
     del argv[k:k + 2]
@@ -102,7 +102,7 @@ def test_fixed_mode_needs_tokens_per_image(demo_data, tekken_dir, tmp_path, caps
     from wdspack.packer.samples import SampleBuilder, SampleConfig
 
     with pytest.raises(ConfigError, match="tokens_per_image=N"):
-        SampleBuilder(SampleConfig(str(tekken_dir), chat_template="{{ messages }}", image_token="[IMG]"))
+        SampleBuilder(SampleConfig(tekken, chat_template="{{ messages }}", image_token="[IMG]"))
 
 
 def test_summary_names_the_image_policy():

@@ -222,7 +222,7 @@ def no_png_decoding(monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("size", [(30_000, 30_000), (9_000, 9_000)])  # over Pillow's own limit / only over ours
-def test_packer_refuses_bombs_by_pixel_count(tekken_dir, pixtral_template, no_png_decoding, size):
+def test_packer_refuses_bombs_by_pixel_count(tekken, pixtral_template, no_png_decoding, size):
     from wdspack.packer.samples import SampleBuilder, SampleConfig
 
     class Rec:
@@ -231,7 +231,7 @@ def test_packer_refuses_bombs_by_pixel_count(tekken_dir, pixtral_template, no_pn
                     {"role": "assistant", "content": [{"type": "text", "text": "y"}]})
         images = (bomb_png(*size),)
 
-    b = SampleBuilder(SampleConfig(str(tekken_dir), chat_template=pixtral_template, tokens_per_image=4,
+    b = SampleBuilder(SampleConfig(tekken, chat_template=pixtral_template, tokens_per_image=4,
                                    image_token="[IMG]"))
     with pytest.raises(SampleError) as e:
         b.build(Rec())

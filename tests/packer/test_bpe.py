@@ -17,7 +17,6 @@ import pytest
 import regex
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from tokenizers.trainers import BpeTrainer
-from transformers import AutoTokenizer
 
 from wdspack.packer.bpe import BLOCK, GPT2_PATTERN, ByteLevelBPE, ascii_pattern
 from wdspack.packer.fastpath import TextEncoder
@@ -78,11 +77,6 @@ def _qwen2() -> Tokenizer:
     tok.add_special_tokens(["<|im_start|>", "<|im_end|>", "<|image_pad|>"])
     tok.add_tokens([AddedToken("Ünï", normalized=True), AddedToken("quick brown", normalized=False)])
     return tok
-
-
-@pytest.fixture(scope="module")
-def tekken(tekken_dir):
-    return AutoTokenizer.from_pretrained(str(tekken_dir))
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ offsets the ones ``tokenizer(text, add_special_tokens=False, return_offsets_mapp
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -46,11 +47,6 @@ def _conversations(typed: bool) -> list[list[dict]]:
             msg("user", "Thanks [/INST] <|im_end|>"), msg("assistant", "")]
     system = msg("system", "You are a careful assistant.")
     return [chat[:2], chat[:4], chat, [system, *chat[:2]], [system, *chat], [chat[0]]]
-
-
-@pytest.fixture(scope="module")
-def tekken(tekken_dir):
-    return AutoTokenizer.from_pretrained(str(tekken_dir))
 
 
 @pytest.mark.parametrize("name", sorted(TEMPLATES))
@@ -106,8 +102,8 @@ def test_renderer_turns_itself_off_when_it_disagrees(tekken):
 
 
 @pytest.mark.parametrize("which", ["tekken", "nemo"])
-def test_encoder_matches_the_tokenizer(tekken_dir, nemo_dir, which):
-    tok = AutoTokenizer.from_pretrained(str(tekken_dir if which == "tekken" else nemo_dir))
+def test_encoder_matches_the_tokenizer(tekken, nemo_dir, which):
+    tok = tekken if which == "tekken" else AutoTokenizer.from_pretrained(str(nemo_dir))
     encode = TextEncoder(tok)
     assert encode._backend is not None
     render = ChatRenderer(tok, TEMPLATES["pixtral"])
@@ -122,8 +118,8 @@ def test_encoder_matches_the_tokenizer(tekken_dir, nemo_dir, which):
     assert encode._backend is not None
 
 
-def test_encoder_uses_the_public_call_where_the_tokenizer_truncates(tekken_dir):
-    tok = AutoTokenizer.from_pretrained(str(tekken_dir))
+def test_encoder_uses_the_public_call_where_the_tokenizer_truncates(tekken):
+    tok = copy.deepcopy(tekken)  # its backend is changed below
     tok._tokenizer.enable_truncation(max_length=3)
     try:
         assert TextEncoder(tok)._backend is None

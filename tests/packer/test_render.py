@@ -93,21 +93,21 @@ def _chat(*turns: tuple[str, str]) -> tuple[dict, ...]:
     return tuple({"role": role, "content": [{"type": "text", "text": text}]} for role, text in turns)
 
 
-def test_a_template_that_rewrites_its_opening_is_found_by_the_turns_text(tekken_dir):
+def test_a_template_that_rewrites_its_opening_is_found_by_the_turns_text(tekken):
     """A running count in front of the conversation: no prefix is a prefix of the whole, yet each turn's
     own text is found in it."""
     counting = "{{ messages | length }} turns:{% for m in messages %}[INST]{{ m.content }}\n{% endfor %}"
-    b = SampleBuilder(SampleConfig(str(tekken_dir), chat_template=counting, tokens_per_image=16, image_token="[IMG]"))
+    b = SampleBuilder(SampleConfig(tekken, chat_template=counting, tokens_per_image=16, image_token="[IMG]"))
     sample = b.build(Record("u", _chat(("user", "a"), ("assistant", "bee"), ("user", "c"), ("assistant", "dee")), ()))
     assert b.tokenizer.decode(sample.input_ids[sample.loss_mask.astype(bool)].tolist()) == "bee\ndee\n"
 
 
-def test_a_template_that_rewrites_earlier_assistant_turns_drops_naming_the_turn(tekken_dir):
+def test_a_template_that_rewrites_earlier_assistant_turns_drops_naming_the_turn(tekken):
     """Qwen3-style: a turn's reasoning is kept only while it is the last one."""
     rewriting = ("{% for m in messages %}<{{ m.role }}>\n{% if m.role == 'assistant' and not loop.last %}"
                  "{{ m.content.split('</think>')[-1] }}{% else %}{{ m.content }}{% endif %}\n</{{ m.role }}>\n"
                  "{% endfor %}{% if add_generation_prompt %}<assistant>\n{% endif %}")
-    b = SampleBuilder(SampleConfig(str(tekken_dir), chat_template=rewriting, tokens_per_image=16, image_token="[IMG]"))
+    b = SampleBuilder(SampleConfig(tekken, chat_template=rewriting, tokens_per_image=16, image_token="[IMG]"))
     fine = b.build(Record("ok", _chat(("user", "a"), ("assistant", "bee"), ("user", "c"), ("assistant", "dee")), ()))
     trained = b.tokenizer.decode(fine.input_ids[fine.loss_mask.astype(bool)].tolist())
     assert "bee" in trained and "dee" in trained and "a" not in trained.replace("</assistant>", "")
@@ -118,12 +118,12 @@ def test_a_template_that_rewrites_earlier_assistant_turns_drops_naming_the_turn(
 
 
 @pytest.mark.parametrize("template", ["qwen2_5_vl", "qwen2_5_instruct"])
-def test_assistant_first_trains_no_template_boilerplate(tekken_dir, template):
+def test_assistant_first_trains_no_template_boilerplate(tekken, template):
     """ms-swift's pre-training rows (one assistant turn): the template's opening (its default system
     prompt, the assistant header) is not trained, under Qwen2.5-VL's template and Qwen2.5-Instruct's."""
     from tiny_vlm.qwen2_5_vl import TEMPLATE
 
-    b = SampleBuilder(SampleConfig(str(tekken_dir), tokens_per_image=4, image_token="[IMG]",
+    b = SampleBuilder(SampleConfig(tekken, tokens_per_image=4, image_token="[IMG]",
                                    chat_template=TEMPLATE if template == "qwen2_5_vl" else QWEN25_TEMPLATE))
     sample = b.build(Record("a", _chat(("assistant", "A red square on a white page.")), ()))
     trained = b.tokenizer.decode(sample.input_ids[sample.loss_mask.astype(bool)].tolist())

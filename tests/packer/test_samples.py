@@ -37,7 +37,7 @@ def _asst(text):
 
 
 @pytest.fixture(scope="module")
-def builder(tekken_dir, pixtral_template):
+def builder(tekken_dir, pixtral_template):  # a folder: the config goes to worker processes as it is
     return get_builder(SampleConfig(str(tekken_dir), chat_template=pixtral_template, tokens_per_image=3,
                                     image_token="[IMG]"))
 
@@ -76,10 +76,10 @@ def test_string_content_is_accepted(builder):
 
 
 @pytest.mark.slow  # Qwen2-VL's image processor
-def test_processor_counts_match_the_processor(tekken_dir, pixtral_template):
+def test_processor_counts_match_the_processor(tekken, pixtral_template):
     from transformers import Qwen2VLImageProcessor
 
-    b = SampleBuilder(SampleConfig(str(tekken_dir), chat_template=pixtral_template,
+    b = SampleBuilder(SampleConfig(tekken, chat_template=pixtral_template,
                                    tokens_per_image="processor:qwen2vl", image_token="[IMG]"))
     proc = Qwen2VLImageProcessor()
     for w, h in ((64, 48), (640, 480), (300, 1000)):
@@ -92,8 +92,8 @@ def test_processor_counts_match_the_processor(tekken_dir, pixtral_template):
 
 
 @pytest.mark.slow  # Qwen2-VL's image processor
-def test_max_image_side_downscales_deterministically(tekken_dir, pixtral_template):
-    cfg = SampleConfig(str(tekken_dir), chat_template=pixtral_template, tokens_per_image="processor:qwen2vl",
+def test_max_image_side_downscales_deterministically(tekken, pixtral_template):
+    cfg = SampleConfig(tekken, chat_template=pixtral_template, tokens_per_image="processor:qwen2vl",
                        image_token="[IMG]", max_image_side=200)
     b = SampleBuilder(cfg)
     big = _img(800, 400, fmt="JPEG")
@@ -101,7 +101,7 @@ def test_max_image_side_downscales_deterministically(tekken_dir, pixtral_templat
     a, again = b.build(rec), b.build(rec)
     assert a.images == again.images and a.images[0] != big
     assert Image.open(io.BytesIO(a.images[0])).size == (200, 100)
-    small = SampleBuilder(SampleConfig(str(tekken_dir), chat_template=pixtral_template,
+    small = SampleBuilder(SampleConfig(tekken, chat_template=pixtral_template,
                                        tokens_per_image="processor:qwen2vl", image_token="[IMG]"))
     assert a.image_tokens == small.build(Rec("e", rec.messages, (_img(200, 100),))).image_tokens
     kept = b.build(Rec("k", rec.messages, (_img(100, 50),)))
@@ -119,8 +119,8 @@ def test_bad_images(builder, data, reason):
 
 
 @pytest.mark.slow  # builds its own tokenizer (tekken: ~5 s each)
-def test_decompression_bomb_refused_before_decoding(tekken_dir, pixtral_template):
-    b = SampleBuilder(SampleConfig(str(tekken_dir), chat_template=pixtral_template, tokens_per_image=3,
+def test_decompression_bomb_refused_before_decoding(tekken, pixtral_template):
+    b = SampleBuilder(SampleConfig(tekken, chat_template=pixtral_template, tokens_per_image=3,
                                    image_token="[IMG]", max_image_pixels=100 * 100))
     with pytest.raises(SampleError) as e:
         b.build(Rec("bomb", (_user(None, "x"), _asst("y")), (_img(200, 200),)))
@@ -140,11 +140,11 @@ def test_record_level_reasons(builder):
 
 
 @pytest.mark.slow  # builds its own tokenizer (tekken: ~5 s each)
-def test_config_errors(tekken_dir, pixtral_template):
+def test_config_errors(tekken, pixtral_template):
     with pytest.raises(ConfigError, match="no chat template; pass --chat-template"):
-        SampleBuilder(SampleConfig(str(tekken_dir), tokens_per_image=16, image_token="[IMG]"))
+        SampleBuilder(SampleConfig(tekken, tokens_per_image=16, image_token="[IMG]"))
     with pytest.raises(ConfigError, match="'<nope>' is not a single token"):
-        SampleBuilder(SampleConfig(str(tekken_dir), chat_template=pixtral_template, tokens_per_image=16,
+        SampleBuilder(SampleConfig(tekken, chat_template=pixtral_template, tokens_per_image=16,
                                    image_token="<nope>"))
     with pytest.raises(ConfigError, match="cannot load tokenizer"):
         SampleBuilder(SampleConfig("/nonexistent/tokenizer", chat_template=pixtral_template, tokens_per_image=16))

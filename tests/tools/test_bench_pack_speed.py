@@ -44,9 +44,9 @@ def _conversations(tmp_path: Path, n: int) -> list[list[dict]]:
 
 
 @pytest.mark.parametrize("name", ["pixtral", "qwen2.5", "mistral-nemo"])
-def test_one_render_spans_are_the_prefix_spans(name, tmp_path, tekken_dir, nemo_dir, pixtral_template):
+def test_one_render_spans_are_the_prefix_spans(name, tmp_path, tekken, nemo_dir, pixtral_template):
     template = {"pixtral": pixtral_template, "qwen2.5": QWEN25_TEMPLATE, "mistral-nemo": MISTRAL_NEMO_TEMPLATE}[name]
-    builder = get_builder(SampleConfig(str(nemo_dir if name == "mistral-nemo" else tekken_dir),
+    builder = get_builder(SampleConfig(str(nemo_dir) if name == "mistral-nemo" else tekken,
                                        chat_template=template, tokens_per_image=4, image_token="[IMG]"))
     fast = once = 0
     for k, raw in enumerate(_conversations(tmp_path, 60)):
@@ -65,7 +65,7 @@ def test_one_render_spans_are_the_prefix_spans(name, tmp_path, tekken_dir, nemo_
     assert builder._one._checks is not None  # the records rendered both ways agreed
 
 
-def test_a_template_that_looks_at_the_words_renders_them_twice(tekken_dir):
+def test_a_template_that_looks_at_the_words_renders_them_twice(tekken):
     """Words strip(), compared, tested for a prefix or measured: that record takes the plain rendering
     too; and a template that changes them out of sight (``~`` then a filter) is caught by the first checks."""
     looks = {
@@ -80,16 +80,16 @@ def test_a_template_that_looks_at_the_words_renders_them_twice(tekken_dir):
     tail = "</s>{% endif %}{% endfor %}"
     chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "  Hello there  "}]
     for name, words in looks.items():
-        builder = get_builder(SampleConfig(str(tekken_dir), chat_template=head + words + tail, tokens_per_image=4,
+        builder = get_builder(SampleConfig(tekken, chat_template=head + words + tail, tokens_per_image=4,
                                            image_token="[IMG]"))
         builder._render(chat, "warm-up")  # the renderer checks itself on its first rendering
         assert builder._one.once(chat) is None, name
         assert builder._render(chat, "s") == builder._render(chat, "s", one_render=False), name
-    printed = get_builder(SampleConfig(str(tekken_dir), chat_template=head + "{{ m.content }}" + tail,
+    printed = get_builder(SampleConfig(tekken, chat_template=head + "{{ m.content }}" + tail,
                                        tokens_per_image=4, image_token="[IMG]"))
     printed._render(chat, "warm-up")
     assert printed._one.once(chat) == printed._render(chat, "s", one_render=False)
-    hidden = get_builder(SampleConfig(str(tekken_dir), chat_template=head + "{{ ('' ~ m.content) | trim }}" + tail,
+    hidden = get_builder(SampleConfig(tekken, chat_template=head + "{{ ('' ~ m.content) | trim }}" + tail,
                                       tokens_per_image=4, image_token="[IMG]"))
     hidden._render(chat, "warm-up")
     assert hidden._one.once(chat) is None and hidden._one._checks is None  # caught on a first record: off

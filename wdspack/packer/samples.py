@@ -74,7 +74,8 @@ class SampleConfig:
     so a library caller gets the errors ``wdspack pack`` gives (naming both the flag and the field).
 
     Attributes:
-        tokenizer: a tokenizer folder or cached model name (fixed image tokens); or give ``processor``.
+        tokenizer: a tokenizer folder or cached model name, or the tokenizer object (fixed image tokens);
+            or give ``processor``.
         chat_template: the template's text; default the tokenizer's (or the processor's).
         tokens_per_image: the tokens one image takes (an int >= 0, or digits), or
             ``"processor:NAME_OR_PATH"`` for a dynamic-resolution image processor's count, or an
@@ -90,7 +91,7 @@ class SampleConfig:
         64
     """
 
-    tokenizer: str | os.PathLike[str] | None = None
+    tokenizer: str | os.PathLike[str] | Any | None = None
     chat_template: str | None = None
     tokens_per_image: int | str | Any | None = None
     image_token: str | None = None
@@ -534,9 +535,11 @@ class SampleBuilder:
 _MARK = "\ue000"
 
 
-def _load_tokenizer(name: str | os.PathLike[str] | None):
+def _load_tokenizer(name: str | os.PathLike[str] | Any | None):
     from transformers import AutoTokenizer
 
+    if name is not None and not isinstance(name, (str, os.PathLike)):
+        return name  # a tokenizer object
     if not name:
         raise ConfigError("give a tokenizer (--tokenizer) or a processor (--processor)")
     try:
