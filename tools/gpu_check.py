@@ -68,7 +68,7 @@ BENCH_ARGS = ("--device", "cuda", "--records", "2000", "--seq-len", "4096", "--h
 
 #: bench_loader's image pass at the host's cores: N warm workers (``balance="cost"``, bench_loader's default)
 #: against N raw decoders side by side.
-LOADER_ARGS = ("--only", "images", "--loaders", "wdspack", "--rounds", "3")
+LOADER_ARGS = ("--only", "images", "--loaders", "wdspack")
 
 #: packed / pad-to-longest must reach this share of the fill ratio, and the loader this share of the raw
 #: decoders (issue 24).
@@ -231,6 +231,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                     help="bench_loader's workers and raw decoders (default: the host's CPUs)")
     ap.add_argument("--loader-samples", type=int, default=20000, help="bench_loader's image-bearing samples")
+    ap.add_argument("--loader-rounds", type=int, default=3, help="bench_loader's rounds (default 3)")
     ap.add_argument("--test-processes", type=int, default=min(8, max(1, (os.cpu_count() or 1) // 2)),
                     help="pytest-xdist processes for the tests where it is installed (default: half the CPUs, <= 8)")
     ap.add_argument("--skip-tests", action="store_true")
@@ -283,8 +284,8 @@ def bench_args(step: str, args: argparse.Namespace, out: Path) -> list[str]:
     if step == "bench":
         return ["-m", "tools.bench_train", *BENCH_ARGS, "--attention", args.attention, "--rounds",
                 str(args.rounds), "--profile", str(out / "profile.txt"), *args.bench_args.split()]
-    return ["-m", "tools.bench_loader", *LOADER_ARGS, "--workers", str(args.workers), "--samples",
-            str(args.loader_samples)]
+    return ["-m", "tools.bench_loader", *LOADER_ARGS, "--rounds", str(args.loader_rounds), "--workers",
+            str(args.workers), "--samples", str(args.loader_samples)]
 
 
 def step_limit(step: str, steps: list[str], budget_s: float | None, elapsed_s: float) -> float | None:

@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from tests.support.benches import check_bench_train_record
+
 
 def _tool():
     return importlib.import_module("tools.gpu_check")
@@ -142,8 +144,9 @@ def test_a_whole_run_on_cpu_keeps_each_steps_files_and_sums_them_up(tmp_path):
         pytest.skip("this machine has CUDA: the run would be the real one")
     tool = _tool()
     args = tool.parser().parse_args([
-        "--skip-tests", "--rounds", "1", "--workers", "1", "--loader-samples", "120", "--out", str(tmp_path),
-        "--bench-args", "--device cpu --records 12 --seq-len 512 --hidden 32 --layers 1 --batch-size 2"])
+        "--skip-tests", "--rounds", "1", "--workers", "1", "--loader-samples", "120", "--loader-rounds", "1",
+        "--out", str(tmp_path), "--bench-args",
+        "--device cpu --records 12 --seq-len 512 --hidden 32 --layers 1 --batch-size 2 --peak-tflops 1"])
     results = tool.run_all(args, tool.step_env(), tmp_path, tool.Log(tmp_path / "gpu-check.log"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench_loader.json", "bench_train.json", "gpu-check.log",
                                                         "profile.txt", "summary.json"]
@@ -151,9 +154,10 @@ def test_a_whole_run_on_cpu_keeps_each_steps_files_and_sums_them_up(tmp_path):
     assert bench["config"]["attention"].startswith("varlen") and bench["config"]["other_attention"] == ["sdpa"]
     assert set(bench["modes"]) == {"packed", "pad_to_longest", "on_the_fly", "packed_sdpa", "packed_target_logits"}
     assert bench["rounds_done"] == 1 and "stopped" not in bench
+    check_bench_train_record(bench, "varlen")  # bench_train's quick-run checks, for gpu_check's configuration
     assert bench["modes"]["packed_sdpa"]["real_tokens"] == bench["modes"]["packed"]["real_tokens"]
     assert bench["modes"]["packed_sdpa"]["loss_sum"] == pytest.approx(bench["modes"]["packed"]["loss_sum"], rel=1e-4)
-    assert loader["args"]["workers"] == 1
+    assert loader["args"]["workers"] == 1 and loader["args"]["rounds"] == 1
     assert json.loads((tmp_path / "summary.json").read_text()) == json.loads(json.dumps(results))
     text = (tmp_path / "gpu-check.log").read_text()
     summary = text[text.index("== gpu-check summary =="):].splitlines()[1:]
