@@ -386,14 +386,13 @@ def test_restore_in_a_fresh_process(uneven, tmp_path):
     (tmp_path / "state.json").write_text(json.dumps(first.state_dict()))
     script = (
         "import json, sys\n"
-        "from synthetic import pack_numbers\n"
+        "from tests.support.synthetic import pack_numbers\n"
         "from wdspack.loader import make_loader\n"
         f"loader = make_loader({str(uneven)!r}, **{kw!r})\n"
         f"loader.load_state_dict(json.loads(open({str(tmp_path / 'state.json')!r}).read()))\n"
         "print(json.dumps([pack_numbers(b['input_ids']) for b in loader]))\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"),
-                                                         os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert head + json.loads(out.stdout.strip().splitlines()[-1]) == full

@@ -57,8 +57,7 @@ def uneven(tmp_path_factory) -> Path:
 
 def _run_ranks(root: Path, tmp_path: Path, remainder: str, workers: int) -> list[dict]:
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"),
-                                                         os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     outs = [tmp_path / f"rank{r}.json" for r in range(2)]
     run_all([[sys.executable, "-c", RANK_SCRIPT, str(root), str(port), str(r), str(outs[r]), remainder, str(workers)]
              for r in range(2)], env=env, timeout=180)

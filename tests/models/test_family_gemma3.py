@@ -25,19 +25,15 @@ from tests.support import vlm_harness as h
 from wdspack.errors import ConfigError
 from wdspack.models.gemma3 import GEMMA3, packed_masks
 
-SEQ_LEN = 128
+SEQ_LEN = h.ALL_FAMILIES["gemma3"][3]  # the packed chats' rows (tests/conftest.py vlm_family)
 GRAD_TOLERANCE = {"rtol": 1e-6, "atol": 1e-8}  # float32 RMSNorm (module docstring)
 
 
 @pytest.fixture(scope="module")
-def gemma(tmp_path_factory):
-    from tiny_vlm import gemma3
-
-    folder = tmp_path_factory.mktemp("gemma3")
-    processor = gemma3.processor(folder / "tok")
-    model = gemma3.model(processor).double()
-    dataset = h.pack_chats(folder, processor, seq_len=SEQ_LEN)
-    return processor, model, dataset
+def gemma(vlm_family):
+    """The real processor, the tiny model (float64) and the packed chats (built once per session)."""
+    processor, model, dataset = vlm_family("gemma3")
+    return processor, model.double(), dataset
 
 
 def test_tokens_are_the_processors(gemma):

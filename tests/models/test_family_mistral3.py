@@ -15,7 +15,7 @@ from tests.support import vlm_harness as h
 from wdspack.errors import WdspackError
 from wdspack.models.mistral3 import MISTRAL3, resized_size
 
-SEQ_LEN = 96
+SEQ_LEN = h.FAMILIES["mistral3"][3]  # the packed chats' rows (tests/conftest.py vlm_family)
 
 #: (height, width): tiny, exact cells, one pixel over a cell, wider / taller than the longest edge,
 #: extreme aspect ratios, larger than both processors' longest edge.
@@ -29,14 +29,10 @@ def tok_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def mistral(tmp_path_factory, tok_dir):
-    from tiny_vlm import mistral3
-
-    folder = tmp_path_factory.mktemp("mistral3")
-    processor = mistral3.processor(tok_dir)
-    model = mistral3.model(processor).double()
-    dataset = h.pack_chats(folder, processor, seq_len=SEQ_LEN)
-    return processor, model, dataset
+def mistral(vlm_family):
+    """The real processor, the tiny model (float64) and the packed chats (built once per session)."""
+    processor, model, dataset = vlm_family("mistral3")
+    return processor, model.double(), dataset
 
 
 def test_family_is_found_from_processor_and_model(mistral):

@@ -18,17 +18,15 @@ import wdspack
 from tests.support import vlm_harness as h
 from wdspack.errors import ConfigError
 
-SEQ_LEN = 80
+SEQ_LEN = h.FAMILIES["qwen3_vl"][3]  # the packed chats' rows (tests/conftest.py vlm_family)
 
 
 @pytest.fixture(scope="module")
-def packed_set(tmp_path_factory):
-    """The processor and the packed dataset (dense and MoE models share the processor, so the dataset)."""
-    from tiny_vlm import qwen3_vl
-
-    folder = tmp_path_factory.mktemp("qwen3_vl")
-    processor = qwen3_vl.processor(folder / "tok")
-    return processor, h.pack_chats(folder, processor, seq_len=SEQ_LEN)
+def packed_set(vlm_family):
+    """The processor and the packed dataset (dense and MoE models share the processor, so the dataset), built once
+    per session."""
+    processor, _, dataset = vlm_family("qwen3_vl")
+    return processor, dataset
 
 
 @pytest.fixture(scope="module", params=["Qwen3VL", "Qwen3VLMoe"])

@@ -14,18 +14,16 @@ from tests.support import vlm_harness as h
 from wdspack.errors import ConfigError
 from wdspack.models.qwen_vl import mrope_positions
 
-SEQ_LEN = 96
+SEQ_LEN = h.FAMILIES["qwen2_5_vl"][3]  # the packed chats' rows (tests/conftest.py vlm_family)
+NAMES = {"Qwen2_5_VL": "qwen2_5_vl", "Qwen2VL": "qwen2_vl"}
 
 
 @pytest.fixture(scope="module", params=["Qwen2_5_VL", "Qwen2VL"])
-def qwen(request, tmp_path_factory):
-    from tiny_vlm import qwen2_5_vl
-
-    folder = tmp_path_factory.mktemp(request.param)
-    processor = qwen2_5_vl.processor(folder / "tok", cls=f"{request.param}Processor")
-    model = qwen2_5_vl.model(processor, cls=f"{request.param}ForConditionalGeneration").double()
-    dataset = h.pack_chats(folder, processor, seq_len=SEQ_LEN)
-    return processor, model, dataset
+def qwen(request, vlm_family):
+    """The real processor class, the tiny model (float64) and the packed chats (built once per session)."""
+    processor, model, dataset = vlm_family(NAMES[request.param])
+    assert type(model).__name__ == f"{request.param}ForConditionalGeneration"
+    return processor, model.double(), dataset
 
 
 def test_tokens_are_the_processors(qwen):

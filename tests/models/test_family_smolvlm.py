@@ -20,18 +20,15 @@ from tests.support import vlm_harness as h
 from wdspack.models import Budgets
 from wdspack.models.idefics3 import tile_grid, tile_slots
 
-SEQ_LEN = 192  # packs of 21 and 7 tiles: the second one's tile slots end in padding
+SEQ_LEN = h.FAMILIES["smolvlm"][3]  # 192: packs of 21 and 7 tiles, the second one's tile slots end in padding
 
 
 @pytest.fixture(scope="module", params=["SmolVLM", "Idefics3"])
-def smol(request, tmp_path_factory):
-    from tiny_vlm import smolvlm
-
-    folder = tmp_path_factory.mktemp(request.param)
-    processor = smolvlm.processor(folder / "tok", cls=f"{request.param}Processor")
-    model = smolvlm.model(processor, cls=f"{request.param}ForConditionalGeneration").double()
-    dataset = h.pack_chats(folder, processor, seq_len=SEQ_LEN)
-    return processor, model, dataset
+def smol(request, vlm_family):
+    """The real processor class, the tiny model (float64) and the packed chats (built once per session)."""
+    processor, model, dataset = vlm_family(request.param.lower())
+    assert type(model).__name__ == f"{request.param}ForConditionalGeneration"
+    return processor, model.double(), dataset
 
 
 def test_tokens_are_the_processors(smol):

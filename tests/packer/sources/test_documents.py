@@ -44,9 +44,10 @@ class _Evil:
         return (open, (self.marker, "w"))
 
 
-def _config(tekken_dir, **pretrain) -> SampleConfig:
-    return SampleConfig(str(tekken_dir), tokens_per_image=TPI, image_token="[IMG]",
-                        pretrain=PretrainConfig(eos_token="</s>", **pretrain))
+def _config(tokenizer, **pretrain) -> SampleConfig:
+    """A folder for the pack jobs' processes; the loaded tokenizer (``tekken``) where builders run here."""
+    return SampleConfig(str(tokenizer) if isinstance(tokenizer, Path) else tokenizer, tokens_per_image=TPI,
+                        image_token="[IMG]", pretrain=PretrainConfig(eos_token="</s>", **pretrain))
 
 
 def _read(sources, **kw) -> list:
@@ -216,16 +217,16 @@ def test_save_to_disk_documents(tmp_path):
 # ---- building -----------------------------------------------------------------------------------
 
 
-def test_caption_layouts_loss_on_the_caption_and_end_of_text_only(tekken_dir):
+def test_caption_layouts_loss_on_the_caption_and_end_of_text_only(tekken):
     rec = TextRecord("s:0", "caption", (IMAGE, "A red square"), (image("red"),))
-    tok = get_builder(_config(tekken_dir)).tokenizer
+    tok = get_builder(_config(tekken)).tokenizer
     eos, img = tok.convert_tokens_to_ids(["</s>", "[IMG]"])
-    plain = get_builder(_config(tekken_dir)).build(rec)
+    plain = get_builder(_config(tekken)).build(rec)
     caption = tok("A red square", add_special_tokens=False)["input_ids"]
     assert plain.input_ids.tolist() == [img] * TPI + caption + [eos]
     assert plain.loss_mask.tolist() == [0] * TPI + [1] * (len(caption) + 1)
     assert plain.image_tokens == (TPI,) and plain.images == rec.images
-    prompted = get_builder(_config(tekken_dir, caption_template="Look: {image}A photo of {caption}",
+    prompted = get_builder(_config(tekken, caption_template="Look: {image}A photo of {caption}",
                                    bos_token="<s>")).build(rec)
     text = tok.decode(prompted.input_ids.tolist())
     assert text == "<s>Look: " + "[IMG]" * TPI + "A photo of A red square</s>"
@@ -245,8 +246,8 @@ def test_a_tokenizer_without_eos_needs_one_named(tekken_dir):
         b.build(Record("c", ({"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}), ()))
 
 
-def test_document_loss_on_every_text_token_and_images_in_place(tekken_dir):
-    b = get_builder(_config(tekken_dir))
+def test_document_loss_on_every_text_token_and_images_in_place(tekken):
+    b = get_builder(_config(tekken))
     tok, img = b.tokenizer, b.image_token_id
     rec = TextRecord("d", "document", ("A cat.", IMAGE, "It sleeps."), (image("red"),))
     s = b.build(rec)
@@ -265,10 +266,10 @@ def _long_document(paragraphs: int = 12) -> TextRecord:
 
 
 @pytest.mark.parametrize("seq_len", [64, 100, 250])
-def test_split_pieces_fit_lose_nothing_and_prefer_paragraphs(tekken_dir, seq_len):
-    b = get_builder(_config(tekken_dir, split_long_documents=True))
+def test_split_pieces_fit_lose_nothing_and_prefer_paragraphs(tekken, seq_len):
+    b = get_builder(_config(tekken, split_long_documents=True))
     rec = _long_document()
-    whole = get_builder(_config(tekken_dir)).build(rec)
+    whole = get_builder(_config(tekken)).build(rec)
     pieces = build_samples(b, rec, seq_len=seq_len, max_images=None)
     assert len(pieces) > 1 and [p.sample_id for p in pieces] == [f"long#{k}" for k in range(len(pieces))]
     assert all(p.token_count <= seq_len for p in pieces)
@@ -282,9 +283,8 @@ def test_split_pieces_fit_lose_nothing_and_prefer_paragraphs(tekken_dir, seq_len
         assert all(t.endswith(("\n\n", ".")) or "[IMG]" in t for t in texts[:-1])
 
 
-@pytest.mark.slow  # builds its own tokenizer (tekken: ~5 s each)
-def test_split_respects_max_images_and_bos(tekken_dir):
-    b = get_builder(_config(tekken_dir, split_long_documents=True, bos_token="<s>"))
+def test_split_respects_max_images_and_bos(tekken):
+    b = get_builder(_config(tekken, split_long_documents=True, bos_token="<s>"))
     rec = TextRecord("imgs", "document", ("one", IMAGE, "two", IMAGE, "three", IMAGE, "four"),
                      tuple(image(c) for c in ("red", "green", "blue")))
     pieces = build_samples(b, rec, seq_len=4096, max_images=1)
@@ -292,8 +292,8 @@ def test_split_respects_max_images_and_bos(tekken_dir):
     assert all(p.input_ids[0] == 1 and p.loss_mask[0] == 0 for p in pieces)  # <s> starts each piece
 
 
-def test_unsplittable_or_unsplit_documents_are_too_long(tekken_dir, tmp_path):
-    b = get_builder(_config(tekken_dir, split_long_documents=True))
+def test_unsplittable_or_unsplit_documents_are_too_long(tekken, tmp_path):
+    b = get_builder(_config(tekken, split_long_documents=True))
     no_space = TextRecord("blob", "document", ("x" * 4000,), ())
     with pytest.raises(SampleError, match="no text boundary") as e:
         build_samples(b, no_space, seq_len=64, max_images=None)
