@@ -16,6 +16,7 @@ Tiers: the modules in :data:`INTEGRATION` and the tests marked ``slow`` are mark
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import shutil
@@ -28,13 +29,18 @@ from tests.support.demo import demo_pack_config
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
 
-#: The integration tier: test modules (paths under tests/ without ``.py``; a folder ends in ``/``)
+#: The integration tier: test modules (paths under tests/ without ``.py``, ``*`` as in a glob; a folder ends in ``/``)
 #: that start processes or servers (torchrun, Ray, moto's S3, olah and HTTP servers), build model
 #: families and train them, or are slow for another reason. Chosen from ``--durations=0`` on the
-#: 2-core dev machine so that the rest, the fast tier, runs in under 4 minutes there. A fast module
+#: 2-core dev machine so that the rest, the fast tier, runs in under 3 minutes there. A fast module
 #: with one slow test marks that test ``@pytest.mark.slow`` instead, which puts it in this tier too.
 INTEGRATION = (
-    "models/",  # the model families, processor mode, varlen attention on every family
+    "models/test_family_*",  # the model families, exactly
+    "models/test_varlen_families",  # varlen attention on every family
+    "models/test_target_logits",  # the LM head on the targets, every family
+    "models/test_vision_meta",  # the Qwen-VL towers' bookkeeping, real models
+    "models/test_processor_mode",  # processor mode end to end
+    "models/test_load_processor",  # processors saved and loaded
     "train/test_ddp",  # torchrun: examples/train_ddp.py
     "train/test_trainers",  # torchrun: the HF Trainer and Accelerate examples
     "loader/test_distributed",  # torchrun
@@ -135,12 +141,12 @@ def _in_integration(path: Path) -> bool:
     if not path.is_relative_to(TESTS):
         return False
     name = path.relative_to(TESTS).with_suffix("").as_posix()
-    return name in INTEGRATION or any(name.startswith(entry) for entry in INTEGRATION if entry.endswith("/"))
+    return any(fnmatch.fnmatchcase(name, entry + "*" if entry.endswith("/") else entry) for entry in INTEGRATION)
 
 
 def pytest_configure(config):
     # A renamed or moved module would silently fall into the fast tier: name the stale entry instead.
-    stale = [e for e in INTEGRATION if not (TESTS / e).is_dir() and not (TESTS / f"{e}.py").is_file()]
+    stale = [e for e in INTEGRATION if not (TESTS / e).is_dir() and not any(TESTS.glob(f"{e}.py"))]
     if stale:
         raise pytest.UsageError(f"tests/conftest.py INTEGRATION names {stale}, which are not in tests/: "
                                 "update the list to the modules' new paths")

@@ -41,7 +41,7 @@ __all__ = ["IMAGE_TOKEN_GUESSES", "Budgets", "Family", "assemble_processor", "fa
            "image_processor_for", "load_processor", "model_inputs", "save_processor"]
 
 #: Modules of this package that are not families.
-_NOT_FAMILIES = frozenset({"compat", "family", "processors", "target_logits", "varlen", "vision_meta"})
+_NOT_FAMILIES = frozenset({"compat", "family", "locate", "processors", "target_logits", "varlen", "vision_meta"})
 
 
 @lru_cache(maxsize=1)

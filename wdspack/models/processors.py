@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from .locate import locate_model
 
 __all__ = ["assemble_processor", "load_processor", "save_processor"]
 
@@ -85,6 +86,7 @@ def load_processor(spec: str | os.PathLike[str] | Any) -> Any:
     from transformers import AutoProcessor
 
     name = os.fspath(spec)
+    locate_model(name, flag="--processor")  # a folder, the cache or a reachable Hub; else one line, at once
     # AutoProcessor loads the tokenizer (seconds for a large vocabulary) before the video processor
     # that fails; asking the video processor first spares loading the tokenizer a second time.
     first = _video_side_error(name)

@@ -542,6 +542,9 @@ def _load_tokenizer(name: str | os.PathLike[str] | Any | None):
         return name  # a tokenizer object
     if not name:
         raise ConfigError("give a tokenizer (--tokenizer) or a processor (--processor)")
+    from ..models.locate import locate_model
+
+    locate_model(name, flag="--tokenizer")  # a folder, the cache or a reachable Hub; else one line, at once
     try:
         return AutoTokenizer.from_pretrained(name)
     except Exception as e:  # transformers raises OSError/ValueError/... for a bad name

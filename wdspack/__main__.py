@@ -1,0 +1,7 @@
+"""``python -m wdspack``: the same as the ``wdspack`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
