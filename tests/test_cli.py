@@ -222,3 +222,47 @@ def test_inspect_into_a_pipe_closed_early_exits_quietly(packed_demo):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "fill" in done.stdout and done.stderr == ""
     assert not (packed_demo / WORK_DIR).exists()
+
+
+# -- mistakes answered in one line (issue #38, items 5 and 6) ------------------------------------------
+
+
+def _one_error_line(capsys, argv: list[str], code: int = 2) -> str:
+    assert main(argv) == code
+    out, err = capsys.readouterr()
+    lines = [line for line in (out + err).splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_a_misspelled_option_is_one_line_naming_the_option_meant(tmp_path, capsys):
+    data = tmp_path / "d.jsonl"
+    data.write_text("{}\n")
+    line = _one_error_line(capsys, ["pack", str(data), "--output", str(tmp_path / "o"), "--seq_len", "512"])
+    assert line.startswith("wdspack pack: error: the following arguments are required: --seq-len")
+    assert "--seq_len is not an option: did you mean --seq-len?" in line and "`wdspack pack --help`" in line
+    line = _one_error_line(capsys, ["pack", str(data), "--output", str(tmp_path / "o"), "--seq-len", "512",
+                                    "--procesor", "p/"])
+    assert "unrecognized arguments: --procesor p/; --procesor is not an option: did you mean --processor?" in line
+    line = _one_error_line(capsys, ["inspect", str(tmp_path), "--seq-len", "5"])
+    assert line.startswith("wdspack inspect: error: ") and "--seq-len is not an option" in line
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_missing_dataset_is_named_without_a_resume_or_writable_hint(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "half").mkdir()  # a folder without its manifest: a pack job that did not finish
+    answers = {
+        ("inspect", "nope/"): "nope/manifest.json: no such file or folder; check the path",
+        ("reshard", "nope/", "out/", "--seq-len", "512"): "nope/manifest.json: no such file or folder",
+        ("upload", "nope/", "org/name"): "wdspack upload: error: nope: no such folder",
+        ("index", "nope/"): "wdspack index: error: nope/: no such folder",
+        ("index", "half/"): "half/ holds no manifest.json: not a packed dataset, or its pack job did not finish",
+        ("index", "https://example.org/ds/"): "https://example.org/ds/: this reads a local folder; download",
+    }
+    for argv, want in answers.items():
+        line = _one_error_line(capsys, list(argv), code=1)
+        assert want in line, (argv, line)
+        assert "writable" not in line and ("--resume" not in line or argv[1] == "half/"), line
+    assert main(["verify", "nope/"]) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == "1 problem in nope/"

@@ -12,6 +12,7 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from ._version import __version__
 from .errors import ConfigError, WdspackError
@@ -63,9 +64,42 @@ examples:
 """
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error in one line that names the option meant (``--seq_len``: ``--seq-len``)."""
+
+    words: Sequence[str] = ()  # the command line being parsed (main sets it)
+
+    def error(self, message: str) -> NoReturn:
+        target = _command_parser(self, self.words)
+        hints = [_option_hint(word, target) for word in self.words if word.startswith("--")]
+        hint = "".join(f"; {h}" for h in hints if h)
+        self.exit(2, f"{target.prog}: error: {message}{hint} (`{target.prog} --help` lists the options)\n")
+
+
+def _command_parser(parser: argparse.ArgumentParser, words: Sequence[str]) -> argparse.ArgumentParser:
+    """The subcommand's parser named in ``words`` (``parser`` itself when it has none)."""
+    for action in parser._actions:  # argparse keeps its actions nowhere public (stable since Python 3.2)
+        if isinstance(action, argparse._SubParsersAction):
+            return next((action.choices[w] for w in words if w in action.choices), parser)
+    return parser
+
+
+def _option_hint(word: str, parser: argparse.ArgumentParser) -> str | None:
+    """``--seq_len is not an option: did you mean --seq-len?`` for a word ``parser`` does not know."""
+    import difflib
+
+    name = word.split("=", 1)[0]
+    known = sorted(o for action in parser._actions for o in action.option_strings)
+    if name in known or name == "--":
+        return None
+    close = difflib.get_close_matches(name.replace("_", "-").lower(), known, n=1, cutoff=0.75)
+    return f"{name} is not an option" + (f": did you mean {close[0]}?" if close else "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (tests call this in-process)."""
     parser = _parser()
+    _Parser.words = tuple(sys.argv[1:] if argv is None else argv)
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse exits on --help and on usage errors
@@ -110,6 +144,8 @@ def _os_error_text(e: OSError, output: str | None) -> str:
     """``cannot write OUT: File too large [Errno 27]; free space ..., then run the same command with --resume``."""
     import errno
 
+    if e.errno == errno.ENOENT:
+        return f"{e.filename or 'a file'}: no such file or folder; check the path"
     what = f"cannot write {e.filename or output}" if output else f"cannot read or write {e.filename or 'a file'}"
     full = e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
     fix = ("free some space (or lift the file-size limit)" if full
@@ -119,7 +155,7 @@ def _os_error_text(e: OSError, output: str | None) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="wdspack", description="Pack multimodal chat data into knapsack-packed WebDataset shards.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"wdspack {__version__}")
@@ -332,7 +368,7 @@ def _run_verify(args: argparse.Namespace) -> int:
     for line in problems:
         print(f"FAIL {line}")
     if problems:
-        print(f"{len(problems)} problems in {args.dataset}", file=sys.stderr)
+        print(f"{len(problems)} problem{'s' * (len(problems) != 1)} in {args.dataset}", file=sys.stderr)
         return 1
     print(f"OK {args.dataset}: every shard, pack and sample checks out")
     return 0

@@ -20,7 +20,11 @@ wrong ``--image-root`` or a layout wdspack does not read shows at once, not as a
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 __all__ = [
     "ConfigError",
@@ -126,3 +130,38 @@ class Dropped:
 
     def to_json(self) -> dict[str, str]:
         return {"id": self.sample_id, "reason": self.reason, "detail": self.detail}
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def suggest_keywords(fn: _F) -> _F:
+    """``fn`` refuses a keyword it does not take with the name meant, not a bare ``TypeError``.
+
+    Example:
+        >>> @suggest_keywords
+        ... def load(*, batch_size: int = 1): ...
+        >>> load(batchsize=4)
+        Traceback (most recent call last):
+        ...
+        TypeError: load() got an unexpected keyword argument 'batchsize': did you mean batch_size=?
+    """
+    import difflib
+
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return fn
+    names = [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+    @functools.wraps(fn)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        for key in kwargs:
+            if key not in names:
+                close = difflib.get_close_matches(key.lower(), names, n=1, cutoff=0.7)
+                if not close:  # batchsize -> batch_size: the words without their underscores
+                    close = [n for n in names if n.replace("_", "") == key.replace("_", "").lower()][:1]
+                hint = f": did you mean {close[0]}=?" if close else f"; it takes {', '.join(names)}"
+                raise TypeError(f"{fn.__name__}() got an unexpected keyword argument {key!r}{hint}")
+        return fn(*args, **kwargs)
+
+    return checked  # type: ignore[return-value]

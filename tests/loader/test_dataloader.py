@@ -569,3 +569,19 @@ def test_public_names():
     for name in loader_mod.__all__:
         assert getattr(loader_mod, name) is not None
     assert read_manifest  # the manifest module is what the loader reads
+
+
+def test_mistakes_in_the_source_and_keywords_name_the_fix(tmp_path, even):
+    """A data file before packing, two datasets without weights, a misspelled keyword (issue #38, item 6)."""
+    (tmp_path / "llava.jsonl").write_text('{"id": 1}\n')
+    (tmp_path / "llava.json").write_text('[{"id": 1}]')
+    with pytest.raises(ConfigError, match=r"llava\.jsonl is a data file, not a packed dataset: pack it first"):
+        make_loader(str(tmp_path / "llava.jsonl"), batch_size=2)
+    with pytest.raises(ConfigError, match=r"llava\.json is not a packed dataset .*reads as a data file: pack it first"):
+        make_loader(str(tmp_path / "llava.json"), batch_size=2)
+    with pytest.raises(ConfigError, match=r"a list of 2 datasets, not of shards.*\(path, weight\) pairs.*, 1\)\]"):
+        make_loader([str(even), str(tmp_path)], batch_size=2)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'batchsize': did you mean batch_size=\?"):
+        make_loader(str(even), batchsize=2)
+    with pytest.raises(TypeError, match=r"'procesor': did you mean processor=\?"):
+        make_loader(str(even), batch_size=2, procesor="qwen/")

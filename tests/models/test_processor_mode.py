@@ -79,8 +79,11 @@ def test_processor_folder_loads_with_or_without_torchvision(qwen, caplog):
 
 
 def test_a_missing_processor_is_a_clear_error(tmp_path):
-    with pytest.raises(ConfigError, match=r"cannot load processor .*nowhere"):
+    with pytest.raises(ConfigError, match=r"--processor '.*nowhere': no such folder"):
         load_processor(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()  # a folder, but no processor in it: transformers' answer, named
+    with pytest.raises(ConfigError, match=r"cannot load processor .*empty"):
+        load_processor(tmp_path / "empty")
     with pytest.raises(ConfigError, match="not a multimodal processor"):
         load_processor(object())
 

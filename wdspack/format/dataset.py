@@ -60,6 +60,9 @@ __all__ = ["ResolvedSource", "ShardRef", "count_packs", "iter_dataset_packs", "o
 
 logger = logging.getLogger("wdspack.loader")
 
+#: Files people pass by mistake for a packed dataset: the data before packing.
+_DATA_SUFFIXES = (".jsonl", ".parquet", ".arrow", ".csv", ".tsv", ".txt", ".jsonl.gz", ".zst")
+
 
 @dataclass(frozen=True, slots=True)
 class ShardRef:
@@ -96,6 +99,10 @@ def resolve_source(source: str | os.PathLike[str] | Sequence[str], *, storage_op
         urls = [os.fspath(u) for u in source]
         if not urls:
             raise ConfigError("source is an empty list of shards; pass shard URLs, a dataset folder or a manifest")
+        if len(urls) > 1 and not any(u.endswith(".tar") for u in urls):
+            raise ConfigError(f"source {urls[:3]} is a list of {len(urls)} datasets, not of shards: to read them as "
+                              "one stream pass (path, weight) pairs, a mixture (e.g. "
+                              f"[({urls[0]!r}, 1), ({urls[1]!r}, 1)]); for one dataset pass its folder")
         text = urls[0]
     display = text if urls is None else f"{len(urls)} shards from {posixpath.dirname(text) or '.'}"
     if is_fsspec(text):
@@ -116,6 +123,9 @@ def resolve_source(source: str | os.PathLike[str] | Sequence[str], *, storage_op
     if urls is None:
         urls = _expand(text)
         if urls is None:  # a folder or a manifest file
+            if text.lower().endswith(_DATA_SUFFIXES) and not is_remote(text) and os.path.isfile(text):
+                raise ConfigError(f"{text} is a data file, not a packed dataset: pack it first (wdspack pack {text} "
+                                  "--output packed/ ...) and pass the packed folder")
             manifest_url = text if text.endswith(".json") else join_url(text, MANIFEST_NAME)
             manifest = _read_manifest(manifest_url, read_kwargs, required=True)
             base = dirname_url(manifest_url)
@@ -235,7 +245,13 @@ def _read_manifest(url: str, read_kwargs, *, required: bool) -> Manifest | None:
             return None
         raise ManifestError(f"{url} does not exist: the dataset is incomplete (the manifest is written last) or this "
                             "is not a wdspack dataset folder; pass the folder that holds manifest.json") from None
-    return Manifest.from_json(data)
+    try:
+        return Manifest.from_json(data)
+    except ManifestError as e:
+        if basename_url(url) == MANIFEST_NAME:
+            raise
+        raise ConfigError(f"{url} is not a packed dataset ({e}); it reads as a data file: pack it first (wdspack pack "
+                          f"{url} --output packed/ ...) and pass the packed folder") from None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -114,12 +114,18 @@ class Manifest:
 
 def read_manifest(root: str | os.PathLike[str]) -> Manifest:
     """Read ``manifest.json`` from a local dataset folder (or the path of the file itself)."""
-    path = Path(root)
+    text = os.fspath(root)
+    if "://" in text:
+        raise ManifestError(f"{text}: this reads a local folder; download the dataset first (or pass the URL to "
+                            "a command that streams it: inspect, verify, reshard, make_loader)")
+    path = Path(text)
+    if not path.exists():
+        raise ManifestError(f"{text}: no such folder")
     if path.is_dir():
         path = path / MANIFEST_NAME
     if not path.exists():
-        raise ManifestError(f"{path} does not exist: the dataset is incomplete (the manifest is written "
-                            "last) or this is not a wdspack dataset; re-run `wdspack pack ... --resume`")
+        raise ManifestError(f"{text} holds no {MANIFEST_NAME}: not a packed dataset, or its pack job did not finish "
+                            "(the manifest is written last: run the same `wdspack pack` command with --resume)")
     return Manifest.from_json(path.read_bytes())
 
 

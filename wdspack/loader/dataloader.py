@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, get_worker_info
 
-from ..errors import ConfigError
+from ..errors import ConfigError, suggest_keywords
 from .buffers import PIXEL_DTYPES, PixelBuffers, Shipment, collate_staged, fresh_pixels
 from .dataset import META_KEY, STAT_KEYS, PackedDataset
 from .elastic import lockstep_positions
@@ -48,6 +48,7 @@ PLAN_VERSION = 2
 STATE_VERSION = 1
 
 
+@suggest_keywords
 def make_loader(source: str | os.PathLike[str] | Sequence[Any] | Mixture | PackedDataset, *, batch_size: int,
                 num_workers: int = 2, seed: int = 0, shuffle: bool = True, shuffle_buffer: int = 256,
                 rank: int | None = None, world_size: int | None = None, remainder: str = "drop",

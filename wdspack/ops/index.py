@@ -32,8 +32,8 @@ def index_dataset(root: str | os.PathLike[str]) -> dict:
         >>> index_dataset("old-packed/")["columns"][:2]  # doctest: +SKIP
         ['offset', 'tokens']
     """
+    manifest = read_manifest(root)  # a local folder (a URL is refused by name, before a Path mangles it)
     folder = Path(root)
-    manifest = read_manifest(folder)
     rows = []
     for shard in manifest.shards:
         with open(folder / shard.name, "rb") as f:

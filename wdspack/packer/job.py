@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from .._version import __version__
-from ..errors import Dropped, OutputError, SampleError
+from ..errors import Dropped, OutputError, SampleError, suggest_keywords
 from ..format.manifest import DROPPED_NAME, MANIFEST_NAME, Manifest, ShardInfo
 from ..format.pack import encode_pack
 from ..format.pack_index import INDEX_NAME, build_index, encode_index, index_entry, member_offsets
@@ -80,6 +80,7 @@ WORK_DIR = ".wdspack-work"
 DRIVER_BYTES_PER_SAMPLE = 250
 
 
+@suggest_keywords
 def pack_dataset(
     sources: Sequence[str | Source],
     output: str | os.PathLike[str],
