@@ -266,3 +266,21 @@ def test_a_missing_dataset_is_named_without_a_resume_or_writable_hint(tmp_path, 
         assert "writable" not in line and ("--resume" not in line or argv[1] == "half/"), line
     assert main(["verify", "nope/"]) == 1
     assert capsys.readouterr().err.splitlines()[-1] == "1 problem in nope/"
+
+
+def test_an_unreachable_hub_dataset_is_one_line_from_every_command(tmp_path):
+    """inspect, verify and reshard on an ``hf://`` dataset the Hub cannot serve (closed port): no traceback."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{s.getsockname()[1]}"  # closed once the socket is
+    env = {**os.environ, "HF_ENDPOINT": endpoint, "HF_HUB_OFFLINE": "0", "HF_HOME": str(tmp_path / "hf")}
+    url = "hf://datasets/org/name@main"
+    for argv in (["inspect", url], ["verify", url], ["reshard", url, str(tmp_path / "out"), "--seq-len", "512"]):
+        done = subprocess.run([sys.executable, "-m", "wdspack", *argv], env=env, capture_output=True, text=True,
+                              timeout=120)
+        lines = (done.stdout + done.stderr).splitlines()
+        assert done.returncode in (1, 2) and "Traceback" not in done.stderr, done.stderr[-2000:]
+        assert len(lines) == (2 if argv[0] == "verify" else 1), lines  # verify: the problem, then the count
+        assert f"cannot read {url}/manifest.json: ConnectError" in lines[0] and "HF_ENDPOINT" in lines[0]

@@ -267,8 +267,22 @@ def open_dataset(source: str) -> tuple[Manifest, str]:
     import fsspec
 
     root = source[: -len(MANIFEST_NAME)].rstrip("/") if source.endswith(MANIFEST_NAME) else source.rstrip("/")
-    with fsspec.open(f"{root}/{MANIFEST_NAME}", "rb") as f:
-        return Manifest.from_json(f.read()), root
+    url = f"{root}/{MANIFEST_NAME}"
+    try:
+        with fsspec.open(url, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise ManifestError(f"{url} does not exist: not a packed dataset, or its pack job did not finish (the "
+                            "manifest is written last)") from None
+    except (ConfigError, ManifestError):
+        raise
+    except Exception as e:  # the network down, the Hub offline, a refused connection: one line, no traceback
+        if "://" not in url or url.startswith("file://"):
+            raise
+        text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ManifestError(f"cannot read {url}: {type(e).__name__}: {text}; check the URL and the network "
+                            "(HF_ENDPOINT, HF_HUB_OFFLINE, a proxy)") from None
+    return Manifest.from_json(data), root
 
 
 def iter_dataset_packs(manifest: Manifest, root: str) -> Iterator[tuple[str, Pack]]:
