@@ -182,21 +182,31 @@ def test_resume_refuses_other_arguments(demo_data, sample_config, tmp_path, monk
                      resume=True)
 
 
-@pytest.mark.slow  # CLI processes killed and resumed
-def test_sigkill_at_random_points_then_resume(demo_data, tekken_dir, tmp_path):
-    """A real SIGKILL of the CLI process, then --resume: the same bytes as an uninterrupted run."""
+def _cli_argv(demo_data, tekken_dir, target: Path) -> list[str]:
     template = ROOT / "examples" / "chat_templates" / "pixtral.jinja"
-    target = tmp_path / "killed"
-    argv = [sys.executable, "-m", "wdspack.cli", "pack", *demo_sources(demo_data), "--output", str(target),
+    return [sys.executable, "-m", "wdspack", "pack", *demo_sources(demo_data), "--output", str(target),
             "--tokenizer", str(tekken_dir), "--chat-template", str(template), "--image-token", "[IMG]",
             "--tokens-per-image", "16", "--seq-len", str(SEQ_LEN), "--max-images", str(MAX_IMAGES),
             "--shard-size", "150000", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def cli_reference(demo_data, tekken_dir, tmp_path_factory) -> dict[str, bytes]:
+    """The files of an uninterrupted CLI run (records_per_partition is not a CLI flag; the CLI's default
+    partitions the same data identically to itself, so interrupted runs are compared with this)."""
+    reference = tmp_path_factory.mktemp("cli") / "reference"
+    done = subprocess.run(_cli_argv(demo_data, tekken_dir, reference), env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return read_files(reference)
+
+
+@pytest.mark.slow  # CLI processes killed and resumed
+def test_sigkill_at_random_points_then_resume(demo_data, tekken_dir, tmp_path, cli_reference):
+    """A real SIGKILL of the CLI process, then --resume: the same bytes as an uninterrupted run."""
+    target = tmp_path / "killed"
+    argv = _cli_argv(demo_data, tekken_dir, target)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    # records_per_partition is not a CLI flag; the CLI's default partitions the same data identically
-    # to itself, so compare the killed-and-resumed output with an uninterrupted CLI run.
-    reference = tmp_path / "reference"
-    ref_argv = [a if a != str(target) else str(reference) for a in argv]
-    assert subprocess.run(ref_argv, env=env, capture_output=True).returncode == 0
     rng = np.random.default_rng(0)
     for attempt in range(2):
         proc = subprocess.Popen(argv + (["--resume"] if attempt else []), env=env,
@@ -210,7 +220,43 @@ def test_sigkill_at_random_points_then_resume(demo_data, tekken_dir, tmp_path):
                     decode_pack(tar.extractfile(m).read())
     done = subprocess.run(argv + ["--resume"], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert read_files(target) == read_files(reference)
+    assert read_files(target) == cli_reference
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux: /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+@pytest.mark.slow  # CLI processes interrupted and resumed
+def test_ctrl_c_with_workers_is_one_line_and_resumes(demo_data, tekken_dir, tmp_path, cli_reference):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while 2 pool processes work: one
+    line and exit 130, no worker's traceback (#38 item 5); --resume then ends with the uninterrupted bytes."""
+    target = tmp_path / "interrupted"
+    argv = _cli_argv(demo_data, tekken_dir, target) + ["--workers", "2"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 60
+    while len(_children(proc.pid)) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # until the pool's two processes run
+    time.sleep(1.0)  # ... and have imported what they need and taken tasks
+    assert proc.poll() is None and len(_children(proc.pid)) >= 2, "no pool to interrupt: give the job more data"
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert (out + err).strip().splitlines() == ["wdspack pack: interrupted; re-run with --resume to continue"]
+    done = subprocess.run(argv + ["--resume"], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert read_files(target) == cli_reference
 
 
 def test_output_folder_checks(packed, demo_data, sample_config, tmp_path):

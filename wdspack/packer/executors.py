@@ -114,7 +114,7 @@ def shared_pool(workers: int) -> Iterator[None]:
 
     def get() -> ProcessPoolExecutor:
         if not pool:
-            pool.append(ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")))
+            pool.append(_spawn_pool(workers))
         return pool[0]
 
     _SHARED[workers] = get
@@ -139,10 +139,38 @@ def _run_local(fn, tasks: Iterable[tuple], *, workers: int, on_done) -> Iterator
     # job the stages share one (shared_pool)
     shared = _SHARED.get(workers)
     with (nullcontext(shared()) if shared is not None
-          else ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))) as pool:
-        yield from _ordered(itertools.chain(head, tasks), lambda t: pool.submit(fn, *t), _wait_local,
+          else _spawn_pool(workers)) as pool:
+        yield from _ordered(itertools.chain(head, tasks), lambda t: _submit(pool, fn, t), _wait_local,
                             lambda fut: fut.result(), lambda futs: [f.cancel() for f in futs],
                             limit=workers * _IN_FLIGHT_PER_SLOT, on_done=on_done)
+
+
+def _spawn_pool(workers: int) -> ProcessPoolExecutor:
+    return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_quiet_on_sigint)
+
+
+def _submit(pool: ProcessPoolExecutor, fn: Callable[..., Any], task: tuple) -> Any:
+    """``pool.submit`` with Ctrl-C ignored while it may start a pool process: the process is born ignoring it
+    (an ignored signal stays ignored across exec), so a Ctrl-C during its start-up prints no traceback."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return pool.submit(fn, *task)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return pool.submit(fn, *task)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _quiet_on_sigint() -> None:
+    """In a pool process, once started: Ctrl-C (sent to the whole process group) ends it at once and in
+    silence; the job's own process says what happened, in one line (its work is kept for ``--resume``)."""
+    import os
+    import signal
+
+    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
 
 
 def _wait_local(pending: list) -> list:
