@@ -191,3 +191,27 @@ def test_a_bad_progress_interval_is_a_usage_error(demo_data, tekken_dir, tmp_pat
     err = capsys.readouterr().err
     assert "WDSPACK_PROGRESS_INTERVAL='soon'" in err and "positive number" in err
     assert not (tmp_path / "ds").exists()
+
+
+def test_the_output_folder_is_checked_before_anything_loads(demo_data, tmp_path, monkeypatch):
+    """A folder holding a dataset, or other files, is refused before the tokenizer loads (#38 item 3): here
+    the tokenizer would not load at all, and the answer is still the output folder's."""
+    from wdspack.packer import samples
+    from wdspack.packer.samples import SampleConfig
+
+    def no_load(name):
+        raise AssertionError(f"the tokenizer {name!r} was loaded before the output folder was checked")
+
+    monkeypatch.setattr(samples, "_load_tokenizer", no_load)
+    config = SampleConfig(str(tmp_path / "not-loaded"), tokens_per_image=16, image_token="[IMG]")
+    done = tmp_path / "done"
+    done.mkdir()
+    (done / "manifest.json").write_text("{}")
+    with pytest.raises(OutputError, match="already holds a packed dataset"):
+        pack_dataset(demo_sources(demo_data), done, sample_config=config, config=PackConfig(seq_len=512))
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("mine")
+    with pytest.raises(OutputError, match="exists and is not empty"):
+        pack_dataset(demo_sources(demo_data), busy, sample_config=config, config=PackConfig(seq_len=512))
+    assert sorted(p.name for p in busy.iterdir()) == ["notes.txt"] and not (done / WORK_DIR).exists()

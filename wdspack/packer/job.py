@@ -163,13 +163,14 @@ def run_job(out: Location, fingerprint: str, measure: Callable[..., Any], tasks:
     ``source_names[i]`` names the source of task ``i`` (ids two sources share are prefixed with it).
 
     Everything that can be checked without reading the records is checked before the output is
-    touched: the executor, and ``describe()``, which builds the tokenizer, processor and chat
-    template (a path that does not load fails here, leaving no work folder to block the corrected
-    re-run).
+    touched: the executor, the output folder's state (before anything loads), and ``describe()``, which
+    builds the tokenizer, processor and chat template (a path that does not load fails here, leaving no
+    work folder to block the corrected re-run).
     """
     check_executor(config.run.executor)  # before touching the output: a missing Ray is a usage error
     if progress and not sys.stderr.isatty():
         progress_interval()  # a bad WDSPACK_PROGRESS_INTERVAL is a usage error too
+    _check_output(out, fingerprint, resume=resume)  # in a second, before a tokenizer or processor loads
     info = describe()
     work = _prepare_output(out, fingerprint, resume=resume)
     if work is None:  # already complete
@@ -283,27 +284,23 @@ def _fingerprint(partitions: Sequence[Partition], sample_config: SampleConfig, c
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _prepare_output(out: Location, fingerprint: str, *, resume: bool) -> Location | None:
-    """Create or check the output folder; return the work folder, or None if already complete.
+def _check_output(out: Location, fingerprint: str, *, resume: bool) -> str:
+    """What the output folder holds, read only, before anything loads; the refusals raise ``OutputError``.
 
-    An unfinished job that wrote nothing (no tokenized unit of work, no shard: it failed on its first
-    record, or was stopped at once) holds nothing to keep, so it is started over, whatever its
-    arguments: its corrected re-run needs no ``--resume`` and no deleting. One with finished work is
-    kept for ``--resume`` with the same arguments.
+    ``"done"``: a complete dataset, kept under ``--resume``; ``"stale"``: an unfinished job that wrote nothing
+    (no tokenized unit of work, no shard: it failed on its first record, or was stopped at once), started over
+    whatever its arguments, so its corrected re-run needs no ``--resume`` and no deleting; ``"resume"``: one
+    with finished work, kept for ``--resume`` with the same arguments; ``"new"``: an empty or missing folder.
     """
     work = out.child(WORK_DIR)
     job = json.loads(work.read_bytes("job.json")) if work.exists("job.json") else None
     if out.exists(MANIFEST_NAME):
         if resume and (job is None or job["fingerprint"] == fingerprint):
-            out.remove(WORK_DIR)
-            return None
+            return "done"
         raise OutputError(f"{out} already holds a packed dataset; choose another --output or delete it")
     unfinished = work.exists() and (job is not None or not out.remote)
     if unfinished and not _wrote_anything(out, work):
-        logger.warning("wdspack: %s holds an unfinished pack job that wrote nothing yet (no tokenized partition, "
-                       "no shard); starting it over", out)
-        out.remove(WORK_DIR)
-        unfinished, job = False, None
+        return "stale"
     if unfinished:
         if not resume:
             raise OutputError(f"{out} holds an unfinished pack job; pass --resume to continue it, "
@@ -311,10 +308,26 @@ def _prepare_output(out: Location, fingerprint: str, *, resume: bool) -> Locatio
         if (job or {}).get("fingerprint") != fingerprint:
             raise OutputError(f"--resume: the unfinished job in {out} was started with other inputs or "
                               "arguments; re-run it with the same ones, or delete the folder to start over")
-    elif not out.is_empty():
+        return "resume"
+    if not out.is_empty():
         raise OutputError(f"{out} exists and is not empty; choose a new --output folder")
+    return "new"
+
+
+def _prepare_output(out: Location, fingerprint: str, *, resume: bool) -> Location | None:
+    """Create or check the output folder (:func:`_check_output`); return the work folder, or None if
+    already complete."""
+    state = _check_output(out, fingerprint, resume=resume)
+    work = out.child(WORK_DIR)
+    if state == "done":
+        out.remove(WORK_DIR)
+        return None
+    if state == "stale":
+        logger.warning("wdspack: %s holds an unfinished pack job that wrote nothing yet (no tokenized partition, "
+                       "no shard); starting it over", out)
+        out.remove(WORK_DIR)
     work.makedirs("spool")
-    if job is None:
+    if state != "resume":
         work.write_atomic("job.json", json.dumps({"fingerprint": fingerprint}).encode())
     return work
 
