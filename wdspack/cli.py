@@ -437,7 +437,7 @@ def _add_upload(sub) -> None:
     p = sub.add_parser("upload", help="publish a packed dataset to the Hugging Face Hub",
                        description="Upload shards, manifest and a dataset card (with the packing statistics "
                                    "and plot). Re-running uploads only what is missing. The token comes from "
-                                   "HF_TOKEN or `huggingface-cli login`; prefer those to --token, which puts "
+                                   "HF_TOKEN or `hf auth login`; prefer those to --token, which puts "
                                    "the secret on the command line.",
                        epilog="examples:\n  HF_TOKEN=... wdspack upload packed/ my-org/llava-packed-4096 --private",
                        formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -229,3 +229,19 @@ def test_inspect_gives_the_global_batch_in_packs(packed, capsys):
     out = capsys.readouterr().out
     assert f"≈ {stats['packs_per_step']} packs per step" in out and "samples per pack  mean" in out
     assert main(["inspect", str(packed[4096]), "--samples-per-step", "0"]) == 2
+
+
+def test_the_card_counts_in_words_and_the_help_names_the_installed_login(demo_packed, capsys):
+    """'1 shard', not '1 shards'; `wdspack upload --help` names `hf auth login`, which the installed
+    huggingface_hub ships (its `huggingface-cli` is gone) (#38 items 6 and 7)."""
+    from wdspack.ops.upload import dataset_card
+
+    stats = dataset_stats(str(demo_packed[0]), deep=True)
+    assert f"in {stats['shards']} shards (" in dataset_card(stats, "org/name") and stats["shards"] > 1
+    assert "in 1 shard (" in dataset_card({**stats, "shards": 1}, "org/name")
+    assert main(["upload", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "`hf auth login`" in text and "huggingface-cli" not in text
+    from importlib.metadata import entry_points
+
+    assert entry_points(group="console_scripts", name="hf"), "the installed huggingface_hub ships `hf`"

@@ -5,7 +5,7 @@ upload re-run sends only what is missing. Shards go first, in commits of a few f
 dataset card, the stats plot, ``dropped.jsonl`` and ``manifest.json`` go last, so a reader never
 sees a manifest that lists shards the repo does not have yet.
 
-The token comes from ``token=`` or the usual places (``HF_TOKEN``, ``huggingface-cli login``)
+The token comes from ``token=`` or the usual places (``HF_TOKEN``, ``hf auth login``)
 and is handed to ``huggingface_hub`` only: it never reaches logs, errors or the manifest.
 """
 
@@ -173,7 +173,8 @@ def dataset_card(stats: dict[str, Any], repo_id: str, *, revision: str | None = 
         f"`{stats['algorithm']}`; tokenized with `{stats['tokenizer']}`.",
         "",
         "| | |", "|---|---|",
-        f"| packs | {stats['packs']} in {stats['shards']} shards ({stats['bytes'] / 1e6:.1f} MB) |",
+        f"| packs | {stats['packs']} in {stats['shards']} shard{'s' * (stats['shards'] != 1)} "
+        f"({stats['bytes'] / 1e6:.1f} MB) |",
         f"| samples | {stats['samples']} packed of {stats['samples_read']} read |",
         f"| tokens | {stats['tokens']} |",
         f"| images | {stats['images']} |",
