@@ -146,6 +146,7 @@ def test_flex_runs_keep_to_the_main_kernel(smol, monkeypatch):
             return flex_attention(query, key, value, kernel_options=kernel_options, **kwargs)
 
     monkeypatch.setattr(tfa, "compile_friendly_flex_attention", uncompiled)
+    h.uncompiled_block_masks(monkeypatch)
     with h.flex_main_kernel() as calls:
         got, want = h.packed_and_reference(model, processor, dataset, attn="flex_attention", seq_len=SEQ_LEN,
                                            backward=False)

@@ -280,15 +280,11 @@ def check_flex(model: Any, processor: Any, dataset: Path, *, seq_len: int, monke
     On CPU, torch's FlexAttention has no backward (``NotImplementedError``) and its compiled kernel
     takes no float64, so transformers' compiled wrapper is swapped for the uncompiled
     ``flex_attention`` (same mask, same math, materialised scores); on CUDA (tests marked ``gpu``)
-    the model's own compiled path runs with gradients, see :func:`check_flex_gradients`. transformers
-    builds each ``BlockMask`` with ``create_block_mask(..., _compile=True)``: here uncompiled, the same
-    blocks without a dynamo compilation per chat length (35 s of a 70 s Gemma 3 check).
+    the model's own compiled path runs with gradients, see :func:`check_flex_gradients`; transformers'
+    ``BlockMask`` builders run uncompiled too (:func:`uncompiled_block_masks`).
     """
-    import functools
-
     import transformers.integrations.flex_attention as tfa
-    import transformers.masking_utils as masks
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import flex_attention
 
     def uncompiled(query, key, value, training=False, **kwargs):
         with warnings.catch_warnings():  # "called without torch.compile()": on purpose here
@@ -296,11 +292,24 @@ def check_flex(model: Any, processor: Any, dataset: Path, *, seq_len: int, monke
             return flex_attention(query, key, value, **kwargs)
 
     monkeypatch.setattr(tfa, "compile_friendly_flex_attention", uncompiled)
-    for module in (tfa, masks):
-        monkeypatch.setattr(module, "create_block_mask", functools.partial(create_block_mask, _compile=False))
+    uncompiled_block_masks(monkeypatch)
     got, want = packed_and_reference(model, processor, dataset, attn="flex_attention", seq_len=seq_len, chats=chats,
                                      backward=False)
     assert_same(model, got, want, rtol=rtol, atol=atol)
+
+
+def uncompiled_block_masks(monkeypatch: Any) -> None:
+    """transformers' ``BlockMask`` builders called uncompiled: the same blocks, without a dynamo compilation of
+    ``create_block_mask`` per chat length (which took 35 of a Gemma 3 check's 70 s, 64 of SmolVLM's 69)."""
+    import transformers.integrations.flex_attention as tfa
+    import transformers.masking_utils as masks
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def uncompiled(*args: Any, _compile: bool = False, **kwargs: Any) -> Any:  # transformers passes True
+        return create_block_mask(*args, **kwargs)
+
+    for module in (tfa, masks):
+        monkeypatch.setattr(module, "create_block_mask", uncompiled)
 
 
 def small_head_dims(model: Any) -> dict[str, int]:
