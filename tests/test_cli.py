@@ -253,8 +253,9 @@ def test_a_missing_dataset_is_named_without_a_resume_or_writable_hint(tmp_path, 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "half").mkdir()  # a folder without its manifest: a pack job that did not finish
     answers = {
-        ("inspect", "nope/"): "nope/manifest.json: no such file or folder; check the path",
-        ("reshard", "nope/", "out/", "--seq-len", "512"): "nope/manifest.json: no such file or folder",
+        ("inspect", "nope/"): "wdspack inspect: error: nope: no such folder",
+        ("reshard", "nope/", "out/", "--seq-len", "512"): "wdspack reshard: error: nope: no such folder",
+        ("inspect", "half/"): "half/manifest.json does not exist: not a packed dataset, or its pack job did not",
         ("upload", "nope/", "org/name"): "wdspack upload: error: nope: no such folder",
         ("index", "nope/"): "wdspack index: error: nope/: no such folder",
         ("index", "half/"): "half/ holds no manifest.json: not a packed dataset, or its pack job did not finish",
@@ -263,7 +264,7 @@ def test_a_missing_dataset_is_named_without_a_resume_or_writable_hint(tmp_path, 
     for argv, want in answers.items():
         line = _one_error_line(capsys, list(argv), code=1)
         assert want in line, (argv, line)
-        assert "writable" not in line and ("--resume" not in line or argv[1] == "half/"), line
+        assert "writable" not in line and ("--resume" not in line or argv[:2] == ("index", "half/")), line
     assert main(["verify", "nope/"]) == 1
     assert capsys.readouterr().err.splitlines()[-1] == "1 problem in nope/"
 

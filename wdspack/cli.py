@@ -253,15 +253,15 @@ def _run_pack(args: argparse.Namespace) -> int:
             raise ConfigError(f"--chat-template {args.chat_template!r} is not a file")
         template = path.read_text(encoding="utf-8")
         check_template_syntax(template, f"--chat-template {args.chat_template!r}")
+    sample_config = SampleConfig(tokenizer=args.tokenizer, chat_template=template,
+                                 tokens_per_image=args.tokens_per_image,
+                                 image_token=args.image_token, max_image_side=args.max_image_side,
+                                 processor=args.processor, pretrain=_pretrain_config(args))
     from .models.locate import locate_model
 
     for flag, name in (("--tokenizer", args.tokenizer), ("--processor", args.processor)):
         if name:  # before anything loads or the output is touched: a typo or no network answered in a second
             locate_model(name, flag=flag)
-    sample_config = SampleConfig(tokenizer=args.tokenizer, chat_template=template,
-                                 tokens_per_image=args.tokens_per_image,
-                                 image_token=args.image_token, max_image_side=args.max_image_side,
-                                 processor=args.processor, pretrain=_pretrain_config(args))
     run = RunOptions(workers=args.workers, executor=args.executor, ray_address=args.ray_address,
                      max_drop_fraction=_drop_fraction(args))
     config = PackConfig(seq_len=args.seq_len, max_images=args.max_images, algorithm=args.algorithm,

@@ -272,6 +272,8 @@ def open_dataset(source: str) -> tuple[Manifest, str]:
         with fsspec.open(url, "rb") as f:
             data = f.read()
     except FileNotFoundError:
+        if "://" not in root and not os.path.isdir(root):
+            raise ManifestError(f"{root}: no such folder") from None
         raise ManifestError(f"{url} does not exist: not a packed dataset, or its pack job did not finish (the "
                             "manifest is written last)") from None
     except (ConfigError, ManifestError):
