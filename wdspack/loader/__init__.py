@@ -16,7 +16,8 @@ in a resumable DataLoader (:class:`PackedLoader`). The modules, in data-flow ord
   the shared memory a batch travels in
 * :mod:`.options` — the grouped options (:class:`ReadOptions`, :class:`Balance`)
 * :mod:`.dataset` — :class:`PackedDataset`;  :mod:`.dataloader` — :func:`make_loader`;
-  :mod:`.elastic` — resuming under another layout
+  :mod:`.loader_collate` — its ``collate_fn`` and the batch options that take; :mod:`.elastic` — resuming
+  under another layout
 * :mod:`.wds` — the same batches as stages of a ``webdataset`` pipeline you already have
 
 It reads through :mod:`wdspack.format` and :mod:`wdspack.storage`, and never imports the packer.
