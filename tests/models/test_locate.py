@@ -120,10 +120,11 @@ def test_a_hub_that_answers_lets_transformers_download(tmp_path, monkeypatch):
         server.server_close()
 
 
-def test_the_readme_quick_start_packs_offline_from_a_local_folder():
-    """The README shows the offline way: a local folder and HF_HUB_OFFLINE=1 (its commands run in test_docs'
-    guides where they are guides; here: that the quick start says so)."""
+def test_the_readme_quick_start_shows_the_offline_way():
+    """The README's quick start fetches the processor into a folder (hf download) and packs with HF_HUB_OFFLINE=1."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     quick = readme[readme.index("## Quick start"):]
     quick = quick[:quick.index("\n## ", 4)]
-    assert "HF_HUB_OFFLINE=1" in quick and "hf download" in quick
+    assert "hf download HuggingFaceTB/SmolVLM-Instruct --local-dir smolvlm/" in quick
+    assert "export HF_HUB_OFFLINE=1" in quick
+    assert "--processor smolvlm/" in quick and "--processor HuggingFaceTB" not in quick

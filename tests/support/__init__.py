@@ -4,6 +4,7 @@ Importable because pytest's ``pythonpath`` (pyproject.toml) puts the checkout's 
 on the path; a tool run as ``python -m tools.NAME`` from the root finds it the same way.
 
 - ``bad_input``: one dataset with a bad record per drop reason; the CLI on a full disk.
+- ``benches``: the checks a ``tools/bench_train.py`` record passes at any size.
 - ``demo``: the demo dataset (``examples/make_demo_data.py``) and its sources.
 - ``driver_memory``: the pack job's driver memory, measured in a child process.
 - ``httpserver``: an HTTP server on loopback with faults to inject.

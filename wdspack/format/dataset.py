@@ -276,8 +276,6 @@ def open_dataset(source: str) -> tuple[Manifest, str]:
             raise ManifestError(f"{root}: no such folder") from None
         raise ManifestError(f"{url} does not exist: not a packed dataset, or its pack job did not finish (the "
                             "manifest is written last)") from None
-    except (ConfigError, ManifestError):
-        raise
     except Exception as e:  # the network down, the Hub offline, a refused connection: one line, no traceback
         if "://" not in url or url.startswith("file://"):
             raise

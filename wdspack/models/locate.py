@@ -17,6 +17,7 @@ folder; not in the cache; the Hub offline or unreachable) instead of transformer
 
 from __future__ import annotations
 
+import functools
 import os
 import urllib.error
 import urllib.request
@@ -65,10 +66,10 @@ def _is_repo_id(text: str) -> bool:
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     try:
-        validate_repo_id(text)
+        validate_repo_id(text)  # refuses more than one "/", a leading "." or "~", ...
     except HFValidationError:
         return False
-    return text.count("/") <= 1 and not text.startswith((".", "~"))
+    return True
 
 
 def _cached(repo_id: str) -> bool:
@@ -79,8 +80,10 @@ def _cached(repo_id: str) -> bool:
     return snapshots.is_dir() and any(snapshots.iterdir())
 
 
+@functools.lru_cache(maxsize=8)
 def _unreachable(endpoint: str) -> str | None:
-    """Why the Hub at ``endpoint`` cannot be reached, or None when it answers (any HTTP status)."""
+    """Why the Hub at ``endpoint`` cannot be reached, or None when it answers (any HTTP status); probed once
+    per process (``pack`` looks its names up before the job, and the job's loaders again)."""
     try:
         with urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=PROBE_TIMEOUT_S):
             return None

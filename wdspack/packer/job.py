@@ -170,9 +170,9 @@ def run_job(out: Location, fingerprint: str, measure: Callable[..., Any], tasks:
     check_executor(config.run.executor)  # before touching the output: a missing Ray is a usage error
     if progress and not sys.stderr.isatty():
         progress_interval()  # a bad WDSPACK_PROGRESS_INTERVAL is a usage error too
-    _check_output(out, fingerprint, resume=resume)  # in a second, before a tokenizer or processor loads
+    state = _check_output(out, fingerprint, resume=resume)  # in a second, before a tokenizer or processor loads
     info = describe()
-    work = _prepare_output(out, fingerprint, resume=resume)
+    work = _prepare_output(out, fingerprint, state)
     if work is None:  # already complete
         return _summary_from_manifest(out, time.perf_counter() - start)
     # one local pool for every stage: each worker imports and loads the tokenizer once per job
@@ -314,10 +314,9 @@ def _check_output(out: Location, fingerprint: str, *, resume: bool) -> str:
     return "new"
 
 
-def _prepare_output(out: Location, fingerprint: str, *, resume: bool) -> Location | None:
-    """Create or check the output folder (:func:`_check_output`); return the work folder, or None if
-    already complete."""
-    state = _check_output(out, fingerprint, resume=resume)
+def _prepare_output(out: Location, fingerprint: str, state: str) -> Location | None:
+    """Set the output folder up for its ``state`` (:func:`_check_output`'s answer); return the work folder,
+    or None if already complete."""
     work = out.child(WORK_DIR)
     if state == "done":
         out.remove(WORK_DIR)
