@@ -58,16 +58,16 @@ test-latest:
 
 bench: env
 	$(BIN)/python -m tools.bench_packing
-	$(BIN)/python -m tools.bench_loader --json docs/bench_loader.json
-	$(BIN)/python -m tools.bench_processor --json docs/bench_processor.json
-	$(BIN)/python -m tools.bench_train --records 120 --json docs/bench_train.json
-	$(BIN)/python -m tools.bench_balance --json docs/bench_balance.json --plot docs/balance.png
-	$(BIN)/python -m tools.bench_mixture_balance --json docs/bench_mixture_balance.json
-	$(BIN)/python -W ignore -m tools.bench_wds --json docs/bench_wds.json
-	$(BIN)/python -m tools.bench_sources --json docs/bench_sources.json
-	$(BIN)/python -m tools.bench_mixture --json docs/bench_mixture.json
-	$(BIN)/python -m tools.bench_mixture_loader --json docs/bench_mixture_loader.json
-	$(BIN)/python -m tools.bench_pack_speed --json docs/bench_pack_speed.json
+	$(BIN)/python -m tools.bench_loader --json docs/benchmarks/data/bench_loader.json
+	$(BIN)/python -m tools.bench_processor --json docs/benchmarks/data/bench_processor.json
+	$(BIN)/python -m tools.bench_train --records 120 --json docs/benchmarks/data/bench_train.json
+	$(BIN)/python -m tools.bench_balance --json docs/benchmarks/data/bench_balance.json --plot docs/balance.png
+	$(BIN)/python -m tools.bench_mixture_balance --json docs/benchmarks/data/bench_mixture_balance.json
+	$(BIN)/python -W ignore -m tools.bench_wds --json docs/benchmarks/data/bench_wds.json
+	$(BIN)/python -m tools.bench_sources --json docs/benchmarks/data/bench_sources.json
+	$(BIN)/python -m tools.bench_mixture --json docs/benchmarks/data/bench_mixture.json
+	$(BIN)/python -m tools.bench_mixture_loader --json docs/benchmarks/data/bench_mixture_loader.json
+	$(BIN)/python -m tools.bench_pack_speed --json docs/benchmarks/data/bench_pack_speed.json
 
 # On a CUDA machine (not in CI): the gpu-marked tests, the loader at the host's cores and bench_train at
 # issue 24's size, then a summary. No venv:

@@ -1,7 +1,7 @@
 """How long the slowest rank makes every step wait: the loader's plans with and without ``balance="cost"``.
 
     python -m tools.bench_balance                       # 200k LLaVA-like samples, 8 and 64 ranks
-    python -m tools.bench_balance --json docs/bench_balance.json --plot docs/balance.png
+    python -m tools.bench_balance --json docs/benchmarks/data/bench_balance.json --plot docs/balance.png
 
 Small datasets too (``small``): about 660 packs in shards of 100 over 8 ranks, 2 packs a step, where
 a fixed run of 32 packs per request leaves few runs to deal; the run length the loader chooses by

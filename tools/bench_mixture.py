@@ -1,7 +1,7 @@
 """The token mix a run gets from a 50/50 mixture: wdspack's pack schedule against the peers' sample blend.
 
     python -m tools.bench_mixture                               # 2 × 100 M tokens, 8 ranks × 2 packs a step
-    python -m tools.bench_mixture --json docs/bench_mixture.json
+    python -m tools.bench_mixture --json docs/benchmarks/data/bench_mixture.json
     python -m tools.bench_mixture --quick                       # seconds (tests/tools/test_bench_mixture.py)
 
 Two sources with very different sample lengths, 50/50 in tokens: ``long`` (answers of 300-2,000

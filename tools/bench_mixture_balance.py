@@ -3,7 +3,7 @@ the mixture's shares. An image-heavy source (LLaVA-like packs: 4096 tokens, up t
 text-only one (the same text, no images), 50/50 in tokens:
 
     python -m tools.bench_mixture_balance
-    python -m tools.bench_mixture_balance --json docs/bench_mixture_balance.json
+    python -m tools.bench_mixture_balance --json docs/benchmarks/data/bench_mixture_balance.json
 
 For each layout (ranks × workers, packs per step) it plans one mixture epoch with the loader's own
 functions (:func:`~wdspack.loader.schedule.plan_slot` per slot, then, balanced, each worker's windows

@@ -1,7 +1,7 @@
 """The mixture loader against one dataset of the same size: batches/s and requests, same run, same server.
 
     python -m tools.bench_mixture_loader                          # ~1-2 min
-    python -m tools.bench_mixture_loader --json docs/bench_mixture_loader.json
+    python -m tools.bench_mixture_loader --json docs/benchmarks/data/bench_mixture_loader.json
 
 Three seeded synthetic packed datasets (``tests/support/synthetic.py``, with a pack index; uneven shards,
 up to ``--max-images`` small images per pack) are written: ``a`` and ``b`` (the two sources, with

@@ -2,7 +2,7 @@
 
     python -m tools.bench_pack_speed                          # 2000 LLaVA records + 2000 captions
     python -m tools.bench_pack_speed --quick                  # a few hundred: a smoke run
-    python -m tools.bench_pack_speed --json docs/bench_pack_speed.json
+    python -m tools.bench_pack_speed --json docs/benchmarks/data/bench_pack_speed.json
     python -m tools.bench_pack_speed --photos --captions 0 --no-processor   # chats with photo-sized JPEGs
 
 1. **Chat (LLaVA / ShareGPT with ``<image>``).** Held-out-style records: one JPEG each (256-640 px,

@@ -1,7 +1,7 @@
 """Processor-mode benchmark: packing and loading with a model's own processor (Qwen2.5-VL).
 
     python -m tools.bench_processor                       # the demo data, 1500 records
-    python -m tools.bench_processor --records 600 --json docs/bench_processor.json
+    python -m tools.bench_processor --records 600 --json docs/benchmarks/data/bench_processor.json
 
 The demo dataset (``examples/make_demo_data.py``: Pillow images of 64-640 px, long-tailed chats)
 and the real ``Qwen2_5_VLProcessor`` class (``examples/tiny_vlm``; images of 4 to 64 tokens).

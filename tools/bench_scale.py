@@ -1,7 +1,7 @@
 """How the pack job scales: samples/s for the local pool (1 and 2 processes) and for Ray (2 CPUs)
 on the same generated data, and a paper estimate for 25 M samples on 64 CPUs.
 
-    python -m tools.bench_scale [--records 3000] [--out docs/bench_scale.md]
+    python -m tools.bench_scale [--records 3000] [--out docs/benchmarks/data/bench_scale.md]
 
 Data: ``examples/make_demo_data.py`` (Pillow images, long-tailed chats), tokenized with the real
 Pixtral tokenizer shipped in ``mistral_common`` (as ``examples/demo.py`` does), seq_len 4096,

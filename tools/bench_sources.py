@@ -1,7 +1,7 @@
 """Pre-training sources benchmark: reading caption pairs, and packing a caption-like distribution.
 
     python -m tools.bench_sources                       # 4000 pairs, n=100k for packing
-    python -m tools.bench_sources --pairs 1000 --json docs/bench_sources.json
+    python -m tools.bench_sources --pairs 1000 --json docs/benchmarks/data/bench_sources.json
 
 1. **Reading.** The same image + caption pairs (JPEGs of 8-40 KB, img2dataset layout: ``.jpg``,
    ``.txt``, ``.json`` per key) as WebDataset shards of 1000 samples, and as a JSONL file of

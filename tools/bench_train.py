@@ -1,6 +1,6 @@
 """Training-throughput benchmark: real tokens/s through forward + backward of a real VLM class.
 
-    python -m tools.bench_train --json docs/bench_train.json     # the default run: ~5 min on 2 idle CPU cores
+    python -m tools.bench_train --json docs/benchmarks/data/bench_train.json  # default: ~5 min on 2 idle CPU cores
     python -m tools.bench_train --quick                           # a smoke run, well under a minute
     python -m tools.bench_train --device cuda --records 2000 --seq-len 4096 --hidden 1024 --layers 8
 

@@ -1,7 +1,7 @@
 """make_loader vs a plain webdataset pipeline with wdspack's stages: same data, same run, same server.
 
     python -m tools.bench_wds                                  # ~2 min: 16 uneven shards, B = 8, 0/1/2 workers, 2 ranks
-    python -m tools.bench_wds --json docs/bench_wds.json
+    python -m tools.bench_wds --json docs/benchmarks/data/bench_wds.json
     python -m tools.bench_wds --shards 8 --packs 20 60 --repeats 1     # quicker
 
 One seeded synthetic dataset (``tests/support/synthetic.py``; shards of uneven pack counts, as byte-cut

@@ -18,8 +18,9 @@
    ``tests/format/test_fuzz.py``, ``test_security.py`` and the existing reliability tests) are run once and
    their outcomes listed.
 
-Writes ``docs/reliability.json`` (everything measured) and ``docs/reliability.md`` (a table of
-every case tried and its outcome). Each check prints a one-line outcome.
+Writes ``docs/benchmarks/data/reliability.json`` (everything measured) and
+``docs/benchmarks/data/reliability.md`` (a table of every case tried and its outcome). Each check prints a
+one-line outcome.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "docs" / "benchmarks" / "data"  # where the results of the tools go, beside the benchmark pages
 TEMPLATE = ROOT / "examples" / "chat_templates" / "pixtral.jinja"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
@@ -452,8 +454,8 @@ def write_report(results: dict, md: Path) -> None:
                         f"{c['message'].replace('|', '/')} |")
     summary = [f"- {v['summary']}" for k, v in results.items() if isinstance(v, dict) and "summary" in v]
     md.write_text("# Reliability checks\n\nWritten by `python -m tools.reliability` (numbers in "
-                  "`docs/reliability.json`).\n\n" + "\n".join(summary) + "\n\n" + "\n".join(rows) + "\n",
-                  encoding="utf-8")
+                  "`docs/benchmarks/data/reliability.json`).\n\n" + "\n".join(summary) + "\n\n"
+                  + "\n".join(rows) + "\n", encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -468,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_tests and "tests" in chosen:
         chosen.remove("tests")
     results: dict = {}
-    previous = ROOT / "docs" / "reliability.json"
+    previous = DATA / "reliability.json"
     if args.only and previous.exists():  # a partial run updates the checks it ran
         results = json.loads(previous.read_text())
     with tempfile.TemporaryDirectory(prefix="wdspack-reliability-") as tmp:
@@ -482,9 +484,8 @@ def main(argv: list[str] | None = None) -> int:
             results["soak"] = check_soak(work, epochs=args.epochs)
         if "sigkill" in chosen:
             results["sigkill"] = check_sigkill(work, tekken, kills=args.kills, seed=args.seed)
-    docs = ROOT / "docs"
-    (docs / "reliability.json").write_text(json.dumps(results, indent=1, default=str) + "\n", encoding="utf-8")
-    write_report(results, docs / "reliability.md")
+    (DATA / "reliability.json").write_text(json.dumps(results, indent=1, default=str) + "\n", encoding="utf-8")
+    write_report(results, DATA / "reliability.md")
     return 0 if all(v.get("ok") for v in results.values()) else 1
 
 

@@ -6,7 +6,7 @@ see every name with its real type (the ``TYPE_CHECKING`` imports below).
 
 The package, bottom up (an import only points down; DESIGN.md §7): :mod:`wdspack.errors`;
 :mod:`wdspack.storage` (bytes in and out); :mod:`wdspack.format` (the pack format, shards, manifest,
-pack index) and :mod:`wdspack.models` (one module per model family); :mod:`wdspack.packer` (produce)
+pack index) and :mod:`wdspack.models` (one module per model family in ``families/``); :mod:`wdspack.packer` (produce)
 and :mod:`wdspack.loader` (consume), which never import each other; :mod:`wdspack.train` and
 :mod:`wdspack.ops` (inspect, verify, upload, index); :mod:`wdspack.cli` and this face.
 """
@@ -23,6 +23,7 @@ from .errors import (
     Dropped,
     FormatError,
     ManifestError,
+    NewerFormatError,
     OutputError,
     SampleError,
     SourceError,
@@ -76,8 +77,8 @@ _LAZY = {
 
 __all__ = [
     # errors
-    "ConfigError", "Dropped", "FormatError", "ManifestError", "OutputError", "SampleError", "SourceError",
-    "TooManyDropsError", "WdspackError",
+    "ConfigError", "Dropped", "FormatError", "ManifestError", "NewerFormatError", "OutputError", "SampleError",
+    "SourceError", "TooManyDropsError", "WdspackError",
     # the format
     "FORMAT", "Manifest", "Pack", "ShardInfo", "decode_pack", "encode_pack", "read_manifest",
     # pack

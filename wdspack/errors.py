@@ -4,12 +4,22 @@ The tree::
 
     WdspackError                 base of everything wdspack raises on purpose
     ├── ConfigError              bad arguments or options (the fix is on the command line)
+    │   └── IncompatibleTransformersError   (models.compat) a transformers release a family cannot use
     ├── SourceError              a whole source cannot be read (missing file, unknown layout)
+    │   └── NotFoundError        (storage.base) no file at that URL or path
+    ├── Transient                (storage.base) a read worth retrying; never leaves the retry loop
     ├── SampleError              one record or sample is bad; carries a drop ``reason``
-    ├── FormatError              bytes that do not follow pack format v1 (or an unknown version)
+    ├── FormatError              bytes that do not follow pack format v1
+    │   ├── NewerFormatError     a pack written by a newer wdspack: upgrade, it is not corrupt
+    │   ├── ShardError           (format.tar) a tar member header that is cut or garbled
+    │   └── ImageDecodeError     (loader: images) an image in a pack that does not decode
+    │       └── ImageTooLargeError
     ├── ManifestError            a manifest that is missing, unreadable or inconsistent
     ├── OutputError              the output folder cannot be written, or a resume does not match
     └── TooManyDropsError        a pack job dropped more than its tolerance, or packed nothing
+
+Each is importable from the module named beside it (the rest from here); ``tests/test_errors.py``
+keeps every exception class of the package in this tree and in this drawing.
 
 A :class:`SampleError` never stops a job under ``on_error="skip"``: it becomes a
 :class:`Dropped` entry, counted by reason in the manifest and listed in ``dropped.jsonl``. The
@@ -32,6 +42,7 @@ __all__ = [
     "Dropped",
     "FormatError",
     "ManifestError",
+    "NewerFormatError",
     "OutputError",
     "SampleError",
     "SourceError",
@@ -97,7 +108,25 @@ class SampleError(WdspackError):
 
 
 class FormatError(WdspackError):
-    """Bytes that do not follow pack format v1, or a pack of an unknown format version."""
+    """Bytes that do not follow pack format v1."""
+
+
+class NewerFormatError(FormatError):
+    """A pack of a newer format version than this wdspack reads: the data is fine, wdspack is old.
+
+    Args:
+        message: what was found, what this wdspack reads, and the fix (upgrade).
+        found: the pack's ``format`` (``"wdspack/2"``).
+        supported: the format this wdspack reads (``"wdspack/1"``).
+    """
+
+    def __init__(self, message: str, *, found: str | None = None, supported: str | None = None) -> None:
+        super().__init__(message)
+        self.found = found
+        self.supported = supported
+
+    def __reduce__(self):  # one positional argument, as DataLoader's re-raise expects; the rest as state
+        return (type(self), (str(self),), {"found": self.found, "supported": self.supported})
 
 
 class ManifestError(WdspackError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import pickle
 import tarfile
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from wdspack.errors import FormatError
+from wdspack.errors import FormatError, NewerFormatError
 from wdspack.format.pack import FORMAT, Pack, decode_pack, encode_pack, token_dtype_for, validate_pack
 from wdspack.format.tar import ShardWriter
 
@@ -85,6 +86,28 @@ def test_unknown_format_names_both_versions():
     blob = msgpack.packb({"format": "wdspack/2"}, use_bin_type=True)
     with pytest.raises(FormatError, match=r"'wdspack/2'.*'wdspack/1'"):
         decode_pack(blob)
+
+
+def test_a_newer_format_is_its_own_error_naming_both_versions_and_the_fix():
+    record = msgpack.unpackb(encode_pack(_pack(), token_dtype="<u2"), raw=False)
+    record["format"] = "wdspack/2"  # a whole, valid pack but for the version a later wdspack writes
+    with pytest.raises(NewerFormatError) as e:
+        decode_pack(msgpack.packb(record, use_bin_type=True))
+    assert isinstance(e.value, FormatError) and (e.value.found, e.value.supported) == ("wdspack/2", FORMAT)
+    assert str(e.value) == ("pack format 'wdspack/2' is newer than this wdspack reads ('wdspack/1'); upgrade "
+                            "wdspack (pip install -U wdspack)")
+    again = pickle.loads(pickle.dumps(e.value))  # as a worker process hands it back
+    assert type(again) is NewerFormatError and str(again) == str(e.value) and again.found == "wdspack/2"
+    assert str(NewerFormatError("a worker's traceback")) == "a worker's traceback"  # DataLoader's re-raise
+
+
+@pytest.mark.parametrize("fmt", ["wdspack/0", "wdspack/x", "wdspack/", "wdspack/²", "other/2", None, 2])
+def test_a_format_that_is_no_later_version_is_plain_corruption(fmt):
+    record = msgpack.unpackb(encode_pack(_pack(), token_dtype="<u2"), raw=False)
+    record["format"] = fmt
+    with pytest.raises(FormatError, match=f"pack format {fmt!r} is not 'wdspack/1'") as e:
+        decode_pack(msgpack.packb(record, use_bin_type=True))
+    assert not isinstance(e.value, NewerFormatError)
 
 
 def test_extra_keys_are_ignored():

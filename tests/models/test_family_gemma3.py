@@ -23,7 +23,7 @@ import torch
 import wdspack
 from tests.support import vlm_harness as h
 from wdspack.errors import ConfigError
-from wdspack.models.gemma3 import GEMMA3, packed_masks
+from wdspack.models.families.gemma3 import GEMMA3, packed_masks
 
 SEQ_LEN = h.ALL_FAMILIES["gemma3"][3]  # the packed chats' rows (tests/conftest.py vlm_family)
 GRAD_TOLERANCE = {"rtol": 1e-6, "atol": 1e-8}  # float32 RMSNorm (module docstring)

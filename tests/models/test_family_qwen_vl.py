@@ -12,7 +12,7 @@ import torch
 import wdspack
 from tests.support import vlm_harness as h
 from wdspack.errors import ConfigError
-from wdspack.models.qwen_vl import mrope_positions
+from wdspack.models.families.qwen_vl import mrope_positions
 
 SEQ_LEN = h.FAMILIES["qwen2_5_vl"][3]  # the packed chats' rows (tests/conftest.py vlm_family)
 NAMES = {"Qwen2_5_VL": "qwen2_5_vl", "Qwen2VL": "qwen2_vl"}

@@ -18,7 +18,7 @@ from PIL import Image
 import wdspack
 from tests.support import vlm_harness as h
 from wdspack.models import Budgets
-from wdspack.models.idefics3 import tile_grid, tile_slots
+from wdspack.models.families.idefics3 import tile_grid, tile_slots
 
 SEQ_LEN = h.FAMILIES["smolvlm"][3]  # 192: packs of 21 and 7 tiles, the second one's tile slots end in padding
 

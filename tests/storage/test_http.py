@@ -133,7 +133,7 @@ def test_connection_reset_resumes_at_the_exact_byte(server, local_examples, capl
     server.script(SHARDS[0], cut(2500, reset=True))
     server.script(SHARDS[3], cut(700, reset=True), cut(2000, reset=True))
     ds = PackedDataset(server.url, shuffle=False, **fast(block_size=block_size))
-    with caplog.at_level(logging.WARNING, logger="wdspack.loader"):
+    with caplog.at_level(logging.WARNING, logger="wdspack.storage"):
         got = list(ds)
     assert _same_examples(got, local_examples)
     # the bytes that arrived before the RST are kept, not re-requested (nor skipped)

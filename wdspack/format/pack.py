@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import msgpack
 import numpy as np
 
-from ..errors import FormatError
+from ..errors import FormatError, NewerFormatError
 
 __all__ = ["FORMAT", "MAX_PACK_BYTES", "Pack", "decode_pack", "encode_pack", "token_dtype_for", "validate_pack"]
 
@@ -98,6 +98,11 @@ def decode_pack(data: bytes, *, seq_len: int | None = None, max_images: int | No
     """Decode and validate one pack (and, if given, its budgets). Raises :class:`FormatError` on anything malformed.
 
     Never executes code from the bytes: msgpack maps, lists, strings and bins only.
+
+    Raises:
+        NewerFormatError: the pack's ``format`` is ``wdspack/N`` with N above this reader's (the
+            data is not corrupt: wdspack is too old for it).
+        FormatError: anything else malformed, or over the budgets.
     """
     if len(data) > MAX_PACK_BYTES:
         raise FormatError(f"pack of {len(data)} bytes exceeds the {MAX_PACK_BYTES}-byte limit")
@@ -113,8 +118,10 @@ def decode_pack(data: bytes, *, seq_len: int | None = None, max_images: int | No
         raise FormatError(f"pack is a msgpack {type(record).__name__}, expected a map")
     fmt = record.get("format")
     if fmt != FORMAT:
-        raise FormatError(f"pack format {fmt!r} is not supported by this reader, which reads {FORMAT!r}; "
-                          "upgrade wdspack or re-pack the data")
+        if isinstance(fmt, str) and _is_newer(fmt):
+            raise NewerFormatError(f"pack format {fmt!r} is newer than this wdspack reads ({FORMAT!r}); upgrade "
+                                   "wdspack (pip install -U wdspack)", found=fmt, supported=FORMAT)
+        raise FormatError(f"pack format {fmt!r} is not {FORMAT!r}, the only one this reader reads")
     missing = [k for k in _KEYS if k not in record]
     if missing:
         raise FormatError(f"pack is missing keys {missing}")
@@ -162,6 +169,13 @@ def validate_pack(pack: Pack, *, seq_len: int | None = None, max_images: int | N
         raise FormatError(f"pack has {n} tokens > seq_len {seq_len}")
     if max_images is not None and len(pack.images) > max_images:
         raise FormatError(f"pack has {len(pack.images)} images > max_images {max_images}")
+
+
+def _is_newer(fmt: str) -> bool:
+    """``fmt`` names a later version of this format: ``wdspack/N``, N above this reader's."""
+    name, _, version = FORMAT.partition("/")
+    found = fmt.removeprefix(name + "/")
+    return found != fmt and found.isascii() and found.isdigit() and int(found) > int(version)
 
 
 def _as_bytes(v: object) -> bytes:

@@ -9,7 +9,7 @@
 Each stage is a plain generator over the previous one. Errors about the *data* (a corrupt pack, a
 truncated or garbled shard) go to ``handler(kind, error)``, which counts them and either logs a
 warning and lets the stage go on, or raises (``on_corrupt="raise"``); errors about the *setup*
-(a missing shard, a network that stays down, an unknown format version) always raise.
+(a missing shard, a network that stays down, a pack of a newer format version) always raise.
 
 The tar reader (:mod:`wdspack.format.tar`, beside the writer) takes only regular files named
 ``*.mp`` as packs; every other member is skipped and counted as ``ignored_members``. Nothing is
@@ -22,11 +22,10 @@ from collections import Counter
 from collections.abc import Callable, Container, Generator, Iterator, Sequence
 from typing import Any
 
-import msgpack
 import numpy as np
 
-from ..errors import FormatError
-from ..format.pack import FORMAT, Pack, decode_pack
+from ..errors import FormatError, NewerFormatError
+from ..format.pack import Pack, decode_pack
 from ..format.tar import Handler, ShardError, shard_packs
 
 __all__ = ["decode_packs", "lap_source", "reorder"]
@@ -92,7 +91,7 @@ def decode_packs(src: Iterator[tuple[int, bytes | None]], *, seq_len: int, max_i
                  where: Callable[[int], str]) -> Iterator[tuple[int, Pack | None]]:
     """Decode and check each pack against the budgets; a bad one becomes ``None`` after the handler.
 
-    A pack of another format version is never "corrupt": it raises, naming both versions.
+    A pack of a newer format version is never "corrupt": its :class:`NewerFormatError` raises.
     """
     for k, data in src:
         if data is None:
@@ -100,20 +99,10 @@ def decode_packs(src: Iterator[tuple[int, bytes | None]], *, seq_len: int, max_i
             continue
         try:
             pack = decode_pack(data, seq_len=seq_len, max_images=max_images)
+        except NewerFormatError:
+            raise
         except FormatError as e:
-            _raise_if_other_version(data)
             handler("corrupt_packs", FormatError(f"{where(k)}: {e}"))
             yield k, None
             continue
         yield k, pack
-
-
-def _raise_if_other_version(data: bytes) -> None:
-    try:
-        record = msgpack.unpackb(data, raw=False, max_bin_len=len(data), max_ext_len=0)
-    except Exception:
-        return
-    fmt = record.get("format") if isinstance(record, dict) else None
-    if isinstance(fmt, str) and fmt != FORMAT and fmt.startswith("wdspack/"):
-        raise FormatError(f"pack format {fmt!r} is not supported by this reader, which reads {FORMAT!r}; "
-                          "upgrade wdspack or re-pack the data")

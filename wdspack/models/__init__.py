@@ -1,8 +1,9 @@
 """Model families: real transformers VLM classes fed exactly, from their own processors.
 
-Each family is one small module declaring a :class:`~wdspack.models.family.Family` (see there for
-what a family states). This package finds the family of a processor or a model and turns a batch
-into the model's keyword arguments; nothing else in wdspack names a family.
+Each family is one small module in :mod:`wdspack.models.families` declaring a
+:class:`~wdspack.models.family.Family` (see there for what a family states). This package finds
+the family of a processor or a model and turns a batch into the model's keyword arguments;
+nothing else in wdspack names a family.
 
 ====================  ===========================  ===========================================
 family                processor class              model class
@@ -37,18 +38,16 @@ from .processors import assemble_processor, load_processor, save_processor
 from .target_logits import LOGITS, target_logits_kwargs
 from .varlen import is_varlen, varlen_kwargs
 
-__all__ = ["IMAGE_TOKEN_GUESSES", "Budgets", "Family", "assemble_processor", "families", "family_for",
-           "image_processor_for", "load_processor", "model_inputs", "save_processor"]
-
-#: Modules of this package that are not families.
-_NOT_FAMILIES = frozenset({"compat", "family", "locate", "processors", "target_logits", "varlen", "vision_meta"})
-
+__all__ = ["IMAGE_TOKEN_GUESSES", "Budgets", "Family", "assemble_processor", "family_for",
+           "image_processor_for", "known_families", "load_processor", "model_inputs", "save_processor"]
 
 @lru_cache(maxsize=1)
-def families() -> tuple[Family, ...]:
-    """Every known family: the ``FAMILIES`` of each module in this package (adding a family is adding a module)."""
-    names = sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in _NOT_FAMILIES)
-    return tuple(f for name in names for f in importlib.import_module(f".{name}", __name__).FAMILIES)
+def known_families() -> tuple[Family, ...]:
+    """Every known family: the ``FAMILIES`` of each module in ``families/`` (adding a family is adding a module)."""
+    from . import families as folder
+
+    names = sorted(m.name for m in pkgutil.iter_modules(folder.__path__))
+    return tuple(f for name in names for f in importlib.import_module(f".{name}", folder.__name__).FAMILIES)
 
 
 def family_for(obj: Any) -> Family:
@@ -60,22 +59,22 @@ def family_for(obj: Any) -> Family:
     if isinstance(obj, Family):
         return obj
     if isinstance(obj, str):
-        for f in families():
+        for f in known_families():
             if obj == f.name:
                 return f
         what = f"family {obj!r}"
     elif hasattr(obj, "config") and hasattr(obj.config, "model_type"):
-        for f in families():
+        for f in known_families():
             if obj.config.model_type in f.model_types:
                 return f
         what = f"model type {obj.config.model_type!r} ({type(obj).__name__})"
     else:
         name = type(obj).__name__
-        for f in families():
+        for f in known_families():
             if name in f.processors:
                 return f
         what = f"processor class {name!r}"
-    known = ", ".join(f"{f.name} ({'/'.join(f.processors)})" for f in families())
+    known = ", ".join(f"{f.name} ({'/'.join(f.processors)})" for f in known_families())
     raise ConfigError(f"wdspack has no model family for {what}; supported: {known}. For other models pack with "
                       "--tokens-per-image and feed the batch contract's keys yourself")
 
@@ -93,7 +92,7 @@ def image_processor_for(name: str) -> Any:
     Raises:
         ConfigError: ``name`` is neither an alias nor a loadable image processor.
     """
-    for f in families():
+    for f in known_families():
         if f.image_processor is not None and name.lower() in f.aliases:
             return f.image_processor()
     from transformers import AutoImageProcessor

@@ -22,7 +22,7 @@ from .locate import locate_model
 
 __all__ = ["assemble_processor", "load_processor", "save_processor"]
 
-logger = logging.getLogger("wdspack.models")
+logger = logging.getLogger(__name__)
 
 _PARTS = ("image_processor", "tokenizer", "video_processor", "feature_extractor", "chat_template")
 

@@ -289,9 +289,10 @@ def use_varlen_attention(model: Any, *, kernel: Kernel | None = None, vision: bo
     """
     from transformers import AttentionInterface
 
-    from . import families
+    from . import known_families
 
-    refusal = next((f.no_varlen for f in families() if model.config.model_type in f.model_types and f.no_varlen), "")
+    refusal = next((f.no_varlen for f in known_families() if model.config.model_type in f.model_types and f.no_varlen),
+                   "")
     if refusal:
         raise ConfigError(f"{VARLEN_ATTENTION!r} cannot train {model.config.model_type}: {refusal}")
     name = VARLEN_ATTENTION if kernel is None else f"{VARLEN_ATTENTION}_{getattr(kernel, '__name__', 'kernel')}"

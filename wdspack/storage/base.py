@@ -16,13 +16,13 @@ import socket
 import time
 from collections import Counter
 
-from ..errors import SourceError
+from ..errors import SourceError, WdspackError
 
 __all__ = ["MAX_WAIT_S", "TRANSIENT_STATUS", "NotFoundError", "RetryingStream", "Transient", "content_range_start",
            "describe_error"]
 
 # The loader's logger: whatever streams shards logs under the one name users configure.
-logger = logging.getLogger("wdspack.loader")
+logger = logging.getLogger(__name__)
 
 TRANSIENT_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 MAX_WAIT_S = 60.0
@@ -32,7 +32,12 @@ class NotFoundError(SourceError):
     """The file is not there (HTTP 404, or no such local file)."""
 
 
-class Transient(Exception):
+class Transient(WdspackError):
+    """A failure worth retrying (throttling, a connection closed early); ``wait`` is the server's ask, in seconds.
+
+    The retry loop catches it; once the retries are spent the reader raises :class:`SourceError`.
+    """
+
     def __init__(self, what: str, wait: float | None = None) -> None:
         super().__init__(what)
         self.wait = wait

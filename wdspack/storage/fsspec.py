@@ -33,7 +33,7 @@ from .hf import with_hub_revision
 __all__ = ["TRANSIENT_S3_CODES", "FsspecStream", "filesystem", "url_of"]
 
 # The loader's logger: whatever streams shards logs under the one name users configure.
-logger = logging.getLogger("wdspack.loader")
+logger = logging.getLogger(__name__)
 
 _BACKENDS = "s3fs for s3://, gcsfs for gs://, adlfs for az://"
 

@@ -28,7 +28,7 @@ from .base import TRANSIENT_STATUS, NotFoundError, RetryingStream, Transient, co
 __all__ = ["HttpStream"]
 
 # The loader's logger: whatever streams shards logs under the one name users configure.
-logger = logging.getLogger("wdspack.loader")
+logger = logging.getLogger(__name__)
 
 _TRANSIENT_ERRORS = (OSError, http.client.HTTPException)  # resets, timeouts, IncompleteRead, ...
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ..errors import ConfigError
 from ..loader.collate import IGNORE_INDEX, SOURCE_KEY
 
 __all__ = ["per_source_losses", "source_totals"]
@@ -66,7 +67,7 @@ def source_totals(token_losses: torch.Tensor, batch: Mapping[str, Any], num_sour
     """
     labels = batch["labels"]
     if token_losses.shape != labels.shape:
-        raise ValueError(f"token_losses has shape {tuple(token_losses.shape)}, the batch's labels "
+        raise ConfigError(f"token_losses has shape {tuple(token_losses.shape)}, the batch's labels "
                          f"{tuple(labels.shape)}; pass token_losses(logits, batch['labels'])")
     device = labels.device
     counts = batch["num_tokens"].to(device)
@@ -84,7 +85,7 @@ def source_totals(token_losses: torch.Tensor, batch: Mapping[str, Any], num_sour
     owner = sources[pack][targets]
     k = num_sources
     if owner.numel() and int(owner.max()) >= k:
-        raise ValueError(f"the batch has source_idx {int(owner.max())} but the mixture has {k} sources; "
+        raise ConfigError(f"the batch has source_idx {int(owner.max())} but the mixture has {k} sources; "
                          "pass the loader's source_names (or their number)")
     total = torch.zeros(k, dtype=token_losses.dtype, device=device).index_add(0, owner, token_losses[targets])
     return total, torch.bincount(owner, minlength=k)

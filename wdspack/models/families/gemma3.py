@@ -40,9 +40,9 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigError
-from .compat import call_private, private
-from .family import Budgets, Family, take_rows
+from ...errors import ConfigError
+from ..compat import call_private, private
+from ..family import Budgets, Family, take_rows
 
 __all__ = ["GEMMA3", "packed_masks"]
 

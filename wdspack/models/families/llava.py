@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import ConfigError
-from .family import Budgets, Family, Rows, take_rows
+from ...errors import ConfigError
+from ..family import Budgets, Family, Rows, take_rows
 
 __all__ = ["LLAVA", "LLAVA_ONEVISION"]
 

@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigError
-from .family import Budgets, Family, Rows
+from ...errors import ConfigError
+from ..family import Budgets, Family, Rows
 
 __all__ = ["IDEFICS3", "SMOLVLM", "tile_grid", "tile_slots"]
 

@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import ConfigError
-from .family import Budgets, Family, Rows, run_image_processor, take_rows
-from .vision_meta import precomputed_vision_kwargs
+from ...errors import ConfigError
+from ..family import Budgets, Family, Rows, run_image_processor, take_rows
+from ..vision_meta import precomputed_vision_kwargs
 
 __all__ = ["QWEN2_5_VL", "QWEN2_VL", "mrope_positions"]
 

@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import ConfigError
-from .family import Budgets, Family, Rows, run_image_processor, take_rows
+from ...errors import ConfigError
+from ..family import Budgets, Family, Rows, run_image_processor, take_rows
 
 __all__ = ["MISTRAL3", "canvas", "resized_size"]
 

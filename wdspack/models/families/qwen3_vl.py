@@ -5,7 +5,7 @@ The processor side is Qwen2.5-VL's with 16-pixel patches: ``Qwen3VLProcessor`` t
 alone (``smart_resize`` to multiples of ``patch · merge`` = 32 pixels). The model's
 ``get_rope_index`` gives images the same 3-D positions as Qwen2.5-VL's (text counts on, an image
 sits on its ``t × h/merge × w/merge`` grid, text after it continues at ``start + max(h, w)/merge``),
-so :func:`wdspack.models.qwen_vl.mrope_positions` is reused as it is. What is new lives in the model
+so :func:`wdspack.models.families.qwen_vl.mrope_positions` is reused as it is. What is new lives in the model
 and reads the same inputs:
 
 * interleaved mRoPE: the rotary embedding spreads the T/H/W rows over alternating frequencies
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .family import Family
+from ..family import Family
 from .qwen_vl import QWEN2_5_VL
 
 __all__ = ["QWEN3_VL"]
