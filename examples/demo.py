@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print("\n== 3. wdspack inspect")
     wdspack_main(["inspect", str(packed), "--plot", str(work / "inspect.png"), "--ranks", "8"])
+    print("\n== 3b. wdspack show  (the first pack as text, trained tokens marked: 3 samples)")
+    wdspack_main(["show", str(packed), "--samples", "3", "--max-chars", "300"])
 
     print("\n== 4. stream batches (make_loader: 2 workers, 4 packs per batch, images decoded to 224 px)")
     stream(packed, batches=args.batches)
@@ -128,8 +130,10 @@ def show_tool_sample(packed: Path) -> None:
     from transformers import AutoTokenizer
 
     from wdspack import decode_pack, read_manifest
+    from wdspack.ops.show import render_tokens  # what `wdspack show` prints, here with «» marks
 
     tok = AutoTokenizer.from_pretrained(str(packed.parent / "nemo-tokenizer"))
+    image_token_id = read_manifest(packed).tokenizer.get("image_token_id")
     for shard in read_manifest(packed).shards:
         with tarfile.open(packed / shard.name) as tar:
             for member in tar.getmembers():
@@ -138,10 +142,8 @@ def show_tool_sample(packed: Path) -> None:
                 for k, sid in enumerate(pack.sample_ids):
                     ids = pack.input_ids[starts[k]:starts[k + 1]].tolist()
                     if sid.startswith("tools.jsonl") and tok.convert_tokens_to_ids("[TOOL_CALLS]") in ids:
-                        mask = pack.loss_mask[starts[k]:starts[k + 1]].tolist()
-                        runs = itertools.groupby(zip(ids, mask), key=lambda x: x[1])
-                        text = "".join(("«{}»" if m else "{}").format(tok.decode([t for t, _ in run]))
-                                       for m, run in runs)
+                        text = render_tokens(tok, ids, pack.loss_mask[starts[k]:starts[k + 1]],
+                                             image_token_id=image_token_id, marks=("«", "»"))
                         tools_end = text.find("[/AVAILABLE_TOOLS]")
                         shown = text[:20] + "…" + text[tools_end:] if tools_end > 0 else text
                         print(f"   {sid}, trained tokens in «»:\n     {shown}")

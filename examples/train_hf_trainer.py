@@ -12,6 +12,11 @@ mean over all its micro-batches on all ranks, and each checkpoint holds every ra
 so ``--resume`` continues with exactly the next packs. The optimizer and schedule are those of
 ``examples/train_ddp.py`` (AdamW on all parameters, constant learning rate, no clipping): the two
 recipes train the same parameters, bit for bit.
+
+Resume with the ``--steps`` the run started with. The constant learning rate here does not depend
+on it, so a larger ``--steps`` continues exactly too; a schedule Trainer computes from ``max_steps``
+(``linear``, ``cosine``) would not, and ``PackedTrainer`` refuses such a resume
+(docs/guides/train.md, "Resuming a Trainer run").
 """
 
 from __future__ import annotations

@@ -89,20 +89,53 @@ def test_parse_size():
 # ---- item 12 of issue #19: the image policy is explicit, help that can be pasted, quiet pipes ----
 
 
-@pytest.mark.slow  # builds its own tokenizer (tekken: ~5 s each)
-def test_fixed_mode_needs_tokens_per_image(demo_data, tekken_dir, tmp_path, capsys, tekken):
+def test_text_only_data_needs_no_image_option(tekken_dir, tmp_path, capsys, tekken):
+    """--tokenizer with alpaca-style text chats packs without --tokens-per-image (#38 item 4); data with an
+    image stops at that record, before any shard, with the fix in one line, and the corrected command is
+    not blocked by what the failed job left (#38 item 2)."""
+    rows = [{"instruction": f"Say {k}.", "input": "", "output": f"{k}"} for k in range(6)]
+    (tmp_path / "alpaca_en_demo.json").write_text(json.dumps(rows), encoding="utf-8")
+    (tmp_path / "dataset_info.json").write_text(json.dumps({"alpaca_en_demo": {"file_name": "alpaca_en_demo.json"}}))
+    template = str(ROOT / "examples" / "chat_templates" / "pixtral.jinja")
+    text = ["pack", str(tmp_path / "dataset_info.json"), "--output", str(tmp_path / "text"), "--tokenizer",
+            str(tekken_dir), "--chat-template", template, "--seq-len", "256", "--quiet"]
+    assert main(text) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "packed 6" in out and "images   none: text only (no --tokens-per-image)" in out
+    manifest = json.loads((tmp_path / "text" / "manifest.json").read_text())
+    assert manifest["image_policy"] == {"kind": "none"} and manifest["totals"]["images"] == 0
+    # the library: no silent default for images, no refusal for text
+    from wdspack.packer.samples import SampleBuilder, SampleConfig
+    from wdspack.packer.sources import Record
+
+    builder = SampleBuilder(SampleConfig(tekken, chat_template="{{ messages[0]['content'] }}"))
+    assert builder.image_token == "[IMG]"  # the tokenizer declares one: kept, in case of images with a count
+    import io
+
+    from PIL import Image
+
+    png = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(png, "PNG")
+    rec = Record("r1", ({"role": "user", "content": [{"type": "image"}]}, {"role": "assistant", "content": "x"}),
+                 (png.getvalue(),))
+    with pytest.raises(ConfigError, match="sample 'r1' has an image, but --tokens-per-image was not given"):
+        builder.build(rec)
+
+
+@pytest.mark.slow  # packs the demo twice with the tekken tokenizer
+def test_images_without_tokens_per_image_stop_at_the_record_and_leave_nothing_in_the_way(demo_data, tekken_dir,
+                                                                                          tmp_path, capsys):
     argv = _argv(demo_data, tekken_dir, tmp_path / "out")
     k = argv.index("--tokens-per-image")
     del argv[k:k + 2]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "needs --tokens-per-image N" in err and "--processor" in err, err
-    assert not (tmp_path / "out").exists()  # refused before the output is touched
-    # the library has no silent default either
-    from wdspack.packer.samples import SampleBuilder, SampleConfig
-
-    with pytest.raises(ConfigError, match="tokens_per_image=N"):
-        SampleBuilder(SampleConfig(tekken, chat_template="{{ messages }}", image_token="[IMG]"))
+    assert len(err.splitlines()) == 1 and "has an image, but --tokens-per-image was not given" in err, err
+    assert "--processor" in err
+    assert not list((tmp_path / "out").glob("*.tar"))  # stopped before any shard
+    # the corrected command, as the message says, with no --resume and no deleting
+    assert main(_argv(demo_data, tekken_dir, tmp_path / "out")) == 0, capsys.readouterr().err
+    assert (tmp_path / "out" / "manifest.json").exists()
 
 
 def test_summary_names_the_image_policy():

@@ -162,6 +162,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     _add_pack(sub)
     _add_inspect(sub)
+    _add_show(sub)
     _add_verify(sub)
     _add_index(sub)
     _add_reshard(sub)
@@ -195,9 +196,9 @@ def _add_pack(sub) -> None:
     p.add_argument("--seq-len", type=int, required=True, help="tokens per pack")
     p.add_argument("--max-images", type=int, default=None, help="images per pack (default: unlimited)")
     p.add_argument("--tokens-per-image", default=None, metavar="N|processor:NAME",
-                   help="required with --tokenizer: the tokens one image takes in the model, a fixed count (64 for "
-                        "nanoVLM, 576 for LLaVA-1.5; any, e.g. 0, for data without images), or "
-                        "processor:NAME_OR_PATH for a dynamic-resolution image processor's count")
+                   help="with --tokenizer, for data with images: the tokens one image takes in the model, a fixed "
+                        "count (64 for nanoVLM, 576 for LLaVA-1.5), or processor:NAME_OR_PATH for a "
+                        "dynamic-resolution image processor's count (text-only data needs none)")
     p.add_argument("--image-token", help="the tokenizer's image token placeholders expand to, e.g. '<image>'")
     p.add_argument("--image-root", help="folder (or URL) image paths are relative to, for the sources without "
                                         "their own (SOURCE::ROOT or a meta file's); default: each source's folder")
@@ -217,9 +218,10 @@ def _add_pack(sub) -> None:
     p.add_argument("--algorithm", default="bfd", help="greedy | shuffle | ffd | bfd | balanced (default bfd)")
     p.add_argument("--shard-size", default="512MB", help="roll over shards at this size (default 512MB)")
     p.add_argument("--shard-packs", type=int, help="roll over shards at this many packs")
-    p.add_argument("--plan-groups", type=int, metavar="N",
+    p.add_argument("--plan-groups", type=_plan_groups, metavar="N|off",
                    help="plan groups of N partitions in tasks, each writing its own shards: the driver holds no "
-                        "per-sample state (for jobs of 10 M+ samples; default: one global plan)")
+                        "per-sample state; off: one global plan (default: groups of ~200 k records for jobs of "
+                        "more than 10 M records, WDSPACK_PLAN_GROUPS_ABOVE=RECORDS to change it, else one plan)")
     p.add_argument("--workers", type=int, default=1, help="processes for tokenizing and writing (default 1)")
     p.add_argument("--executor", choices=("local", "ray"), default="local",
                    help="run tokenizing and writing here (local, default: --workers processes) or as Ray "
@@ -239,6 +241,16 @@ def _add_pack(sub) -> None:
     p.add_argument("--resume", action="store_true", help="continue an interrupted job in --output")
     p.add_argument("--quiet", "-q", action="store_true", help=_QUIET_HELP)
     p.set_defaults(run=_run_pack)
+
+
+def _plan_groups(text: str) -> int:
+    """``--plan-groups``: partitions per group, ``off`` (or 0) for one global plan."""
+    if text.strip().lower() in ("off", "0"):
+        return 0
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of partitions; give N >= 1, or off for one "
+                                         "global plan")
+    return int(text)
 
 
 def _run_pack(args: argparse.Namespace) -> int:
@@ -342,6 +354,41 @@ def _run_inspect(args: argparse.Namespace) -> int:
     print(json.dumps(shown, indent=1) if args.json else "\n".join(format_stats(shown)))
     if args.plot and not args.json:
         print(f"plot      {args.plot}")
+    return 0
+
+
+def _add_show(sub) -> None:
+    p = sub.add_parser("show", help="print packed samples as text, the trained tokens marked",
+                       description="Decode packs with the tokenizer the manifest names and print each sample, "
+                                   "the trained tokens (labels) marked: in colour on a terminal, else between "
+                                   "[[ and ]]; a run of image placeholders is shown as <image×N>.",
+                       epilog="examples:\n  wdspack show packed/\n"
+                              "  wdspack show packed/ --pack 12 --packs 3 --samples 4 --max-chars 800\n"
+                              "  wdspack show hf://datasets/org/name@main --tokenizer ./tok   # a tokenizer "
+                              "folder when the recorded one is not here",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dataset", help="dataset folder, https:// or hf://datasets/ORG/NAME[@REV]")
+    p.add_argument("--pack", type=int, default=0, metavar="I", help="the first pack shown, in manifest order "
+                                                                    "(default 0)")
+    p.add_argument("--packs", type=int, default=1, metavar="N", help="how many packs to show (default 1)")
+    p.add_argument("--tokenizer", metavar="PATH",
+                   help="decode with this tokenizer (default: the one the manifest names, loaded offline)")
+    p.add_argument("--samples", type=int, default=0, metavar="N",
+                   help="show at most N samples of each pack (default 0: all)")
+    p.add_argument("--max-chars", type=int, default=0, metavar="N",
+                   help="show at most N characters of each sample, the middle elided (default 0: all)")
+    p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                   help="mark trained text in colour (auto: on a terminal) or between [[ ]] (default auto)")
+    p.set_defaults(run=_run_show)
+
+
+def _run_show(args: argparse.Namespace) -> int:
+    from .ops.show import COLOR, PLAIN, show_lines
+
+    color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
+    for line in show_lines(args.dataset, packs=args.packs, pack=args.pack, tokenizer=args.tokenizer,
+                           marks=COLOR if color else PLAIN, max_chars=args.max_chars, samples=args.samples):
+        print(line)
     return 0
 
 

@@ -1,8 +1,10 @@
 """MkDocs hook: the generated parts of the site.
 
-- ``reference/cli.md``: the ``<!-- cli-reference -->`` marker becomes ``wdspack --help`` and
-  ``wdspack COMMAND --help`` of every subcommand the parser has (``wdspack.cli``), rendered at
-  build time, so the page cannot drift from the CLI.
+- ``reference/cli.md``: :func:`render_cli_reference` gives ``wdspack --help`` and ``wdspack COMMAND
+  --help`` of every subcommand the parser has (``wdspack.cli``); ``python -m tools.cli_reference``
+  writes it into the page (checked in, so it reads whole on GitHub) and ``tests/test_docs.py`` fails
+  when the page differs from the CLI. A page holding the bare ``<!-- cli-reference -->`` marker
+  still gets it at build time.
 - ``reference/api.md``: its ``::: wdspack.NAME`` entries must be exactly ``wdspack.__all__``; a
   name missing (or one no longer exported) is a warning, which ``mkdocs build --strict`` (``make
   docs``) turns into a failed build.

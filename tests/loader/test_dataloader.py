@@ -585,3 +585,71 @@ def test_mistakes_in_the_source_and_keywords_name_the_fix(tmp_path, even):
         make_loader(str(even), batchsize=2)
     with pytest.raises(TypeError, match=r"'procesor': did you mean processor=\?"):
         make_loader(str(even), batch_size=2, procesor="qwen/")
+
+
+# -- the processor a dataset was packed with (issue #38, item 6) -------------------------------------
+
+@pytest.fixture(scope="module")
+def qwen_packed(tmp_path_factory):
+    """Chats packed with the real Qwen2.5-VL processor class (``examples/tiny_vlm``), as
+    tests/models/test_processor_mode.py builds it."""
+    from tests.support import vlm_harness as h
+    from tiny_vlm import qwen2_5_vl
+
+    folder = tmp_path_factory.mktemp("qwen-packed")
+    processor = qwen2_5_vl.processor(folder / "tok")
+    return processor, folder, h.pack_chats(folder, processor, seq_len=96)
+
+
+def _other_processors(processor, folder):
+    """Processors of the same family that the dataset was *not* packed with, by what differs."""
+    import copy
+
+    from transformers import Qwen2VLImageProcessor
+
+    from tiny_vlm import qwen2_5_vl
+    from wdspack.models import assemble_processor
+
+    def with_images(**kwargs):
+        options = {"min_pixels": 4 * 28 * 28, "max_pixels": 64 * 28 * 28, **kwargs}  # qwen2_5_vl.processor's
+        return assemble_processor("Qwen2_5_VLProcessor", image_processor=Qwen2VLImageProcessor(**options),
+                                  tokenizer=processor.tokenizer, chat_template=processor.chat_template)
+
+    video = copy.copy(processor)  # its image token another special token of the same tokenizer
+    video.image_token = "<|video_pad|>"
+    video.image_token_id = processor.tokenizer.convert_tokens_to_ids(video.image_token)
+    return {
+        "min pixels": (with_images(min_pixels=16 * 28 * 28), "another patch size, merge size or min/max pixels"),
+        "patch size": (with_images(patch_size=16), "another patch size"),
+        "merge size": (with_images(merge_size=1), "merge size"),
+        "image token": (video, "image_token: packed '<|image_pad|>', given '<|video_pad|>'"),
+        "family": (qwen2_5_vl.processor(folder / "tok", cls="Qwen2VLProcessor"), "packed with a qwen2_5_vl processor"),
+    }
+
+
+@pytest.mark.slow  # Qwen2.5-VL's processor
+def test_a_processor_unlike_the_packing_one_is_refused_when_the_loader_is_built(qwen_packed):
+    """Another image processor setting, other token ids or another family: one line from make_loader,
+    naming both processors and the fix, before any worker starts; the packing processor still loads."""
+    processor, folder, dataset = qwen_packed
+    packed_name = str(folder / "processor")
+    for what, (other, says) in _other_processors(processor, folder).items():
+        with pytest.raises(ConfigError) as e:
+            make_loader(str(dataset), batch_size=1, num_workers=1, processor=other)
+        text = str(e.value)
+        assert says in text and "\n" not in text, (what, text)
+        assert repr(packed_name) in text and type(other).__name__ in text, (what, text)
+    batch = next(iter(make_loader(str(dataset), batch_size=1, num_workers=0, processor=processor)))
+    assert batch["image_grid_thw"].shape[0] == 4 and batch["input_ids"].shape == (1, 96)
+
+
+@pytest.mark.slow  # Qwen2.5-VL's processor
+def test_a_processor_packed_dataset_with_the_built_in_transform_is_refused(qwen_packed, even):
+    """The reverse: pixels resized to a square for a dataset whose image tokens a processor laid out."""
+    _, folder, dataset = qwen_packed
+    with pytest.raises(ConfigError) as e:
+        make_loader(str(dataset), batch_size=1, num_workers=1, image_transform=make_image_transform(size=28))
+    assert f"processor={str(folder / 'processor')!r} instead of image_transform=" in str(e.value)
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"tokenizer 'synthetic/tok' .*image_token: packed '<image>', given '<\|ima"):
+        make_loader(str(even), batch_size=1, num_workers=1, processor=qwen_packed[0])

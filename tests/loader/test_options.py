@@ -83,7 +83,6 @@ def test_make_loader_refuses_misspelt_and_doubled_options(demo_packed):
 
 @pytest.mark.parametrize("kw, match", [
     (dict(), "give --tokenizer .* or --processor"),
-    (dict(tokenizer="tok"), "needs --tokens-per-image N"),
     (dict(tokenizer="tok", tokens_per_image="many"), "--tokens-per-image 'many': give a number"),
     (dict(tokenizer="tok", tokens_per_image=-1), "--tokens-per-image must be >= 0"),
     (dict(processor="proc", tokenizer="tok"), "--processor supplies the tokenizer"),

@@ -84,7 +84,7 @@ def test_pixels_are_the_processors(llava):
     assert not batch["pixel_values"][~batch["image_mask"]].any()
     slots = batch["image_mask"].shape[0]
     if onevision:
-        P = wdspack.models.llava.max_patches(processor.image_processor)
+        P = wdspack.models.families.llava.max_patches(processor.image_processor)
         assert batch["pixel_values"].shape == (slots, P, 3, 16, 16) and batch["image_sizes"].shape == (slots, 2)
         assert kwargs["image_sizes"].tolist() == [s for a in alone for s in a["image_sizes"].tolist()]
         assert kwargs["batch_num_images"].tolist() == [n for a in alone for n in a["batch_num_images"].tolist()]

@@ -13,7 +13,7 @@ from PIL import Image
 import wdspack
 from tests.support import vlm_harness as h
 from wdspack.errors import WdspackError
-from wdspack.models.mistral3 import MISTRAL3, resized_size
+from wdspack.models.families.mistral3 import MISTRAL3, resized_size
 
 SEQ_LEN = h.FAMILIES["mistral3"][3]  # the packed chats' rows (tests/conftest.py vlm_family)
 
@@ -162,8 +162,9 @@ def test_loading_with_another_processor_names_the_fix(mistral, tok_dir):
     from tiny_vlm import mistral3
 
     _, _, dataset = mistral
-    with pytest.raises(WdspackError, match=r"gives \[4, 2, 2\] tokens .* reserved \[12, 8, 8\]; load with the "
-                                           r"processor \(and settings\) the dataset was packed with"):
+    # answered when the loader is built (#38 item 6), in one line, before any batch
+    with pytest.raises(WdspackError, match=r"was packed with the mistral3 processor .*, which gave a \d+x\d+ image 12 "
+                                           r"tokens; the loader's processor .* gives it 4 \(another patch size"):
         h.loader_batches(dataset, mistral3.processor(tok_dir, longest_edge=32))  # raises, even with on_corrupt="skip"
 
 

@@ -245,3 +245,15 @@ def test_the_card_counts_in_words_and_the_help_names_the_installed_login(demo_pa
     from importlib.metadata import entry_points
 
     assert entry_points(group="console_scripts", name="hf"), "the installed huggingface_hub ships `hf`"
+
+
+def test_upload_messages_count_in_words(packed, tmp_path):
+    """'uploaded 1/1 shard' and '1 file uploaded', not '1 shards' / '1 files' (#38 item 7)."""
+    ds = _copy(packed[1024], tmp_path / "ds")
+    hub, logs = FakeHub(), []
+    upload_dataset(ds, "org/packed", api=hub, log=logs.append)
+    first = read_manifest(ds).shards[0].name
+    del hub.repos["org/packed"][first]
+    logs.clear()
+    assert upload_dataset(ds, "org/packed", api=hub, log=logs.append)["uploaded"] == 1
+    assert logs[0] == "uploaded 1/1 shard" and logs[-1].startswith("datasets/org/packed: 1 file uploaded, "), logs

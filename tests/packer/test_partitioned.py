@@ -114,7 +114,7 @@ def test_drop_tolerance_and_several_sources(demo_data, sample_config, tmp_path):
     assert (tmp_path / "ds" / "dropped.jsonl").read_text().count("\n") >= 3
     assert not list((tmp_path / "ds").glob("*.tar")) and not (tmp_path / "ds" / "manifest.json").exists()
     with pytest.raises(ConfigError, match="plan_group_partitions"):
-        PackConfig(seq_len=64, plan_group_partitions=0)
+        PackConfig(seq_len=64, plan_group_partitions=-1)
 
 
 def _spool_ids(out: Location, ids_per_part: list[list[str]], lens: list[list[int]],

@@ -257,7 +257,7 @@ def test_upload_then_stream(hub, tmp_path):
     fs = HfFileSystem(endpoint=hub.endpoint, skip_instance_cache=True)
     card = fs.read_text("datasets/org/uploaded@main/README.md")
     assert card == (folder / "README.md").read_text()
-    snippet = re.search(r'wdspack\.make_loader\("([^"]+)", batch_size=8', card)
+    snippet = re.search(r'wdspack\.make_loader\("([^"]+)",\s+batch_size=\d+', card)
     assert snippet and snippet.group(1) == "hf://datasets/org/uploaded"
     for source in ("hf://datasets/org/uploaded@main", snippet.group(1)):
         loader = make_loader(source, read={"storage_options": hub.options()}, batch_size=2, num_workers=2, seed=3)

@@ -11,6 +11,7 @@ on the path; a tool run as ``python -m tools.NAME`` from the root finds it the s
 - ``hubserver``: olah, a Hub-compatible server, serving local git repositories on loopback.
 - ``mixture``: loaders over three synthetic sources and what their batches read, pass by pass.
 - ``pretrain``: caption shards and documents in the layouts pre-training sources use.
+- ``progress``: a task that reports its records slowly (progress while a task runs).
 - ``published``: files in other projects' published layouts, packed and read back.
 - ``ranks``: torch.distributed ranks as processes on loopback.
 - ``resume``: a pack job interrupted, then resumed.

@@ -58,7 +58,7 @@ from .tar import ShardError, shard_packs
 __all__ = ["ResolvedSource", "ShardRef", "count_packs", "iter_dataset_packs", "open_dataset", "read_pack_index",
            "resolve_source"]
 
-logger = logging.getLogger("wdspack.loader")
+logger = logging.getLogger(__name__)
 
 #: Files people pass by mistake for a packed dataset: the data before packing.
 _DATA_SUFFIXES = (".jsonl", ".parquet", ".arrow", ".csv", ".tsv", ".txt", ".jsonl.gz", ".zst")

@@ -41,7 +41,8 @@ class Manifest:
 
     ``tokenizer`` holds name, vocab_size, pad_token_id, image_token, image_token_id,
     chat_template_sha256 and token_dtype. ``image_policy`` says how image token counts were
-    decided (``{"kind": "fixed", "tokens_per_image": 64}`` or ``{"kind": "processor", ...}``).
+    decided (``{"kind": "fixed", "tokens_per_image": 64}``, ``{"kind": "processor", ...}``, or
+    ``{"kind": "none"}``: text only).
     ``totals`` holds samples_read / samples_packed / samples_dropped / dropped_by_reason /
     packs / tokens / images / fill_ratio, and the fullest pack's max_samples_per_pack /
     max_images_per_pack / max_image_tokens_per_pack (what static batch shapes are sized from;

@@ -39,6 +39,7 @@ from .elastic import lockstep_positions
 from .loader_collate import LoaderCollate, check_pixel_dtype, resolve_max_segments
 from .mixture import Mixture
 from .options import Balance, ReadOptions
+from .packed_with import check_packed_with
 
 __all__ = ["PackedLoader", "make_loader"]
 
@@ -81,7 +82,9 @@ def make_loader(source: str | os.PathLike[str] | Sequence[Any] | Mixture | Packe
         max_images: image slots per example; default the manifest's.
         pad_token_id: default the manifest tokenizer's.
         image_transform: image bytes → tensors (``wdspack.make_image_transform``), for pixels.
-        processor: the model's processor, for what its ``forward`` takes.
+        processor: the model's processor, for what its ``forward`` takes: the one the dataset was packed
+            with (a processor with another image token or image layout is refused here, not in a worker:
+            :mod:`.packed_with`).
         text_only: stream an image dataset's text without pixels on purpose.
         expect_tokenizer: the tokenizer the training uses; a mismatch raises :class:`ConfigError`.
         on_corrupt: ``"skip"`` or ``"raise"`` for corrupt packs and truncated shards.
@@ -167,6 +170,7 @@ class PackedLoader:
         if num_workers < 0:
             raise ConfigError(f"num_workers={num_workers} must be >= 0")
         self.pixel_dtype = check_pixel_dtype(pixel_dtype, dataset)
+        check_packed_with(dataset)  # here, not in worker 0's first batch
         self.dataset = dataset
         self.batch_size = int(batch_size)
         self.num_workers = int(num_workers)

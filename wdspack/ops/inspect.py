@@ -1,6 +1,7 @@
 """What a packed dataset holds, in numbers and a picture (``wdspack inspect``).
 
-From the manifest alone: fill ratio, packs, samples, images, tokens, dropped counts by reason.
+From the manifest (and the pack index, when there is one): fill ratio, packs, samples, images,
+tokens, dropped counts by reason, and which budget closed the packs (tokens or ``--max-images``).
 With ``deep=True`` (reads every pack): distributions of tokens, samples and images per pack, and
 the padding a naive pad-to-longest loader would have wasted on the same samples. A mixture (a
 ``.yaml``/``.json`` file of sources and weights) is answered by :mod:`.mixture`: what an epoch
@@ -18,6 +19,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..format.dataset import iter_dataset_packs, open_dataset
 from ..format.manifest import Manifest
+from ..packer.config import dataset_budget_use, read_text
 
 __all__ = ["dataset_stats", "format_stats", "is_mixture", "naive_padding_waste", "plot_stats"]
 
@@ -88,6 +90,13 @@ def dataset_stats(source: str, *, deep: bool = False, batch_size: int = 8,
         "dropped_by_reason": t["dropped_by_reason"], "tokenizer": manifest.tokenizer.get("name"),
         "mean_samples_per_pack": round(t["samples_packed"] / t["packs"], 4) if t["packs"] else 0.0,
     }
+    if "records_read" in t:  # documents cut into pieces: fewer records than samples
+        stats["records_read"] = t["records_read"]
+    if manifest.pack_index:
+        from ..format.pack_index import read_index
+
+        budget = dataset_budget_use(manifest, read_index(root, manifest))
+        stats["budget"] = {**asdict(budget), "line": budget.line()}
     if samples_per_step is not None:
         if samples_per_step < 1:
             raise ConfigError(f"samples_per_step={samples_per_step} must be >= 1")
@@ -165,8 +174,10 @@ def format_stats(stats: dict[str, Any]) -> list[str]:
         f"dataset   {stats['source']}  (seq_len {stats['seq_len']}, max_images {limit}"
         f"{'' if fullest is None else f' (fullest pack {fullest})'}, {stats['algorithm']})",
         f"packs     {stats['packs']} in {stats['shards']} shards, {stats['bytes'] / 1e6:.1f} MB",
-        f"samples   {stats['samples']} packed of {stats['samples_read']} read; dropped: {dropped}",
+        f"samples   {stats['samples']} packed of {read_text(stats['samples_read'], stats.get('records_read'))} "
+        f"read; dropped: {dropped}",
         f"tokens    {stats['tokens']}  images {stats['images']}  fill {stats['fill_ratio']:.2%}",
+        *([f"budget    {stats['budget']['line']}"] if stats.get("budget", {}).get("line") else []),
         f"samples per pack  mean {stats['mean_samples_per_pack']:.2f}",
     ]
     if "packs_per_step" in stats:

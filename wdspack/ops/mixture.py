@@ -182,10 +182,11 @@ def format_mixture_stats(stats: dict[str, Any]) -> list[str]:
     """Human-readable lines for ``wdspack inspect MIXTURE``."""
     e, a, unit = stats["epoch"], stats["achieved"], stats["unit"]
     capped = f"; shortened by {e['capped_by']!r}'s max_passes" if e["capped_by"] else ""
+    # each figure once: the unit's own count is not repeated as packs or tokens
+    amounts = [f"{_num(e['units'])} {unit}"] + [f"{_num(e[key])} {key}" for key in ("packs", "tokens") if key != unit]
     lines = [
         f"mixture   {stats['mixture']}: {len(stats['sources'])} sources weighed in {unit}, seq_len {stats['seq_len']}",
-        f"epoch     {_num(e['units'])} {unit} in {_num(e['packs'])} packs, {_num(e['tokens'])} tokens{capped}; "
-        f"{e['steps']} global steps of {_layout(a)}",
+        f"epoch     {', '.join(amounts)}{capped}; {e['steps']} global steps of {_layout(a)}",
         "per epoch (expected):",
         f"  {'source':<16} {'weight':>7} {'passes':>7} {'packs':>9} {'tokens':>9} {'targets':>9} {'images':>9} "
         f"{'samples':>9} {'tokens %':>8}",

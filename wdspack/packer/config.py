@@ -5,11 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+import numpy as np
+
 from ..errors import ConfigError
 from .executors import EXECUTORS
 from .planner import ALGORITHMS
 
-__all__ = ["DEFAULT_MAX_DROP_FRACTION", "PackConfig", "PackSummary", "RunOptions"]
+__all__ = ["DEFAULT_MAX_DROP_FRACTION", "BudgetUse", "PackConfig", "PackSummary", "RunOptions", "budget_use",
+           "dataset_budget_use", "read_text"]
 
 #: A job that drops more than this fraction of the samples it read fails (after writing dropped.jsonl).
 DEFAULT_MAX_DROP_FRACTION = 0.05
@@ -59,8 +62,10 @@ class PackConfig:
     Every field but ``run`` decides the output bytes (and a resumed job must keep them); ``run``
     (:class:`RunOptions`) says where the tasks run and may change between runs of one job.
 
-    ``plan_group_partitions`` (None: one global plan, the default) plans groups of that many
-    consecutive partitions in tasks of the executor, each writing its own shards, so the driver
+    ``plan_group_partitions`` plans groups of that many consecutive partitions in tasks of the
+    executor, each writing its own shards (0: one global plan; None, the default: chosen by the job's
+    size, one global plan up to ``WDSPACK_PLAN_GROUPS_ABOVE`` records, 10 M, groups of about 200 k
+    records above: :func:`~.partitioned.choose_plan_groups`), so the driver
     holds no per-sample state (:mod:`~wdspack.packer.partitioned`): for jobs whose ids do not fit
     one process (``DRIVER_BYTES_PER_SAMPLE`` + the id per sample in the global plan). Fill stays
     within 0.1 % of the global plan for groups of 100 k samples or more
@@ -95,9 +100,9 @@ class PackConfig:
             raise ConfigError(f"--on-error must be 'skip' or 'raise', got {self.on_error!r}")
         if self.shard_max_bytes <= 0 or (self.shard_max_packs is not None and self.shard_max_packs <= 0):
             raise ConfigError("shard size limits must be positive")
-        if self.plan_group_partitions is not None and self.plan_group_partitions < 1:
-            raise ConfigError(f"plan_group_partitions must be >= 1 (or None: one global plan), "
-                              f"got {self.plan_group_partitions}")
+        if self.plan_group_partitions is not None and self.plan_group_partitions < 0:
+            raise ConfigError(f"plan_group_partitions must be >= 1 (0: one global plan; None: chosen by the job's "
+                              f"size), got {self.plan_group_partitions}")
         if self.records_per_partition < 1:
             raise ConfigError(f"records_per_partition must be >= 1, got {self.records_per_partition}")
         if not isinstance(self.run, RunOptions):
@@ -107,14 +112,92 @@ class PackConfig:
     def output_fields(self) -> dict[str, Any]:
         """The fields that decide the output (for resume fingerprints): all but ``run``."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "run"}
-        if out["plan_group_partitions"] is None:  # the global plan: fingerprints as before the field
+        if not out["plan_group_partitions"]:  # the global plan: fingerprints as before the field
             del out["plan_group_partitions"]
         return out
 
 
 @dataclass(frozen=True, slots=True)
+class BudgetUse:
+    """Which budget closed the packs, counted pack by pack (:func:`budget_use`).
+
+    A pack is *full of tokens* when its free tokens are fewer than the shortest sample's (no sample
+    of the dataset would fit); else *at the image limit* when it holds ``max_images`` images; else
+    *open*: a sample would have fit, but none was left that did.
+    """
+
+    packs: int
+    #: packs whose free tokens are fewer than ``shortest``
+    token_full: int
+    #: packs at ``max_images`` with room for the shortest sample
+    image_full: int
+    #: packs neither full of tokens nor at the image limit
+    open: int
+    #: the fraction of the packs' ``seq_len`` slots that no token fills
+    free_tokens: float
+    seq_len: int
+    max_images: int | None
+    #: the shortest sample's tokens (the threshold of "full")
+    shortest: int
+
+    def line(self) -> str:
+        """What binds and what to raise, one line (empty for a dataset without packs)."""
+        if not self.packs:
+            return ""
+        share = {k: getattr(self, k) / self.packs for k in ("token_full", "image_full", "open")}
+        if self.image_full and share["image_full"] >= max(share["token_full"], share["open"]):
+            return (f"packs hit --max-images {self.max_images} ({share['image_full']:.0%} of packs) while "
+                    f"{self.free_tokens:.0%} of tokens are free: raise --max-images or the fill stays low")
+        if share["token_full"] >= share["open"]:
+            images = (f"; {share['image_full']:.0%} of packs stopped at --max-images {self.max_images}"
+                      if self.image_full else "")
+            return (f"packs are full of tokens: {share['token_full']:.0%} have no room for the shortest sample "
+                    f"({self.shortest} tokens) in seq_len {self.seq_len}{images}")
+        return (f"no budget binds: {share['open']:.0%} of packs have room for the shortest sample "
+                f"({self.shortest} tokens) but no sample was left that fit; more short samples would fill them")
+
+
+def budget_use(tokens: np.ndarray, images: np.ndarray, *, seq_len: int, max_images: int | None,
+               shortest: int) -> BudgetUse:
+    """Count which budget closed each pack, from the packs' tokens and images (the pack index has both).
+
+    Example:
+        >>> budget_use(np.array([100, 40]), np.array([0, 4]), seq_len=100, max_images=4, shortest=10).image_full
+        1
+    """
+    tokens, images = np.asarray(tokens, np.int64), np.asarray(images, np.int64)
+    token_full = seq_len - tokens < shortest
+    image_full = ~token_full & (images >= max_images) if max_images else np.zeros_like(token_full)
+    packs = int(tokens.size)
+    return BudgetUse(packs=packs, token_full=int(token_full.sum()), image_full=int(image_full.sum()),
+                     open=packs - int(token_full.sum()) - int(image_full.sum()),
+                     free_tokens=1.0 - float(tokens.sum()) / (packs * seq_len) if packs else 0.0,
+                     seq_len=seq_len, max_images=max_images, shortest=int(shortest))
+
+
+def dataset_budget_use(manifest: Any, index: np.ndarray) -> BudgetUse:
+    """:func:`budget_use` of a packed dataset, from its manifest and pack index.
+
+    "Full of tokens" is measured against ``totals["min_sample_tokens"]``; a manifest from before
+    that key gives the smallest mean sample of a pack instead (at least the shortest sample).
+    """
+    from ..format.pack_index import COLUMNS
+
+    tokens, images, samples = (index[:, COLUMNS.index(c)] for c in ("tokens", "images", "samples"))
+    shortest = manifest.totals.get("min_sample_tokens")
+    if shortest is None:
+        shortest = int((tokens // np.maximum(samples, 1)).min()) if len(tokens) else 0
+    return budget_use(tokens, images, seq_len=manifest.seq_len, max_images=manifest.max_images, shortest=shortest)
+
+
+@dataclass(frozen=True, slots=True)
 class PackSummary:
-    """What a pack job did; :meth:`lines` is what the CLI prints."""
+    """What a pack job did; :meth:`lines` is what the CLI prints.
+
+    ``samples_read`` counts samples: a document cut into pieces (``--split-long-documents``) counts
+    each piece; ``records_read`` (None: the same) the source records they came from.
+    ``carried_by_reason``: drops a reshard inherited from the job it re-packs (None: not a reshard).
+    """
 
     output: str
     samples_read: int
@@ -130,29 +213,66 @@ class PackSummary:
     resumed_shards: int = 0
     #: how image tokens were counted (the manifest's ``image_policy``)
     image_policy: dict[str, Any] | None = None
+    #: the source records the samples came from, when a document was cut into several samples
+    records_read: int | None = None
+    #: which budget closed the packs (None: not known)
+    budget: BudgetUse | None = None
+    #: a reshard's drops inherited from the source dataset, by reason (None: not a reshard)
+    carried_by_reason: dict[str, int] | None = None
+    #: how the job chose to plan, when it chose by its size (``planned in groups of ...``; empty: not said)
+    plan: str = ""
 
     @property
     def samples_dropped(self) -> int:
         return sum(self.dropped_by_reason.values())
 
     def lines(self) -> list[str]:
-        dropped = ", ".join(f"{k} {v}" for k, v in sorted(self.dropped_by_reason.items())) or "none"
         rate = self.samples_read / self.seconds if self.seconds > 0 else 0.0
         return [
-            f"samples  read {self.samples_read}  packed {self.samples_packed}  "
-            f"dropped {self.samples_dropped} ({dropped})",
+            f"samples  read {read_text(self.samples_read, self.records_read)}  packed {self.samples_packed}  "
+            f"dropped {self.samples_dropped} ({_reasons(self.dropped_by_reason)})",
+            *self._carried_lines(),
             f"packs    {self.packs}  fill {self.fill_ratio:.2%}  tokens {self.tokens}  images {self.images}",
+            *([f"budget   {self.budget.line()}"] if self.budget is not None and self.budget.packs else []),
             *([f"images   {_policy_text(self.image_policy)}"] if self.image_policy else []),
+            *([f"plan     {self.plan}"] if self.plan else []),
             f"shards   {self.shards}  {_human_bytes(self.bytes)}  in {self.output}",
             f"time     {self.seconds:.1f} s  ({rate:.0f} samples/s)"
             + (f"  resumed: {self.resumed_shards} shards kept" if self.resumed_shards else ""),
         ]
+
+    def _carried_lines(self) -> list[str]:
+        """A reshard's drops in two: inherited from the source dataset, and its own (new budgets)."""
+        if self.carried_by_reason is None:
+            return []
+        carried = self.carried_by_reason
+        own = {k: n - carried.get(k, 0) for k, n in self.dropped_by_reason.items() if n > carried.get(k, 0)}
+        return [f"dropped  {sum(carried.values())} carried from the original job ({_reasons(carried)}); "
+                f"{sum(own.values())} by this reshard ({_reasons(own)})"]
+
+
+def read_text(samples: int, records: int | None) -> str:
+    """``40 records = 48 samples (long documents cut into pieces)``, or ``48`` when they are the same.
+
+    Example:
+        >>> read_text(48, 40), read_text(5, None)
+        ('40 records = 48 samples (long documents cut into pieces)', '5')
+    """
+    if records is None or records == samples:
+        return str(samples)
+    return f"{records} records = {samples} samples (long documents cut into pieces)"
+
+
+def _reasons(by_reason: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(by_reason.items())) or "none"
 
 
 def _policy_text(policy: dict[str, Any]) -> str:
     """``fixed 64 tokens each`` or ``processor qwen2_5_vl (Qwen2_5_VLProcessor), tokens from each image's size``."""
     if policy.get("kind") == "fixed":
         return f"fixed {policy['tokens_per_image']} tokens each (--tokens-per-image)"
+    if policy.get("kind") == "none":
+        return "none: text only (no --tokens-per-image)"
     if policy.get("family"):
         return f"processor {policy['family']} ({policy.get('processor_class')}), tokens from each image's size"
     return f"image processor {policy.get('name')}, tokens from each image's size"

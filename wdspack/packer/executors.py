@@ -21,9 +21,12 @@ raised by ``fn`` itself is not retried (``retry_exceptions=False``: wdspack's er
 deterministic — the same bytes fail the same way) and reaches the caller as the original
 :class:`~wdspack.errors.WdspackError`, not wrapped.
 
-Progress: on a terminal the pack job draws tqdm bars; elsewhere (Slurm, ``nohup``, CI logs), where
-a bar is not drawn, :class:`ProgressLog` prints a plain line every :func:`progress_interval`
-seconds (``WDSPACK_PROGRESS_INTERVAL``, default 30), so a multi-hour job never looks hung.
+Progress: a task calls :func:`report` per unit of work (a record measured, a sample written); the
+counts reach the driver's :func:`reported` while the task runs (every ``REPORT_SECONDS``, through a
+shared counter the pool's processes inherit; at once in this process), or, on Ray, with each
+task's result. On a terminal the pack job draws tqdm bars; elsewhere (Slurm, ``nohup``, CI logs)
+:class:`ProgressLog` prints a plain line every :func:`progress_interval` seconds
+(``WDSPACK_PROGRESS_INTERVAL``, default 30), so a multi-hour job never looks hung.
 """
 
 from __future__ import annotations
@@ -42,8 +45,8 @@ from typing import Any, TextIO
 
 from ..errors import ConfigError, WdspackError
 
-__all__ = ["EXECUTORS", "PROGRESS_INTERVAL", "RAY_MAX_RETRIES", "ProgressLog", "check_executor", "progress_interval",
-           "run_tasks", "shared_pool"]
+__all__ = ["EXECUTORS", "PROGRESS_INTERVAL", "RAY_MAX_RETRIES", "REPORT_SECONDS", "ProgressLog", "check_executor",
+           "live_bar", "progress_interval", "report", "reported", "run_tasks", "shared_pool"]
 
 EXECUTORS = ("local", "ray")
 RAY_MAX_RETRIES = 3  # retries of a task whose worker process or node was lost
@@ -51,6 +54,8 @@ _IN_FLIGHT_PER_SLOT = 4  # unfinished tasks per parallel slot: keeps every slot 
 
 #: Seconds between plain progress lines when stderr is not a terminal (``WDSPACK_PROGRESS_INTERVAL``).
 PROGRESS_INTERVAL = 30.0
+#: Seconds between a pool process's progress reports to the driver (:func:`report`).
+REPORT_SECONDS = 0.5
 
 _NO_RAY = "--executor ray needs Ray, which is not installed: pip install wdspack[ray]  (or pip install 'ray>=2.9')"
 
@@ -131,7 +136,7 @@ def _run_local(fn, tasks: Iterable[tuple], *, workers: int, on_done) -> Iterator
     head = list(itertools.islice(tasks, 2))  # one task alone is not worth starting a pool
     if workers <= 1 or len(head) <= 1:
         for t in itertools.chain(head, tasks):
-            result = fn(*t)
+            result = fn(*t)  # report() counts straight into reported() here
             on_done()
             yield result
         return
@@ -140,13 +145,21 @@ def _run_local(fn, tasks: Iterable[tuple], *, workers: int, on_done) -> Iterator
     shared = _SHARED.get(workers)
     with (nullcontext(shared()) if shared is not None
           else _spawn_pool(workers)) as pool:
-        yield from _ordered(itertools.chain(head, tasks), lambda t: _submit(pool, fn, t), _wait_local,
+        yield from _ordered(itertools.chain(head, tasks), lambda t: _submit(pool, _reporting, (fn, *t)), _wait_local,
                             lambda fut: fut.result(), lambda futs: [f.cancel() for f in futs],
                             limit=workers * _IN_FLIGHT_PER_SLOT, on_done=on_done)
 
 
 def _spawn_pool(workers: int) -> ProcessPoolExecutor:
-    return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_quiet_on_sigint)
+    return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_start_worker,
+                               initargs=(_shared_counter(),))
+
+
+def _start_worker(counter: Any) -> None:
+    """A pool process's set-up: its :func:`report` calls go to the driver's ``counter``; Ctrl-C is quiet."""
+    global _sink
+    _sink = counter
+    _quiet_on_sigint()
 
 
 def _submit(pool: ProcessPoolExecutor, fn: Callable[..., Any], task: tuple) -> Any:
@@ -181,7 +194,8 @@ def _run_ray(fn, tasks: Iterable[tuple], *, address: str | None, on_done) -> Ite
     ray = _import_ray()
     if not ray.is_initialized():
         ray.init(address=address, logging_level=logging.WARNING)
-    remote = ray.remote(num_cpus=1, max_retries=RAY_MAX_RETRIES, retry_exceptions=False)(fn)
+    # per-task progress: a Ray worker's report() counts come back with its result (_counted)
+    remote = ray.remote(num_cpus=1, max_retries=RAY_MAX_RETRIES, retry_exceptions=False)(_counted)
     slots = max(1, int(ray.cluster_resources().get("CPU", 1)))
 
     def wait_ray(pending: list) -> list:
@@ -193,7 +207,7 @@ def _run_ray(fn, tasks: Iterable[tuple], *, address: str | None, on_done) -> Ite
 
     def result(ref) -> Any:
         try:
-            return ray.get(ref)
+            value, count = ray.get(ref)
         except ray.exceptions.RayTaskError as e:  # fn raised: hand back the original error
             if isinstance(e.cause, WdspackError):
                 raise e.cause from None
@@ -201,8 +215,11 @@ def _run_ray(fn, tasks: Iterable[tuple], *, address: str | None, on_done) -> Ite
         except ray.exceptions.RayError as e:  # worker or node lost more than RAY_MAX_RETRIES times
             raise WdspackError(f"a Ray task of {fn.__name__} failed after {RAY_MAX_RETRIES} retries "
                                f"({type(e).__name__}: {e}); finished work is kept, re-run with --resume") from e
+        _count_here(count)
+        return value
 
-    yield from _ordered(iter(tasks), lambda t: remote.remote(*t), wait_ray, result, cancel,
+    named = remote.options(name=fn.__name__)  # the task's own name on the dashboard, not the wrapper's
+    yield from _ordered(iter(tasks), lambda t: named.remote(fn, *t), wait_ray, result, cancel,
                         limit=slots * _IN_FLIGHT_PER_SLOT, on_done=on_done)
 
 
@@ -251,7 +268,86 @@ def _import_ray():
 
 
 # ---------------------------------------------------------------------------------------------
-# Progress for logs: a line every N seconds where no terminal draws a bar
+# Progress counts: reported inside tasks, read by the driver
+
+_sink: Any = None  # in a pool process: the driver's shared counter (set by _start_worker)
+_collecting = False  # in a Ray task: counts go back with the result (_counted)
+_pending = 0  # counted in a pool process or Ray task, not yet sent
+_next_send = 0.0
+_here = 0  # counted in this process (tasks run here, and Ray results)
+_counter: Any = None  # the shared counter pool processes send to, made with the first pool
+
+
+def report(n: int = 1) -> None:
+    """Inside a task: ``n`` more units of work are done (records measured, samples written).
+
+    Cheap enough to call per record: a pool process sends its count to the driver every
+    :data:`REPORT_SECONDS` and when its task ends; a task run here counts at once.
+
+    Example:
+        >>> before = reported(); report(3); reported() - before
+        3
+    """
+    global _pending, _here
+    if _sink is None and not _collecting:
+        _here += n
+        return
+    _pending += n
+    if _sink is not None and time.monotonic() >= _next_send:
+        _send()
+
+
+def reported() -> int:
+    """Units of work reported so far by the tasks of this process's jobs (read it before and after a stage).
+
+    Example:
+        >>> isinstance(reported(), int)
+        True
+    """
+    return _here + (_counter.value if _counter is not None else 0)
+
+
+def _send() -> None:
+    global _pending, _next_send
+    if _pending:
+        with _sink.get_lock():
+            _sink.value += _pending
+        _pending = 0
+    _next_send = time.monotonic() + REPORT_SECONDS
+
+
+def _shared_counter() -> Any:
+    global _counter
+    if _counter is None:
+        _counter = get_context("spawn").Value("q", 0)
+    return _counter
+
+
+def _count_here(n: int) -> None:
+    global _here
+    _here += n
+
+
+def _reporting(fn: Callable[..., Any], *task: Any) -> Any:
+    """``fn(*task)`` in a pool process; what it reported reaches the driver before its result does."""
+    try:
+        return fn(*task)
+    finally:
+        _send()
+
+
+def _counted(fn: Callable[..., Any], *task: Any) -> tuple[Any, int]:
+    """``fn(*task)`` in a Ray task, with the units of work it reported."""
+    global _collecting, _pending
+    _collecting, _pending = True, 0
+    try:
+        return fn(*task), _pending
+    finally:
+        _collecting, _pending = False, 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Progress shown: a bar on a terminal, a line every N seconds where no terminal draws one
 
 
 def progress_interval() -> float:
@@ -278,18 +374,23 @@ class ProgressLog:
     """One plain line per ``interval`` seconds on ``stream`` while a stage runs, from a daemon thread
     (a slow task fires no callback, yet the log must show the job is alive)::
 
-        wdspack measure: 12/40 parts (30%), 0:00:30 elapsed, 0.40 parts/s, ETA 0:01:10
+        wdspack measure: 12,000/40,000 records (30%), 0:00:30 elapsed, 400 records/s, ETA 0:01:10
 
-    A stage shorter than ``interval`` prints nothing; one that printed ends with a closing line.
+    ``count`` (default: the :meth:`update` calls) says how far the stage is; ``total`` None (not
+    known) leaves the share and the ETA out, ``estimated`` marks it ``~``. A stage shorter than
+    ``interval`` prints nothing; one that printed ends with a closing line.
 
     Example:
         >>> log = ProgressLog("write", "shard", total=3, interval=30)
         >>> log.update(); log.close()  # under 30 s: silent
     """
 
-    def __init__(self, desc: str, unit: str, *, total: int, interval: float, stream: TextIO | None = None) -> None:
+    def __init__(self, desc: str, unit: str, *, total: int | None, interval: float, stream: TextIO | None = None,
+                 count: Callable[[], int] | None = None, estimated: bool = False) -> None:
         self.desc, self.unit, self.total, self.interval = desc, unit, total, interval
-        self.done = 0
+        self.estimated = estimated
+        self._updates = 0
+        self._count = count
         self._stream = stream
         self._start = time.monotonic()
         self._said = False
@@ -297,27 +398,42 @@ class ProgressLog:
         self._thread = threading.Thread(target=self._tick, name=f"wdspack-progress-{desc}", daemon=True)
         self._thread.start()
 
-    def update(self, n: int = 1) -> None:
-        self.done += n
+    @property
+    def done(self) -> int:
+        return self._count() if self._count is not None else self._updates
 
-    def close(self) -> None:
-        """Stop the ticker; a stage that logged gets its last line (finished, or where it stopped)."""
+    def update(self, n: int = 1) -> None:
+        self._updates += n
+
+    def close(self, *, finished: bool | None = None) -> None:
+        """Stop the ticker; a stage that logged gets its last line (``finished``, default: the count
+        reached the total, or where it stopped)."""
         self._stop.set()
         self._thread.join()
         if self._said:
             elapsed = time.monotonic() - self._start
-            state = "done" if self.done >= self.total else "stopped"
-            self._say(f"wdspack {self.desc}: {self.done}/{self.total} {self.unit}s {state} in {_clock(elapsed)}")
+            done = self.done
+            if finished is None:
+                finished = self.total is not None and done >= self.total
+            if self.total is None or (finished and done != self.total):  # an estimate, now known
+                of = ""
+            else:
+                of = f"/{'~' if self.estimated and not finished else ''}{self.total:,}"
+            state = "done" if finished else "stopped"
+            self._say(f"wdspack {self.desc}: {done:,}{of} {self.unit}s {state} in {_clock(elapsed)}")
 
     def line(self) -> str:
         """The progress line for now: stage, done/total, elapsed, rate, ETA."""
         elapsed = time.monotonic() - self._start
         done, total = self.done, self.total
-        share = f" ({done / total:.0%})" if total else ""
         rate = done / elapsed if elapsed > 0 else 0.0
-        eta = _clock((total - done) / rate) if rate > 0 else "unknown"
-        return (f"wdspack {self.desc}: {done}/{total} {self.unit}s{share}, {_clock(elapsed)} elapsed, "
-                f"{rate:.3g} {self.unit}s/s, ETA {eta}")
+        head = f"wdspack {self.desc}: {done:,}"
+        if total is None:
+            return f"{head} {self.unit}s, {_clock(elapsed)} elapsed, {_rate(rate)} {self.unit}s/s"
+        share = f" ({min(done / total, 1):.0%})" if total else ""
+        eta = _clock(max(total - done, 0) / rate) if rate > 0 else "unknown"
+        return (f"{head}/{'~' if self.estimated else ''}{total:,} {self.unit}s{share}, {_clock(elapsed)} elapsed, "
+                f"{_rate(rate)} {self.unit}s/s, ETA {eta}")
 
     def _tick(self) -> None:
         while not self._stop.wait(self.interval):
@@ -327,6 +443,44 @@ class ProgressLog:
     def _say(self, text: str) -> None:
         stream = self._stream or sys.stderr  # looked up now: a test or a wrapper may have swapped it
         print(text, file=stream, flush=True)
+
+
+@contextmanager
+def live_bar(desc: str, unit: str, *, total: int | None, count: Callable[[], int],
+             refresh: float = REPORT_SECONDS) -> Iterator[Any]:
+    """A tqdm bar on stderr that follows ``count()`` (polled every ``refresh`` seconds by a daemon
+    thread, so it moves while a task runs); ``total`` None shows the count and the rate only.
+
+    Example:
+        >>> with live_bar("measure", "record", total=10, count=lambda: 10):  # doctest: +SKIP
+        ...     pass
+    """
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc=desc, unit=unit, unit_scale=True, leave=False, dynamic_ncols=True)
+    stop = threading.Event()
+
+    def follow() -> None:
+        while True:
+            n = count()
+            if n > bar.n:
+                bar.update(n - bar.n)
+            if stop.wait(refresh):
+                return
+
+    thread = threading.Thread(target=follow, name=f"wdspack-bar-{desc}", daemon=True)
+    thread.start()
+    try:
+        yield bar
+    finally:
+        stop.set()
+        thread.join()
+        bar.close()
+
+
+def _rate(per_second: float) -> str:
+    """``1,234`` per second, or three figures below 100 (``0.4``, ``12.5``)."""
+    return f"{per_second:,.0f}" if per_second >= 100 else f"{per_second:.3g}"
 
 
 def _clock(seconds: float) -> str:

@@ -34,7 +34,8 @@ of the measured samples), :mod:`.selection` (the driver's integers: drops, plan,
 With ``PackConfig(plan_group_partitions=N)`` (``wdspack pack --plan-groups N``) everything after
 measuring runs as tasks over groups of ``N`` partitions (:mod:`.partitioned`): the driver keeps
 per-group and per-shard state only, never ids or per-sample integers, so its memory does not grow
-with the sample count (``tests/packer/test_driver_memory.py``).
+with the sample count (``tests/packer/test_driver_memory.py``). Left to choose (None),
+:func:`pack_dataset` plans in groups a job of more records than ``WDSPACK_PLAN_GROUPS_ABOVE`` (10 M).
 """
 
 from __future__ import annotations
@@ -48,21 +49,32 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict
+from contextlib import nullcontext
+from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
 
 from .._version import __version__
-from ..errors import Dropped, OutputError, SampleError, suggest_keywords
+from ..errors import Dropped, OutputError, SampleError, WdspackError, suggest_keywords
 from ..format.manifest import DROPPED_NAME, MANIFEST_NAME, Manifest, ShardInfo
 from ..format.pack import encode_pack
-from ..format.pack_index import INDEX_NAME, build_index, encode_index, index_entry, member_offsets
+from ..format.pack_index import INDEX_NAME, build_index, decode_index, encode_index, index_entry, member_offsets
 from ..format.tar import ShardWriter, shard_name
 from ..storage.location import Location, stat_tag
-from .config import PackConfig, PackSummary
-from .executors import ProgressLog, check_executor, progress_interval, run_tasks, shared_pool
-from .partitioned import plan_partitioned
+from .config import BudgetUse, PackConfig, PackSummary, dataset_budget_use
+from .executors import (
+    ProgressLog,
+    check_executor,
+    live_bar,
+    progress_interval,
+    report,
+    reported,
+    run_tasks,
+    shared_pool,
+)
+from .partitioned import choose_plan_groups, plan_groups_above, plan_partitioned
+from .precheck import precheck
 from .samples import SampleConfig, get_builder
 from .selection import Measured, assign_shards, check_drops, plan_selected, select_samples, write_dropped
 from .sources import Partition, Source, TextRecord, iter_records, list_partitions
@@ -71,7 +83,7 @@ from .text import build_samples
 
 __all__ = ["DRIVER_BYTES_PER_SAMPLE", "WORK_DIR", "pack_dataset", "run_job"]
 
-logger = logging.getLogger("wdspack.pipeline")
+logger = logging.getLogger(__name__)
 
 WORK_DIR = ".wdspack-work"
 #: The driver's peak memory per sample, besides the sample's id (a ``str``: ~50 B + its length, and
@@ -131,35 +143,68 @@ def _pack(sources: Sequence[str | Source], output: str | os.PathLike[str], sampl
 
     partitions = list_partitions(list(sources), image_root=image_root,
                                  records_per_partition=config.records_per_partition, map_files=map_files)
+    config, plan = _choose_plan(partitions, config)  # before the fingerprint: a resumed job keeps the choice
     fingerprint = _fingerprint(partitions, sample_config, config)
     tasks = [(i, p, sample_config, config.on_error, config.seq_len, config.max_images)
              for i, p in enumerate(partitions)]
     provenance = {"image_root": image_root, "max_image_side": sample_config.max_image_side,
                   "max_image_pixels": sample_config.max_image_pixels}
-    return run_job(Location(output), fingerprint, _measure_partition, tasks, config,
-                   describe=lambda: _describe_samples(sample_config), sources=[str(s) for s in sources],
-                   provenance=provenance, resume=resume, progress=progress, start=start,
-                   source_names=[p.source for p in partitions])
+    summary = run_job(Location(output), fingerprint, _measure_partition, tasks, config,
+                      describe=lambda: _describe_samples(sample_config, partitions),
+                      sources=[str(s) for s in sources], provenance=provenance, resume=resume, progress=progress,
+                      start=start, source_names=[p.source for p in partitions])
+    return replace(summary, plan=plan) if plan else summary
 
 
-def _describe_samples(sample_config: SampleConfig) -> dict[str, Any]:
+def _choose_plan(partitions: Sequence[Partition], config: PackConfig) -> tuple[PackConfig, str]:
+    """``config`` with the plan the job's size asks for, when it left the choice (``plan_group_partitions``
+    None), and the summary's line when it chose groups. Decided from the records the listing finds
+    (:func:`_records_of`; a partition it cannot count counts ``records_per_partition``): the inputs alone."""
+    if config.plan_group_partitions is not None:
+        return config, ""
+    per = config.records_per_partition
+    counts = _records_of(partitions, per=per)[0]
+    records = sum(per if c is None else c for c in counts)
+    above = plan_groups_above()
+    group = choose_plan_groups(records, records_per_partition=per, above=above)
+    if group is None:
+        return config, ""
+    return replace(config, plan_group_partitions=group), (
+        f"in groups of {group} partitions: the job has {'up to' if None in counts else 'about'} {records:,} "
+        f"records, over {above:,} (WDSPACK_PLAN_GROUPS_ABOVE); --plan-groups off forces one global plan")
+
+
+def _describe_samples(sample_config: SampleConfig, partitions: Sequence[Partition]) -> dict[str, Any]:
     """The tokenizer and image policy for the manifest; what is wrong with the template for training
-    (no end-of-turn target) is logged here, once per job, in the driver."""
+    (no end-of-turn target) is logged here, once per job, in the driver. What the tokenizer's files
+    tell is checked first, before it loads (:func:`~.precheck.precheck`)."""
+    precheck(sample_config, lambda: _first_is_chat(partitions))
     builder = get_builder(sample_config)
     for warning in builder.template_warnings():
         logger.warning(warning)
     return builder.describe()
 
 
+def _first_is_chat(partitions: Sequence[Partition]) -> bool:
+    """Whether the first record of the data is a chat (not a caption or a document)."""
+    for p in partitions[:1]:
+        for item in iter_records(p):
+            if not isinstance(item, Dropped):
+                return not hasattr(item, "segments")
+    return False
+
+
 def run_job(out: Location, fingerprint: str, measure: Callable[..., Any], tasks: list[tuple], config: PackConfig, *,
             describe: Callable[[], dict[str, Any]], sources: Sequence[str], provenance: dict[str, Any],
             resume: bool, progress: bool, start: float, carried: Sequence[Dropped] = (),
-            samples_read: int | None = None, source_names: Sequence[str] = ()) -> PackSummary:
+            samples_read: int | None = None, source_names: Sequence[str] = (),
+            records_read: int | None = None) -> PackSummary:
     """Spool samples with ``measure(*task, work)``, then plan, write shards and the manifest.
 
     Shared by :func:`pack_dataset` (tasks read and tokenize source partitions) and
     :func:`wdspack.packer.reshard.reshard_dataset` (tasks split existing packs back into samples).
-    ``carried`` are drops inherited from an earlier job; ``samples_read`` overrides the count.
+    ``carried`` are drops inherited from an earlier job; ``samples_read`` and ``records_read`` override
+    the counts (the records: a document cut into pieces is one record of several samples).
     ``source_names[i]`` names the source of task ``i`` (ids two sources share are prefixed with it).
 
     Everything that can be checked without reading the records is checked before the output is
@@ -175,21 +220,25 @@ def run_job(out: Location, fingerprint: str, measure: Callable[..., Any], tasks:
     work = _prepare_output(out, fingerprint, state)
     if work is None:  # already complete
         return _summary_from_manifest(out, time.perf_counter() - start)
-    # one local pool for every stage: each worker imports and loads the tokenizer once per job
-    with shared_pool(config.run.workers if config.run.executor == "local" else 1):
-        if config.plan_group_partitions is not None:
-            return _run_partitioned(out, work, measure, tasks, config, info=info, sources=sources,
-                                    provenance=provenance, progress=progress, start=start, carried=carried,
-                                    samples_read=samples_read, source_names=source_names)
-        return _run_global(out, work, measure, tasks, config, info=info, sources=sources, provenance=provenance,
-                           progress=progress, start=start, carried=carried, samples_read=samples_read,
-                           source_names=source_names)
+    try:  # one local pool for every stage: each worker imports and loads the tokenizer once per job
+        with shared_pool(config.run.workers if config.run.executor == "local" else 1):
+            if config.plan_group_partitions:  # 0 and None: one global plan (pack_dataset chose by size)
+                return _run_partitioned(out, work, measure, tasks, config, info=info, sources=sources,
+                                        provenance=provenance, progress=progress, start=start, carried=carried,
+                                        samples_read=samples_read, source_names=source_names,
+                                        records_read=records_read)
+            return _run_global(out, work, measure, tasks, config, info=info, sources=sources,
+                               provenance=provenance, progress=progress, start=start, carried=carried,
+                               samples_read=samples_read, source_names=source_names, records_read=records_read)
+    except WdspackError as e:  # deterministic: the same command fails the same way; its fix is another command
+        _mark_failed(work, fingerprint, e)
+        raise
 
 
 def _run_global(out: Location, work: Location, measure: Callable[..., Any], tasks: list[tuple],
                 config: PackConfig, *, info: dict[str, Any], sources: Sequence[str],
                 provenance: dict[str, Any], progress: bool, start: float, carried: Sequence[Dropped],
-                samples_read: int | None, source_names: Sequence[str]) -> PackSummary:
+                samples_read: int | None, source_names: Sequence[str], records_read: int | None) -> PackSummary:
     """:func:`run_job` with one global plan: measure, select, plan, write, manifest."""
     measured = _measure(measure, tasks, work, config, progress=progress)
     info = measured.describe or info
@@ -204,8 +253,11 @@ def _run_global(out: Location, work: Location, measure: Callable[..., Any], task
     dropped = list(carried) + measured.dropped + table["dropped"]
     write_dropped(out, dropped)
     read = measured.records if samples_read is None else samples_read
+    kept_tokens = table["tokens"][table["keep"]]
     manifest = _build_manifest(sources, config, info, infos, read, dropped, provenance,
                                pack_index=index_entry(index),
+                               records_read=_records_read(measured.source_records, samples_read, records_read),
+                               min_sample_tokens=int(kept_tokens.min()) if kept_tokens.size else None,
                                max_samples_per_pack=max((len(p) for p in plan), default=0),
                                max_images_per_pack=max((int(table["images"][p].sum()) for p in plan), default=0),
                                max_image_tokens_per_pack=max((int(table["image_tokens"][p].sum()) for p in plan),
@@ -216,18 +268,18 @@ def _run_global(out: Location, work: Location, measure: Callable[..., Any], task
 def _run_partitioned(out: Location, work: Location, measure: Callable[..., Any], tasks: list[tuple],
                      config: PackConfig, *, info: dict[str, Any], sources: Sequence[str],
                      provenance: dict[str, Any], progress: bool, start: float, carried: Sequence[Dropped],
-                     samples_read: int | None, source_names: Sequence[str]) -> PackSummary:
+                     samples_read: int | None, source_names: Sequence[str],
+                     records_read: int | None) -> PackSummary:
     """:func:`run_job` with ``plan_group_partitions``: measure, then plan and write in groups
     (:mod:`.partitioned`); the driver holds per-group and per-shard state only."""
-    done = work.listdir("spool")
-    todo = [t + (str(work),) for t in tasks if meta_name(t[0]) not in done]
-    for _ in _run(measure, todo, config, total=len(todo), desc="measure", unit="part", progress=progress):
-        pass
+    _spool(measure, tasks, work, config, progress=progress)
     if tasks:
         info = read_meta(work, 0)["describe"] or info
 
-    def run(fn: Callable[..., Any], group_tasks: list[tuple], desc: str) -> Iterable[Any]:
-        return _run(fn, group_tasks, config, total=len(group_tasks), desc=desc, unit="task", progress=progress)
+    def run(fn: Callable[..., Any], group_tasks: list[tuple], desc: str, samples: int | None = None) -> Iterable[Any]:
+        if samples is None:  # counted in tasks
+            return _run(fn, group_tasks, config, total=len(group_tasks), desc=desc, unit="task", progress=progress)
+        return _run(fn, group_tasks, config, total=samples, desc=desc, unit="sample", progress=progress, live=True)
 
     def check(new: list[Dropped], records: int, packed: int) -> None:
         check_drops(out, Measured(dropped=new, records=records), {"dropped": [], "keep": np.ones(packed, bool)},
@@ -240,6 +292,8 @@ def _run_partitioned(out: Location, work: Location, measure: Callable[..., Any],
     dropped_counts = Counter(json.loads(line)["reason"] for line in _lines(out, DROPPED_NAME))
     manifest = _build_manifest(sources, config, info, list(result.shards), read, [], provenance,
                                pack_index=entry, max_samples_per_pack=result.max_samples_per_pack,
+                               records_read=_records_read(result.source_records, samples_read, records_read),
+                               min_sample_tokens=result.min_sample_tokens,
                                max_images_per_pack=result.max_images_per_pack,
                                max_image_tokens_per_pack=result.max_image_tokens_per_pack,
                                dropped_counts=(n_dropped, dict(sorted(dropped_counts.items()))))
@@ -257,7 +311,17 @@ def _finish(out: Location, manifest, shards: Sequence[Any], *, start: float, res
         dropped_by_reason=totals["dropped_by_reason"], packs=totals["packs"], tokens=totals["tokens"],
         images=totals["images"], fill_ratio=totals["fill_ratio"], shards=len(shards),
         bytes=sum(i.bytes for i in shards), seconds=time.perf_counter() - start, resumed_shards=resumed_shards,
-        image_policy=manifest.image_policy)
+        image_policy=manifest.image_policy, records_read=totals.get("records_read"),
+        budget=_budget(out, manifest))
+
+
+def _budget(out: Location, manifest: Manifest) -> BudgetUse | None:
+    """Which budget closed the packs, from the pack index just written (None: the dataset has none)."""
+    if not manifest.pack_index:
+        return None
+    name = manifest.pack_index["file"]
+    return dataset_budget_use(manifest, decode_index(out.read_bytes(name), manifest.pack_index,
+                                                     packs=manifest.num_packs, where=name))
 
 
 def _lines(out: Location, name: str) -> Iterable[bytes]:
@@ -288,9 +352,12 @@ def _check_output(out: Location, fingerprint: str, *, resume: bool) -> str:
     """What the output folder holds, read only, before anything loads; the refusals raise ``OutputError``.
 
     ``"done"``: a complete dataset, kept under ``--resume``; ``"stale"``: an unfinished job that wrote nothing
-    (no tokenized unit of work, no shard: it failed on its first record, or was stopped at once), started over
-    whatever its arguments, so its corrected re-run needs no ``--resume`` and no deleting; ``"resume"``: one
-    with finished work, kept for ``--resume`` with the same arguments; ``"new"``: an empty or missing folder.
+    (no tokenized unit of work, no shard: it was stopped at once), started over whatever its arguments;
+    ``"failed"``: a job that failed (an error of wdspack's: drop tolerance, nothing packed, a usage error met
+    in a record) before writing a shard, started over unless ``--resume`` names the same job (then its
+    tokenized samples are kept) — so a corrected re-run needs no ``--resume`` and no deleting; ``"resume"``:
+    an interrupted or crashed job with finished work, kept for ``--resume`` with the same arguments;
+    ``"new"``: an empty or missing folder.
     """
     work = out.child(WORK_DIR)
     job = json.loads(work.read_bytes("job.json")) if work.exists("job.json") else None
@@ -299,6 +366,8 @@ def _check_output(out: Location, fingerprint: str, *, resume: bool) -> str:
             return "done"
         raise OutputError(f"{out} already holds a packed dataset; choose another --output or delete it")
     unfinished = work.exists() and (job is not None or not out.remote)
+    if unfinished and (job or {}).get("failed") and not _wrote_shard(out):
+        return "resume" if resume and (job or {}).get("fingerprint") == fingerprint else "failed"
     if unfinished and not _wrote_anything(out, work):
         return "stale"
     if unfinished:
@@ -324,11 +393,30 @@ def _prepare_output(out: Location, fingerprint: str, state: str) -> Location | N
     if state == "stale":
         logger.warning("wdspack: %s holds an unfinished pack job that wrote nothing yet (no tokenized partition, "
                        "no shard); starting it over", out)
+    elif state == "failed":
+        logger.warning("wdspack: %s holds what a failed pack job left (no shard); starting over (--resume with "
+                       "the failed command's arguments keeps its tokenized samples)", out)
+    if state in ("stale", "failed"):
         out.remove(WORK_DIR)
+        out.remove(DROPPED_NAME)
     work.makedirs("spool")
-    if state != "resume":
-        work.write_atomic("job.json", json.dumps({"fingerprint": fingerprint}).encode())
+    work.write_atomic("job.json", json.dumps({"fingerprint": fingerprint}).encode())  # a resumed failure: cleared
     return work
+
+
+def _mark_failed(work: Location, fingerprint: str, error: Exception) -> None:
+    """Record in ``job.json`` that the job failed with an error of wdspack's (not interrupted, not crashed):
+    the next command in this folder starts over unless it resumes this job (:func:`_check_output`)."""
+    try:
+        reason = str(error).splitlines()[0][:300] if str(error) else type(error).__name__
+        work.write_atomic("job.json", json.dumps({"fingerprint": fingerprint, "failed": reason}).encode())
+    except OSError:  # the folder is gone or read-only: the failure itself is what the user must see
+        logger.debug("could not record the failure in %s", work, exc_info=True)
+
+
+def _wrote_shard(out: Location) -> bool:
+    """Whether the job renamed a shard into place (the only output worth keeping across arguments)."""
+    return any(name.endswith(".tar") for name in out.listdir(""))
 
 
 def _wrote_anything(out: Location, work: Location) -> bool:
@@ -342,12 +430,55 @@ def _wrote_anything(out: Location, work: Location) -> bool:
 # Measure: tokenize each partition once, spool samples, keep integers
 
 
-def _measure(fn: Callable[..., Any], tasks: list[tuple], work: Location, config: PackConfig, *,
-             progress: bool) -> Measured:
+def _spool(fn: Callable[..., Any], tasks: list[tuple], work: Location, config: PackConfig, *,
+           progress: bool) -> None:
+    """Run the measure tasks not yet done; progress counts records (:func:`_measure_partition` reports
+    each one as it goes), against the total the partitions give (:func:`_records_of`)."""
     done = work.listdir("spool")  # one listing, not a request per task
     todo = [t + (str(work),) for t in tasks if meta_name(t[0]) not in done]
-    for _ in _run(fn, todo, config, total=len(todo), desc="measure", unit="part", progress=progress):
+    if fn is not _measure_partition:  # resharding: its tasks are shards, counted as they finish
+        for _ in _run(fn, todo, config, total=len(todo), desc="measure", unit="part", progress=progress):
+            pass
+        return
+    counts, guessed = _records_of([t[1] for t in tasks], per=config.records_per_partition)
+    left = [t[0] for t in todo]
+    known = [counts[i] for i in left]
+    total = sum(c for c in known if c is not None) if None not in known else None
+    for _ in _run(fn, todo, config, total=total, desc="measure", unit="record", progress=progress, live=True,
+                  estimated=not guessed.isdisjoint(left)):
         pass
+
+
+def _records_of(partitions: Sequence[Partition], *, per: int) -> tuple[list[int | None], set[int]]:
+    """Each partition's records, from what listing them found, and which of them are estimates: exact from
+    the next partition's first row (or an Arrow slice's rows); a file's last slice estimated from the
+    records per byte (row group) of the job's other slices of its kind, at most ``per``; None where
+    nothing tells."""
+    counts: list[int | None] = [None] * len(partitions)
+    per_size: dict[str, list[int]] = {}  # kind -> [records, size] of the slices counted exactly
+    for k, p in enumerate(partitions):
+        nxt = partitions[k + 1] if k + 1 < len(partitions) else None
+        if p.kind == "arrow":
+            counts[k] = p.stop - p.start
+        elif nxt is not None and nxt.path == p.path and nxt.first_row > p.first_row:
+            counts[k] = nxt.first_row - p.first_row
+        else:
+            continue
+        seen = per_size.setdefault(p.kind, [0, 0])
+        seen[0] += counts[k] or 0
+        seen[1] += p.stop - p.start
+    guessed = set()
+    for k, p in enumerate(partitions):
+        records, size = per_size.get(p.kind, [0, 0])
+        if counts[k] is None and size:
+            counts[k] = min(per, max(1, round((p.stop - p.start) * records / size)))
+            guessed.add(k)
+    return counts, guessed
+
+
+def _measure(fn: Callable[..., Any], tasks: list[tuple], work: Location, config: PackConfig, *,
+             progress: bool) -> Measured:
+    _spool(fn, tasks, work, config, progress=progress)
     m = Measured()
     for i in range(len(tasks)):
         meta = read_meta(work, i)
@@ -364,6 +495,7 @@ def _measure(fn: Callable[..., Any], tasks: list[tuple], work: Location, config:
         m.dropped.extend(Dropped(*d) for d in meta["dropped"])
         m.dropped_part.extend([i] * len(meta["dropped"]))
         m.records += meta["records"]
+        m.source_records += meta.get("source_records", meta["records"])  # a spool from before the key
         m.describe = m.describe or meta["describe"]
     return m
 
@@ -373,7 +505,10 @@ def _measure_partition(i: int, partition: Partition, sample_config: SampleConfig
     """Tokenize one partition into the spool (a document split by ``split_long_documents``: one sample per piece)."""
     builder = get_builder(sample_config)
     with SpoolWriter(work, i) as spool:
+        records = 0  # the records, apart from the samples (pieces) made of them
         for item, built in _built(builder, iter_records(partition)):
+            records += 1
+            report()  # one record read: progress (counted, sent to the driver now and then)
             if isinstance(item, Dropped):
                 _on_drop(item, on_error)
                 spool.drop(item)
@@ -395,6 +530,7 @@ def _measure_partition(i: int, partition: Partition, sample_config: SampleConfig
                     spool.drop(over)
                     continue
                 spool.add(s.sample_id, s.input_ids, s.loss_mask, s.images, s.image_tokens)
+        spool.source_records = records
         spool.finish(builder.describe())
     return i
 
@@ -459,8 +595,9 @@ def _write_shards(shard_plans, table, work: Location, out: Location, describe, c
     # Each ref carries the sample's id as the table has it (an id two sources share is namespaced).
     tasks = ((j, [[(int(table["part"][s]), int(table["offset"][s]), int(table["length"][s]), table["ids"][s])
                    for s in pack] for pack in shard_plans[j]], str(work), path, token_dtype) for j, path in todo)
-    for j, info, where in _run(_write_shard, tasks, config, total=len(todo), desc="write", unit="shard",
-                               progress=progress):
+    samples = sum(len(pack) for j, _ in todo for pack in shard_plans[j])
+    for j, info, where in _run(_write_shard, tasks, config, total=samples, desc="write", unit="sample",
+                               progress=progress, live=True):
         infos[j], offsets[j] = info, where
     return [infos[j] for j in range(len(shard_plans))], [offsets[j] for j in range(len(shard_plans))], kept
 
@@ -475,6 +612,7 @@ def _write_shard(j: int, refs, work: str, path: str, token_dtype: str) -> tuple[
             pack = assemble_pack(samples)
             writer.add(f"{j:06d}{k:06d}", encode_pack(pack, token_dtype=token_dtype),
                        samples=pack.num_samples, tokens=pack.num_tokens, images=pack.num_images)
+            report(pack.num_samples)
         return j, writer.close(), writer.offsets
 
 
@@ -499,7 +637,8 @@ def _info_of_existing(out: Location, name: str, packs, table) -> tuple[ShardInfo
 def _build_manifest(sources, config: PackConfig, describe, infos, records: int, dropped: list[Dropped],
                     extra: dict[str, Any], *, pack_index: dict[str, Any], max_samples_per_pack: int,
                     max_images_per_pack: int, max_image_tokens_per_pack: int,
-                    dropped_counts: tuple[int, dict[str, int]] | None = None) -> Manifest:
+                    dropped_counts: tuple[int, dict[str, int]] | None = None, records_read: int | None = None,
+                    min_sample_tokens: int | None = None) -> Manifest:
     packs = sum(i.packs for i in infos)
     tokens = sum(i.tokens for i in infos)
     n_dropped, by_reason = dropped_counts or (len(dropped), dict(sorted(Counter(d.reason for d in dropped).items())))
@@ -516,6 +655,10 @@ def _build_manifest(sources, config: PackConfig, describe, infos, records: int, 
         # model-ready loaders size their pixel tensors from it (static shapes, no more than needed)
         "max_image_tokens_per_pack": max_image_tokens_per_pack,
     }
+    if records_read is not None and records_read != records:  # documents cut into pieces: records < samples
+        totals["records_read"] = records_read
+    if min_sample_tokens is not None:  # what `budget` lines measure "full of tokens" against
+        totals["min_sample_tokens"] = min_sample_tokens
     provenance = {"shard_max_bytes": config.shard_max_bytes, "shard_max_packs": config.shard_max_packs,
                   "on_error": config.on_error, **extra}
     return Manifest(
@@ -526,6 +669,13 @@ def _build_manifest(sources, config: PackConfig, describe, infos, records: int, 
     )
 
 
+def _records_read(measured: int, samples_read: int | None, records_read: int | None) -> int:
+    """The records behind the samples: as measured, unless overridden (a reshard's are its source's)."""
+    if records_read is not None:
+        return records_read
+    return measured if samples_read is None else samples_read
+
+
 def _summary_from_manifest(out: Location, seconds: float) -> PackSummary:
     m = Manifest.from_json(out.read_bytes(MANIFEST_NAME))
     t = m.totals
@@ -533,35 +683,39 @@ def _summary_from_manifest(out: Location, seconds: float) -> PackSummary:
                        dropped_by_reason=t["dropped_by_reason"], packs=t["packs"], tokens=t["tokens"],
                        images=t["images"], fill_ratio=t["fill_ratio"], shards=len(m.shards),
                        bytes=sum(s.bytes for s in m.shards), seconds=seconds, resumed_shards=len(m.shards),
-                       image_policy=m.image_policy)
+                       image_policy=m.image_policy, records_read=t.get("records_read"), budget=_budget(out, m))
 
 
 # ---------------------------------------------------------------------------------------------
 # Execution
 
 
-def _run(fn: Callable[..., Any], tasks: Iterable[tuple], config: PackConfig, *, total: int, desc: str,
-         unit: str, progress: bool) -> Iterable[Any]:
-    """Run ``fn(*task)`` for each task where ``config`` says, yielding results in order; progress moves
-    as tasks complete: a bar on a terminal, elsewhere (Slurm, nohup, CI) a plain line every
-    ``WDSPACK_PROGRESS_INTERVAL`` seconds (:class:`~wdspack.packer.executors.ProgressLog`)."""
-    from tqdm import tqdm
-
+def _run(fn: Callable[..., Any], tasks: Iterable[tuple], config: PackConfig, *, total: int | None, desc: str,
+         unit: str, progress: bool, live: bool = False, estimated: bool = False) -> Iterable[Any]:
+    """Run ``fn(*task)`` for each task where ``config`` says, yielding results in order, with progress: a
+    bar on a terminal, elsewhere (Slurm, nohup, CI) a plain line every ``WDSPACK_PROGRESS_INTERVAL``
+    seconds (:class:`~wdspack.packer.executors.ProgressLog`). ``live``: the count is the units of work
+    the tasks :func:`~wdspack.packer.executors.report` (records, samples), moving while a task runs;
+    else the tasks done. ``total`` None: not known (count and rate, no share); ``estimated``: about."""
     terminal = sys.stderr.isatty()
-    bar = tqdm(total=total, desc=desc, unit=unit, disable=not (progress and terminal), leave=False)
-    log = ProgressLog(desc, unit, total=total, interval=progress_interval()) if progress and not terminal else None
+    finished = [0]
+    base = reported()
+
+    def count() -> int:
+        return reported() - base if live else finished[0]
 
     def done() -> None:
-        bar.update()
-        if log is not None:
-            log.update()
+        finished[0] += 1
 
+    shown = live_bar(desc, unit, total=total, count=count) if progress and terminal else nullcontext()
+    log = (ProgressLog(desc, unit, total=total, interval=progress_interval(), count=count, estimated=estimated)
+           if progress and not terminal else None)
+    complete = False
     try:
-        yield from run_tasks(fn, tasks, executor=config.run.executor, workers=config.run.workers,
-                             ray_address=config.run.ray_address, on_done=done)
+        with shown:
+            yield from run_tasks(fn, tasks, executor=config.run.executor, workers=config.run.workers,
+                                 ray_address=config.run.ray_address, on_done=done)
+        complete = True
     finally:
-        bar.close()
         if log is not None:
-            log.close()
-
-
+            log.close(finished=complete)

@@ -26,6 +26,9 @@ key (a split document's pieces ``{id}#{k}`` count as ``id``), so a bucket task s
 comes from; it writes the renames with the repeats, and the select and plan tasks apply them. Which
 source each partition reads is one small file, ``plan/sources`` (the names and an index per partition).
 ``dropped.jsonl`` lists drops group by group.
+
+A pack job left to choose (``plan_group_partitions`` None) plans in groups when the records its
+listing finds are more than ``WDSPACK_PLAN_GROUPS_ABOVE`` (:func:`choose_plan_groups`).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import hashlib
 import io
 import itertools
 import json
+import os
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -49,14 +53,21 @@ from ..format.pack_index import COLUMNS, INDEX_NAME, build_index
 from ..format.tar import ShardWriter
 from ..storage.location import Location
 from .config import PackConfig
+from .executors import report
 from .selection import assign_shards, plan_selected
 from .sources.meta import collision_key, namespaced
 from .spool import SpoolReader, assemble_pack, read_meta
 
-__all__ = ["BUCKETS", "GroupResult", "group_shard_name", "plan_partitioned"]
+__all__ = ["BUCKETS", "GROUP_RECORDS", "PLAN_GROUPS_ABOVE", "GroupResult", "choose_plan_groups", "group_shard_name",
+           "plan_groups_above", "plan_partitioned"]
 
 #: Buckets the ids are hashed into: one duplicate-check task each.
 BUCKETS = 64
+#: A job of more records than this plans in groups unless told (``WDSPACK_PLAN_GROUPS_ABOVE``): the global
+#: plan's driver holds ``DRIVER_BYTES_PER_SAMPLE`` (250 B) + the id (~80 B) per sample, ~3.3 GB here.
+PLAN_GROUPS_ABOVE = 10_000_000
+#: The records of a group chosen by size: fill stays within 0.1 % of the global plan from 100 k.
+GROUP_RECORDS = 200_000
 _COLUMNS = ("tokens", "images", "image_bytes", "image_tokens", "targets", "offsets", "lengths")
 
 
@@ -78,6 +89,43 @@ class GroupResult:
     max_samples_per_pack: int
     max_images_per_pack: int
     max_image_tokens_per_pack: int
+    #: the source records the samples came from (a document cut into pieces is one)
+    source_records: int = 0
+    #: the shortest packed sample's tokens (None: no sample, or a group written before it was recorded)
+    min_sample_tokens: int | None = None
+
+
+def plan_groups_above() -> int:
+    """The records above which a job plans in groups by itself: ``$WDSPACK_PLAN_GROUPS_ABOVE``, else
+    :data:`PLAN_GROUPS_ABOVE`.
+
+    Example:
+        >>> plan_groups_above()  # doctest: +SKIP
+        10000000
+    """
+    text = os.environ.get("WDSPACK_PLAN_GROUPS_ABOVE", "").strip().replace("_", "")
+    if not text:
+        return PLAN_GROUPS_ABOVE
+    if not text.isdigit():
+        raise ConfigError(f"WDSPACK_PLAN_GROUPS_ABOVE={text!r}: give the records above which a job plans in groups, "
+                          f"a whole number (default {PLAN_GROUPS_ABOVE:_}), or pass --plan-groups N|off")
+    return int(text)
+
+
+def choose_plan_groups(records: int, *, records_per_partition: int, above: int) -> int | None:
+    """The partitions per group for a job of ``records`` records, None for one global plan: groups of
+    about :data:`GROUP_RECORDS` records once ``records > above``. A rule of the inputs only (not of the
+    memory free at the time), so a resumed job makes the same choice.
+
+    Example:
+        >>> choose_plan_groups(25_000_000, records_per_partition=1000, above=10_000_000)
+        200
+        >>> choose_plan_groups(5_000, records_per_partition=1000, above=10_000_000) is None
+        True
+    """
+    if records <= above:
+        return None
+    return max(1, -(-GROUP_RECORDS // records_per_partition))
 
 
 def _groups(parts: int, size: int) -> list[list[int]]:
@@ -242,11 +290,19 @@ def _plan_task(g: int, parts: Sequence[int], work: str, out: str, config: PackCo
                     p = assemble_pack(samples)
                     writer.add(f"{g:06d}{s:04d}{k:06d}", encode_pack(p, token_dtype=token_dtype),
                                samples=p.num_samples, tokens=p.num_tokens, images=p.num_images)
+                    report(p.num_samples)
                 infos.append(writer.close())
                 offsets.append(writer.offsets)
     index = build_index(shard_plans, offsets, table)
-    records = sum(read_meta(loc, i)["records"] for i in parts)
-    result = {"records": records, "shards": [_info_json(i) for i in infos], "index": index.astype("<i8").tobytes(),
+    records = source_records = 0
+    for i in parts:
+        meta = read_meta(loc, i)
+        records += meta["records"]
+        source_records += meta.get("source_records", meta["records"])  # a spool from before the key
+    kept = table["tokens"][table["keep"]]
+    result = {"records": records, "source_records": source_records,
+              "min_sample_tokens": int(kept.min()) if kept.size else None,
+              "shards": [_info_json(i) for i in infos], "index": index.astype("<i8").tobytes(),
               "max": [max((len(p) for p in plan), default=0),
                       max((int(table["images"][p].sum()) for p in plan), default=0),
                       max((int(table["image_tokens"][p].sum()) for p in plan), default=0)]}
@@ -275,7 +331,8 @@ def plan_partitioned(out: Location, work: Location, parts: int, config: PackConf
                      source_names: Sequence[str] = ()) -> tuple[GroupResult, int, int, dict[str, Any]]:
     """Plan and write ``parts`` measured partitions in groups; write ``dropped.jsonl`` and the pack index.
 
-    ``run(fn, tasks, desc)`` runs tasks on the job's executor (results in order); ``check(drops,
+    ``run(fn, tasks, desc, samples=None)`` runs tasks on the job's executor (results in order; progress
+    in tasks, or in the ``samples`` they :func:`~.executors.report`); ``check(drops,
     records, packed)`` is the drop tolerance (it raises; ``drops`` are loaded only when over it).
     Returns ``(result, records, drops, index_entry)``: the job's shards and maxima, the records
     read, the drops listed, and the manifest's ``pack_index`` entry (the index is written, streamed).
@@ -305,7 +362,7 @@ def plan_partitioned(out: Location, work: Location, parts: int, config: PackConf
             check(list(_iter_drops(work, len(groups))), records, packed)
         itemsize = np.dtype(token_dtype).itemsize
         for _ in run(_plan_task, [(g, groups[g], str(work), str(out), config, token_dtype, itemsize)
-                                  for g in todo], "plan+write"):
+                                  for g in todo], "plan+write", sum(counts[g][2] for g in todo)):
             pass
     with out.open_write(f".{DROPPED_NAME}.tmp") as f:  # streamed: the drops never sit in the driver
         for d in carried:
@@ -317,12 +374,14 @@ def plan_partitioned(out: Location, work: Location, parts: int, config: PackConf
             f.write(data)
     out.commit(f".{DROPPED_NAME}.tmp", DROPPED_NAME)
     shards: list[ShardInfo] = []
-    maxima, records, packs = [0, 0, 0], 0, 0
+    maxima, records, packs, source_records, shortest = [0, 0, 0], 0, 0, 0, []
     for g in range(len(groups)):  # per-shard state only: the index rows are streamed below
         done = _read_done(work, g)
         shards.extend(ShardInfo(*s) for s in done["shards"])
         maxima = [max(a, b) for a, b in zip(maxima, done["max"])]
         records += done["records"]
+        source_records += done.get("source_records", done["records"])  # a group written before the key
+        shortest += [done["min_sample_tokens"]] if done.get("min_sample_tokens") is not None else []
         packs += len(done["index"]) // (8 * len(COLUMNS))
     digest = hashlib.sha256()
     with out.open_write(f".{INDEX_NAME}.tmp") as f:  # the .npy header, then each group's rows
@@ -336,7 +395,9 @@ def plan_partitioned(out: Location, work: Location, parts: int, config: PackConf
             size += len(data)
     out.commit(f".{INDEX_NAME}.tmp", INDEX_NAME)
     entry = {"file": INDEX_NAME, "columns": list(COLUMNS), "bytes": size, "sha256": digest.hexdigest()}
-    return GroupResult(tuple(shards), *maxima), records, drops, entry
+    result = GroupResult(tuple(shards), maxima[0], maxima[1], maxima[2], source_records=source_records,
+                         min_sample_tokens=min(shortest) if shortest else None)
+    return result, records, drops, entry
 
 
 def _raise_first(dropped: list[Dropped], on_error: str) -> None:

@@ -12,10 +12,12 @@ work folder on disk (about the size of the source) and removed when the manifest
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import tarfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +39,8 @@ def reshard_dataset(source: str, output: str | Path, *, config: PackConfig, resu
     """Re-plan the samples of ``source`` (a folder, ``https://`` or ``hf://`` dataset) into ``output``.
 
     Samples dropped by the source job stay dropped (their entries are carried over), so the new
-    manifest's counts still add up to the samples originally read.
+    manifest's counts still add up to the samples originally read; the summary's
+    ``carried_by_reason`` tells them from the drops of this reshard (samples over the new budgets).
 
     Example:
         >>> reshard_dataset("packed-2048", "packed-4096", config=PackConfig(seq_len=4096))  # doctest: +SKIP
@@ -53,9 +56,12 @@ def reshard_dataset(source: str, output: str | Path, *, config: PackConfig, resu
     provenance = {"resharded_from": {"source": str(source), "seq_len": manifest.seq_len,
                                      "max_images": manifest.max_images, "algorithm": manifest.algorithm,
                                      "sources": list(manifest.sources)}}
-    return run_job(Location(output), fingerprint, _split_shard, tasks, config, describe=lambda: describe,
-                   sources=manifest.sources, provenance=provenance, resume=resume, progress=progress,
-                   start=start, carried=carried, samples_read=manifest.totals["samples_read"])
+    totals = manifest.totals
+    summary = run_job(Location(output), fingerprint, _split_shard, tasks, config, describe=lambda: describe,
+                      sources=manifest.sources, provenance=provenance, resume=resume, progress=progress,
+                      start=start, carried=carried, samples_read=totals["samples_read"],
+                      records_read=totals.get("records_read", totals["samples_read"]))
+    return dataclasses.replace(summary, carried_by_reason=dict(sorted(Counter(d.reason for d in carried).items())))
 
 
 def _split_shard(i: int, url: str, describe: dict, work: str) -> int:

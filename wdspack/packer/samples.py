@@ -120,13 +120,10 @@ class SampleConfig:
 
 
 def _tokens_per_image(value: Any, processor: Any) -> Any:
-    """``tokens_per_image`` checked: digits become an int; None only with a processor."""
-    if value is None and processor is None:  # a silent default trained models on the wrong number of image tokens
-        raise ConfigError("a tokenizer without --processor (fixed image tokens) needs --tokens-per-image N "
-                          "(tokens_per_image=N): the tokens one image takes in your model, e.g. 64 for nanoVLM, "
-                          "576 for LLaVA-1.5, any number (0) for data without images; or processor:NAME_OR_PATH "
-                          "for a dynamic-resolution image processor's count; or pass --processor NAME_OR_PATH "
-                          "for the model's own layout")
+    """``tokens_per_image`` checked: digits become an int. None without a processor is text-only data:
+    the first record with an image stops the job with the fix (:func:`images_need_tokens_per_image`)."""
+    if value is None:
+        return None
     if isinstance(value, str) and re.fullmatch(r"\d+", value):
         return int(value)
     if isinstance(value, bool) or (isinstance(value, str) and not value.startswith("processor:")):
@@ -134,6 +131,15 @@ def _tokens_per_image(value: Any, processor: Any) -> Any:
     if isinstance(value, int) and value < 0:
         raise ConfigError(f"--tokens-per-image must be >= 0, got {value}")
     return value
+
+
+def images_need_tokens_per_image(sid: str) -> ConfigError:
+    """The error for an image in a job given ``--tokenizer`` without ``--tokens-per-image`` (a silent
+    default would train the model on the wrong number of image tokens)."""
+    return ConfigError(f"sample {sid!r} has an image, but --tokens-per-image was not given (text-only data needs "
+                       "none): pass --tokens-per-image N, the tokens one image takes in your model (64 for nanoVLM, "
+                       "576 for LLaVA-1.5), or processor:NAME_OR_PATH for a dynamic-resolution count, or use "
+                       "--processor NAME_OR_PATH for the model's own layout")
 
 
 def check_template_syntax(template: str, where: str) -> None:
@@ -176,28 +182,37 @@ class SampleBuilder:
 
             self.processor = load_processor(config.processor)
             self.family = family_for(self.processor)
+            feature: str | None
             self.tokenizer = self.processor.tokenizer
             template = config.chat_template or self.processor.chat_template or self.tokenizer.chat_template
-            self.image_token = self.family.placeholder(self.processor)
+            self.image_token: str | None = self.family.placeholder(self.processor)
             feature = self.family.feature_token(self.processor)
         else:
             self.tokenizer = _load_tokenizer(config.tokenizer)
             template = config.chat_template or getattr(self.tokenizer, "chat_template", None)
             self.processor = _load_processor(config.tokens_per_image)
-            self.image_token = feature = config.image_token or _default_image_token(self.tokenizer, self.processor)
+            feature = config.image_token or _default_image_token(self.tokenizer, self.processor,
+                                                                 required=config.tokens_per_image is not None)
+            self.image_token = feature  # None: text-only (no --tokens-per-image) and no image token declared
         if not template and config.pretrain is None:  # pre-training records need none (checked per chat)
             raise ConfigError(f"{self.name!r} has no chat template; pass --chat-template FILE")
         self.template = template or ""
         self._renderer, self._encoder = ChatRenderer(self.tokenizer, self.template), TextEncoder(self.tokenizer)
+        self.feature_token, self.image_token_id = feature, self._token_id(feature)
+        self._one = OneRender(self._apply, self._message, self._renderer.marked)
+        self.typed_images = self._template_renders_typed_images()
+        self.tool_support = self._template_renders_tools()
+
+    def _token_id(self, feature: str | None) -> int | None:
+        """The image token's id; refused unless it is one token of the vocabulary."""
+        if feature is None:
+            return None
         ids = self.tokenizer.convert_tokens_to_ids([feature])
         unk = getattr(self.tokenizer, "unk_token_id", None)
         if not ids or ids[0] is None or (unk is not None and ids[0] == unk and feature != self.tokenizer.unk_token):
             raise ConfigError(f"image token {feature!r} is not a single token in the vocabulary of "
                               f"{self.name!r}; pass the model's image token with --image-token")
-        self.feature_token, self.image_token_id = feature, int(ids[0])
-        self._one = OneRender(self._apply, self._message, self._renderer.marked)
-        self.typed_images = self._template_renders_typed_images()
-        self.tool_support = self._template_renders_tools()
+        return int(ids[0])
 
     @property
     def name(self) -> str:
@@ -273,6 +288,8 @@ class SampleBuilder:
                       "processor_class": type(self.processor).__name__}
         elif isinstance(self.config.tokens_per_image, int):
             policy = {"kind": "fixed", "tokens_per_image": self.config.tokens_per_image}
+        elif self.config.tokens_per_image is None:  # text only: a record with an image stopped the job
+            policy = {"kind": "none"}
         else:
             policy = {"kind": "processor", "name": str(self.config.tokens_per_image).split(":", 1)[-1]}
         return {
@@ -308,7 +325,7 @@ class SampleBuilder:
         if self.typed_images and m["role"] != "tool":
             return {"role": m["role"], "content": _typed_content(parts), **extra}
         # String form: the text keeps what the source wrote around each image (LLaVA's "<image>\n").
-        text = "".join(self.image_token if p.get("type") == "image" else p.get("text", "") for p in parts)
+        text = "".join((self.image_token or "") if p.get("type") == "image" else p.get("text", "") for p in parts)
         return {"role": m["role"], "content": text, **extra}
 
     def _apply(self, messages: list[dict], *, generation_prompt: bool, tools: list[dict] | None = None) -> str:
@@ -436,6 +453,8 @@ class SampleBuilder:
     def _template_renders_typed_images(self) -> bool:
         probe = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "x"}]},
                  {"role": "assistant", "content": [{"type": "text", "text": "y"}]}]
+        if self.image_token is None:
+            return False
         try:
             return self.image_token in self._apply(probe, generation_prompt=False)
         except Exception:
@@ -450,7 +469,7 @@ class SampleBuilder:
         for k, data in enumerate(images):
             data, (w, h) = self._check_image(data, sid, k, names[k] if k < len(names) else "")
             out.append(data)
-            counts.append(self._tokens_for(w, h))
+            counts.append(self._tokens_for(w, h, sid))
         return out, counts
 
     def _check_image(self, data: bytes, sid: str, k: int, name: str = "") -> tuple[bytes, tuple[int, int]]:
@@ -461,11 +480,12 @@ class SampleBuilder:
             data, (w, h) = downscale(data, side, fmt)
         return data, (w, h)
 
-    def _tokens_for(self, w: int, h: int) -> int | tuple[int, int]:
+    def _tokens_for(self, w: int, h: int, sid: str) -> int | tuple[int, int]:
         if self.family is not None:
             return (h, w)  # the family expands from the size (_build_expanded)
         if self.processor is None:
-            assert self.config.tokens_per_image is not None  # fixed mode: _load_processor required it
+            if self.config.tokens_per_image is None:
+                raise images_need_tokens_per_image(sid)
             return int(self.config.tokens_per_image)
         return _processor_tokens(self.processor, h, w)
 
@@ -489,6 +509,7 @@ class SampleBuilder:
                         sizes: list) -> Sample:
         """Processor mode: expand each placeholder in the text as the processor does, then tokenize."""
         ph = self.image_token
+        assert ph is not None  # processor mode: the family's placeholder
         found = [m.start() for m in re.finditer(re.escape(ph), text)]
         if len(found) != len(images):
             raise SampleError("placeholder_mismatch", f"{len(found)} image placeholders {ph!r} in the rendered text "
@@ -569,7 +590,7 @@ def _processor_tokens(processor, height: int, width: int) -> int:
     return int(patches) // (merge * merge)
 
 
-def _default_image_token(tokenizer, processor) -> str:
+def _default_image_token(tokenizer, processor, *, required: bool = True) -> str | None:
     for owner in (processor, tokenizer):
         tok = getattr(owner, "image_token", None)
         if isinstance(tok, str):
@@ -580,5 +601,7 @@ def _default_image_token(tokenizer, processor) -> str:
     for guess in IMAGE_TOKEN_GUESSES:
         if guess in vocab:
             return guess
+    if not required:
+        return None
     raise ConfigError("the tokenizer declares no image token; pass the model's image token with --image-token "
                       "(e.g. '<image>', '[IMG]', '<|image_pad|>')")

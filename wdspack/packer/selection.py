@@ -49,6 +49,7 @@ class Measured:
     dropped: list[Dropped] = field(default_factory=list)
     dropped_part: list[int] = field(default_factory=list)  # the task each drop came from
     records: int = 0
+    source_records: int = 0  # the records the samples came from (a document cut into pieces is one)
     describe: dict[str, Any] | None = None
 
 

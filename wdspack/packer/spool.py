@@ -51,7 +51,9 @@ class SpoolWriter:
         # tokens, images, image bytes, offset, length, image tokens, targets
         self._ints: list[tuple[int, ...]] = []
         self._dropped: list[Dropped] = []
-        self.records = 0
+        self.records = 0  # samples added or dropped (a document cut into pieces: each piece)
+        #: the source records they came from, when the caller counts them (None: ``records``)
+        self.source_records: int | None = None
 
     def add(self, sample_id: str, input_ids: np.ndarray, loss_mask: np.ndarray, images: Sequence[bytes],
             image_tokens: Sequence[int]) -> None:
@@ -79,6 +81,7 @@ class SpoolWriter:
         cols = np.asarray(self._ints, np.int64).reshape(-1, 7).T
         meta = {
             "ids": self._ids, "records": self.records, "describe": describe,
+            "source_records": self.records if self.source_records is None else self.source_records,
             "tokens": cols[0].tobytes(), "images": cols[1].tobytes(), "image_bytes": cols[2].tobytes(),
             "offsets": cols[3].tobytes(), "lengths": cols[4].tobytes(), "image_tokens": cols[5].tobytes(),
             "targets": cols[6].tobytes(),

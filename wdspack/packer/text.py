@@ -110,7 +110,7 @@ class TextBuilder(Protocol):
     tokenizer: Any
     family: Any  # the processor's model family (wdspack.models), or None for a fixed image-token policy
     processor: Any
-    image_token_id: int
+    image_token_id: int | None
 
     @property
     def name(self) -> str: ...

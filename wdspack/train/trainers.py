@@ -41,7 +41,7 @@ import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -231,7 +231,9 @@ class PackedTrainerMixin:
     * the loss is :func:`causal_lm_loss` over Trainer's ``num_items_in_batch`` (targets of the
       accumulation window, summed over ranks), set as ``compute_loss_func`` unless you pass one;
     * a :class:`LoaderStateCallback` saves each rank's loader state in every checkpoint, and
-      ``train(resume_from_checkpoint=...)`` restores it before Trainer restores the rest;
+      ``train(resume_from_checkpoint=...)`` restores it before Trainer restores the rest; resume with
+      the run's own ``max_steps``: one that changes the learning-rate schedule (a ``linear`` or
+      ``cosine`` decay is computed from it) is refused;
     * over a mixture (DESIGN.md section 8), every training log also has ``loss/<name>`` and
       ``tokens/<name>`` per source (:meth:`log`); one dataset logs nothing more.
 
@@ -308,6 +310,9 @@ class PackedTrainerMixin:
             checkpoint = resume_from_checkpoint or None
         if checkpoint:
             _check_resumable(self.args)
+            # Trainer's own schedule only: one passed in with optimizers=(..., scheduler) is yours to continue
+            if getattr(self, "lr_scheduler", None) is None or getattr(self, "_created_lr_scheduler", False):
+                _check_same_schedule(self.args, checkpoint)
             load_loader_state(self.loader, checkpoint)
             _restore_renamed_weights(self.accelerator.unwrap_model(self.model), checkpoint)
         # super() is the Trainer this is mixed into, which mypy cannot see from the mixin: hence the ignore
@@ -403,6 +408,57 @@ def _check_resumable(args: Any) -> None:
                           "torch refuses ('don't know how to restore data location'); upgrade to transformers >= "
                           f"{RESUMES_ON_CPU_RANKS} (pip install 'transformers>={RESUMES_ON_CPU_RANKS}'), or resume on "
                           "GPUs or one rank")
+
+
+def _check_same_schedule(args: Any, checkpoint: str | os.PathLike[str]) -> None:
+    """Refuse a resume whose ``max_steps`` changes the learning-rate schedule the checkpoint's run followed.
+
+    Trainer computes the schedule from ``max_steps`` (a linear or cosine decay, a warmup given as a
+    fraction) and restores, with the optimizer, the learning rate the saved schedule had reached: the
+    first resumed step trains at that rate (0.0 at the end of a linear decay), the next ones on the new
+    schedule. A schedule ``max_steps`` leaves alone (``constant``, ``constant_with_warmup`` with a warmup
+    in steps) resumes with any ``max_steps``. docs/guides/train.md, "Resuming a Trainer run": figures, fixes.
+    """
+    from transformers.trainer import TRAINER_STATE_NAME
+
+    path = Path(checkpoint) / TRAINER_STATE_NAME
+    if not path.is_file():
+        return  # Trainer's own message
+    state = json.loads(path.read_text(encoding="utf-8"))
+    saved, step = state.get("max_steps"), state.get("global_step", 0)
+    if not saved or saved == args.max_steps:
+        return
+    old, new = _lr_factors(args, saved), _lr_factors(args, args.max_steps)
+    if old is None or new is None:
+        return  # not a per-step schedule (reduce_lr_on_plateau), or one Trainer will refuse itself
+    probes = sorted({0, step, *range(0, step + 1, max(1, step // 64))})
+    if all(abs(old(k) - new(k)) <= 1e-12 for k in probes):
+        return
+    lr, name = args.learning_rate, str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type))
+    raise ConfigError(
+        f"{checkpoint} is step {step} of a run of max_steps={saved}; resuming it with max_steps={args.max_steps} "
+        f"changes its {name!r} learning-rate schedule, which Trainer computes from max_steps: step {step + 1} would "
+        f"train at {lr * old(step):.4g} (where the saved schedule stood) instead of {lr * new(step):.4g}, and the "
+        f"rest on a schedule the first {step} steps did not follow. To finish that run, resume with "
+        f"max_steps={saved}; to train longer, plan max_steps for the whole run from the start, use "
+        "lr_scheduler_type='constant_with_warmup', or start a new run from the checkpoint "
+        "(docs/guides/train.md#resuming-a-trainer-run)")
+
+
+def _lr_factors(args: Any, max_steps: int) -> Callable[[int], float] | None:
+    """Step -> learning-rate factor of the schedule Trainer builds for ``args`` and ``max_steps``; None
+    where it is not a per-step function (or cannot be built here)."""
+    from transformers.optimization import get_scheduler
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    try:
+        scheduler = get_scheduler(args.lr_scheduler_type, optimizer=optimizer,
+                                  num_warmup_steps=args.get_warmup_steps(max_steps), num_training_steps=max_steps,
+                                  scheduler_specific_kwargs=args.lr_scheduler_kwargs)
+    except (ValueError, TypeError):
+        return None
+    lambdas = getattr(scheduler, "lr_lambdas", None)
+    return lambdas[0] if lambdas else None
 
 
 def _check_training_args(args: Any, loader: PackedLoader) -> None:

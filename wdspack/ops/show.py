@@ -1,0 +1,175 @@
+"""What is trained, as text (``wdspack show``): packed samples decoded with the dataset's tokenizer.
+
+Each pack gets a header, each sample in it a header; the tokens of a sample are decoded in runs, a
+run of trained tokens (``loss_mask`` 1: the labels) marked, a run of image placeholders collapsed::
+
+    == pack 0  (train-000000.tar, 3 samples, 1890 of 2048 tokens, 2 images)
+    -- sample 1/3  llava.jsonl:17  (412 tokens, 96 trained, 1 image)
+    <s>[INST]<image×64>What is in the picture?[/INST][[A red square.</s>]]
+
+Marks: colour on a terminal, ``[[…]]`` elsewhere (``color="never"``), or any pair given.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import tarfile
+from collections.abc import Iterator, Sequence
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..format.dataset import open_dataset
+from ..format.manifest import Manifest
+from ..format.pack import Pack, decode_pack
+
+__all__ = ["COLOR", "PLAIN", "load_tokenizer", "render_tokens", "show_lines"]
+
+#: the plain marks around trained text (no colour)
+PLAIN = ("[[", "]]")
+#: ANSI bold green around trained text, on a terminal
+COLOR = ("\x1b[1;32m", "\x1b[0m")
+
+
+def render_tokens(tokenizer: Any, input_ids: Any, loss_mask: Any, *, image_token_id: int | None = None,
+                  image_tokens: Sequence[int] = (), marks: tuple[str, str] = PLAIN) -> str:
+    """One sample's tokens as text: trained runs between ``marks``, each image's placeholders as ``<image×N>``.
+
+    ``image_tokens``: the placeholder count of each of the sample's images, in order (the pack has
+    them), so that adjacent images read as one marker each; without them a run is one marker.
+
+    Example:
+        >>> render_tokens(tok, [1, 10, 10, 5, 6], [0, 0, 0, 0, 1], image_token_id=10)  # doctest: +SKIP
+        '<s><image×2>Hi[[!]]'
+    """
+    ids = np.asarray(input_ids).tolist()
+    mask = np.asarray(loss_mask).astype(bool).tolist()
+    counts = [int(n) for n in image_tokens]
+    out: list[str] = []
+    for (trained, image), run in itertools.groupby(zip(ids, mask), key=lambda x: (x[1], x[0] == image_token_id)):
+        tokens = [t for t, _ in run]
+        text = _images(len(tokens), counts) if image else tokenizer.decode(tokens)
+        out.append(f"{marks[0]}{text}{marks[1]}" if trained else text)
+    return "".join(out)
+
+
+def _images(n: int, counts: list[int]) -> str:
+    """``n`` placeholder tokens as one ``<image×k>`` per image, taking the images' counts from ``counts``."""
+    parts = []
+    while counts and 0 < counts[0] <= n:
+        k = counts.pop(0)
+        parts.append(f"<image×{k}>")
+        n -= k
+    return "".join(parts) + (f"<image×{n}>" if n or not parts else "")
+
+
+def load_tokenizer(manifest: Manifest, tokenizer: str | os.PathLike[str] | None = None) -> Any:
+    """The tokenizer to decode with: ``tokenizer`` if given, else the one the manifest names, offline.
+
+    Raises:
+        ConfigError: it does not load, or its vocabulary is not the dataset's (one line, with the fix).
+    """
+    recorded = manifest.tokenizer.get("name")
+    name = os.fspath(tokenizer) if tokenizer is not None else recorded
+    try:
+        tok = _load(name)
+    except Exception as e:  # transformers raises OSError/ValueError/...: one line, with the fix
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        if tokenizer is not None:
+            raise ConfigError(f"cannot load --tokenizer {name!r} ({reason}); give the folder of the tokenizer "
+                              "the dataset was packed with") from None
+        raise ConfigError(f"cannot load the tokenizer the manifest names, {name!r}, offline ({reason}); pass "
+                          "--tokenizer PATH, a local folder of the same tokenizer") from None
+    vocab = manifest.tokenizer.get("vocab_size")
+    if vocab is not None and len(tok) != vocab:
+        raise ConfigError(f"tokenizer {name!r} has {len(tok)} tokens, the dataset was packed with {vocab} "
+                          f"({recorded!r}); pass --tokenizer PATH with that one")
+    return tok
+
+
+@lru_cache(maxsize=2)
+def _load(name: str | None) -> Any:
+    """A tokenizer by folder or cached Hub name, once per process."""
+    from transformers import AutoTokenizer
+
+    if not name:
+        raise ValueError("the manifest names no tokenizer")
+    looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1  # a Hub id is ORG/NAME or NAME
+    if looks_local and not os.path.isdir(os.path.expanduser(name)):
+        raise FileNotFoundError("no such folder")
+    return AutoTokenizer.from_pretrained(os.path.expanduser(name))
+
+
+def _iter_packs(manifest: Manifest, root: str, start: int) -> Iterator[tuple[int, str, Pack]]:
+    """``(pack number, shard name, pack)`` from pack ``start`` on; shards before it are not opened."""
+    import fsspec
+
+    first = 0
+    for shard in manifest.shards:
+        if first + shard.packs <= start:
+            first += shard.packs
+            continue
+        with fsspec.open(f"{root}/{shard.name}", "rb") as f, tarfile.open(fileobj=f, mode="r|") as tar:
+            k = first
+            for member in tar:
+                if not (member.isfile() and member.name.endswith(".mp")):
+                    continue
+                if k >= start:
+                    data = tar.extractfile(member)
+                    assert data is not None  # a regular file
+                    yield k, shard.name, decode_pack(data.read())
+                k += 1
+        first += shard.packs
+
+
+def _elide(text: str, max_chars: int) -> str:
+    if not max_chars or len(text) <= max_chars:
+        return text
+    half = max_chars // 2
+    return f"{text[:half]} … ({len(text) - 2 * half} characters) … {text[len(text) - half:]}"
+
+
+def show_lines(source: str, *, packs: int = 1, pack: int = 0, tokenizer: str | os.PathLike[str] | None = None,
+               marks: tuple[str, str] = PLAIN, max_chars: int = 0, samples: int = 0) -> Iterator[str]:
+    """Lines of text for ``packs`` packs from pack number ``pack`` on (manifest order) of ``source``.
+
+    Args:
+        source: a dataset folder, ``https://`` or ``hf://`` URL (as ``inspect`` takes).
+        tokenizer: decode with this tokenizer instead of the one the manifest names.
+        marks: the text before and after each trained run (:data:`PLAIN`, or colour codes).
+        max_chars: show at most this many characters of a sample, the middle elided (0: all).
+        samples: show at most this many samples of a pack (0: all).
+
+    Example:
+        >>> print("\\n".join(show_lines("packed/", packs=1)))  # doctest: +SKIP
+    """
+    for flag, value, least in (("--packs", packs, 1), ("--pack", pack, 0), ("--max-chars", max_chars, 0),
+                               ("--samples", samples, 0)):
+        if value < least:
+            raise ConfigError(f"{flag} {value}: must be >= {least}")
+    manifest, root = open_dataset(source)
+    total = sum(s.packs for s in manifest.shards)
+    if pack >= total:
+        raise ConfigError(f"--pack {pack}: {source} has {total} packs (0 to {total - 1})")
+    tok = load_tokenizer(manifest, tokenizer)
+    image_id = manifest.tokenizer.get("image_token_id")
+    for k, shard, p in itertools.islice(_iter_packs(manifest, root, pack), packs):
+        yield (f"== pack {k}  ({shard}, {p.num_samples} samples, {p.num_tokens} of {manifest.seq_len} tokens, "
+               f"{p.num_images} images)")
+        bounds = [0, *itertools.accumulate(p.seq_lens)]
+        for j, sid in enumerate(p.sample_ids):
+            if samples and j == samples:
+                yield f"-- ({p.num_samples - samples} more samples; --samples 0 shows them all)"
+                break
+            span = slice(bounds[j], bounds[j + 1])
+            ids, mask = p.input_ids[span], p.loss_mask[span]
+            owned = [int(p.image_tokens[i]) for i, owner in enumerate(p.image_sample) if owner == j]
+            images = len(owned)
+            yield (f"-- sample {j + 1}/{p.num_samples}  {sid}  ({bounds[j + 1] - bounds[j]} tokens, "
+                   f"{int(np.asarray(mask).sum())} trained, {images} image{'' if images == 1 else 's'})")
+            text = render_tokens(tok, ids, mask, image_token_id=image_id, image_tokens=owned, marks=marks)
+            shown = _elide(text, max_chars)
+            yield shown + (COLOR[1] if shown != text and marks == COLOR else "")  # no colour left open
