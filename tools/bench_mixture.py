@@ -11,7 +11,7 @@ token lengths are generated: what is measured is which tokens each step trains o
 **wdspack**: each source packed on its own into ``seq_len`` packs (``plan_packs``, bfd), written
 in the seeded shuffled order ``wdspack pack`` writes and cut into shards of 1,000 packs; the mixture
 (weights 1:1 in tokens) read as the loader reads it: each rank's packs from
-:func:`~wdspack.loader.schedule.plan_slot` (through :func:`wdspack.ops.mixture.step_mix`, what
+:func:`~wdspack.loader.mixture.merge.plan_slot` (through :func:`wdspack.ops.mixture.step_mix`, what
 ``wdspack inspect`` shows and ``PackedDataset`` yields), 8 ranks × 1 worker × 2 packs: a global step
 is 16 packs.
 
@@ -50,8 +50,8 @@ from pathlib import Path
 import numpy as np
 
 from wdspack import plan_packs
-from wdspack.loader.mixture import Mixture, mixture_epoch
-from wdspack.loader.schedule import source_layout
+from wdspack.loader.mixture.spec import Mixture, mixture_epoch
+from wdspack.loader.mixture.streams import source_layout
 from wdspack.ops.mixture import step_mix
 
 WINDOWS = (10, 100, 1000)

@@ -6,7 +6,7 @@ text-only one (the same text, no images), 50/50 in tokens:
     python -m tools.bench_mixture_balance --json docs/benchmarks/data/bench_mixture_balance.json
 
 For each layout (ranks × workers, packs per step) it plans one mixture epoch with the loader's own
-functions (:func:`~wdspack.loader.schedule.plan_slot` per slot, then, balanced, each worker's windows
+functions (:func:`~wdspack.loader.mixture.merge.plan_slot` per slot, then, balanced, each worker's windows
 in cost bands by :func:`~wdspack.loader.balance.band_order`, as ``MixedSources.schedule`` does; no pack
 is read) and prints, without and with the balance:
 
@@ -36,8 +36,9 @@ from tools.bench_packing import llava_like  # noqa: E402
 from wdspack import CostModel, plan_packs  # noqa: E402
 from wdspack.format.pack_index import COLUMNS  # noqa: E402
 from wdspack.loader.balance import band_order, waiting  # noqa: E402
-from wdspack.loader.mixture import Mixture, MixtureSource, mixture_epoch  # noqa: E402
-from wdspack.loader.schedule import plan_slot, source_layout  # noqa: E402
+from wdspack.loader.mixture.merge import plan_slot  # noqa: E402
+from wdspack.loader.mixture.spec import Mixture, MixtureSource, mixture_epoch  # noqa: E402
+from wdspack.loader.mixture.streams import source_layout  # noqa: E402
 
 
 def source_rows(n: int, *, images: bool, seed: int) -> np.ndarray:

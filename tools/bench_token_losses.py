@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from wdspack.loader.collate import IGNORE_INDEX
+from wdspack.loader.batch.collate import IGNORE_INDEX
 from wdspack.train.loss import token_losses
 
 

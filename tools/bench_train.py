@@ -236,8 +236,8 @@ def on_the_fly_steps(subs: dict[str, SubSample], order: list[str], processor_dir
     through wdspack's own collate (what its loader does per batch), then ``model_inputs``."""
     import wdspack
     from wdspack.format.pack import Pack
-    from wdspack.loader.batching import ModelBatcher
-    from wdspack.loader.collate import collate_packs, pack_to_example
+    from wdspack.loader.batch.collate import collate_packs, pack_to_example
+    from wdspack.loader.batch.model import ModelBatcher
 
     plan = plan_on_the_fly([len(subs[s].input_ids) for s in order], [len(subs[s].images) for s in order],
                            seq_len=seq_len, max_images=max_images, open_rows=open_rows)

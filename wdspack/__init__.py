@@ -37,10 +37,10 @@ from .packer.planner import ALGORITHMS, lower_bound, plan_packs
 if typing.TYPE_CHECKING:  # the names _LAZY loads on first use, as type checkers should see them
     from .format.pack_index import CostModel
     from .loader import PackedDataset, make_loader
-    from .loader.buffers import normalize_pixels
-    from .loader.collate import collate_packs, pack_to_example
-    from .loader.images import make_image_transform
-    from .loader.mixture import Mixture, MixtureSource
+    from .loader.batch.buffers import normalize_pixels
+    from .loader.batch.collate import collate_packs, pack_to_example
+    from .loader.batch.images import make_image_transform
+    from .loader.mixture.spec import Mixture, MixtureSource
     from .loader.options import Balance, ReadOptions
     from .models import load_processor, model_inputs
     from .models.varlen import use_varlen_attention
@@ -67,9 +67,9 @@ _LAZY = {
     "CostModel": "format.pack_index",
     # load and train
     "PackedDataset": "loader", "make_loader": "loader", "ReadOptions": "loader.options", "Balance": "loader.options",
-    "Mixture": "loader.mixture", "MixtureSource": "loader.mixture",
-    "pack_to_example": "loader.collate", "collate_packs": "loader.collate", "make_image_transform": "loader.images",
-    "normalize_pixels": "loader.buffers",
+    "Mixture": "loader.mixture.spec", "MixtureSource": "loader.mixture.spec",
+    "pack_to_example": "loader.batch.collate", "collate_packs": "loader.batch.collate",
+    "make_image_transform": "loader.batch.images", "normalize_pixels": "loader.batch.buffers",
     "model_inputs": "models", "load_processor": "models", "use_varlen_attention": "models.varlen",
     "num_items_in_batch": "train.loss", "num_samples_in_batch": "train.loss", "sample_mean_loss": "train.loss",
     "token_losses": "train.loss",

@@ -25,7 +25,7 @@ from wdspack import loader as loader_mod
 from wdspack.errors import ConfigError, FormatError, ManifestError
 from wdspack.format.manifest import MANIFEST_NAME, read_manifest
 from wdspack.loader import PackedDataset, make_loader, plan_epoch, shuffle_order
-from wdspack.loader.images import make_image_transform
+from wdspack.loader.batch.images import make_image_transform
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -488,7 +488,7 @@ def test_a_batch_kept_by_the_caller_is_never_written_over(pictures):
 
 
 def test_pixel_buffers_reuse_only_what_the_main_process_released():
-    from wdspack.loader.buffers import PixelBuffers, _release
+    from wdspack.loader.batch.buffers import PixelBuffers, _release
 
     pool = PixelBuffers(workers=2, size=2)
     shape = (4, 3, 2, 2)
@@ -517,7 +517,7 @@ def test_a_shipment_unpickles_as_the_batch_and_releases_on_the_last_view():
     import pickle
     from multiprocessing.reduction import ForkingPickler
 
-    from wdspack.loader.buffers import PixelBuffers, Shipment
+    from wdspack.loader.batch.buffers import PixelBuffers, Shipment
 
     pool = PixelBuffers(workers=1, size=1)
     pixels, _, lease = pool.take((64, 3, 32, 32), worker=0, packs=4)  # 768 KiB: by value

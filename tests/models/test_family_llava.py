@@ -103,7 +103,7 @@ def test_images_not_grouped_per_sample_are_refused(llava):
     import dataclasses
 
     from wdspack.errors import ConfigError
-    from wdspack.loader.batching import ModelBatcher
+    from wdspack.loader.batch.model import ModelBatcher
 
     processor, _, dataset = llava
     pack = next(p for p in _packs(dataset) if "two-images" in p.sample_ids)

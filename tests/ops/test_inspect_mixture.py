@@ -19,8 +19,9 @@ from wdspack.errors import ConfigError
 from wdspack.format.manifest import read_manifest
 from wdspack.format.pack_index import COLUMNS, INDEX_NAME
 from wdspack.loader import PackedDataset, make_loader
-from wdspack.loader.mixture import Mixture, MixtureSource, mixture_epoch
-from wdspack.loader.schedule import plan_slot, source_layout
+from wdspack.loader.mixture.merge import plan_slot
+from wdspack.loader.mixture.spec import Mixture, MixtureSource, mixture_epoch
+from wdspack.loader.mixture.streams import source_layout
 from wdspack.ops.inspect import dataset_stats, format_stats, is_mixture
 from wdspack.ops.mixture import mixture_stats
 

@@ -100,3 +100,15 @@ def test_a_tokenizer_that_is_not_here_is_one_line_naming_the_fix(demo_packed, tm
     assert main(["show", str(folder), "--pack", "10000"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--pack 10000" in err and "packs (0 to" in err, err
+
+
+def test_an_elided_sample_keeps_its_trained_runs_marked():
+    from wdspack.ops.show import PLAIN, _elide
+
+    text = "user says hello " * 4 + "[[" + "the answer " * 10 + "]]"
+    shown = _elide(text, 60, PLAIN)
+    head, tail = shown.split(" … ")[0], shown.split(" … ")[-1]
+    assert tail.startswith("[[") and tail.endswith("]]") and "[[" not in head
+    inside = _elide("[[" + "x" * 100 + "]]", 40, PLAIN)
+    assert inside.split(" … ")[0].endswith("]]") and inside.split(" … ")[-1].startswith("[[")
+    assert _elide("short", 40, PLAIN) == "short"

@@ -3,7 +3,7 @@
 Every pack's first token is 1000 + its row in its dataset (``synthetic.write_mixture_sources``), so a
 batch tells which pack of which source each row is; the pass of each pack comes from the schedule the
 loader follows (``planned``), checked against the batches (``with_passes``). Used by the mixture tests
-(``tests/loader/mixture/``): stages, elastic resume, balance.
+(``tests/loader/mixture/``): continuations, elastic resume, balance.
 """
 
 from __future__ import annotations
@@ -27,14 +27,13 @@ def mixture_loader(roots, weights, *, workers, rank=0, world=1):
 
 def planned(loader, epoch: int) -> dict[int, list[tuple[str, int, int]]]:
     """Rank batch index -> its packs as (source name, pass, row), from the mixture's schedule of ``epoch``
-    (the stage's, when one began inside it), in the order the DataLoader yields them."""
+    (the continuation's, when one began inside it), in the order the DataLoader yields them."""
     ds, b = loader.dataset, loader.batch_size
     mix, w_ = ds.mixture, max(1, loader.num_workers)
     slots = ds.world_size * w_
     per = mix.per_slot(slots, b, epoch)
-    stage = mix.stage()
-    mid = mix.mid_stage(epoch)
-    before = stage["before"] if mid else [0] * w_
+    continuation = mix.continuation()
+    before = continuation.before if mix.mid_continuation(epoch) else [0] * w_
     plans = {w: mix.schedule(slot=ds.rank * w_ + w, slots=slots, workers=w_, epoch=epoch, positions=per - before[w],
                              batch_size=b, seed=ds.seed, shuffle=ds.shuffle, shuffle_buffer=ds.shuffle_buffer)
              for w in range(w_)}

@@ -21,7 +21,7 @@ import torch
 
 from tests.support.ranks import free_port, run_all
 from tests.support.synthetic import write_dataset
-from wdspack.loader.collate import collate_packs, pack_to_example
+from wdspack.loader.batch.collate import collate_packs, pack_to_example
 from wdspack.train.loss import num_items_in_batch, num_samples_in_batch, token_losses
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from wdspack.loader.collate import IGNORE_INDEX
+from wdspack.loader.batch.collate import IGNORE_INDEX
 from wdspack.train.loss import token_losses
 
 

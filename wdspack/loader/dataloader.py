@@ -13,7 +13,7 @@ Batches come from the workers in turn (DataLoader's in-order round robin); every
 same number of full batches, so the round robin never stalls and every rank has ``len(loader)``
 batches per epoch.
 
-How a worker's batch travels, and the shared memory it reuses: :mod:`.buffers`. Elastic resume (a
+How a worker's batch travels, and the shared memory it reuses: :mod:`.batch.buffers`. Elastic resume (a
 state saved under other ranks or workers): :mod:`.elastic`.
 """
 
@@ -33,13 +33,13 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..errors import ConfigError, suggest_keywords
-from .buffers import PixelBuffers
+from .batch.buffers import PixelBuffers
+from .batch.collate_fn import LoaderCollate, check_pixel_dtype, resolve_max_segments
+from .batch.packed_with import check_packed_with
 from .dataset import META_KEY, STAT_KEYS, PackedDataset
 from .elastic import lockstep_positions
-from .loader_collate import LoaderCollate, check_pixel_dtype, resolve_max_segments
-from .mixture import Mixture
+from .mixture.spec import Mixture
 from .options import Balance, ReadOptions
-from .packed_with import check_packed_with
 
 __all__ = ["PackedLoader", "make_loader"]
 
@@ -84,7 +84,7 @@ def make_loader(source: str | os.PathLike[str] | Sequence[Any] | Mixture | Packe
         image_transform: image bytes → tensors (``wdspack.make_image_transform``), for pixels.
         processor: the model's processor, for what its ``forward`` takes: the one the dataset was packed
             with (a processor with another image token or image layout is refused here, not in a worker:
-            :mod:`.packed_with`).
+            :mod:`.batch.packed_with`).
         text_only: stream an image dataset's text without pixels on purpose.
         expect_tokenizer: the tokenizer the training uses; a mismatch raises :class:`ConfigError`.
         on_corrupt: ``"skip"`` or ``"raise"`` for corrupt packs and truncated shards.
@@ -220,8 +220,8 @@ class PackedLoader:
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning at the next iteration."""
         mix = self.dataset.mixture
-        if mix is not None and mix.mid_stage(int(epoch)):
-            raise ConfigError(f"epoch {epoch} began under another mixture or layout (a stage began inside it), so its "
+        if mix is not None and mix.mid_continuation(int(epoch)):
+            raise ConfigError(f"epoch {epoch} began under another mixture or layout (a resume began inside it), so its "
                               f"beginning cannot be replayed here; go on with it, or set_epoch({int(epoch) + 1})")
         self.dataset.set_elastic(None)
         self._epoch, self._batches, self._resume = int(epoch), 0, False
@@ -238,7 +238,7 @@ class PackedLoader:
             epoch_len = len(self)
         mix = self.dataset.mixture
         if (mix is not None and self.num_workers > 0 and getattr(self.dataloader, "_iterator", None) is None
-                and not mix.mid_stage(self._epoch)):
+                and not mix.mid_continuation(self._epoch)):
             ds = self.dataset  # the epoch's start cursors, computed once here: the workers inherit them
             mix.epoch_start(rank=ds.rank, slots=ds.world_size * self._workers, workers=self._workers,
                             epoch=self._epoch, batch_size=self.batch_size, seed=ds.seed, shuffle=ds.shuffle,
@@ -302,8 +302,8 @@ class PackedLoader:
         source), and under another number of ranks from *all* the saved ranks' states: each source's
         unfinished passes continue as their rest (the packs no saved rank consumed) split over the new
         ranks, then the following passes as usual, nothing within a pass read twice or skipped, and
-        the saved ranks' batches left shared out evenly (``MixedSources.elastic_stage``). One state
-        alone is refused there unless the others follow from it (no stage began and no pack was
+        the saved ranks' batches left shared out evenly (``MixedSources.elastic_continuation``). One state
+        alone is refused there unless the others follow from it (no continuation began and no pack was
         skipped).
         """
         states = [state] if isinstance(state, Mapping) else list(state)
@@ -326,10 +326,10 @@ class PackedLoader:
         mixed = [d for d in diff if d.startswith("mixture:")]
         if mixed and (self.dataset.mixture is None or saved.get("mixture") is None or "mixture" not in states[0]):
             raise ConfigError(f"cannot resume: the state was saved for another mixture ({mixed[0]}) by a loader that "
-                              "kept no per-source cursors (a single dataset, or a wdspack before stages); restore "
+                              "kept no per-source cursors (a single dataset, or an older wdspack); restore "
                               "with the mixture that saved the state, or start the new mixture with "
                               f"loader.set_epoch({int(states[0]['epoch']) + 1})")
-        if mixed:  # a new stage: other weights, sources added or removed (checked by name below)
+        if mixed:  # a new continuation: other weights, sources added or removed (checked by name below)
             diff = [d for d in diff if not d.startswith(("mixture:", "dataset:"))]
             _check_kept_sources(saved["mixture"], now["mixture"])
         if diff:
@@ -338,7 +338,7 @@ class PackedLoader:
         mine = [s for s in states if s["config"]["rank"] == now["rank"]]
         same = all(saved[k] == now[k] for k in ("world_size", "num_workers")) and mine
         if not same and self.dataset.mixture is not None and saved["world_size"] == now["world_size"] and mine:
-            # another number of workers on as many ranks: a stage from this rank's cursors
+            # another number of workers on as many ranks: a continuation from this rank's cursors
             state = mine[0]
             if "mixture" not in state:
                 raise ConfigError(f"the state was saved by {saved['num_workers']} workers by a wdspack that kept no "
@@ -348,7 +348,7 @@ class PackedLoader:
             self._epoch, self._batches = int(state["epoch"]), int(state["batches"])
             self._positions = [tuple(int(v) for v in p) for p in state["workers"]]
             self._stats_base, self._stats_live = Counter(state.get("stats", {})), {}
-            self._restore_stage(state, changed=True)
+            self._restore_continuation(state, changed=True)
             return
         if not same and self.dataset.mixture is not None:
             if mixed:
@@ -361,13 +361,13 @@ class PackedLoader:
         if same:
             self._restore(mine[0])
             if self.dataset.mixture is not None:
-                self._restore_stage(mine[0], changed=bool(mixed))
+                self._restore_continuation(mine[0], changed=bool(mixed))
         else:
             self._restore_elastic(states)
 
     def _restore_mixture_elastic(self, states: list[Mapping[str, Any]]) -> None:
         """A mixture's state saved by other ranks: the rest of each source's unfinished passes over this
-        layout (``MixedSources.elastic_stage``), from every saved rank's cursors."""
+        layout (``MixedSources.elastic_continuation``), from every saved rank's cursors."""
         ds, mix = self.dataset, self.dataset.mixture
         assert mix is not None
         config = states[0]["config"]
@@ -385,11 +385,11 @@ class PackedLoader:
         by_rank = {int(s["config"]["rank"]): s for s in states}
         if sorted(by_rank) == list(range(world)):
             points = [by_rank[r]["mixture"] for r in range(world)]
-        elif len(states) == 1 and states[0]["mixture"].get("stage") is None and all(
+        elif len(states) == 1 and states[0]["mixture"].get("stage") is None and all(  # "stage": the continuation
                 int(p[1]) == int(p[2]) for p in states[0]["workers"]):
-            # exactly recoverable: no stage and no pack skipped, so every rank consumed the same batches
+            # exactly recoverable: no continuation and no pack skipped, so every rank consumed the same batches
             # of the same chain from epoch 0, and the others' cursors follow from this one's positions
-            mix.set_stage(None)
+            mix.set_continuation(None)
             points = [mix.save_point(rank=r, slots=world * workers, workers=workers, epoch=epoch,
                                      emitted=[int(p[1]) for p in states[0]["workers"]], batch_size=self.batch_size,
                                      seed=ds.seed, shuffle=ds.shuffle, shuffle_buffer=ds.shuffle_buffer)
@@ -399,9 +399,9 @@ class PackedLoader:
                               f"resumed on {ds.world_size} ranks needs the states of all {world} (each rank's cursors "
                               "are within its own share of every pass): gather every rank's loader.state_dict() and "
                               "pass the list to load_state_dict on every new rank")
-        epoch, short, yielded = mix.elastic_stage(points, epoch=epoch, batches=batches, ranks=ds.world_size,
-                                                  workers=self._workers, batch_size=self.batch_size, seed=ds.seed,
-                                                  shuffle=ds.shuffle)
+        epoch, short, yielded = mix.elastic_continuation(points, epoch=epoch, batches=batches, ranks=ds.world_size,
+                                                         workers=self._workers, batch_size=self.batch_size,
+                                                         seed=ds.seed, shuffle=ds.shuffle)
         ds.set_elastic(None)
         self._stats_base, self._stats_live = Counter(states[0].get("stats", {}) if len(states) == 1 else {}), {}
         self._epoch, self._batches = epoch, short
@@ -427,21 +427,21 @@ class PackedLoader:
                                   f"(the workers already hold this loader's plan), or pass balance={{'run': {run}}}")
             ds.adopt_balance_run(int(run))
 
-    def _restore_stage(self, state: Mapping[str, Any], *, changed: bool) -> None:
-        """A mixture's stage: the saved one, an anchor at the saved epoch, or a new one (another mixture,
+    def _restore_continuation(self, state: Mapping[str, Any], *, changed: bool) -> None:
+        """A mixture's continuation: the saved one, an anchor at the saved epoch, or a new one (another mixture,
         or another number of workers on as many ranks)."""
         mix = self.dataset.mixture
         assert mix is not None
-        if "mixture" not in state:  # saved before stages: every epoch chains from epoch 0, as then
-            mix.set_stage(None)
+        if "mixture" not in state:  # saved before continuations: every epoch chains from epoch 0, as then
+            mix.set_continuation(None)
             return
-        epoch, batches, yielded = mix.resume_stage(
+        epoch, batches, yielded = mix.resume_continuation(
             state["mixture"], epoch=self._epoch, batches=self._batches, yielded=[p[2] for p in self._positions],
             workers=self._workers, batch_size=self.batch_size, changed=changed)
-        if changed:  # the stage's schedule starts after what each worker yielded
+        if changed:  # the continuation's schedule starts after what each worker yielded
             self._positions = [(0, y, y) for y in yielded]
             self._epoch, self._batches, self._resume = epoch, batches, bool(batches or any(yielded))
-            logger.info("mixture stage: epoch %d continues from batch %d under %s on %d workers", self._epoch,
+            logger.info("mixture continuation: epoch %d continues from batch %d under %s on %d workers", self._epoch,
                         self._batches, ", ".join(f"{n} {w:.3f}" for n, w in zip(mix.names, mix.mixture.shares)),
                         self._workers)
 
@@ -515,7 +515,7 @@ class PackedLoader:
 
 
 def _check_kept_sources(saved: Mapping[str, Any], now: Mapping[str, Any]) -> None:
-    """A source kept by name across a stage must be the same data: its shards' pack counts."""
+    """A source kept by name across a continuation must be the same data: its shards' pack counts."""
     before = dict(zip(saved["names"], saved["packs"]))
     for name, packs in zip(now["names"], now["packs"]):
         if name in before and list(before[name]) != list(packs):

@@ -40,11 +40,11 @@ from ..format.tar import Handler
 from ..storage.streams import open_stream
 from ..storage.urls import is_remote
 from .balance import RUNS, TARGET_WAITING, choose_run, plan_epoch_balanced, waiting
-from .budgets import check_pixels, dataset_budgets
+from .batch.budgets import check_pixels, dataset_budgets
 from .elastic import SharedBasis, consumed_packs
-from .mixed import MixedSources
-from .mixed_read import iter_slot
-from .mixture import Mixture, default_name, is_mixture_spec
+from .mixture.read import iter_slot
+from .mixture.sources import MixedSources
+from .mixture.spec import Mixture, default_name, is_mixture_spec
 from .options import Balance, ReadOptions
 from .plan import REMAINDER_POLICIES, EpochPlan, plan_epoch, plan_remainder, slot_order
 from .stages import decode_packs, lap_source, reorder
@@ -65,14 +65,14 @@ ON_CORRUPT = ("skip", "raise")
 
 
 class PackedDataset(IterableDataset):
-    """Stream a packed dataset as fixed-shape examples (:func:`~.collate.pack_to_example`), one per pack.
+    """Stream a packed dataset as fixed-shape examples (:func:`~.batch.collate.pack_to_example`), one per pack.
 
     Args:
         source: a dataset folder, a ``manifest.json`` path or URL, an ``https://`` dataset root,
             ``hf://datasets/ORG/NAME@REV[/path]``, or shards (a list, a local glob, a brace pattern);
             see :mod:`wdspack.format.dataset`. Or a mixture of such datasets (DESIGN.md section 8): a
             :class:`~wdspack.loader.Mixture`, a mixture file (``.yaml``/``.yml``/``.json`` with
-            ``sources``) or a list of ``(path, weight)``; see :mod:`.mixed`. Its examples carry
+            ``sources``) or a list of ``(path, weight)``; see :mod:`.mixture`. Its examples carry
             ``source_idx`` (the index in :attr:`source_names`); its image slots are the largest source's.
         seq_len: tokens per example; default the manifest's. A different value raises :class:`ConfigError`.
         max_images: image slots per example (``M``); default the manifest's ``max_images``, or for a
@@ -86,7 +86,7 @@ class PackedDataset(IterableDataset):
         rank, world_size: default from ``torch.distributed`` when initialised, else 0 and 1.
         remainder: ``"drop"`` or ``"wrap"``: how ranks are evened out (see :mod:`wdspack.loader.plan`).
         on_corrupt: ``"skip"`` (count, warn, go on) or ``"raise"`` for corrupt packs and truncated shards.
-        image_transform: bytes → tensors (``wdspack.loader.images.make_image_transform``); picklable.
+        image_transform: bytes → tensors (``wdspack.loader.batch.images.make_image_transform``); picklable.
             Without it (or ``processor``) an image dataset streams no pixels: the loader warns once,
             and refuses a dataset packed with a processor (its batches are useless without them).
         text_only: stream an image dataset's text without pixels on purpose (no warning, no
@@ -132,7 +132,7 @@ class PackedDataset(IterableDataset):
         self.read = ReadOptions.of(read)
         self._read: dict[str, Any] = self.read.stream_kwargs()
         self.mixture: MixedSources | None = None
-        if is_mixture_spec(source):  # many datasets with weights: read through .mixed
+        if is_mixture_spec(source):  # many datasets with weights: read through .mixture
             self.mixture = MixedSources.open(source, read=self.read, seq_len=seq_len, max_images=max_images,
                                              pad_token_id=pad_token_id)
             self._source: ResolvedSource = self.mixture.combined
@@ -425,7 +425,7 @@ class PackedDataset(IterableDataset):
             return None
         if self.image_transform is not None:
             raise ConfigError("give processor= or image_transform=, not both: the processor lays out the pixels")
-        from .batching import ModelBatcher
+        from .batch.model import ModelBatcher
 
         totals = self.manifest.totals if self.manifest is not None else {}
         batcher = ModelBatcher(processor, seq_len=self.seq_len, max_images=self.max_images,
@@ -446,8 +446,8 @@ class PackedDataset(IterableDataset):
         """``pack_to_example``; under the loader, ``buffers.staged_example``: the pixels stay per pack
         for its collate to write straight into the batch (decode errors still surface here, where a
         bad pack can be skipped)."""
-        from .buffers import MODEL_KEY, staged_example
-        from .collate import pack_to_example
+        from .batch.buffers import MODEL_KEY, staged_example
+        from .batch.collate import pack_to_example
 
         if self.with_position or self.model_batcher is not None:
             example = staged_example(pack, seq_len=self.seq_len, max_images=self.max_images,

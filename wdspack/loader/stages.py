@@ -19,7 +19,7 @@ ever unpickled.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Container, Generator, Iterator, Sequence
+from collections.abc import Callable, Container, Generator, Hashable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -28,7 +28,7 @@ from ..errors import FormatError, NewerFormatError
 from ..format.pack import Pack, decode_pack
 from ..format.tar import Handler, ShardError, shard_packs
 
-__all__ = ["decode_packs", "lap_source", "reorder"]
+__all__ = ["decode_packs", "lap_source", "reorder", "reorder_sources"]
 
 
 def lap_source(ranges: Sequence, *, first: int, emitted: Container[int],
@@ -75,16 +75,28 @@ def reorder(src: Iterator[tuple[int, bytes | None]], order: np.ndarray, *, start
     ``order[start:]``; items arriving early wait in a dict (at most the shuffle buffer's size,
     see :func:`~wdspack.loader.plan.shuffle_order`).
     """
-    held: dict[int, bytes | None] = {}
-    for k in range(start, len(order)):
-        want = int(order[k])
-        while want not in held:
+    return reorder_sources([src], None, np.asarray(order).tolist(), start=start)
+
+
+def reorder_sources(srcs: Sequence[Iterator[tuple[Hashable, bytes | None]]], source: Sequence[int] | None,
+                    keys: Sequence[Hashable], *, start: int) -> Generator[tuple[int, bytes | None], None, None]:
+    """Yield ``(k, item)`` for ``k = start..len(keys)-1``, item being the one keyed ``keys[k]`` from
+    ``srcs[source[k]]`` (``srcs[0]`` when ``source`` is None): :func:`reorder` over several sources.
+
+    Each source yields ``(key, item)`` in its own reading order and covers every key asked of it; items
+    arriving before they are wanted wait in a dict per source.
+    """
+    held: list[dict[Hashable, bytes | None]] = [{} for _ in srcs]
+    for k in range(start, len(keys)):
+        i = 0 if source is None else source[k]
+        want, wait = keys[k], held[i]
+        while want not in wait:
             try:
-                pos, item = next(src)
+                key, item = next(srcs[i])
             except StopIteration:
-                raise RuntimeError(f"lap source ended before position {want}; this is a wdspack bug") from None
-            held[pos] = item
-        yield k, held.pop(want)
+                raise RuntimeError(f"source {i} ended before position {k} ({want}); this is a wdspack bug") from None
+            wait[key] = item
+        yield k, wait.pop(want)
 
 
 def decode_packs(src: Iterator[tuple[int, bytes | None]], *, seq_len: int, max_images: int, handler: Handler,

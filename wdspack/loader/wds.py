@@ -121,8 +121,8 @@ def read_dataset(source: str | os.PathLike[str], *, storage_options: Mapping[str
         ('packed/train-000000.tar', 4096, 16, 0)
     """
     from ..format.dataset import resolve_source
-    from .budgets import image_budget
-    from .mixture import is_mixture_spec
+    from .batch.budgets import image_budget
+    from .mixture.spec import is_mixture_spec
 
     if is_mixture_spec(source):
         raise ConfigError(_mixture_refusal(source))
@@ -202,14 +202,14 @@ def to_examples(dataset: DatasetInfo | None = None, *, seq_len: int | None = Non
         raise ConfigError("pad_token_id is needed (the id written into padding); pass it, or dataset=read_dataset(...)")
     if processor is not None and image_transform is not None:
         raise ConfigError("give processor= or image_transform=, not both: the processor lays out the pixels")
-    from .budgets import check_pixels
+    from .batch.budgets import check_pixels
 
     check_pixels(dataset.display if dataset is not None else "the dataset",
                  dataset.image_policy if dataset is not None else {}, dataset.images if dataset is not None else 0,
                  processor=processor, image_transform=image_transform, text_only=text_only)
     batcher = None
     if processor is not None:
-        from .batching import ModelBatcher
+        from .batch.model import ModelBatcher
 
         if max_image_tokens is None and dataset is not None:
             max_image_tokens = dataset.max_image_tokens
@@ -234,7 +234,7 @@ def collate(examples: Sequence[dict[str, Any]], *, attention_mask: str | None = 
         examples: ``B`` examples from :func:`to_examples` (not changed).
         attention_mask, padding_free, max_segments: as :func:`wdspack.collate_packs`.
     """
-    from .buffers import collate_staged
+    from .batch.buffers import collate_staged
 
     return collate_staged(examples, attention_mask=attention_mask, padding_free=padding_free,
                           max_segments=max_segments)[0]
@@ -358,7 +358,7 @@ def _pack_of(sample: Any, *, seq_len: int, max_images: int, handler: Handler) ->
 def _example(pack: Pack, *, seq_len: int, max_images: int, pad_token_id: int, image_transform: Any, batcher: Any,
              where: str) -> dict[str, Any]:
     """``buffers.staged_example``, as the loader makes it (images kept per pack for :func:`collate`)."""
-    from .buffers import staged_example
+    from .batch.buffers import staged_example
 
     try:
         return staged_example(pack, seq_len=seq_len, max_images=max_images, pad_token_id=pad_token_id,

@@ -55,7 +55,7 @@ def is_mixture(source: Any) -> bool:
         lower = os.fspath(source).lower()
         if not lower.endswith((".yaml", ".yml", ".json")) or lower.endswith("manifest.json"):
             return False
-    from ..loader.mixture import is_mixture_spec
+    from ..loader.mixture.spec import is_mixture_spec
 
     return is_mixture_spec(source)
 

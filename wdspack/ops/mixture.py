@@ -1,9 +1,9 @@
 """What a mixture gives, in numbers and a picture (``wdspack inspect MIXTURE.yaml``).
 
 From each source's manifest and pack index alone (no shard is opened): what one mixture epoch
-(:func:`~wdspack.loader.mixture.mixture_epoch`) takes from every source, in the mixture's unit
+(:func:`~wdspack.loader.mixture.spec.mixture_epoch`) takes from every source, in the mixture's unit
 and in packs, tokens, supervised tokens (targets), images and samples, and how many passes over
-the source that is; then the mix the schedule (:func:`~wdspack.loader.schedule.plan_slot`, the
+the source that is; then the mix the schedule (:func:`~wdspack.loader.mixture.merge.plan_slot`, the
 loader's own function) actually gives over the first global steps of epoch 0, for a layout of
 ranks × workers × packs per batch. A global step is every rank's next batch, served by worker
 ``step % workers`` of each rank (slot ``rank * workers + worker``), in the DataLoader's round robin;
@@ -26,8 +26,9 @@ import numpy as np
 from ..errors import ConfigError
 from ..format.dataset import ResolvedSource, read_pack_index, resolve_source
 from ..format.pack_index import COLUMNS
-from ..loader.mixture import Mixture, check_compatible, mixture_epoch, unit_values
-from ..loader.schedule import SlotSchedule, SourceLayout, plan_slot, source_layout
+from ..loader.mixture.merge import SlotSchedule, plan_slot
+from ..loader.mixture.spec import Mixture, check_compatible, mixture_epoch, unit_values
+from ..loader.mixture.streams import SourceLayout, source_layout
 
 __all__ = ["format_mixture_stats", "mixture_stats", "plot_mixture_stats", "step_mix"]
 
@@ -41,7 +42,7 @@ def mixture_stats(mixture: Any, *, steps: int = 100, ranks: int = 1, workers: in
     per-step arrays the plot draws (the CLI prints the rest).
 
     Args:
-        mixture: anything :meth:`Mixture.of <wdspack.loader.mixture.Mixture.of>` takes: a mixture
+        mixture: anything :meth:`Mixture.of <wdspack.loader.mixture.spec.Mixture.of>` takes: a mixture
             file's path, a mapping, a list of ``(path, weight)``, a Mixture.
         steps: the global steps whose mix is measured (at most an epoch's).
         ranks, workers, batch_size: the layout (packs per step: ``ranks * batch_size``).
@@ -126,7 +127,7 @@ def step_mix(layouts: Sequence[SourceLayout], shares: Sequence[float], *, steps:
     slot is planned with the layout's ``workers`` and ``batch_size``, as the loader plans it (the
     rank's merge runs over its workers' batches in the DataLoader's round robin). The
     loader shares its ``shuffle_buffer`` out among the sources (:meth:`MixedSources.buffer
-    <wdspack.loader.mixed.MixedSources.buffer>`); so does this.
+    <wdspack.loader.mixture.sources.MixedSources.buffer>`); so does this.
 
     Example:
         >>> a = source_layout("a", [8], np.full(8, 100))

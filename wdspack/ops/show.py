@@ -125,11 +125,20 @@ def _iter_packs(manifest: Manifest, root: str, start: int) -> Iterator[tuple[int
         first += shard.packs
 
 
-def _elide(text: str, max_chars: int) -> str:
+def _elide(text: str, max_chars: int, marks: tuple[str, str] = ("", "")) -> str:
+    """``text`` with its middle elided; a trained run cut by the elision is closed before it and
+    reopened after it, so each visible piece reads as marked."""
     if not max_chars or len(text) <= max_chars:
         return text
     half = max_chars // 2
-    return f"{text[:half]} … ({len(text) - 2 * half} characters) … {text[len(text) - half:]}"
+    head, tail = text[:half], text[len(text) - half:]
+    start, end = marks
+    if start and end:
+        if head.rfind(start) > head.rfind(end):  # the head ends inside a trained run
+            head += end
+        if tail.find(end) != -1 and (tail.find(start) == -1 or tail.find(end) < tail.find(start)):
+            tail = start + tail  # the tail begins inside one
+    return f"{head} … ({len(text) - 2 * half} characters) … {tail}"
 
 
 def show_lines(source: str, *, packs: int = 1, pack: int = 0, tokenizer: str | os.PathLike[str] | None = None,
@@ -171,5 +180,5 @@ def show_lines(source: str, *, packs: int = 1, pack: int = 0, tokenizer: str | o
             yield (f"-- sample {j + 1}/{p.num_samples}  {sid}  ({bounds[j + 1] - bounds[j]} tokens, "
                    f"{int(np.asarray(mask).sum())} trained, {images} image{'' if images == 1 else 's'})")
             text = render_tokens(tok, ids, mask, image_token_id=image_id, image_tokens=owned, marks=marks)
-            shown = _elide(text, max_chars)
+            shown = _elide(text, max_chars, marks)
             yield shown + (COLOR[1] if shown != text and marks == COLOR else "")  # no colour left open

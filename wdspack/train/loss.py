@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..loader.collate import IGNORE_INDEX
+from ..loader.batch.collate import IGNORE_INDEX
 
 __all__ = ["num_items_in_batch", "num_samples_in_batch", "sample_mean_loss", "token_losses"]
 

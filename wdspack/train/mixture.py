@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
-from ..loader.collate import IGNORE_INDEX, SOURCE_KEY
+from ..loader.batch.collate import IGNORE_INDEX, SOURCE_KEY
 
 __all__ = ["per_source_losses", "source_totals"]
 

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import ConfigError, WdspackError
-from ..loader.collate import IGNORE_INDEX
+from ..loader.batch.collate import IGNORE_INDEX
 from ..models import model_inputs
 from .loss import num_items_in_batch, token_losses
 from .mixture import source_totals

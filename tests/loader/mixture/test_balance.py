@@ -106,7 +106,7 @@ def test_a_balanced_mixture_resumes_exactly(roots, workers):
 
 
 def test_balance_deals_each_pass_by_cost_and_reads_it_once(roots):
-    from wdspack.loader.source_stream import dealt_share
+    from wdspack.loader.mixture.streams import dealt_share
 
     costs = CostModel().costs(_index(roots, "img"))
     rows = np.random.default_rng(0).permutation(len(costs))

@@ -2,7 +2,8 @@
 the states of all the saved ranks say which packs of each source's unfinished passes were consumed;
 the new ranks read the rest of those passes, split over them, then the following passes as usual.
 Over the resumed run nothing within a pass is read twice or skipped, every new rank makes as many
-batches, and the stream is deterministic. Ranks are simulated in-process, as in tests/loader/mixture/test_stages.py."""
+batches, and the stream is deterministic. Ranks are simulated in-process, as in
+tests/loader/mixture/test_continuation.py."""
 
 from __future__ import annotations
 
@@ -103,13 +104,13 @@ def test_a_resumed_elastic_rest_resumes_exactly_and_again_elastically(roots):
     check_passes(first + before + after)
 
 
-def test_a_state_with_a_stage_alone_is_refused_for_other_ranks(roots):
+def test_a_state_with_a_continuation_alone_is_refused_for_other_ranks(roots):
     first = mixture_loader(roots, M1, workers=2, rank=0, world=2)
     read_batches(first, 3)
-    staged = mixture_loader(roots, M1, workers=1, rank=0, world=2)  # another number of workers: a stage
-    staged.load_state_dict(json.loads(json.dumps(first.state_dict())))
-    read_batches(staged, 1)
-    state = json.loads(json.dumps(staged.state_dict()))
+    continued = mixture_loader(roots, M1, workers=1, rank=0, world=2)  # another number of workers: a continuation
+    continued.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    read_batches(continued, 1)
+    state = json.loads(json.dumps(continued.state_dict()))
     with pytest.raises(ConfigError, match=r"needs the states of all 2"):
         mixture_loader(roots, M1, workers=1, rank=0, world=3).load_state_dict(state)
     with pytest.raises(ConfigError, match=r"another mixture.*two checkpoints"):

@@ -163,15 +163,15 @@ def test_resume_mid_epoch_is_exact(roots, workers):
     resumed.load_state_dict(state)
     assert head + _rows(resumed) + _rows(resumed, 5) == full
 
-    # other weights: a new stage (tests/loader/mixture/test_stages.py), which keeps the epoch's length
+    # other weights: a new continuation (tests/loader/mixture/test_continuation.py), which keeps the epoch's length
     reweighted = make_loader(_mix(roots, {"a": 0.2, "b": 0.3, "c": 0.5}), num_workers=workers, **OPTIONS)
     reweighted.load_state_dict(state)
     assert len(_rows(reweighted)) == len(full) - 5 * 2 - len(head)  # the rest of epoch 0
     other = make_loader(_mix(roots), num_workers=workers, rank=1, world_size=2, **OPTIONS)
     other.load_state_dict(state)  # another number of ranks: tests/loader/mixture/test_elastic.py
-    staged = json.loads(json.dumps(reweighted.state_dict()))  # another mixture and another number of ranks
+    continued = json.loads(json.dumps(reweighted.state_dict()))  # another mixture and another number of ranks
     with pytest.raises(ConfigError, match="two checkpoints"):
-        other.load_state_dict(staged)
+        other.load_state_dict(continued)
     single = make_loader(roots / "a", num_workers=workers, **OPTIONS)
     with pytest.raises(ConfigError, match="mixture"):
         single.load_state_dict(state)

@@ -14,7 +14,8 @@ import pytest
 from wdspack.errors import ConfigError
 from wdspack.format.dataset import read_pack_index, resolve_source
 from wdspack.format.manifest import read_manifest
-from wdspack.loader.mixture import (
+from wdspack.loader.mixture.merge import merge_sources, plan_slot, slot_phase
+from wdspack.loader.mixture.spec import (
     Mixture,
     MixtureSource,
     check_compatible,
@@ -22,17 +23,8 @@ from wdspack.loader.mixture import (
     mixture_epoch,
     unit_values,
 )
+from wdspack.loader.mixture.streams import SourceCursor, pass_share, share_order, slot_stream, source_layout
 from wdspack.loader.plan import shuffle_order
-from wdspack.loader.schedule import (
-    SourceCursor,
-    merge_sources,
-    pass_share,
-    plan_slot,
-    share_order,
-    slot_phase,
-    slot_stream,
-    source_layout,
-)
 
 SEQ = 4096
 
@@ -467,7 +459,7 @@ def _open_pass(cursor: SourceCursor) -> int:
 
 
 def test_every_pack_of_a_pass_once_as_workers_and_weights_change():
-    """Epochs with 2, 2, 4, 1, 3 and 2 workers per rank and new weights at two stage boundaries, each
+    """Epochs with 2, 2, 4, 1, 3 and 2 workers per rank and new weights at two continuation boundaries, each
     from the cursors the one before left: within a pass no pack is read twice (across ranks, workers
     and epochs), every pass handed out whole is read whole, a worker's passes go up within an epoch,
     and all the workers of a rank end at the same cursor."""
@@ -560,7 +552,7 @@ def test_cursors_continue_across_epochs():
     layouts = _layouts(3, n=2000)
     first = _epoch(layouts, (0.4, 0.6), slots=2, batch=2, seed=1)
     second = _epoch(layouts, (0.4, 0.6), slots=2, batch=2, seed=1, cursors=[p.end for p in first])
-    changed = _epoch(layouts, (0.9, 0.1), slots=2, batch=2, seed=1, cursors=[p.end for p in first])  # a new stage
+    changed = _epoch(layouts, (0.9, 0.1), slots=2, batch=2, seed=1, cursors=[p.end for p in first])  # new weights
     for s in range(2):
         for i, layout in enumerate(layouts):
             a = first[s].row[first[s].source == i]

@@ -1,73 +1,17 @@
-"""Packs → fixed-shape tensors: the batch contract of DESIGN.md §4.
+"""Packs → fixed-shape tensors: the batch contract of DESIGN.md §4 (every key: docs/architecture.md).
 
 One pack, ``seq_len`` 10, two sub-samples; sub-sample 0 owns one image of 2 tokens::
 
-    index          0    1    2    3    4    5    6    7    8    9
     input_ids     <s> [IMG][IMG]  hi   A  </s> <s>   B  </s> <pad>
     loss_mask      1    0    0    0    1    1    0    1    1    -     (as stored in the pack)
-    labels       -100 -100 -100 -100   A  </s> -100  B  </s> -100
-    position_ids   0    1    2    3    4    5    0    1    2    0
-    seq_idx        0    0    0    0    0    0    1    1    1    2     (padding: its own id, S = 2)
+    labels       -100 -100 -100 -100   A  </s> -100  B  </s> -100    (unshifted; -100 opens a sub-sample)
+    position_ids   0    1    2    3    4    5    0    1    2    0     (padding: a segment of its own)
+    seq_idx        0    0    0    0    0    0    1    1    1    2
 
-Conventions:
-
-* ``labels`` are **unshifted**, as Hugging Face models expect: the model shifts internally, so
-  ``labels[i]`` is the target predicted from position ``i - 1``. ``labels`` = ``input_ids``
-  where ``loss_mask`` is 1, else ``-100``; the first token of every sub-sample is forced to
-  ``-100`` (index 0 above, trained in the pack) so no loss predicts across a boundary.
-* Padding sits after the real tokens and is a **segment of its own**: ``pad_token_id``,
-  label ``-100``, positions counting ``0, 1, 2, …`` again, ``seq_idx`` = the pack's number of
-  sub-samples. Restarting the positions is what lets a position-id based packing detector
-  (transformers' FlashAttention-2 and mask builders) see the padding as a separate sequence.
-
-A batch of two such packs (``B = 2``, ``L = 10``, ``max_images`` ``M = 2``)::
-
-    input_ids, labels, position_ids   [B, L] int64       (rows are the packs above)
-    seq_idx                           [B, L] int32
-    source_idx                        [B] int64          each pack's source (a mixture); zeros for one dataset
-    cu_seqlens    [0, 6, 9, 10, 16, 19, 20]  int32       every segment of the flattened [B·L]
-    max_seqlen    6                          int         tokens, padding tails included, so
-                                                         cu_seqlens[-1] == B·L (flash-attn varlen
-                                                         takes input_ids.view(-1) as it is)
-    attention_mask  "2d": [B, L] int64, 1 = real token
-                    "4d": [B, 1, L, L] block-diagonal causal; bool (True = attend) or additive float
-    slot               0     1     2     3               images: [B·M] slots, pack-major
-    image_mask        True False True False
-    image_pack_idx     0     0     1     1               owner pack (row of input_ids)
-    image_sample_idx   0    -1     0    -1               owner sub-sample in that pack (-1: empty)
-    image_token_counts 2     0     2     0               tokens the image fills
-    pixel_values      [B·M, 3, S, S] float32, zero in empty slots
-
-Real image slots, in order, match the image tokens of the flattened ``input_ids`` in order, so a
-model can ``masked_scatter`` ``vision(pixel_values[image_mask])`` into them. For flattened-patch
-processors (Qwen2-VL) ``pixel_values`` is ``[B·R, D]`` with ``patch_mask`` ``[B·R]`` and
-``image_grid_thw`` ``[B·M, 3]`` (zero rows for empty slots): feed
-``pixel_values[patch_mask]`` with ``image_grid_thw[image_mask]``.
-
-``padding_free=True`` lays the text out as one row ``[1, N]`` for transformers' padding-free
-FlashAttention-2 path: the packs' real tokens back to back, every pack's padding dropped, and
-one padding segment at the end up to ``pad_to`` (default ``B·L``, so shapes stay static;
-``pad_to=None`` drops padding entirely and ``N`` varies)::
-
-    input_ids     <s> [IMG][IMG] hi A </s> <s> B </s> | <s> [IMG][IMG] hi A </s> <s> B </s> | <pad> <pad>
-    position_ids   0    1    2   3  4   5   0  1   2  |  0    1    2   3  4   5   0  1   2  |   0     1
-    seq_idx        0    0    0   0  0   0   1  1   1  |  2    2    2   2  2   2   3  3   3  |   4     4
-    cu_seqlens    [0, 6, 9, 15, 18, 20]
-
-Which keys to feed (each is exact: ``tests/loader/test_packed_exact.py``):
-
-* transformers ≥ 5, SDPA / eager / flex: ``input_ids``, ``labels``, ``position_ids``, no
-  ``attention_mask``, ``use_cache=False`` (with a cache the model does not look for packed
-  sequences); it builds the block-diagonal mask from the restarting positions.
-* transformers' FlashAttention-2: ``padding_free=True`` with ``position_ids``.
-* a hand-made mask: ``"4d"`` (bool for SDPA; ``mask_dtype=`` the model's float dtype for eager).
-  It costs ``B·L²`` elements: 256 MiB of bool for ``B = 4``, ``L = 8192``.
-* flash-attn's varlen kernels: ``cu_seqlens``, ``max_seqlen``; flex attention: ``seq_idx``.
-* PyTorch's own varlen kernel, no extra package: ``wdspack.use_varlen_attention(model)``, then
-  ``model_inputs`` hands ``cu_seqlens`` / ``max_seqlen`` to every text layer (either layout).
-
-The loader itself takes a staged path to the same batch (pixels written once, in recycled shared
-memory): :mod:`.buffers`.
+:func:`pack_to_example` makes one pack's tensors and :func:`collate_packs` stacks ``B`` of them: text
+``[B, L]``, image slots ``[B·M, ...]`` pack-major, ``cu_seqlens`` / ``max_seqlen`` over the flattened
+``[B·L]``; ``padding_free=True`` lays the text out as one ``[1, N]`` row of real tokens. The loader's
+staged path to the same batch: :mod:`.buffers`.
 """
 
 from __future__ import annotations
@@ -80,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ..errors import ConfigError, FormatError
-from ..format.pack import Pack
+from ...errors import ConfigError, FormatError
+from ...format.pack import Pack
 
 if TYPE_CHECKING:
     from .images import PatchLayout
@@ -93,7 +37,7 @@ IGNORE_INDEX = -100
 
 _TEXT_KEYS = ("input_ids", "labels", "position_ids", "seq_idx")
 _COUNT_KEYS = ("num_tokens", "num_samples")
-#: Each pack's source in a mixture (:mod:`.mixed`); an example without it is from source 0
+#: Each pack's source in a mixture (:mod:`wdspack.loader.mixture.read`); an example without it is from source 0
 SOURCE_KEY = "source_idx"
 
 
@@ -108,7 +52,7 @@ def pack_to_example(pack: Pack, *, seq_len: int, max_images: int, pad_token_id: 
         max_images: ``M``, the image slots; empty slots are zero.
         pad_token_id: the id written into padding.
         image_transform: encoded images → one tensor entry per image (see
-            :func:`wdspack.loader.images.make_image_transform`); padded here to ``M`` slots (or, for the
+            :func:`wdspack.loader.batch.images.make_image_transform`); padded here to ``M`` slots (or, for the
             flattened-patch layout, to the transform's ``patch_rows(L, M)`` rows).
         pad_images: False leaves one-entry-per-image tensors at the real images' count ``[k, ...]``;
             :func:`collate_packs` then pads them straight into the ``[B·M, ...]`` batch tensor,
@@ -391,7 +335,7 @@ def _images_to_slots(pack: Pack, transform: Callable[[Sequence[bytes]], dict[str
 
 @contextmanager
 def naming_sample(pack: Pack) -> Iterator[None]:
-    """Re-raise an :class:`~wdspack.loader.images.ImageDecodeError` with the owner sub-sample's id in front."""
+    """Re-raise an :class:`~wdspack.loader.batch.images.ImageDecodeError` with the owner sub-sample's id in front."""
     from .images import ImageDecodeError
 
     try:
@@ -406,7 +350,7 @@ def _pad_patches(pack: Pack, got: dict[str, torch.Tensor], transform: PatchLayou
                  max_images: int) -> dict[str, torch.Tensor]:
     """Flattened-patch layout: ``pixel_values`` [P, D] → [R, D] + ``patch_mask``; grids → [M, 3].
 
-    Reads :class:`~wdspack.loader.images.PatchLayout` from the transform; without it, merge size 1 and
+    Reads :class:`~wdspack.loader.batch.images.PatchLayout` from the transform; without it, merge size 1 and
     ``seq_len`` rows.
     """
     pv, grid = got["pixel_values"], got["image_grid_thw"]

@@ -1,37 +1,33 @@
-"""One slot's packs of a mixture, read in the schedule's order (the reading half of :mod:`.mixed`).
+"""One slot's packs of a mixture, read in the schedule's order.
 
-:func:`iter_slot` plans the slot's schedule (:meth:`MixedSources.schedule`), opens per source the
-slot's ranged reads (:func:`_source_packs`: each from its first needed pack to its last, the others
-passed over), takes each position from its source's read-ahead (:func:`_in_order`), decodes the
-packs and tags each example with its source (``source_idx``).
+    MixedSources.schedule ─► per source: the slot's ranged reads (_source_packs) ─┐
+                             reorder_sources (each position from its source's read-ahead) ◄┘
+                             ─► decode_packs ─► to_example (+ source_idx)
+
+Holds: each source reads only the packs this worker's positions take, each from its first needed
+pack to its last; what a source has read ahead and not yet given is at most its shuffle buffer.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Generator, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Generator, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 
-from ..errors import ConfigError, FormatError, WdspackError
-from ..format.tar import Handler
-from ..storage.streams import open_stream
-from .collate import SOURCE_KEY
-from .plan import PackRange
-from .schedule import SlotSchedule
-from .stages import decode_packs, lap_source
+from ...errors import ConfigError, FormatError, WdspackError
+from ...format.tar import Handler
+from ...storage.streams import open_stream
+from ..batch.collate import SOURCE_KEY
+from ..plan import PackRange
+from ..stages import decode_packs, lap_source, reorder_sources
+from .continuation import mid_continuation
+from .merge import SlotSchedule
+from .sources import MixedSources
 
-if TYPE_CHECKING:
-    from .mixed import MixedSources
-
-__all__ = ["iter_slot", "mid_stage"]
-
-
-def mid_stage(stage: Any, epoch: int) -> bool:
-    """Whether ``stage`` began inside ``epoch`` (not at its start, as an anchor does)."""
-    return stage is not None and stage["epoch"] == epoch and not stage["anchor"]
+__all__ = ["iter_slot"]
 
 
 def iter_slot(mix: MixedSources, *, slot: int, slots: int, workers: int, epoch: int, position: tuple[int, int, int],
@@ -40,14 +36,14 @@ def iter_slot(mix: MixedSources, *, slot: int, slots: int, workers: int, epoch: 
               ) -> Iterator[tuple[dict[str, Any], tuple[int, int, int]]]:
     """Yield ``(example, (0, emitted, yielded))`` until the slot has yielded its ``per_slot`` packs
     (``slot``, ``slots``, ``workers``, ``batch_size``: as :meth:`MixedSources.schedule` takes them; positions count
-    from the epoch's start, in a stage's epoch too)."""
+    from the epoch's start, in a continuation's epoch too)."""
     per_slot = mix.per_slot(slots, batch_size, epoch)
     _, emitted, yielded = position
-    stage = mix.stage()
+    continuation = mix.continuation()
     before = 0
-    if stage is not None and mid_stage(stage, epoch):
-        # the stage's schedule counts from where it began: positions here are the epoch's
-        before = int(stage["before"][slot % workers])
+    if continuation is not None and mid_continuation(continuation, epoch):
+        # the continuation's schedule counts from where it began: positions here are the epoch's
+        before = continuation.before[slot % workers]
         emitted, yielded, per_slot = emitted - before, yielded - before, per_slot - before
     while yielded < per_slot:
         sched = mix.schedule(slot=slot, slots=slots, workers=workers, epoch=epoch,
@@ -56,7 +52,8 @@ def iter_slot(mix: MixedSources, *, slot: int, slots: int, workers: int, epoch: 
         begin, got = emitted, 0
         reads = [_source_packs(mix, i, sched, emitted, read=read, stats=stats, handler=handler)
                  for i in range(len(mix.sources))]
-        items = _in_order(sched, emitted, reads)
+        items = reorder_sources(reads, sched.source.tolist(), list(zip(sched.pass_no.tolist(), sched.row.tolist())),
+                                start=emitted)
 
         def where(k: int, sched: SlotSchedule = sched) -> str:
             i, shard = int(sched.source[k]), int(sched.shard[k])
@@ -124,18 +121,3 @@ def _source_packs(mix: MixedSources, i: int, sched: SlotSchedule, first: int, *,
         finally:
             packs.close()
 
-
-def _in_order(sched: SlotSchedule, first: int, reads: Sequence[Iterator[tuple[tuple[int, int], bytes | None]]]
-              ) -> Generator[tuple[int, bytes | None], None, None]:
-    """``(k, bytes | None)`` for the schedule's positions ``first..``, each from its source's read-ahead."""
-    held: list[dict[tuple[int, int], bytes | None]] = [{} for _ in reads]
-    for k in range(first, len(sched.source)):
-        i = int(sched.source[k])
-        want = (int(sched.pass_no[k]), int(sched.row[k]))
-        while want not in held[i]:
-            try:
-                key, data = next(reads[i])
-            except StopIteration:
-                raise RuntimeError(f"source {i} ended before position {k}; this is a wdspack bug") from None
-            held[i][key] = data
-        yield k, held[i].pop(want)

@@ -13,9 +13,15 @@ from PIL import Image
 
 from wdspack.errors import ConfigError, FormatError
 from wdspack.format.pack import Pack
-from wdspack.loader.buffers import collate_staged, decode_pack_images, fresh_pixels, staged_example, write_pixel_slots
-from wdspack.loader.collate import IGNORE_INDEX, collate_packs, pack_to_example
-from wdspack.loader.images import ImageDecodeError, make_image_transform
+from wdspack.loader.batch.buffers import (
+    collate_staged,
+    decode_pack_images,
+    fresh_pixels,
+    staged_example,
+    write_pixel_slots,
+)
+from wdspack.loader.batch.collate import IGNORE_INDEX, collate_packs, pack_to_example
+from wdspack.loader.batch.images import ImageDecodeError, make_image_transform
 
 IMG = 10
 

@@ -1,16 +1,10 @@
-"""The loader's model side: per pack, the processor's pixels and the family's token rows; per batch,
-their concatenation and the family's last rewrite.
+"""A model processor's keys: per pack, its pixels and the family's token rows; per batch, their concatenation.
 
-``make_loader(..., processor=...)`` builds one :class:`ModelBatcher`; it travels to the DataLoader
-workers (picklable: the processor and the family's name). Per pack, in the worker::
-
-    pack.images ─► decode_image (guarded) ─► family.pixels (the processor's own image processor)
-                ─► family.pad_pixels: shapes that depend only on (seq_len, max_images)
+    pack.images ─► decode_image (guarded) ─► family.pixels ─► family.pad_pixels (static shapes)
     input_ids [L] ─► family.token_rows: e.g. mm_token_type_ids [L], 3-D positions [3, L]
+    batch: pixel keys concatenated pack-major, token rows stacked [..., B, L] ─► family.finish_batch
 
-Per batch (the loader's collate): pixel keys concatenated pack-major (dim 0), token rows stacked to
-``[..., B, L]`` (padding-free: ``[..., 1, N]``, the same tokens kept as the text keys), then
-``family.finish_batch``.
+:class:`ModelBatcher` is built once by ``make_loader(..., processor=...)`` and travels to the workers.
 """
 
 from __future__ import annotations
@@ -20,8 +14,8 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigError
-from ..models.family import Budgets, Rows
+from ...errors import ConfigError
+from ...models.family import Budgets, Rows
 from .images import DEFAULT_MAX_PIXELS, ImageDecodeError, decode_image
 
 #: ``shape -> (tensor, dirty)``: where the loader wants a batch's ``pixel_values`` written.
@@ -43,7 +37,7 @@ class ModelBatcher:
 
     def __init__(self, processor: Any, *, seq_len: int, max_images: int, max_image_tokens: int | None = None,
                  max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
-        from ..models import family_for, load_processor
+        from ...models import family_for, load_processor
 
         self.processor = load_processor(processor)
         self.family = family_for(self.processor)
@@ -57,7 +51,7 @@ class ModelBatcher:
         return {**self.__dict__, "family": self.family.name}  # a Family holds functions: ship its name
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        from ..models import family_for
+        from ...models import family_for
 
         self.__dict__.update(state)
         self.family = family_for(state["family"])

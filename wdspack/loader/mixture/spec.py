@@ -1,26 +1,15 @@
-"""A mixture: several packed datasets, each with a weight, read as one stream (DESIGN.md section 8).
-
-Say it in Python or in a file (YAML or JSON)::
+"""A mixture: packed datasets with weights in one unit, read as one stream.
 
     sources:
       - {path: packed/llava/, weight: 0.7}
       - {path: hf://datasets/org/captions@main, weight: 0.3, name: captions, max_passes: 2}
     unit: tokens            # or targets (supervised tokens), packs, images, samples
 
-Weights are in ``unit``, counted from each pack's row of the pack index, and normalised to sum 1
-(:attr:`Mixture.shares`). This module holds the record (:class:`Mixture`), what makes sources
-compatible (:func:`check_compatible`) and what one *mixture epoch* is (:func:`mixture_epoch`);
-:mod:`.schedule` turns them into each slot's packs.
+    one mixture epoch:  T = min(Σ_i U_i, min_i max_passes_i · U_i / w_i)   (U_i: units of source i)
+                        passes_i = w_i · T / U_i,   per_slot = floor(Σ_i passes_i · packs_i / slots / batch) · batch
 
-The mixture epoch. With ``U_i`` the units of source ``i`` (the sum of its pack index column) and
-``w_i`` its share, an epoch holds ``T = Σ_i U_i`` units: as long as one pass over every source,
-with each source asked for ``w_i · T`` of them, i.e. ``passes_i = w_i · T / U_i`` passes (a
-fraction of a pass, or more than one: upsampled). A source's ``max_passes`` caps it: the epoch
-shrinks to ``T = min(Σ_i U_i, min_i max_passes_i · U_i / w_i)``, so no source makes more passes
-than its cap and the shares still hold. Two sources of 100 and 300 M tokens at 50/50 give
-``T = 400 M``: the first makes 2 passes, the second 2/3 of one. The epoch's packs are
-``Σ_i passes_i · packs_i``; every slot yields ``per_slot = floor(packs / slots / batch) · batch``
-of them (:meth:`MixtureEpoch.per_slot`).
+Holds: weights normalised to sum 1 (:attr:`Mixture.shares`); no source makes more passes than its
+``max_passes``; every source of a mixture can share a batch (:func:`check_compatible`).
 """
 
 from __future__ import annotations
@@ -40,16 +29,16 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
-from ..format.dataset import ResolvedSource, ShardRef
-from ..format.manifest import MANIFEST_NAME, Manifest
-from ..format.pack_index import COLUMNS
-from ..storage.urls import dirname_url, is_url, join_url
+from ...errors import ConfigError
+from ...format.dataset import ResolvedSource, ShardRef
+from ...format.manifest import MANIFEST_NAME, Manifest
+from ...format.pack_index import COLUMNS
+from ...storage.urls import dirname_url, is_url, join_url
 
 __all__ = ["UNITS", "Mixture", "MixtureEpoch", "MixtureSource", "check_compatible", "combined_source",
            "is_mixture_spec", "mixture_epoch", "unit_values"]
 
-logger = logging.getLogger("wdspack.loader")
+logger = logging.getLogger(__name__)
 
 #: The units a weight can be given in, each a column of the pack index (``packs``: 1 per pack).
 UNITS = ("tokens", "targets", "packs", "images", "samples")

@@ -1,23 +1,12 @@
 """One source's stream on a rank, and where a rank stands in it (pure functions over integers).
 
-Pass ``p`` of a source is split over the ranks as :mod:`.plan` splits an epoch: its shards in a
-seeded order (seeded by ``(seed, source key, p)``: each source has its own order, reshuffled every
-pass), cut into consecutive runs, one per rank, that differ by at most one pack (the ranks given
-the extra pack rotate from pass to pass); nothing is dropped or repeated, so every pack of a pass
-goes to exactly one rank. A rank's stream of a source is its share of pass 0, then of pass 1, ...
+    pass p of a source ─► shards in a seeded order (seed, source key, p) ─► one run per rank
+    rank's stream:  share of pass 0 │ share of pass 1 │ ...   handed out in blocks
+    block:          ceil(share / workers) reading positions ─► ranged reads ─► shuffle-buffer order
 
-The rank hands a share out in *blocks* of consecutive reading positions, in stream order: the whole
-share with one worker per rank; ``ceil(share / workers)`` packs with several, each taken by the
-worker that next needs the source once its own block is done (:class:`RankStream`). A worker reads
-its block as ranged reads (a shard split only where a share or a block ends) and emits it in the
-block's seeded shuffle-buffer order (:func:`share_order`, :func:`~.plan.shuffle_order`'s); a whole
-share is emitted as a one-worker slot of the same rank emits it. So no pack is read by two workers
-of a rank in an epoch, and every pack of a pass is handed out once before the next pass starts.
-
-Where a rank stands in a source is a :class:`SourceCursor`, computed from integers alone by every
-worker of the rank; the streams do not depend on the weights, so a cursor stays valid when the
-weights change or a source is added or removed, and a cursor saved under one number of workers
-resumes under another (the blocks a worker lacks go to whoever needs the source next).
+Holds: every pack of a pass goes to exactly one rank, none read by two workers of a rank; every
+pack of a pass is handed out before the next pass starts; a :class:`SourceCursor` is computed from
+integers alone, the same on every worker of the rank, and does not depend on the weights.
 """
 
 from __future__ import annotations
@@ -29,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ConfigError
-from .plan import PackRange
+from ...errors import ConfigError
+from ..plan import PackRange
 
 _GOLDEN = 0.6180339887498949
 
@@ -70,7 +59,7 @@ class SourceLayout:
     #: seeds the source's shard orders: from its name, so adding a source leaves the others' orders alone
     key: int
     #: after an elastic resume: per pass, the rows left of it (in the pass's reading order), split over
-    #: ``rest_ranks`` ranks instead of the whole pass (:mod:`.mixture_rest`); None: every pass whole
+    #: ``rest_ranks`` ranks instead of the whole pass (:mod:`.rest`); None: every pass whole
     rest: Mapping[int, np.ndarray] | None = None
     rest_ranks: int = 0
     #: ``balance="cost"``: each pack's cost; a pass is then dealt to the ranks by cost in runs of ``run``
@@ -175,7 +164,7 @@ def pass_share(counts: Sequence[int], *, slots: int, slot: int, pass_no: int, se
 def share_order(n: int, *, buffer_size: int, seed: int, key: int, pass_no: int, slot: int,
                 shuffle: bool = True) -> np.ndarray:
     """The order a block of ``n`` packs is emitted in (``slot`` tells blocks apart; a rank's whole share
-    is ``slot=rank``): :func:`~.plan.shuffle_order`'s, computed without a Python loop (the same array
+    is ``slot=rank``): :func:`~wdspack.loader.plan.shuffle_order`'s, computed without a Python loop (the same array
     for the same seed).
 
     Example:

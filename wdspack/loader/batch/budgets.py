@@ -1,13 +1,8 @@
 """The budgets a loader's examples are shaped by, and whether they carry pixels.
 
-``seq_len`` and the pad id must be the dataset's. The image slots ``M`` of each example are the
-manifest's ``max_images``, or, for a dataset packed without an image limit, the images of its
-fullest pack (``max_images_per_pack``): no limit means no limit, with no slot wasted. A caller
-may ask for more slots than that (one static shape across datasets), never fewer.
-
-An image dataset streamed without ``image_transform=`` or ``processor=`` carries no pixels:
-:func:`check_pixels` refuses a processor-packed one and warns about any other, once, when the
-loader is built; ``text_only=True`` asks for the text alone on purpose.
+    manifest ─► seq_len, pad id (the dataset's) and M image slots: max_images, else the fullest pack's
+                (a caller may ask for more slots, never fewer)
+    images without image_transform= / processor= ─► check_pixels: refused (processor-packed) or warned once
 """
 
 from __future__ import annotations
@@ -17,12 +12,12 @@ import numbers
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import ConfigError
-from ..format.dataset import ResolvedSource, read_pack_index
+from ...errors import ConfigError
+from ...format.dataset import ResolvedSource, read_pack_index
 
 __all__ = ["check_pixels", "dataset_budgets", "image_budget"]
 
-logger = logging.getLogger("wdspack.loader")
+logger = logging.getLogger(__name__)
 
 
 def dataset_budgets(source: ResolvedSource, seq_len: int | None, max_images: int | None, pad_token_id: int | None,
@@ -78,7 +73,7 @@ def image_budget(source: ResolvedSource, max_images: int | None = None, **read_k
     if least is None and m.max_images is not None:
         least = m.max_images  # an older manifest: every pack fits the budget it was packed for
     if least is None and m.pack_index:
-        from ..format.pack_index import COLUMNS
+        from ...format.pack_index import COLUMNS
 
         column = COLUMNS.index("images")
         least = max((int(rows[:, column].max(initial=0)) for rows in read_pack_index(source, **read_kwargs)),

@@ -1,38 +1,14 @@
-"""A mixture's schedule: which source's pack each position of a slot's epoch holds (pure functions).
+"""The merge: which source's pack each position of a slot's epoch holds (pure functions).
 
-Every ``(rank, worker)`` slot computes its schedule from integers alone (the seed, each source's
-packs per shard and unit values from its pack index, the weights, the cursors), before any byte is
-read; the workers of a rank compute the same rank plan and each keeps its own positions. Two layers:
-
-**One stream per source and rank** (:mod:`.source_stream`): the rank's share of each pass, pass
-after pass, handed out to its workers in blocks that each worker reads as ranged reads and emits in
-a seeded shuffle-buffer order; where a rank stands in a source is a :class:`SourceCursor`.
-
-**The merge**, a low-discrepancy rule in the mixture's unit (weighted fair queueing, as a stride
-scheduler), once per rank, over the rank's positions in the order the rank consumes them: its
-batches, the workers' in turn (a DataLoader takes worker ``w``'s batches as the rank's batches
-``w, w + W, w + 2W, ...``). The ``k``-th pack of source ``i`` the rank takes, of ``u_ik`` units,
-has the tag ``(U_i(k) + u_ik / 2) / w_i + φ_i``, with ``U_i(k)`` the units of the packs before it;
-each position takes the source of smallest tag (ties: lowest source index). At any cut, source
-``i`` has given ``w_i · τ`` units to within half a pack of its own, so every window's share is off
-by at most about one pack's units, on every rank: no random draw. For three sources at 1/2, 1/4,
-1/4 with equal packs::
-
+    tag of source i's k-th pack = (U_i(k) + u_ik / 2) / w_i + φ_i;  each position takes the smallest
+    three sources at 1/2, 1/4, 1/4, equal packs:
     tags        a: 1 3 5 7 ...   b: 2 6 10 ...   c: 2 6 10 ...
     emitted     a b c a a b c a a b c a ...
 
-With one worker per rank the tags are known ahead, so the merge is one sort (an epoch of a million
-packs plans in about 0.3 s). With several, the pack a source gives next depends on the worker
-(each emits its own block), so the merge walks the rank's positions one at a time, with each
-source's tag for the next pack it would give that position's worker (about 1.5 s for a rank-epoch
-of a million packs). Merging each worker's slot on its own instead would leave each worker's
-error whole, and a window of the rank's batches sums its workers' errors. ``φ_i`` is a phase,
-spread evenly over the ranks (a fraction of a mean pack, ``slot_phase``): ranks that start together
-do not err together, so the global share is closer still. Tags restart at every epoch, from the
-cursors the epoch before left.
-
-A pack of 0 units (a text pack under ``unit="images"``) costs nothing and rides along with its
-neighbours; a source holding none of the unit is refused by :func:`~.mixture.mixture_epoch`.
+Holds: computed from integers alone before any byte is read, once per rank over its workers'
+batches in the DataLoader's order; at any cut each source has given ``w_i · τ`` units to within
+half a pack of its own (every window's share within about one pack's units, on every rank);
+ties go to the lowest source; tags restart every epoch from the cursors the one before left.
 """
 
 from __future__ import annotations
@@ -43,23 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ConfigError
-from .source_stream import (
-    Block,
-    RankStream,
-    SlotRead,
-    SourceCursor,
-    SourceLayout,
-    block_reads,
-    pass_share,
-    share_order,
-    slot_stream,
-    source_key,
-    source_layout,
-)
+from ...errors import ConfigError
+from .streams import Block, RankStream, SlotRead, SourceCursor, SourceLayout, block_reads
 
-__all__ = ["SlotRead", "SlotSchedule", "SourceCursor", "SourceLayout", "merge_sources", "pass_share", "plan_slot",
-           "share_order", "slot_phase", "slot_stream", "source_key", "source_layout"]
+__all__ = ["SlotSchedule", "merge_sources", "plan_slot", "slot_phase"]
 
 _GOLDEN = 0.6180339887498949  # spreads the sources' phases on a rank (an irrational step never repeats)
 
@@ -151,7 +114,7 @@ def plan_slot(layouts: Sequence[SourceLayout], shares: Sequence[float], *, slot:
               own_shares: bool = False) -> SlotSchedule:
     """Slot ``slot``'s ``per_slot`` packs of one mixture epoch, from each source's cursor on.
 
-    ``per_slot`` is :meth:`~.mixture.MixtureEpoch.per_slot` (the same on every slot); the next epoch
+    ``per_slot`` is :meth:`~.spec.MixtureEpoch.per_slot` (the same on every slot); the next epoch
     starts from ``plan.end``. Deterministic: a function of its arguments alone.
 
     Args:
@@ -171,6 +134,7 @@ def plan_slot(layouts: Sequence[SourceLayout], shares: Sequence[float], *, slot:
             needs it: a worker's windows then hold alike sources on every rank).
 
     Example:
+        >>> from wdspack.loader.mixture.streams import source_layout
         >>> a = source_layout("a", [4, 4], np.full(8, 100))
         >>> b = source_layout("b", [4], np.full(4, 50))
         >>> p = plan_slot([a, b], [0.5, 0.5], slot=0, slots=2, per_slot=6, seed=0, shuffle=False)

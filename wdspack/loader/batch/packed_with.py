@@ -3,8 +3,6 @@
     manifest: tokenizer (image token, its id, vocab size) ──► compared with the processor's tokenizer
     first pack with images: header sizes, image_tokens     ──► family.replacements(processor, sizes)
                                                                must fill as many feature tokens
-
-Found any later, a mismatch stopped worker 0's first batch with a traceback.
 """
 
 from __future__ import annotations
@@ -14,10 +12,10 @@ import logging
 from collections import Counter
 from typing import Any
 
-from ..errors import ConfigError, WdspackError
-from ..format.pack import Pack, decode_pack
-from ..format.tar import shard_packs
-from ..storage.streams import open_stream
+from ...errors import ConfigError, WdspackError
+from ...format.pack import Pack, decode_pack
+from ...format.tar import shard_packs
+from ...storage.streams import open_stream
 
 __all__ = ["check_packed_with", "packed_with"]
 

@@ -1,7 +1,7 @@
-"""Mixture stages (issue #21, item 5; DESIGN.md section 8): a loader state saved under one mixture
+"""Mixture continuations (issue #21, item 5; DESIGN.md section 8): a loader state saved under one mixture
 continues under another (new weights, a source added, a source removed, matched by name), each kept
 source's pass going on where it stopped: nothing within a pass read twice or skipped, the epoch's
-length kept on every rank, and a state saved inside a stage resumes exactly.
+length kept on every rank, and a state saved inside a continuation resumes exactly.
 
 Three small synthetic datasets (tests/support/synthetic.py): every pack's first token is 1000 + its row in
 its dataset, so a batch tells which pack of which source each row is; the pass of each pack comes
@@ -24,7 +24,7 @@ from wdspack.loader import Mixture, MixtureSource, make_loader
 
 @pytest.fixture(scope="module")
 def roots(tmp_path_factory):
-    return write_mixture_sources(tmp_path_factory.mktemp("stages"), COUNTS)
+    return write_mixture_sources(tmp_path_factory.mktemp("continuations"), COUNTS)
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -57,28 +57,28 @@ def test_a_new_mixture_continues_every_pass_where_it_stopped(roots, workers, cha
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_a_state_saved_inside_a_stage_resumes_exactly(roots, workers):
+def test_a_state_saved_inside_a_continuation_resumes_exactly(roots, workers):
     first = mixture_loader(roots, M1, workers=workers)
     read_batches(first, 3)
     state = json.loads(json.dumps(first.state_dict()))
     after = {"a": 0.2, "c": 0.8}
 
-    def staged():
+    def continued():
         loader = mixture_loader(roots, after, workers=workers)
         loader.load_state_dict(state)
         return loader
 
-    whole = staged()
+    whole = continued()
     full = read_batches(whole) + read_batches(whole)
-    part = staged()
+    part = continued()
     head = read_batches(part, 2)
     mid = json.loads(json.dumps(part.state_dict()))
-    assert mid["mixture"]["stage"]["names"] == ["a", "c"]
+    assert mid["mixture"]["stage"]["names"] == ["a", "c"]  # the key states keep it under
     resumed = mixture_loader(roots, after, workers=workers)
     resumed.load_state_dict(mid)
     assert head + read_batches(resumed) + read_batches(resumed) == full
-    # and a state saved in the epoch after the stage resumes from its anchor, exactly
-    later = staged()
+    # and a state saved in the epoch after the continuation resumes from its anchor, exactly
+    later = continued()
     got = read_batches(later) + read_batches(later, 3)
     anchored = mixture_loader(roots, after, workers=workers)
     anchored.load_state_dict(json.loads(json.dumps(later.state_dict())))
@@ -94,7 +94,7 @@ def test_same_mixture_resume_keeps_its_stream(roots):
     assert state["mixture"]["start"] is not None and state["mixture"]["stage"] is None
     resumed = mixture_loader(roots, M1, workers=2)
     resumed.load_state_dict(state)
-    assert resumed.dataset.mixture.stage()["epoch"] == 2  # an anchor: the workers do not replan epochs 0 and 1
+    assert resumed.dataset.mixture.continuation().epoch == 2  # an anchor: the workers do not replan epochs 0 and 1
     assert head + read_batches(resumed) == full
 
 
@@ -177,12 +177,12 @@ def test_the_refusals_that_remain_say_what_to_do(roots, tmp_path):
     state = json.loads(json.dumps(first.state_dict()))
     other_ranks = mixture_loader(roots, M1, workers=0, rank=0, world=2)
     other_ranks.load_state_dict(state)  # one rank of one: exactly recoverable (tests/loader/mixture/test_elastic.py)
-    assert other_ranks.dataset.mixture.stage()["rest"]["old_ranks"] == 1
-    staged = mixture_loader(roots, {"a": 1, "c": 1}, workers=0)
-    staged.load_state_dict(state)
-    with pytest.raises(ConfigError, match=r"a stage began inside it.*set_epoch\(1\)"):
-        staged.set_epoch(0)
-    old = {k: v for k, v in state.items() if k != "mixture"}  # a state saved before stages
+    assert other_ranks.dataset.mixture.continuation().rest["old_ranks"] == 1
+    continued = mixture_loader(roots, {"a": 1, "c": 1}, workers=0)
+    continued.load_state_dict(state)
+    with pytest.raises(ConfigError, match=r"a resume began inside it.*set_epoch\(1\)"):
+        continued.set_epoch(0)
+    old = {k: v for k, v in state.items() if k != "mixture"}  # a state saved before continuations
     with pytest.raises(ConfigError, match=r"no per-source cursors.*set_epoch"):
         mixture_loader(roots, {"a": 1, "b": 1}, workers=0).load_state_dict(old)
     # a kept name over other data: its cursor would mean other packs

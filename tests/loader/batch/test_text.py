@@ -10,8 +10,8 @@ import torch
 
 from wdspack.errors import ConfigError, FormatError
 from wdspack.format.pack import Pack
-from wdspack.loader.collate import SOURCE_KEY, collate_packs, pack_to_example
-from wdspack.loader.textbatch import text_batch
+from wdspack.loader.batch.collate import SOURCE_KEY, collate_packs, pack_to_example
+from wdspack.loader.batch.text import text_batch
 
 L, M, PAD = 64, 4, 7
 
@@ -94,8 +94,9 @@ def test_the_loaders_workers_batch_the_text_as_the_reference_does(pictures, opti
     """Through real workers: the one-pass text (recycled buffers), the stacked per-pack tensors (workers
     that send new shared memory, ``reuse_buffers=False``) and a loader with the one-pass path switched off
     all give the same batches, pixels included."""
-    from wdspack.loader import buffers, make_loader
-    from wdspack.loader.images import make_image_transform
+    from wdspack.loader import make_loader
+    from wdspack.loader.batch import buffers
+    from wdspack.loader.batch.images import make_image_transform
 
     def batches(**kw):
         loader = make_loader(pictures, batch_size=2, num_workers=2, seed=3, pin_memory=False,

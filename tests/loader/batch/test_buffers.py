@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from wdspack.errors import ConfigError
-from wdspack.loader import buffers
-from wdspack.loader.buffers import PixelBuffers, Shipment, _Place
+from wdspack.loader.batch import buffers
+from wdspack.loader.batch.buffers import PixelBuffers, Shipment, _Place
 
 BIG = (16, 3, 128, 128)  # 3 MiB of float32: over the by-value limit, through shared memory
 
@@ -108,7 +108,7 @@ def test_a_loader_passes_each_buffers_descriptor_once_and_drops_its_mappings_wit
 
     from tests.support.synthetic import write_dataset
     from wdspack.loader import make_loader
-    from wdspack.loader.images import make_image_transform
+    from wdspack.loader.batch.images import make_image_transform
 
     write_dataset(tmp_path, shards=2, packs_per_shard=12, max_images=3, seed=2)
     passed, detach = [], resource_sharer.DupFd.detach  # what receiving a descriptor calls, in the main process

@@ -1,25 +1,12 @@
 """The loader's staged path: pixels written once into the batch, and where a batch's memory comes from.
 
-With the built-in image transform (or a processor), the dataset leaves each pack's pixels staged
-(:func:`staged_example`: decoded and resized to uint8, or the processor's parts), and the loader's
-collate function writes them once, straight into the batch's ``pixel_values``
-(:func:`collate_staged`), in memory that :class:`PixelBuffers` recycles.
+    dataset: pack ─► staged_example: budgets checked; images decoded + resized to uint8 (or a processor's parts)
+    collate: text  ─► collate_staged: written in one pass [B, L] (text_batch) ─► by value (Shipment)
+             uint8 ─► normalised straight into pixel_values [B·M, 3, S, S] ─► a recycled shared-memory buffer
+                      (PixelBuffers; pixel_dtype="uint8": copied as they are, normalize_pixels on the device)
 
-How a worker's batch travels (``reuse_buffers=True``, the default)::
-
-    dataset: pack ─► kept as it is (budgets checked); images decoded + resized to uint8 per pack
-    collate: text  ─► written in one pass as [B, L] ... (text_batch) ─► by value, through the pipe
-             uint8 ─► normalised straight into pixel_values [B·M, 3, S, S] ─► shared memory:
-                      a buffer the worker reuses once the main process holds no view of it
-                      (``pixel_dtype="uint8"``: copied as they are, CHW, a quarter of the bytes;
-                      ``wdspack.normalize_pixels`` normalises them on the device)
-
-A new shared-memory segment per tensor (what a stock DataLoader does) costs a file, a descriptor
-passed over a socket, a mapping made and unmade, and a zeroed page per 4 KiB; on the benchmark's
-2-core host that was about a third of an image worker's time and two thirds of a text-only
-worker's. Small tensors therefore go by value (:class:`Shipment`), and only the large pixel tensor
-uses shared memory, in buffers that are reused and that cross to the main process once
-(:class:`PixelBuffers`): later batches in a buffer travel as their place in it.
+Holds :func:`staged_example`, :func:`collate_staged`, :class:`PixelBuffers`, :class:`Shipment`,
+:func:`normalize_pixels`.
 """
 
 from __future__ import annotations
@@ -34,10 +21,10 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import numpy as np
 import torch
 
-from ..errors import ConfigError
-from ..format.pack import Pack
+from ...errors import ConfigError
+from ...format.pack import Pack
 from .collate import SOURCE_KEY, check_budgets, collate_packs, naming_sample, pack_to_example
-from .textbatch import text_batch
+from .text import text_batch
 
 if TYPE_CHECKING:
     from .images import ImageTransform
@@ -51,7 +38,7 @@ PIXELS_KEY = "__wdspack_pixels__"
 #: Private example key (:func:`staged_example`): ``(batcher, pixels, rows)``, the processor's parts of the pack.
 MODEL_KEY = "__wdspack_model__"
 #: Private example key (:func:`staged_example`): ``(pack, seq_len, max_images, pad_token_id)``, the pack's text
-#: left for :func:`collate_staged` to write straight into the batch (:func:`~.textbatch.text_batch`).
+#: left for :func:`collate_staged` to write straight into the batch (:func:`~.text.text_batch`).
 TEXT_KEY = "__wdspack_text__"
 _STAGED_KEYS = (PIXELS_KEY, MODEL_KEY, TEXT_KEY)
 #: ``make_loader(pixel_dtype=...)``: what a batch's ``pixel_values`` travel as.
@@ -117,14 +104,14 @@ def staged_example(pack: Pack, *, seq_len: int, max_images: int, pad_token_id: i
                    batcher: Any = None, defer_text: bool = False) -> dict[str, Any]:
     """:func:`~.collate.pack_to_example` with the pixels left for :func:`collate_staged` to place in the batch.
 
-    With a processor's ``batcher`` (:class:`~wdspack.loader.batching.ModelBatcher`) the pack's parts
+    With a processor's ``batcher`` (:class:`~wdspack.loader.batch.model.ModelBatcher`) the pack's parts
     go under :data:`MODEL_KEY`; with the built-in transform the images are only decoded and resized
     (:data:`PIXELS_KEY`, uint8); any other transform runs here as in :func:`~.collate.pack_to_example`. Decode
     errors and packs over a budget surface here, where a bad pack can still be skipped, and name the sub-sample.
 
     ``defer_text`` (the loader's own dataset, whose examples only its collate sees): with the built-in
     transform or none, the example holds the pack itself (:data:`TEXT_KEY`) instead of its text tensors, and
-    :func:`collate_staged` writes the whole batch's text in one pass (:func:`~.textbatch.text_batch`).
+    :func:`collate_staged` writes the whole batch's text in one pass (:func:`~.text.text_batch`).
     """
     from .images import ImageTransform
 
@@ -221,7 +208,7 @@ def normalize_pixels(batch: Mapping[str, Any], source: Any, *, device: torch.dev
     Args:
         batch: a batch from the loader (not changed).
         source: the :class:`~wdspack.loader.PackedLoader` (or :class:`~wdspack.loader.PackedDataset`,
-            or the :class:`~wdspack.loader.images.ImageTransform`) that made the batch: its image
+            or the :class:`~wdspack.loader.batch.images.ImageTransform`) that made the batch: its image
             transform, or in processor mode its processor, gives the mean, std and rescale factor.
         device: where to normalise (``"cuda"``); default where ``pixel_values`` are.
         dtype: the floating dtype of the result (``torch.bfloat16`` for a bf16 vision tower).

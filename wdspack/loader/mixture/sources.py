@@ -1,49 +1,14 @@
-"""A :class:`~.dataset.PackedDataset` over a mixture: its sources opened and each slot's schedule planned
-(DESIGN.md section 8; the pure parts are :mod:`.mixture` and :mod:`.schedule`, the reading of a
-slot's packs in the schedule's order :mod:`.mixed_read`).
+"""A :class:`~wdspack.loader.dataset.PackedDataset` over a mixture: its sources opened, each slot's schedule planned.
 
-Per ``(rank, worker)`` slot and epoch::
+    the rank's cursors (chained from epoch 0, or from a :class:`~.continuation.Continuation`)
+      ─► plan_slot per segment (the rank's merge over its workers' batches; this worker's positions)
+      ─► plan.reads: the slot's ranged reads, block after block ─► :mod:`.read`
 
-    the rank's cursors (chained from epoch 0) ─► plan_slot (the rank's merge over its workers'
-    batches in the DataLoader's round robin; this worker's positions) ─► per source: the slot's
-    ranged reads (``plan.reads``: its blocks of the rank's share, pass after pass) ─► the
-    schedule's positions, each taken from its source's read-ahead ─► decode_packs ─► example
-    (+ ``source_idx``)
-
-Each source reads only the packs this worker's positions need: the blocks of the rank's share the
-schedule handed this worker, each as ranged reads from its first needed pack to its last (opened
-at the pack's byte offset from the pack index), so no pack is read by two workers of a rank. A
-block's packs leave in its shuffle-buffer order, so what a source has read ahead and not yet given
-is at most its buffer (``max(1, shuffle_buffer // sources)`` packs): the mixture holds about
-``shuffle_buffer`` packs, as one dataset does.
-
-The number of workers ``W`` is the DataLoader's (``get_worker_info()``; 1 without workers): every
-worker of a rank plans the same rank merge, so the rank's batches, worker ``w``'s being the rank's
-``w, w + W, ...``, follow the weights as one stream would, and the cursors an epoch ends at are
-the rank's.
-
-The position of a slot is ``(0, emitted, yielded)``: ``emitted`` positions of the schedule consumed
-(corrupt ones included), ``yielded`` examples given. A slot that skipped corrupt packs plans a longer
-schedule of the same epoch (``emitted + per_slot - yielded`` positions: the merge is a sort with one
-worker and a walk over the rank's batches with several, so a longer schedule begins with the
-shorter one), so every slot still yields ``per_slot`` packs and a restored position recomputes the
-very same schedule. The next epoch starts from the rank's cursors at ``per_slot``.
-
-An epoch is planned in *segments* of the rank's batches: one, or with a weight schedule
-(``Mixture.schedule``) one per ``every`` batches, each planned with the weights at its middle step
-from the rank's cursors where the one before ended (:func:`rank_cursors`: the merge replayed to any
-point, whole rounds of the workers' batches or not; a segment that begins at worker ``w``'s batch
-gives ``w`` the merge's first role). A *stage* (:meth:`MixedSources.stage`) makes the rest of an
-epoch start from given cursors: a loader state loaded under another mixture (new weights, a source
-added or removed, by name) or another number of workers continues each source's pass from the
-rank's cursor at the saved point, so nothing within a pass is read twice or skipped. Under another
-number of ranks, :meth:`MixedSources.elastic_stage` makes the new ranks read the rest of every
-unfinished pass first (:mod:`.mixture_rest`), from the states of all the saved ranks.
-
-With ``balance="cost"`` (:meth:`MixedSources.set_balance`) each source's pass is dealt to the ranks
-by cost (:func:`.source_stream.dealt_share`) and read in that order (no shuffle buffer: the order is
-seeded), each worker keeps its own shares (``plan_slot(own_shares=True)``), and :meth:`schedule`
-runs each worker's windows in cost bands (:func:`.balance.band_order`).
+Holds: every worker of a rank plans the same rank merge, so the rank's batches follow the weights
+as one stream would and an epoch's end cursors are the rank's; a slot yields ``per_slot`` packs
+even after corrupt skips (a longer schedule begins with the shorter one), and a restored position
+recomputes the very same schedule; a resume under another mixture, number of workers or ranks
+continues each source's pass, nothing within a pass read twice or skipped.
 """
 
 from __future__ import annotations
@@ -57,30 +22,23 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
-from ..format.dataset import ResolvedSource, read_pack_index, resolve_source
-from ..format.pack_index import COLUMNS
-from .balance import band_order
-from .budgets import dataset_budgets
-from .elastic import SharedBasis
-from .mixed_read import mid_stage
-from .mixture import Mixture, MixtureEpoch, check_compatible, combined_source, mixture_epoch, unit_values
-from .mixture_rest import rest_layouts
-from .options import ReadOptions
-from .rank_cursors import (
-    concat_plans,
-    cursor_from_json,
-    cursor_to_json,
-    rank_cursors,
-    renumber,
-    shifted,
-    take_positions,
-)
-from .schedule import SlotSchedule, SourceCursor, SourceLayout, plan_slot, source_layout
+from ...errors import ConfigError
+from ...format.dataset import ResolvedSource, read_pack_index, resolve_source
+from ...format.pack_index import COLUMNS
+from ..balance import band_order
+from ..batch.budgets import dataset_budgets
+from ..elastic import SharedBasis
+from ..options import ReadOptions
+from .continuation import Continuation, mid_continuation
+from .cursors import concat_plans, cursor_from_json, cursor_to_json, rank_cursors, renumber, shifted, take_positions
+from .merge import SlotSchedule, plan_slot
+from .rest import rest_layouts
+from .spec import Mixture, MixtureEpoch, check_compatible, combined_source, mixture_epoch, unit_values
+from .streams import SourceCursor, SourceLayout, source_layout
 
 __all__ = ["MixedSources"]
 
-logger = logging.getLogger("wdspack.loader")
+logger = logging.getLogger(__name__)
 
 
 class MixedSources:
@@ -103,10 +61,10 @@ class MixedSources:
         self.combined = combined_source(mixture, self.sources, self.max_images)
         self._starts: dict[tuple, list[tuple[SourceCursor, ...]]] = {}  # per slot setup: each epoch's cursors
         self._segs: dict[tuple, list[_Segment]] = {}  # per slot setup and epoch: its segments
-        # the stage the stream continues from (set by a resume under another mixture; see stage()), in
-        # shared memory: persistent DataLoader workers read it at each iteration
-        self._stage = SharedBasis()
-        self._rest: tuple[str, tuple[SourceLayout, ...]] | None = None  # the layouts with the stage's rest
+        # the continuation the stream goes on from (set by a resume under another mixture; see continuation()),
+        # as JSON in shared memory: persistent DataLoader workers read it at each iteration
+        self._continuation = SharedBasis()
+        self._rest: tuple[str, tuple[SourceLayout, ...]] | None = None  # the layouts with the continuation's rest
         self.rows: tuple[np.ndarray, ...] = ()  # each source's pack index (rows in manifest order)
         #: ``balance="cost"``: each source's pack costs, the window and heaviest_first (:meth:`set_balance`)
         self.balance: tuple[tuple[np.ndarray, ...], int, bool] | None = None
@@ -154,10 +112,10 @@ class MixedSources:
     def set_balance(self, cost_model: Any, *, window: int, heaviest_first: bool = False, run: int = 1) -> None:
         """Balance every slot's windows by cost (``balance="cost"``; None: off): the schedule fixes which
         packs a rank reads, and each worker's window of ``window`` packs is sorted into cost bands run in
-        the same order on every rank (:func:`~.balance.band_order`), so a step's ranks run about the same
+        the same order on every rank (:func:`~wdspack.loader.balance.band_order`), so a step's ranks run about the same
         cost while every window keeps the schedule's packs, hence its shares. For the ranks to hold
         alike costs, each source's pass is dealt to them by cost, in runs of ``run`` packs
-        (:func:`~.source_stream.dealt_share`), instead of cut into consecutive runs.
+        (:func:`~.streams.dealt_share`), instead of cut into consecutive runs.
 
         ``cost_model`` is a :class:`~wdspack.format.pack_index.CostModel` (its ``costs`` of the pack
         index rows)."""
@@ -170,19 +128,19 @@ class MixedSources:
         self._rest, self._starts, self._segs = None, {}, {}
 
     def per_slot(self, slots: int, batch_size: int, epoch: int | None = None) -> int:
-        """Packs every slot yields per epoch: the mixture's, except in the epoch a stage began in, which
-        keeps the length it began with (:meth:`stage`)."""
-        stage = self.stage()
-        if stage is not None and epoch == stage["epoch"] and stage["length"] is not None:
-            return int(stage["length"])
+        """Packs every slot yields per epoch: the mixture's, except in the epoch a continuation began in, which
+        keeps the length it began with (:meth:`continuation`)."""
+        c = self.continuation()
+        if c is not None and epoch == c.epoch and c.length is not None:
+            return c.length
         return self.epoch.per_slot(slots, batch_size)
 
     def buffer(self, shuffle_buffer: int) -> int:
-        """Each source's shuffle buffer: the dataset's, shared out (a stage keeps the one it began with:
-        a cursor's emitted packs are a prefix of its blocks' buffer order)."""
-        stage = self.stage()
-        if stage is not None:
-            return int(stage["buffer"])
+        """Each source's shuffle buffer: the dataset's, shared out (a continuation keeps the one it began
+        with: a cursor's emitted packs are a prefix of its blocks' buffer order)."""
+        c = self.continuation()
+        if c is not None:
+            return c.buffer
         if self.balance is not None:  # a balanced share is read in its seeded order of cost rounds, as is
             return 1
         return max(1, shuffle_buffer // len(self.sources))
@@ -197,38 +155,29 @@ class MixedSources:
             config["every"] = self.mixture.every
         return config
 
-    # -- stages ---------------------------------------------------------------------------------
+    # -- continuations ----------------------------------------------------------------------------
 
-    def mid_stage(self, epoch: int) -> bool:
-        """Whether a stage began inside ``epoch`` (its schedule then runs from the stage's cursors)."""
-        return mid_stage(self.stage(), epoch)
+    def mid_continuation(self, epoch: int) -> bool:
+        """Whether a continuation began inside ``epoch`` (its schedule then runs from the continuation's cursors)."""
+        return mid_continuation(self.continuation(), epoch)
 
-    def stage(self) -> dict[str, Any] | None:
-        """The stage the stream continues from, or None (every epoch chained from epoch 0).
+    def continuation(self) -> Continuation | None:
+        """The continuation the stream goes on from, or None (every epoch chained from epoch 0)."""
+        value = self._continuation.get()
+        return None if value is None else Continuation.from_json(value)
 
-        A stage is plain JSON: ``{"epoch", "names", "start", "before", "shift", "length", "buffer",
-        "workers", "anchor"}``. From the point of ``epoch`` where worker ``w`` had yielded ``before[w]`` packs,
-        the rest of the epoch is this mixture's schedule from the rank's cursors ``start`` (one per
-        name, :func:`cursor_to_json`), the workers' roles rotated by ``shift`` (the worker whose batch
-        came next is role 0); the epoch keeps ``length`` packs per worker (None: this mixture's
-        ``per_slot``), and later epochs chain from where the stage ends. ``buffer`` is each source's
-        shuffle buffer (kept from the first mixture: a cursor's blocks are emitted in its order).
-        An *anchor* (``anchor`` True: ``before`` all 0, ``shift`` 0, ``length`` None) begins at the
-        epoch's start and only saves replanning the epochs before it.
-        """
-        return self._stage.get()
-
-    def set_stage(self, stage: Mapping[str, Any] | None) -> None:
-        """Publish ``stage`` (None: none) to this process and the workers (persistent ones too)."""
-        if stage is not None and list(stage["names"]) != list(self.names):
-            raise ConfigError(f"the stage is for sources {stage['names']}, this mixture has {list(self.names)}")
-        self._stage.set(stage)
+    def set_continuation(self, continuation: Continuation | None) -> None:
+        """Publish ``continuation`` (None: none) to this process and the workers (persistent ones too)."""
+        if continuation is not None and list(continuation.names) != list(self.names):
+            raise ConfigError(f"the continuation is for sources {list(continuation.names)}, this mixture has "
+                              f"{list(self.names)}")
+        self._continuation.set(None if continuation is None else continuation.to_json())
 
     def active_layouts(self) -> tuple[SourceLayout, ...]:
         """The sources' layouts as the stream reads them: after an elastic resume with the rest of the
-        passes the saved ranks left (:mod:`.mixture_rest`), else :attr:`layouts`."""
-        stage = self.stage()
-        rest = None if stage is None else stage.get("rest")
+        passes the saved ranks left (:mod:`.rest`), else :attr:`layouts`."""
+        c = self.continuation()
+        rest = None if c is None else c.rest
         if rest is None:
             return self.layouts
         key = json.dumps(rest, sort_keys=True)
@@ -246,19 +195,18 @@ class MixedSources:
 
     def _segments(self, *, rank: int, slots: int, workers: int, epoch: int, batch_size: int, seed: int,
                   shuffle: bool, shuffle_buffer: int) -> list[_Segment]:
-        """The rank's plan of ``epoch`` (of its stage's part, in a stage's epoch) as segments of the rank's
+        """The rank's plan of ``epoch`` (of its continuation's part, in that epoch) as segments of the rank's
         batches: one, or with a weight schedule one per ``every`` steps, each from the cursors the one
         before ended at (the rank's, workers numbered as in the epoch)."""
         kw: dict[str, Any] = dict(slots=slots, workers=workers, batch_size=batch_size, seed=seed, shuffle=shuffle,
                                   shuffle_buffer=shuffle_buffer)
-        stage = self.stage()
-        key = (rank, *kw.values(), epoch, self.buffer(shuffle_buffer), json.dumps(stage, sort_keys=True))
+        c = self.continuation()
+        key = (rank, *kw.values(), epoch, self.buffer(shuffle_buffer), _key(c))
         if key in self._segs:
             return self._segs[key]
         total = workers * self.per_slot(slots, batch_size, epoch) // batch_size  # the rank's batches
-        if stage is not None and mid_stage(stage, epoch):
-            first = sum(int(b) for b in stage["before"]) // batch_size
-            start = tuple(cursor_from_json(c) for c in stage["start"])
+        if c is not None and mid_continuation(c, epoch):
+            first, start = sum(c.before) // batch_size, c.start
         else:
             first, start = 0, self.epoch_start(rank=rank, epoch=epoch, **kw)
         every = self.mixture.every if self.mixture.schedule else max(total, 1)
@@ -292,27 +240,27 @@ class MixedSources:
 
     def epoch_start(self, *, rank: int, slots: int, workers: int, epoch: int, batch_size: int, seed: int,
                     shuffle: bool, shuffle_buffer: int) -> tuple[SourceCursor, ...]:
-        """The rank's cursors at the start of ``epoch`` (not the stage's own epoch, unless an anchor),
-        chained from epoch 0 or from the stage's end; cached, so call it in the main process before the
+        """The rank's cursors at the start of ``epoch`` (not the continuation's own epoch, unless an
+        anchor), chained from epoch 0 or from the continuation's end; cached, so call it in the main process before the
         workers start and they inherit the chain."""
         kw: dict[str, Any] = dict(slots=slots, workers=workers, batch_size=batch_size, seed=seed, shuffle=shuffle,
                                   shuffle_buffer=shuffle_buffer)
-        stage = self.stage()
-        anchor = stage is not None and bool(stage["anchor"])
-        if stage is not None and (epoch > stage["epoch"] or (anchor and epoch == stage["epoch"])):
-            first = stage["epoch"] if anchor else stage["epoch"] + 1
-            key: tuple = (rank, *kw.values(), self.buffer(shuffle_buffer), json.dumps(stage, sort_keys=True))
+        c = self.continuation()
+        anchor = c is not None and c.anchor
+        if c is not None and (epoch > c.epoch or (anchor and epoch == c.epoch)):
+            first = c.epoch if anchor else c.epoch + 1
+            key: tuple = (rank, *kw.values(), self.buffer(shuffle_buffer), _key(c))
         else:
-            stage, first = None, 0
+            c, first = None, 0
             key = (rank, *kw.values(), self.buffer(shuffle_buffer), None)
         starts = self._starts.get(key)
         if starts is None:
-            if stage is None:
+            if c is None:
                 origin = (SourceCursor(),) * len(self.layouts)
             elif anchor:
-                origin = tuple(cursor_from_json(c) for c in stage["start"])
+                origin = c.start
             else:
-                origin = self._end(rank=rank, epoch=stage["epoch"], **kw)
+                origin = self._end(rank=rank, epoch=c.epoch, **kw)
             starts = self._starts[key] = [origin]
         while len(starts) <= epoch - first:  # every epoch starts where the one before left each source
             e = first + len(starts) - 1
@@ -325,7 +273,7 @@ class MixedSources:
 
     def _cursors_at(self, *, rank: int, epoch: int, emitted: Sequence[int], **kw: Any) -> tuple[SourceCursor, ...]:
         """The rank's cursors once worker ``w`` emitted ``emitted[w]`` positions of the epoch's plan (of the
-        stage's part, counted from where it began, in a stage's epoch)."""
+        continuation's part, counted from where it began, in that epoch)."""
         segs = self._segments(rank=rank, epoch=epoch, **kw)
         done = [int(e) for e in emitted]
         for seg in segs:
@@ -338,81 +286,80 @@ class MixedSources:
     def save_point(self, *, rank: int, slots: int, workers: int, epoch: int, emitted: Sequence[int], batch_size: int,
                    seed: int, shuffle: bool, shuffle_buffer: int) -> dict[str, Any]:
         """What a loader state keeps of the mixture (plain JSON): the rank's cursors (by source name) where
-        its workers stand, the epoch's start cursors and length, each source's buffer, and the stage."""
+        its workers stand, the epoch's start cursors and length, each source's buffer, and the continuation
+        (under ``"stage"``, the key states have always kept it under)."""
         kw: dict[str, Any] = dict(slots=slots, workers=workers, batch_size=batch_size, seed=seed, shuffle=shuffle,
                                   shuffle_buffer=shuffle_buffer)
-        stage = self.stage()
+        c = self.continuation()
         start: tuple[SourceCursor, ...] | None = None
-        if stage is not None and mid_stage(stage, epoch):
-            emitted = [e - int(b) for e, b in zip(emitted, stage["before"])]
+        if c is not None and mid_continuation(c, epoch):
+            emitted = [e - b for e, b in zip(emitted, c.before)]
         else:
             start = self.epoch_start(rank=rank, epoch=epoch, **kw)
         cursors = self._cursors_at(rank=rank, epoch=epoch, emitted=emitted, **kw)
-        point = {"names": list(self.names), "cursors": [cursor_to_json(c) for c in cursors],
-                 "start": None if start is None else [cursor_to_json(c) for c in start],
+        point = {"names": list(self.names), "cursors": [cursor_to_json(x) for x in cursors],
+                 "start": None if start is None else [cursor_to_json(x) for x in start],
                  "length": self.per_slot(slots, batch_size, epoch), "buffer": self.buffer(shuffle_buffer),
-                 "workers": workers, "stage": stage}
-        if self.mid_window([e + int(b) for e, b in zip(emitted, stage["before"])] if start is None and stage
+                 "workers": workers, "stage": None if c is None else c.to_json()}
+        if self.mid_window([e + b for e, b in zip(emitted, c.before)] if start is None and c is not None
                            else emitted, slots=slots, workers=workers, epoch=epoch, batch_size=batch_size):
             point["mid_window"] = True  # only then: other states are unchanged
         return point
 
-    def resume_stage(self, saved: Mapping[str, Any], *, epoch: int, batches: int, yielded: Sequence[int],
-                     workers: int, batch_size: int, changed: bool) -> tuple[int, int, list[int]]:
-        """Set the stage a loader state continues from (``saved``: its :meth:`save_point`, ``yielded``: what
-        each of the saved workers yielded); returns the epoch, batches and each worker's yielded packs to
-        continue from (``workers``: this loader's).
+    def resume_continuation(self, saved: Mapping[str, Any], *, epoch: int, batches: int, yielded: Sequence[int],
+                            workers: int, batch_size: int, changed: bool) -> tuple[int, int, list[int]]:
+        """Set the continuation a loader state goes on from (``saved``: its :meth:`save_point`, ``yielded``:
+        what each of the saved workers yielded); returns the epoch, batches and each worker's yielded packs
+        to continue from (``workers``: this loader's).
 
-        Under the mixture and workers that saved it (``changed`` False) the saved stage, or an anchor at
-        the saved epoch's start cursors (so no worker replans the epochs before it). Under another mixture
+        Under the mixture and workers that saved it (``changed`` False) the saved continuation, or an anchor
+        at the saved epoch's start cursors (so no worker replans the epochs before it). Under another mixture
         (new weights, sources added or removed) or another number of workers on as many ranks
-        (``changed``), a new stage begins where the rank stood: each source kept (by name) continues from
-        its cursor, a new one starts at its first pass, and the epoch keeps the rank's batches; an epoch
+        (``changed``), a new continuation begins where the rank stood: each source kept (by name) continues
+        from its cursor, a new one starts at its first pass, and the epoch keeps the rank's batches; an epoch
         consumed whole, or not begun, makes an anchor instead.
         """
-        old = dict(zip(saved["names"], saved["cursors"]))
+        old = {n: cursor_from_json(c) for n, c in zip(saved["names"], saved["cursors"])}
         if changed:
             _refuse_mid_window([saved])
-        fresh = cursor_to_json(SourceCursor())
         length, buffer, was = int(saved["length"]), int(saved["buffer"]), int(saved["workers"])
-        common = {"names": list(self.names), "buffer": buffer, "workers": workers}
-        rest = (saved.get("stage") or {}).get("rest")
-        if rest is not None:  # an elastic resume's rest of the passes: kept until the stream leaves them
-            common["rest"] = rest
+        kept = None if saved.get("stage") is None else Continuation.from_json(saved["stage"])
+        # an elastic resume's rest of the passes: kept until the stream leaves them
+        common: dict[str, Any] = dict(names=self.names, buffer=buffer, workers=workers,
+                                      rest=None if kept is None else kept.rest)
         if not changed:
-            stage = saved.get("stage")
-            if not mid_stage(stage, epoch):
-                stage = None if saved.get("start") is None else {
-                    **common, "epoch": epoch, "start": saved["start"], "before": [0] * workers, "shift": 0,
-                    "length": None, "anchor": True}
-            self.set_stage(stage)
+            if not mid_continuation(kept, epoch):
+                kept = None if saved.get("start") is None else Continuation(
+                    **common, epoch=epoch, start=tuple(cursor_from_json(c) for c in saved["start"]),
+                    before=(0,) * workers, shift=0, length=None, anchor=True)
+            self.set_continuation(kept)
             return epoch, batches, list(yielded)
+        start = tuple(old.get(n, SourceCursor()) for n in self.names)  # workers numbered as in the epoch
         if all(y >= length for y in yielded) or batches == 0:  # at an epoch's end or start: an anchor
             epoch += batches > 0
-            self.set_stage({**common, "epoch": epoch, "start": [old.get(n, fresh) for n in self.names],
-                            "before": [0] * workers, "shift": 0, "length": None, "anchor": True})
+            self.set_continuation(Continuation(**common, epoch=epoch, start=start, before=(0,) * workers, shift=0,
+                                               length=None, anchor=True))
             return epoch, 0, [0] * workers
         if was != workers:
             # the rank's batches left, dealt over the new workers: the last round may be short, so the
-            # workers it skips count one batch as yielded before the stage (they come first, their turn
-            # is taken: the stage begins at worker `short`)
+            # workers it skips count one batch as yielded before the continuation (they come first, their
+            # turn is taken: the continuation begins at worker `short`)
             left = was * length // batch_size - batches
             rounds = -(-left // workers)
             short = rounds * workers - left
             length, yielded, batches = rounds * batch_size, [batch_size] * short + [0] * (workers - short), short
-        start = [old.get(n, fresh) for n in self.names]  # workers numbered as in the epoch
-        self.set_stage({**common, "epoch": epoch, "start": start, "before": [int(y) for y in yielded],
-                        "shift": batches % workers, "length": int(length), "anchor": False})
+        self.set_continuation(Continuation(**common, epoch=epoch, start=start, before=tuple(int(y) for y in yielded),
+                                           shift=batches % workers, length=int(length), anchor=False))
         return epoch, batches, list(yielded)
 
-    def elastic_stage(self, saved: Sequence[Mapping[str, Any]], *, epoch: int, batches: int, ranks: int, workers: int,
-                      batch_size: int, seed: int, shuffle: bool) -> tuple[int, int, list[int]]:
-        """Set the stage a run saved by ``len(saved)`` ranks continues from on ``ranks`` ranks × ``workers``
+    def elastic_continuation(self, saved: Sequence[Mapping[str, Any]], *, epoch: int, batches: int, ranks: int,
+                             workers: int, batch_size: int, seed: int, shuffle: bool) -> tuple[int, int, list[int]]:
+        """Set the continuation a run saved by ``len(saved)`` ranks goes on from on ``ranks`` ranks × ``workers``
         (``saved``: every saved rank's :meth:`save_point`, rank ``r``'s at ``r``, all at ``batches`` of
         ``epoch``); returns the epoch, batches and each worker's yielded packs to continue from.
 
         Each source's passes the saved ranks left unfinished continue as their rest (the packs no saved
-        rank consumed, :mod:`.mixture_rest`), split over the new ranks; the new ranks' streams start at
+        rank consumed, :mod:`.rest`), split over the new ranks; the new ranks' streams start at
         the first such pass. The rest of the epoch (the saved ranks' batches left, in all) is shared
         out evenly, rounded up, so every new rank makes as many batches; an epoch consumed whole, or
         not begun, makes an anchor at the next one's (this one's) start instead.
@@ -435,30 +382,30 @@ class MixedSources:
                 "buffer": buffer, "prior": prior[0],
                 "cursors": {n: [p["cursors"][i] for p in saved] for i, n in enumerate(self.names)}}
         layouts = rest_layouts(self.layouts, self.names, rest)
-        start = [cursor_to_json(SourceCursor(min(layout.rest) if layout.rest else 0, 0)) for layout in layouts]
-        common = {"names": list(self.names), "buffer": buffer, "workers": workers, "rest": rest, "start": start}
+        start = tuple(SourceCursor(min(layout.rest) if layout.rest else 0, 0) for layout in layouts)
+        common: dict[str, Any] = dict(names=self.names, buffer=buffer, workers=workers, rest=rest, start=start,
+                                      epoch=epoch)
         total = was * length // batch_size  # a saved rank's batches in the epoch
         if batches >= total or batches == 0:  # at an epoch's end or start: an anchor
-            epoch += batches > 0
-            self.set_stage({**common, "epoch": epoch, "before": [0] * workers, "shift": 0, "length": None,
-                            "anchor": True})
+            common["epoch"] = epoch = epoch + (batches > 0)
+            self.set_continuation(Continuation(**common, before=(0,) * workers, shift=0, length=None, anchor=True))
             return epoch, 0, [0] * workers
         mine = -(-len(saved) * (total - batches) // ranks)  # this rank's batches left
         rounds = -(-mine // workers)
         short = rounds * workers - mine  # the workers the last round skips count one batch as yielded before
         yielded = [batch_size] * short + [0] * (workers - short)
-        self.set_stage({**common, "epoch": epoch, "before": yielded, "shift": short % workers,
-                        "length": rounds * batch_size, "anchor": False})
+        self.set_continuation(Continuation(**common, before=tuple(yielded), shift=short % workers,
+                                           length=rounds * batch_size, anchor=False))
         return epoch, short, yielded
 
     def schedule(self, *, slot: int, slots: int, workers: int, epoch: int, positions: int, batch_size: int,
                  seed: int, shuffle: bool, shuffle_buffer: int) -> SlotSchedule:
         """Slot ``slot``'s first ``positions`` packs of ``epoch`` (``per_slot`` of them, more after skips;
-        in a stage's epoch, of the stage: counted from where it began).
+        in a continuation's epoch, of the continuation: counted from where it began).
 
         ``slot`` is ``rank * workers + worker``, ``slots`` is ``ranks * workers``, ``workers`` the
         DataLoader's workers per rank (at least 1) and ``batch_size`` its batch: the rank's merge runs
-        over its workers' batches in the order the DataLoader yields them (:func:`.schedule.plan_slot`).
+        over its workers' batches in the order the DataLoader yields them (:func:`.merge.plan_slot`).
 
         Example:
             >>> plan = ds.mixture.schedule(slot=1, slots=2, workers=2, epoch=0, positions=4, batch_size=2,
@@ -494,7 +441,7 @@ class MixedSources:
             mine = plan.source == i
             cost[mine] = c[plan.row[mine]]
         order = band_order(cost, limit=min(limit, len(cost)), window=window, batch_size=batch_size, seed=seed,
-                           epoch=epoch, heaviest_first=heaviest and not self.mid_stage(epoch))
+                           epoch=epoch, heaviest_first=heaviest and not self.mid_continuation(epoch))
         return take_positions(plan, order[:wanted])
 
     def step_costs(self, costs: Sequence[np.ndarray], *, ranks: int, workers: int, batch_size: int, seed: int,
@@ -502,7 +449,7 @@ class MixedSources:
         """``[steps, ranks]``: the cost each rank runs at each step of ``epoch`` (``costs``: each source's pack
         costs, in manifest order), as the loader would emit it (balanced or not); no pack is read.
 
-        Worker ``t % workers`` of every rank serves step ``t``; :func:`~.balance.waiting` of the table is
+        Worker ``t % workers`` of every rank serves step ``t``; :func:`~wdspack.loader.balance.waiting` of the table is
         how long the slowest rank makes the steps take over the mean.
         """
         slots = ranks * workers
@@ -521,9 +468,9 @@ class MixedSources:
 
     def _balance_limit(self, worker: int, *, slots: int, workers: int, epoch: int, batch_size: int) -> int:
         """The positions of ``worker``'s plan that the balance reorders: its packs of the epoch (of the
-        stage's part, in a stage's epoch)."""
-        stage = self.stage()
-        before = int(stage["before"][worker]) if stage is not None and mid_stage(stage, epoch) else 0
+        continuation's part, in that epoch)."""
+        c = self.continuation()
+        before = c.before[worker] if c is not None and mid_continuation(c, epoch) else 0
         return self.per_slot(slots, batch_size, epoch) - before
 
     def mid_window(self, emitted: Sequence[int], *, slots: int, workers: int, epoch: int, batch_size: int) -> bool:
@@ -531,8 +478,8 @@ class MixedSources:
         the schedule's, not what it consumed: a window is emitted in cost order)."""
         if self.balance is None:
             return False
-        stage = self.stage()
-        before = [int(b) for b in stage["before"]] if stage is not None and mid_stage(stage, epoch) else [0] * workers
+        c = self.continuation()
+        before = list(c.before) if c is not None and mid_continuation(c, epoch) else [0] * workers
         window = max(self.balance[1] // batch_size, 1) * batch_size
         return any(0 < e - b < self._balance_limit(w, slots=slots, workers=workers, epoch=epoch,
                                                    batch_size=batch_size) and (e - b) % window
@@ -540,7 +487,7 @@ class MixedSources:
 
 
 # ---------------------------------------------------------------------------------------------
-# Segments and stages
+# Segments and continuations
 
 
 @dataclasses.dataclass(frozen=True, slots=True, eq=False)
@@ -567,6 +514,11 @@ def _replay(mix: MixedSources, start: Sequence[SourceCursor], counts: Sequence[i
                        batch_size=batch_size, seed=seed, shuffle=shuffle, shuffle_buffer=mix.buffer(shuffle_buffer),
                        own_shares=mix.balance is not None)
     return tuple(renumber(c, lambda u: (u + t0) % workers) for c in end)
+
+
+def _key(continuation: Continuation | None) -> str | None:
+    """A continuation as a cache key."""
+    return None if continuation is None else json.dumps(continuation.to_json(), sort_keys=True)
 
 
 def _refuse_mid_window(saved: Sequence[Mapping[str, Any]]) -> None:

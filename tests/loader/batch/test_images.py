@@ -15,8 +15,8 @@ from PIL import Image
 
 from wdspack.errors import ConfigError, FormatError
 from wdspack.format.pack import Pack
-from wdspack.loader.collate import pack_to_example
-from wdspack.loader.images import (
+from wdspack.loader.batch.collate import pack_to_example
+from wdspack.loader.batch.images import (
     CLIP_MEAN,
     CLIP_STD,
     ImageDecodeError,

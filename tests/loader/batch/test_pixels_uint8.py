@@ -18,8 +18,8 @@ from tests.support.synthetic import pack_numbers, write_dataset
 from wdspack.errors import ConfigError
 from wdspack.format.pack import decode_pack
 from wdspack.loader import make_loader
-from wdspack.loader.buffers import PixelBuffers, _release
-from wdspack.loader.images import CLIP_MEAN, CLIP_STD, make_image_transform
+from wdspack.loader.batch.buffers import PixelBuffers, _release
+from wdspack.loader.batch.images import CLIP_MEAN, CLIP_STD, make_image_transform
 
 
 @pytest.fixture(scope="module")

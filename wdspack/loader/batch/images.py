@@ -1,40 +1,12 @@
-"""Image decoding for the loader, in its workers: guarded, fast, processor-agnostic.
+"""Image bytes → pixels in the loader's workers: guarded, fast, processor-agnostic.
 
-An :class:`ImageTransform` turns a pack's encoded images (``Pack.images``) into tensors. It
-returns *one entry per image*, unpadded; :func:`wdspack.loader.collate.pack_to_example` pads them to the
-``max_images`` slots of the batch contract. Two layouts:
+    built-in (Pillow)   bytes ─► decode_resized: uint8 [3, S, S] ─► normalize_into: float32 slots
+    processor           bytes ─► the processor's outputs, [N, ...] each (flattened patches: [P, D] + grid)
 
-===================  =======================================  ==============================
-path                 ``__call__(images)`` returns              padded by ``pack_to_example``
-===================  =======================================  ==============================
-built-in (Pillow)    ``pixel_values`` [N, 3, S, S] float32     [M, 3, S, S], zero slots
-fixed-size           the processor's outputs, [N, ...] each    [M, ...], zero slots
-processor (SigLIP,
-CLIP)
-flattened patches    ``pixel_values`` [P, D] (P = Σ t·h·w),    [R, D] + ``patch_mask`` [R];
-(Qwen2-VL)           ``image_grid_thw`` [N, 3] int64           grid [M, 3], zero rows
-===================  =======================================  ==============================
-
-``R`` is :meth:`ImageTransform.patch_rows`: what the budgets imply (every image token stands for
-``merge_size²`` patches and a pack holds at most ``seq_len`` tokens), or ``max_patches``.
-
-The built-in path also comes in two halves, which the loader uses: :meth:`~ImageTransform.decode_resized`
-(bytes → ``[3, S, S]`` uint8, channel-first, in the dataset, where a bad image can still skip its pack) and
-:meth:`~ImageTransform.normalize_into` (uint8 → normalised float32, written straight into the
-pack's slots of the batch tensor). Together they give exactly what ``__call__`` gives. The first
-half reads each channel out of Pillow's image separately (``tobytes("raw", band)``), which costs
-what one interleaved ``[S, S, 3]`` read costs, so the second half copies and scales contiguous
-planes instead of gathering every third byte.
-
-Every decode reads the header first and refuses more than ``max_pixels`` pixels *before* any
-pixel is decoded, so a decompression bomb costs a few hundred bytes of parsing. Only common
-raster formats are opened (no EPS, which would run Ghostscript). Bad bytes raise
-:class:`ImageDecodeError` (a :class:`~wdspack.errors.FormatError`), which the loader counts and
-skips. The built-in path uses JPEG draft mode: the JPEG decoder scales by 1/2, 1/4 or 1/8 while
-decoding, to the smallest scale still at least ``size`` on both sides, then resizes (bicubic).
-
-EXIF orientation is *not* applied: the packer counted image tokens from the stored width and
-height, and a rotated image would change a dynamic-resolution grid.
+An :class:`ImageTransform` returns one entry per image, unpadded; :func:`~.collate.pack_to_example`
+pads them to ``max_images`` slots. Every decode refuses more than ``max_pixels`` pixels before decoding
+any; bad bytes raise :class:`ImageDecodeError`, which the loader counts and skips. EXIF orientation is
+not applied (the packer counted tokens from the stored size).
 """
 
 from __future__ import annotations
@@ -49,7 +21,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..errors import ConfigError, FormatError
+from ...errors import ConfigError, FormatError
 
 __all__ = [
     "CLIP_MEAN",
@@ -77,7 +49,7 @@ CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
 class PatchLayout(Protocol):
-    """What :func:`~wdspack.loader.collate.pack_to_example` reads from a transform that returns
+    """What :func:`~wdspack.loader.batch.collate.pack_to_example` reads from a transform that returns
     ``image_grid_thw`` (flattened patches): one image token = ``merge_size²`` patches, and the
     fixed number of patch rows per pack."""
 
@@ -118,7 +90,7 @@ def open_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
         >>> buf = io.BytesIO(); Image.new("RGB", (300, 200)).save(buf, format="PNG")
         >>> open_image(buf.getvalue(), max_pixels=10_000)
         Traceback (most recent call last):
-        wdspack.loader.images.ImageTooLargeError: image of 300x200 = 60000 pixels exceeds the limit of 10000 ...
+        wdspack.loader.batch.images.ImageTooLargeError: image of 300x200 = 60000 pixels exceeds the limit of 10000 ...
     """
     allowed = None if formats is None else _available(formats)
     try:
@@ -168,7 +140,7 @@ def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, draft: in
 
 
 class ImageTransform:
-    """Picklable ``images → tensors`` for :func:`wdspack.loader.collate.pack_to_example` (state: its settings).
+    """Picklable ``images → tensors`` for :func:`wdspack.loader.batch.collate.pack_to_example` (state: its settings).
 
     Build it with :func:`make_image_transform`. Called on a pack's encoded images it returns one
     entry per image (see the module docstring for the layouts); errors name the image's index.

@@ -1,12 +1,10 @@
 """The loader's text side of a batch, built from its packs in one pass.
 
-:func:`~.collate.pack_to_example` then :func:`~.collate.collate_packs` is the reference: a dozen
-tensors per pack, then stacked, then each pack's sub-sample lengths and targets counted again from
-those tensors. In a loader worker that text work cost about as much per image as copying the pixels,
-and every small NumPy or torch call costs more there than in a tight loop (the decoder has just swept
-the caches). :func:`text_batch` writes the same batch straight into ``[B, L]`` arrays, taking each
-pack's sub-sample lengths and targets from the pack itself. It gives exactly what the reference gives,
-key order included (``tests/loader/test_textbatch.py``).
+    packs ─► text_batch ─► input_ids, labels, position_ids, seq_idx [B, L], counts, source_idx, image slots
+                           (sub-sample lengths and targets read from the packs) ─► segment_batch
+
+:func:`text_batch` gives exactly what :func:`~.collate.pack_to_example` + :func:`~.collate.collate_packs`
+give, key order included.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..format.pack import Pack
+from ...format.pack import Pack
 from .collate import IGNORE_INDEX, SOURCE_KEY, check_budgets, check_options, segment_batch
 
 __all__ = ["text_batch"]

@@ -1,10 +1,11 @@
-"""Where a rank stands in a mixture's schedule at any point, as plain JSON (DESIGN.md section 8).
+"""Where a rank stands in a mixture's merge at any point, as plain JSON.
 
-:func:`~.schedule.plan_slot` gives the rank's cursors after whole rounds of its workers' batches
-(``plan.end``); :func:`rank_cursors` gives them after any prefix of each worker's positions, by
-replaying the rank's merge from the workers' plans. :mod:`.mixed` uses it for loader states (the
-rank's cursor per source where it stopped), for stages (a new mixture or number of workers going on
-from there) and for weight schedules (each segment planned from where the one before ended).
+    plan_slot(...).end          the rank's cursors after whole rounds of its workers' batches
+    rank_cursors(..., counts)   after any prefix of each worker's positions (the merge replayed)
+    cursor_to_json(c)           [pass_no, pos, [[worker, pass_no, start, stop, emitted], ...], frontier]
+
+Holds: the cursors are the same on every worker of a rank; :func:`cursor_from_json` inverts
+:func:`cursor_to_json`.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from .schedule import SlotSchedule, SourceCursor, SourceLayout, plan_slot
-from .source_stream import RankStream
+from .merge import SlotSchedule, plan_slot
+from .streams import RankStream, SourceCursor, SourceLayout
 
 __all__ = ["concat_plans", "cursor_from_json", "cursor_to_json", "rank_cursors", "renumber", "shifted",
            "take_positions"]
@@ -74,7 +75,7 @@ def rank_cursors(layouts: Sequence[SourceLayout], shares: Sequence[float], start
                  counts: Sequence[int], *, rank: int, ranks: int, workers: int, batch_size: int, seed: int,
                  shuffle: bool, shuffle_buffer: int, own_shares: bool = False) -> tuple[SourceCursor, ...]:
     """The rank's cursors once worker ``w`` has emitted the first ``counts[w]`` positions of its plan from
-    ``start`` (:func:`~.schedule.plan_slot`), which need not be whole rounds of the workers' batches.
+    ``start`` (:func:`~.merge.plan_slot`), which need not be whole rounds of the workers' batches.
 
     ``plan_slot(...).end`` gives the cursors after whole rounds; here the rank's merge is replayed from
     the workers' plans in the DataLoader's order, each position taking its pack from its worker's block
@@ -82,7 +83,7 @@ def rank_cursors(layouts: Sequence[SourceLayout], shares: Sequence[float], start
     its worker's first ``counts[w]`` (a block taken and not emitted from is held with 0 emitted).
 
     Example:
-        >>> from wdspack.loader.schedule import source_layout
+        >>> from wdspack.loader.mixture.streams import source_layout
         >>> a = source_layout("a", [6], np.full(6, 10))
         >>> rank_cursors([a], [1.0], [SourceCursor()], [2], rank=0, ranks=1, workers=1, batch_size=1, seed=0,
         ...              shuffle=False, shuffle_buffer=1)

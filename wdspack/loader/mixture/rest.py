@@ -1,22 +1,13 @@
-"""The rest of a mixture's passes after an elastic resume (W ranks -> W' ranks; DESIGN.md section 8).
+"""The rest of a mixture's passes after an elastic resume (W ranks -> W' ranks).
 
-A rank's cursor in a source (:class:`~.source_stream.SourceCursor`) is a place in *its own share*
-of each pass, so under another number of ranks the shares, and with them the cursors, mean other
-packs. The states of all the saved ranks together say which packs of each pass were consumed: the
-passes a rank finished, the reading positions it handed out before its frontier, less what its
-held blocks have not emitted yet. For every pass some rank had begun and not every rank finished
-(and every later pass an earlier rest still holds), the packs left, in the pass's reading order
-(the saved ranks' shares one after the other), are that pass's *rest*; it is split over the new
-ranks as a whole pass is (consecutive runs that differ by at most one pack), and the new ranks'
-streams start at the first such pass, so nothing within a pass is read twice or skipped. Passes
-after the rest are split as usual.
-
-The rest is kept as plain JSON, small whatever the data (the saved cursors, not the packs)::
+    saved ranks' cursors ─► per pass begun and not finished by all: the rows nobody consumed,
+    in the pass's reading order ─► split over the new ranks as a whole pass is ─► later passes as usual
 
     {"ranks": 3, "old_ranks": 2, "seed": 3, "shuffle": true, "buffer": 3,
      "cursors": {"a": [cursor of rank 0, cursor of rank 1], ...}, "prior": an earlier rest or null}
 
-and every process computes the same rows from it (:func:`rest_layouts`).
+Holds: nothing within a pass is read twice or skipped; the rest is plain JSON, small whatever the
+data, and every process computes the same rows from it (:func:`rest_layouts`).
 """
 
 from __future__ import annotations
@@ -27,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
-from .rank_cursors import cursor_from_json
-from .source_stream import RankStream, SourceCursor, SourceLayout
+from ...errors import ConfigError
+from .cursors import cursor_from_json
+from .streams import RankStream, SourceCursor, SourceLayout
 
 __all__ = ["first_open_pass", "passes_left", "rest_layouts"]
 
@@ -57,7 +48,7 @@ def passes_left(layout: SourceLayout, cursors: Sequence[SourceCursor], *, seed: 
     reading order; ``cursors`` are the ranks' (rank ``r``'s at ``r``), ``layout`` as they read it.
 
     Example:
-        >>> from .source_stream import source_layout
+        >>> from wdspack.loader.mixture.streams import source_layout
         >>> a = source_layout("a", [4, 4], np.ones(8, np.int64))
         >>> left = passes_left(a, [SourceCursor(0, 3), SourceCursor(1, 1)], seed=0, shuffle=False, buffer=1)
         >>> {p: rows.tolist() for p, rows in left.items()}  # rank 0 read 3 of pass 0, rank 1 all and 1 of pass 1

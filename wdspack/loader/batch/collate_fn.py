@@ -1,4 +1,4 @@
-"""The loader's ``collate_fn`` (:class:`LoaderCollate`) and the batch options it is built with.
+"""The DataLoader's ``collate_fn`` (:class:`LoaderCollate`) and the batch options it is built with.
 
     examples (one per pack) ─► collate_staged ─► batch  (+ the packs' positions, META_KEY)
                                    │ pixels written once: a worker's recycled buffer, else new memory
@@ -9,14 +9,17 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import get_worker_info
 
-from ..errors import ConfigError
+from ...errors import ConfigError
+from ..dataset import META_KEY
 from .buffers import PIXEL_DTYPES, PixelBuffers, Shipment, collate_staged, fresh_pixels
-from .dataset import META_KEY, PackedDataset
+
+if TYPE_CHECKING:
+    from ..dataset import PackedDataset
 
 __all__ = ["LoaderCollate", "check_pixel_dtype", "resolve_max_segments"]
 
