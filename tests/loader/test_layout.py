@@ -31,3 +31,14 @@ def test_the_map_names_every_module():
 def test_the_map_names_no_module_that_is_gone():
     stale = sorted(name for name in _named() if name.startswith(ROOT + ".") and name not in _modules())
     assert not stale, f"wdspack/loader/__init__.py's module map names {stale}, which are not in wdspack/loader/"
+
+
+def test_the_development_page_names_every_module():
+    """docs/development.md's repository layout names each module of the loader (by its own name)."""
+    from tests.support import ROOT as REPO
+
+    text = (REPO / "docs" / "development.md").read_text(encoding="utf-8")
+    block = text[text.index("           loader/"):text.index("           train/")]
+    words = set(re.findall(r"\w+", block))
+    missing = sorted(name for name in _modules() if name.rsplit(".", 1)[-1] not in words)
+    assert not missing, f"docs/development.md's repository layout does not name {missing}"

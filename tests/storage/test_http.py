@@ -267,7 +267,7 @@ def test_headers_reach_the_server_but_no_log_error_or_repr(server, local_example
     exc = info.value
     _no_secret(caplog.text, *(str(r.args) for r in caplog.records), str(exc), repr(exc),
                "".join(traceback.format_exception(exc)), repr(exc.__context__), repr(ds), str(ds),
-               repr(ds._source), repr(ds.stats))
+               repr(ds.source), repr(ds.stats))
     assert caplog.records and str(exc)  # there was something to look at
 
     server.clear()

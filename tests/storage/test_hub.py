@@ -285,7 +285,7 @@ def test_the_token_reaches_the_server_and_nowhere_else(hub, packed, caplog):
         with pytest.raises(error) as e:
             PackedDataset(source, read={"storage_options": hub.options(token=TOKEN)})
         errors.append(e.value)
-    stream = HttpStream(f"{hub.endpoint}/datasets/org/missing/resolve/main/x.tar", headers=ds._source.headers,
+    stream = HttpStream(f"{hub.endpoint}/datasets/org/missing/resolve/main/x.tar", headers=ds.source.headers,
                         retries=0)
     with pytest.raises(SourceError, match="HTTP 401, not authorised") as e:
         stream.read(1)
@@ -293,7 +293,7 @@ def test_the_token_reaches_the_server_and_nowhere_else(hub, packed, caplog):
 
     texts = [record.getMessage() for record in caplog.records]
     texts += ["".join(traceback.format_exception(error)) for error in errors]
-    texts += [repr(ds), repr(ds._source), repr(stream), repr(loader.state_dict()), str(ds.stats)]
+    texts += [repr(ds), repr(ds.source), repr(stream), repr(loader.state_dict()), str(ds.stats)]
     texts += [(hub.workdir / "requests.jsonl").read_text(), (hub.workdir / "logs" / "olah.log").read_text()]
     assert caplog.records and len(texts) > len(caplog.records)
     leaks = [text for text in texts if TOKEN in text]

@@ -380,7 +380,7 @@ def test_credentials_reach_no_log_error_or_repr(s3, local, remote, via_proxy, pr
     loader = make_loader(ds, batch_size=2, num_workers=0)
     _batches(loader)
     assert loader.stats["retries"] == 1 and "retry 1/5 at byte 1000" in caplog.text
-    texts = [caplog.text, repr(ds), repr(loader), repr(ds._source), str(ds._source.shards)]
+    texts = [caplog.text, repr(ds), repr(loader), repr(ds.source), str(ds.source.shards)]
     with open_stream(remote + "/train-000000.tar", headers=via_proxy) as s:
         texts.append(repr(s))
     for source in (f"s3://{BUCKET}/missing/", f"s3://{BUCKET}/missing/train-000000.tar"):

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ..errors import ConfigError, FormatError, WdspackError
+from ..errors import ConfigError, WdspackError
 from ..format.dataset import ResolvedSource, read_pack_index, resolve_source
 from ..format.tar import Handler
 from ..storage.streams import open_stream
@@ -42,16 +42,17 @@ from ..storage.urls import is_remote
 from .balance import RUNS, TARGET_WAITING, choose_run, plan_epoch_balanced, waiting
 from .batch.budgets import check_pixels, dataset_budgets
 from .elastic import SharedBasis, consumed_packs
-from .mixture.read import iter_slot
+from .mixture.read import slot_rounds
 from .mixture.sources import MixedSources
 from .mixture.spec import Mixture, default_name, is_mixture_spec
 from .options import Balance, ReadOptions
 from .plan import REMAINDER_POLICIES, EpochPlan, plan_epoch, plan_remainder, slot_order
-from .stages import decode_packs, lap_source, reorder
+from .read import Round, read_slot
+from .stages import lap_source, reorder
 
 __all__ = ["META_KEY", "PackedDataset", "STAT_KEYS"]
 
-logger = logging.getLogger("wdspack.loader")
+logger = logging.getLogger(__name__)
 
 #: Counters every slot keeps; ``dataset.stats`` / ``loader.stats`` sum them.
 STAT_KEYS = ("corrupt_packs", "truncated_shards", "ignored_members", "retries", "requests", "bytes_read")
@@ -174,6 +175,11 @@ class PackedDataset(IterableDataset):
         return self._source.manifest
 
     @property
+    def source(self) -> ResolvedSource:
+        """The resolved source: its shards (URL, packs), manifest, headers (a mixture: its sources combined)."""
+        return self._source
+
+    @property
     def shards(self) -> tuple[str, ...]:
         return tuple(s.url for s in self._source.shards)
 
@@ -227,10 +233,12 @@ class PackedDataset(IterableDataset):
     def consumed(self, epoch: int, basis: Mapping[str, Any]) -> list[np.ndarray]:
         """Per shard, the packs of ``epoch`` that the layout in ``basis`` has read, or never reads."""
         return consumed_packs(epoch, basis, counts=[s.packs for s in self._source.shards],
-                              layout_plan=self._layout_plan, seed=self.seed, shuffle=self.shuffle,
+                              layout_plan=self.layout_plan, seed=self.seed, shuffle=self.shuffle,
                               shuffle_buffer=self.shuffle_buffer)
 
-    def _layout_plan(self, world: int, workers: int, epoch: int, prior: list[np.ndarray] | None) -> EpochPlan:
+    def layout_plan(self, world: int, workers: int, epoch: int, prior: list[np.ndarray] | None) -> EpochPlan:
+        """The plan of ``epoch`` under ``world`` ranks × ``workers``; of its rest when ``prior`` (per shard,
+        the packs already read) is given."""
         counts = [s.packs for s in self._source.shards]
         if prior is not None:
             return plan_remainder(counts, prior, slots=world * workers, epoch=epoch, seed=self.seed,
@@ -257,7 +265,7 @@ class PackedDataset(IterableDataset):
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` at its beginning on the next iteration (changes the shuffle)."""
-        self._publish(epoch, None)
+        self.publish(epoch, None)
 
     def state_dict(self) -> dict[str, Any]:
         """Position of iteration in this process (no DataLoader workers); use ``loader.state_dict()`` with workers."""
@@ -265,9 +273,9 @@ class PackedDataset(IterableDataset):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume in-process iteration at ``state`` (from :meth:`state_dict`)."""
-        self._publish(int(state["epoch"]), [tuple(w) for w in state["workers"]])
+        self.publish(int(state["epoch"]), [tuple(w) for w in state["workers"]])
 
-    def _publish(self, epoch: int, positions: Sequence[tuple[int, ...]] | None, shift: int = 0) -> None:
+    def publish(self, epoch: int, positions: Sequence[tuple[int, ...]] | None, shift: int = 0) -> None:
         """Write what the next iteration starts from; workers (even persistent ones) read it then.
 
         ``shift`` rotates worker roles: DataLoader worker ``i`` plays worker ``(i + shift) % n``, so
@@ -306,13 +314,11 @@ class PackedDataset(IterableDataset):
         start = self._resume_point(worker)
         if info is None:
             self.load_offsets_if_split(1)
-        if self.mixture is not None:
-            examples = iter_slot(
-                self.mixture, slot=slot, slots=self.world_size * workers, workers=workers, epoch=epoch, position=start,
-                batch_size=self.batch_size, seed=self.seed, shuffle=self.shuffle, shuffle_buffer=self.shuffle_buffer,
-                read=self._read, stats=stats, handler=make_handler(self.on_corrupt, stats), to_example=self._to_example)
-        else:
-            examples = self._iter_slot(self._plan(workers, epoch), slot, epoch, start, stats)
+        handler = make_handler(self.on_corrupt, stats)
+        yielded, per_slot, rounds = self._slot_rounds(slot=slot, slots=self.world_size * workers, workers=workers,
+                                                      epoch=epoch, position=start, stats=stats, handler=handler)
+        examples = read_slot(rounds, yielded=yielded, per_slot=per_slot, seq_len=self.seq_len,
+                             max_images=self.max_images, handler=handler, to_example=self._to_example)
         for example, position in examples:
             if info is None:
                 self._progress[0] = position
@@ -334,7 +340,7 @@ class PackedDataset(IterableDataset):
         key = (workers, epoch, json.dumps(basis, sort_keys=True))
         if key not in self._plans:
             done = self.consumed(epoch, basis) if basis is not None else None
-            self._plans = {key: self._layout_plan(self.world_size, workers, epoch, done)}
+            self._plans = {key: self.layout_plan(self.world_size, workers, epoch, done)}
         return self._plans[key]
 
     def load_offsets_if_split(self, workers: int, epochs: int = 4, *, force: bool = False) -> bool:
@@ -461,14 +467,25 @@ class PackedDataset(IterableDataset):
         return pack_to_example(pack, seq_len=self.seq_len, max_images=self.max_images,
                                pad_token_id=self.pad_token_id, image_transform=self.image_transform)
 
-    def _iter_slot(self, plan: EpochPlan, slot: int, epoch: int, position: tuple[int, int, int], stats: Counter
-                   ) -> Iterator[tuple[dict[str, torch.Tensor], tuple[int, int, int]]]:
-        """Yield ``(example, (lap, emitted, yielded))`` until the slot has yielded ``plan.per_slot`` packs."""
+    def _slot_rounds(self, *, slot: int, slots: int, workers: int, epoch: int, position: tuple[int, int, int],
+                     stats: Counter, handler: Handler) -> tuple[int, int, Iterator[Round]]:
+        """The slot's reading as :func:`~.read.read_slot` takes it, ``(yielded, per_slot, rounds)``: a mixture's
+        schedules (:func:`~.mixture.read.slot_rounds`), or this dataset's laps, the one-source case."""
+        if self.mixture is not None:
+            return slot_rounds(self.mixture, slot=slot, slots=slots, workers=workers, epoch=epoch, position=position,
+                               batch_size=self.batch_size, seed=self.seed, shuffle=self.shuffle,
+                               shuffle_buffer=self.shuffle_buffer, read=self._read, stats=stats, handler=handler)
+        plan = self._plan(workers, epoch)
+        return position[2], plan.per_slot, self._laps(plan, slot, epoch, position, stats, handler)
+
+    def _laps(self, plan: EpochPlan, slot: int, epoch: int, position: tuple[int, int, int], stats: Counter,
+              handler: Handler) -> Iterator[Round]:
+        """One lap of the slot's packs per round, from ``position`` (``(lap, emitted, yielded)``); a lap
+        that began fresh and gave nothing means the dataset is damaged."""
         ranges = plan.slots[slot]
         starts = np.cumsum([0] + [len(r) for r in ranges]).tolist()
         size = starts[-1]
-        lap, emitted, yielded = position
-        handler = make_handler(self.on_corrupt, stats)
+        lap, emitted, _ = position
         shards = self._source.shards
 
         def where(pos: int) -> str:
@@ -483,7 +500,7 @@ class PackedDataset(IterableDataset):
             return open_stream(shards[index].url, offset=offset, headers=self._source.headers, stats=stats,
                                **self._read), at
 
-        while yielded < plan.per_slot:
+        while True:
             order = slot_order(plan, slot, seed=self.seed, epoch=epoch, lap=lap, shuffle=self.shuffle,
                                shuffle_buffer=self.shuffle_buffer)
             fresh = emitted == 0
@@ -491,30 +508,15 @@ class PackedDataset(IterableDataset):
             done = set(order[:emitted].tolist())
             src = lap_source(ranges, first=first, emitted=done, open_shard=open_shard,
                              shard_name=lambda s: shards[s].url, stats=stats, handler=handler)
-            items = reorder(src, order, start=emitted)
-            got = 0
-            try:
-                for k, pack in decode_packs(items, seq_len=self.seq_len, max_images=self.max_images, handler=handler,
-                                            where=lambda k: where(int(order[k]))):  # noqa: B023  (decode_packs is used up in this lap)
-                    emitted = k + 1
-                    if pack is None:
-                        continue
-                    try:
-                        example = self._to_example(pack)
-                    except ConfigError:
-                        raise  # a loader set up unlike the dataset (e.g. another processor): not the pack's fault
-                    except (WdspackError, OSError, ValueError) as e:
-                        handler("corrupt_packs", FormatError(f"{where(int(order[k]))}: {type(e).__name__}: {e}"))
-                        continue
-                    got += 1
-                    yielded += 1
-                    yield example, (lap, emitted, yielded)
-                    if yielded >= plan.per_slot:
-                        return
-            finally:
-                items.close()
-                src.close()
-            if fresh and got == 0:
+            def at(k: int, order: np.ndarray = order) -> str:
+                return where(int(order[k]))
+
+            def reported(e: int, y: int, lap: int = lap) -> tuple[int, int, int]:
+                return lap, e, y
+
+            rnd = Round(emitted, reorder(src, order, start=emitted), at, reported, streams=(src,))
+            yield rnd
+            if fresh and rnd.got == 0:
                 raise WdspackError(f"slot {slot} (rank {self.rank}) read a whole pass over its {size} packs and none "
                                    "was readable (see the warnings above); the dataset is damaged")
             lap, emitted = lap + 1, 0

@@ -27,7 +27,7 @@ from .plan import EpochPlan, slot_order
 
 __all__ = ["SharedBasis", "consumed_packs", "lockstep_positions"]
 
-logger = logging.getLogger("wdspack.loader")
+logger = logging.getLogger(__name__)
 
 _ELASTIC_BYTES = 1 << 20  # shared buffer for the elastic basis (JSON): the layout a resumed epoch came from
 

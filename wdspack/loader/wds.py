@@ -64,7 +64,7 @@ from ..format.pack import Pack, decode_pack
 
 __all__ = ["DatasetInfo", "batched", "collate", "decode_packs", "read_dataset", "to_examples"]
 
-logger = logging.getLogger("wdspack.wds")
+logger = logging.getLogger(__name__)
 
 #: ``handler(exn) -> bool``: webdataset's error convention (True: skip and go on; False: stop; or raise).
 Handler = Callable[[Exception], bool]

@@ -48,7 +48,7 @@ def check_packed_with(dataset: Any) -> None:
     m = dataset.manifest
     if m is None or dataset.mixture is not None:  # shards alone say nothing; a mixture's sources are checked apart
         return
-    policy, display = m.image_policy, dataset._source.display
+    policy, display = m.image_policy, dataset.source.display
     batcher = dataset.model_batcher
     if batcher is None:
         _check_transform(dataset, m, display)
@@ -105,7 +105,7 @@ def _check_transform(dataset: Any, m: Any, display: str) -> None:
 def _first_image_pack(dataset: Any) -> Pack | None:
     """The first pack with images in the first shard that has any (None: none, or the shard cannot be read
     now; the workers report that with their own handling)."""
-    src = dataset._source
+    src = dataset.source
     infos = {s.name: s for s in dataset.manifest.shards}
     shard = next((s for s in src.shards if getattr(infos.get(s.name), "images", 1)), None)
     if shard is None:

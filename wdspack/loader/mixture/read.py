@@ -2,7 +2,7 @@
 
     MixedSources.schedule ─► per source: the slot's ranged reads (_source_packs) ─┐
                              reorder_sources (each position from its source's read-ahead) ◄┘
-                             ─► decode_packs ─► to_example (+ source_idx)
+                             ─► a Round ─► wdspack.loader.read.read_slot (decode, example, source_idx)
 
 Holds: each source reads only the packs this worker's positions take, each from its first needed
 pack to its last; what a source has read ahead and not yet given is at most its shuffle buffer.
@@ -11,32 +11,31 @@ pack to its last; what a source has read ahead and not yet given is at most its 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import numpy as np
-import torch
 
-from ...errors import ConfigError, FormatError, WdspackError
+from ...errors import WdspackError
 from ...format.tar import Handler
 from ...storage.streams import open_stream
-from ..batch.collate import SOURCE_KEY
 from ..plan import PackRange
-from ..stages import decode_packs, lap_source, reorder_sources
+from ..read import Round
+from ..stages import lap_source, reorder_sources
 from .continuation import mid_continuation
 from .merge import SlotSchedule
 from .sources import MixedSources
 
-__all__ = ["iter_slot"]
+__all__ = ["slot_rounds"]
 
 
-def iter_slot(mix: MixedSources, *, slot: int, slots: int, workers: int, epoch: int, position: tuple[int, int, int],
-              batch_size: int, seed: int, shuffle: bool, shuffle_buffer: int, read: dict[str, Any],
-              stats: Counter, handler: Handler, to_example: Callable[[Any], dict[str, Any]]
-              ) -> Iterator[tuple[dict[str, Any], tuple[int, int, int]]]:
-    """Yield ``(example, (0, emitted, yielded))`` until the slot has yielded its ``per_slot`` packs
-    (``slot``, ``slots``, ``workers``, ``batch_size``: as :meth:`MixedSources.schedule` takes them; positions count
-    from the epoch's start, in a continuation's epoch too)."""
+def slot_rounds(mix: MixedSources, *, slot: int, slots: int, workers: int, epoch: int, position: tuple[int, int, int],
+                batch_size: int, seed: int, shuffle: bool, shuffle_buffer: int, read: dict[str, Any],
+                stats: Counter, handler: Handler) -> tuple[int, int, Iterator[Round]]:
+    """The slot's reading as :func:`~wdspack.loader.read.read_slot` takes it: ``(yielded, per_slot, rounds)``,
+    counted from where the slot's schedule begins (``slot``, ``slots``, ``workers``, ``batch_size``: as
+    :meth:`MixedSources.schedule` takes them; the rounds report positions from the epoch's start, in a
+    continuation's epoch too)."""
     per_slot = mix.per_slot(slots, batch_size, epoch)
     _, emitted, yielded = position
     continuation = mix.continuation()
@@ -45,11 +44,21 @@ def iter_slot(mix: MixedSources, *, slot: int, slots: int, workers: int, epoch: 
         # the continuation's schedule counts from where it began: positions here are the epoch's
         before = continuation.before[slot % workers]
         emitted, yielded, per_slot = emitted - before, yielded - before, per_slot - before
-    while yielded < per_slot:
+    rounds = _rounds(mix, slot=slot, slots=slots, workers=workers, epoch=epoch, emitted=emitted, yielded=yielded,
+                     per_slot=per_slot, before=before, batch_size=batch_size, seed=seed, shuffle=shuffle,
+                     shuffle_buffer=shuffle_buffer, read=read, stats=stats, handler=handler)
+    return yielded, per_slot, rounds
+
+
+def _rounds(mix: MixedSources, *, slot: int, slots: int, workers: int, epoch: int, emitted: int, yielded: int,
+            per_slot: int, before: int, batch_size: int, seed: int, shuffle: bool, shuffle_buffer: int,
+            read: dict[str, Any], stats: Counter, handler: Handler) -> Iterator[Round]:
+    """One schedule per round: the first for the slot's ``per_slot`` positions; after corrupt packs, a
+    longer one of the same epoch (it begins with the shorter), read on from where the last stopped."""
+    while True:
         sched = mix.schedule(slot=slot, slots=slots, workers=workers, epoch=epoch,
-                              positions=emitted + per_slot - yielded, batch_size=batch_size, seed=seed,
-                              shuffle=shuffle, shuffle_buffer=shuffle_buffer)
-        begin, got = emitted, 0
+                             positions=emitted + per_slot - yielded, batch_size=batch_size, seed=seed,
+                             shuffle=shuffle, shuffle_buffer=shuffle_buffer)
         reads = [_source_packs(mix, i, sched, emitted, read=read, stats=stats, handler=handler)
                  for i in range(len(mix.sources))]
         items = reorder_sources(reads, sched.source.tolist(), list(zip(sched.pass_no.tolist(), sched.row.tolist())),
@@ -59,32 +68,14 @@ def iter_slot(mix: MixedSources, *, slot: int, slots: int, workers: int, epoch: 
             i, shard = int(sched.source[k]), int(sched.shard[k])
             return f"mixture source {mix.names[i]!r}: {mix.sources[i].shards[shard].url} pack {sched.pack[k]}"
 
-        try:
-            for k, pack in decode_packs(items, seq_len=mix.seq_len, max_images=mix.max_images, handler=handler,
-                                        where=where):
-                emitted = k + 1
-                if pack is None:
-                    continue
-                try:
-                    example = to_example(pack)
-                except ConfigError:
-                    raise  # a loader set up unlike the data: not the pack's fault
-                except (WdspackError, OSError, ValueError) as e:
-                    handler("corrupt_packs", FormatError(f"{where(k)}: {type(e).__name__}: {e}"))
-                    continue
-                example[SOURCE_KEY] = torch.tensor(int(sched.source[k]), dtype=torch.int64)
-                got += 1
-                yielded += 1
-                yield example, (0, emitted + before, yielded + before)
-                if yielded >= per_slot:
-                    return
-        finally:
-            items.close()
-            for r in reads:
-                r.close()
-        if got == 0 and emitted - begin >= per_slot:
-            raise WdspackError(f"slot {slot} read {emitted - begin} packs of the mixture and none was readable "
+        rnd = Round(emitted, items, where, lambda e, y: (0, e + before, y + before), source=sched.source,
+                    streams=tuple(reads))
+        yield rnd
+        if rnd.got == 0 and rnd.end - emitted >= per_slot:
+            raise WdspackError(f"slot {slot} read {rnd.end - emitted} packs of the mixture and none was readable "
                                "(see the warnings above); a source is damaged")
+        emitted, yielded = rnd.end, yielded + rnd.got
+
 
 def _source_packs(mix: MixedSources, i: int, sched: SlotSchedule, first: int, *, read: dict[str, Any], stats: Counter,
                   handler: Handler) -> Generator[tuple[tuple[int, int], bytes | None], None, None]:
