@@ -1,23 +1,13 @@
 """``PackedDataset``: one fixed-shape example per pack, streamed from tar shards.
 
-Per ``(rank, worker)`` slot and epoch (see :mod:`.plan` for the split)::
+    plan_epoch (or plan_epoch_balanced) ─► the slot's rounds ─► read.read_slot ─► example
+      one dataset: lap 0, lap 1 (only to make up for drop/wrap/skips) ...; a mixture: mixture.read
 
-    plan_epoch ─► lap 0: shuffle_order ─► lap_source ─► reorder ─► decode_packs ─► pack_to_example
-                  lap 1 (only to make up for drop/wrap/skips) ...
-
-With ``balance="cost"``, :func:`~.balance.plan_epoch_balanced` replaces both the split and the
-shuffle buffer's order (runs of packs dealt by cost, windows sorted into shared cost bands), and
-``lap_source`` opens each run at its pack's byte offset from the pack index.
-
-Under :class:`~wdspack.loader.PackedLoader` the built-in image transform runs only its first half
-here (decode and resize to uint8, ``buffers.PIXELS_KEY``); the loader's collate function normalises the
-pixels straight into the batch tensor.
-
-The whole stream of a slot is a pure function of ``(manifest, seed, epoch, slot)``, so the
-position ``(lap, emitted, yielded)`` of each slot is a complete checkpoint: restoring it
-rebuilds the shuffle buffer from the bytes again (reading from the oldest pack still in the
-buffer) and continues exactly. A checkpoint restored under another layout (ranks × workers) continues
-elastically: :mod:`.elastic`.
+Holds: a slot's stream is a pure function of ``(manifest, seed, epoch, slot)``, so its position
+``(lap, emitted, yielded)`` is a complete checkpoint (restoring it rebuilds the shuffle buffer from
+the bytes); another layout resumes elastically (:mod:`.elastic`); under the loader the built-in
+image transform runs only its first half here (decode and resize to uint8), the collate function
+normalises. docs/architecture.md#the-dataset tells more.
 """
 
 from __future__ import annotations

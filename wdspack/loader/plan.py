@@ -1,30 +1,14 @@
 """Who reads which packs, in which order: pure functions over the manifest's pack counts.
 
-Every ``(rank, worker)`` slot computes the same :func:`plan_epoch` from the same integers, so
-no process talks to another and none lists a directory. For 4 shards of 6 packs on 2 ranks × 1
-worker with ``remainder="drop"``::
-
-    shards (epoch order)   s2:6   s0:6   s3:6   s1:6
+    shards (epoch order)   s2:6   s0:6   s3:6   s1:6        (4 shards of 6 packs, 2 ranks × 1 worker)
     slot 0 (rank 0)        s2[0:6] s0[0:6]           12 packs
     slot 1 (rank 1)        s3[0:6] s1[0:6]           12 packs
 
-The epoch's shards, back to back, are cut into consecutive runs of each slot's share (McNaughton's
-wrap-around rule): a shard is split only where one slot's share ends, into pack ranges
-(``s4[0:57]``, ``s4[57:100]``) that are each one ranged read, so at most ``slots - 1`` shards are
-split and a shard no larger than a share is read in two pieces at most; shards that divide evenly
-are never split. Every slot then yields exactly ``per_slot`` packs, a multiple of the batch size:
-
-* ``remainder="drop"``: ``per_slot = floor(total / slots / batch) * batch``; the packs past the
-  slots' capacity are not read this epoch (fewer than ``slots * batch``; which ones changes with
-  the epoch's shard order).
-* ``remainder="wrap"``: ``per_slot = ceil(total / slots / batch) * batch``; every pack is read,
-  and a slot short of ``per_slot`` starts again at the beginning of its own assignment (a second
-  "lap", in a new shuffled order) until it has yielded ``per_slot`` packs.
-
-A slot also wraps when it skipped corrupt packs, so the count per slot holds either way.
-
-With ``balance="cost"`` the split and the order come from :mod:`.balance` instead, with the same
-slots, shares and ``per_slot``.
+Holds: every slot computes the same :func:`plan_epoch` from the same integers (no process talks to
+another, none lists a directory); at most ``slots - 1`` shards are split, each piece one ranged
+read; every slot yields exactly ``per_slot`` packs, a multiple of the batch size (``remainder``
+"drop": floor, "wrap": ceil, then a new lap); with ``balance="cost"`` :mod:`.balance` gives the
+split and order instead. docs/architecture.md#the-plan tells the rule and the remainders.
 """
 
 from __future__ import annotations

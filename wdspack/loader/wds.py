@@ -1,9 +1,5 @@
 """Stages for a ``webdataset`` pipeline you already have: pack records in, ``make_loader``'s batches out.
 
-A stock pipeline reads a wdspack shard as one sample per pack, ``{"__key__": ..., "mp": bytes}``.
-These stages turn those samples into exactly the tensors :func:`wdspack.make_loader` yields for
-the same packs in the same order (text, images, and model-ready keys with ``processor=``)::
-
     wds.SimpleShardList(info.urls) ─► split_by_node ─► split_by_worker ─► tarfile_to_samples
         ─► to_examples(info, ...)         one fixed-shape example per pack ("mp" bytes or a decoded dict)
         ─► [wds.shuffle(...), your filters]
@@ -11,37 +7,11 @@ the same packs in the same order (text, images, and model-ready keys with ``proc
 
     info = read_dataset("hf://datasets/org/packed@main")   # the manifest, once: shard URLs and budgets
 
-Every stage is a plain generator over the one before (``stage(src) -> Iterator``), so it fits
-``wds.DataPipeline(...)``, ``wds.WebDataset(urls).compose(stage)`` or a bare ``for`` loop; none of
-them imports ``webdataset``. Errors about a *sample* (bytes that are not a v1 pack, an image that
-does not decode, a member that is not a pack) go to the pipeline's ``handler`` as webdataset's
-stages pass them: ``handler(exn)`` returns True to skip and go on, False to stop, or raises
-(``wds.reraise_exception``, the default; ``wds.warn_and_continue`` skips with a warning). Errors
-about the *setup* (budgets unlike the dataset's, another processor) always raise.
-
-**Do not ``.decode()`` the shards.** webdataset's default decoders unpickle ``.pyd`` / ``.pickle``
-members and ``torch.load`` ``.pth`` ones, so a shard from an untrusted source could run code.
-These stages need no decoder: they read the ``mp`` bytes with wdspack's own msgpack reader (no
-extension types, size limits) and never look at another member's bytes. A ``"mp"`` already
-decoded to a dict (``.decode()`` upstream) is accepted too, but the damage, if any, is done by then.
-
-What :func:`wdspack.make_loader` adds over such a pipeline: every rank gets the same number of
-batches per epoch (``split_by_node`` hands out whole shards, so ranks with fewer packs run dry and
-a collective hangs), ``state_dict()`` resumes mid-shard and mid-buffer exactly, a dropped
-connection resumes at the exact byte (``Range``) instead of losing the shard's remaining packs,
-and one ranged GET per shard read with the token in a header (webdataset's ``hf://`` opener asks
-the Hub API once more per shard).
-
-**A mixture is not a dataset here** (DESIGN.md section 8): :func:`read_dataset` refuses one (a
-mixture file, a :class:`~wdspack.loader.Mixture`, a list of ``(path, weight)``) with a
-:class:`ConfigError` that names :func:`wdspack.make_loader`. A mixture is exact in tokens because
-its schedule interleaves single packs of every source, each source read in its own seeded order
-from shard *pieces* (a pass's share, cut where the epoch ends); a webdataset pipeline reads whole
-URLs one after the other in the order of its shard list and its own shuffle, so the schedule's
-order could only be given to it as one URL per pack (a request per pack, each a ``pipe:`` command
-that cuts a byte range) or by holding a slot's whole epoch in memory to reorder it. Neither is
-worth having next to ``make_loader``, which reads the schedule in ranged reads and yields the same
-batch contract with ``source_idx``.
+Holds: the same tensors :func:`wdspack.make_loader` yields for the same packs in the same order;
+every stage a plain generator, none imports ``webdataset``; a sample's error goes to the
+pipeline's ``handler``, a setup error always raises; never ``.decode()`` the shards (the stages
+read the ``mp`` bytes with wdspack's own reader); a mixture is refused (:func:`read_dataset`).
+docs/architecture.md#webdataset-stages tells why, and what ``make_loader`` adds.
 """
 
 from __future__ import annotations
