@@ -24,9 +24,10 @@ from torch.utils.data import DataLoader
 
 from ..errors import ConfigError, suggest_keywords
 from .batch.buffers import PixelBuffers
+from .batch.collate import META_KEY
 from .batch.collate_fn import LoaderCollate, check_pixel_dtype, resolve_max_segments
 from .batch.packed_with import check_packed_with
-from .dataset import META_KEY, STAT_KEYS, PackedDataset
+from .dataset import STAT_KEYS, PackedDataset
 from .mixture.spec import Mixture
 from .options import Balance, ReadOptions
 from .resume import LoaderPosition, LoaderState, restore, save_state

@@ -31,6 +31,7 @@ from ..storage.streams import open_stream
 from ..storage.urls import is_remote
 from .balance import RUNS, TARGET_WAITING, choose_run, plan_epoch_balanced, waiting
 from .batch.budgets import check_pixels, dataset_budgets
+from .batch.collate import META_KEY
 from .elastic import SharedBasis, consumed_packs
 from .mixture.read import slot_rounds
 from .mixture.sources import MixedSources
@@ -40,14 +41,13 @@ from .plan import REMAINDER_POLICIES, EpochPlan, plan_epoch, plan_remainder, slo
 from .read import Round, read_slot
 from .stages import lap_source, reorder
 
-__all__ = ["META_KEY", "PackedDataset", "STAT_KEYS"]
+__all__ = ["PackedDataset", "STAT_KEYS"]
 
 logger = logging.getLogger(__name__)
 
 #: Counters every slot keeps; ``dataset.stats`` / ``loader.stats`` sum them.
 STAT_KEYS = ("corrupt_packs", "truncated_shards", "ignored_members", "retries", "requests", "bytes_read")
 #: Private per-example key that carries a slot's position to :class:`~wdspack.loader.PackedLoader`.
-META_KEY = "__wdspack_position__"
 _META_HEAD = ("worker", "epoch", "lap", "emitted", "yielded")
 MAX_WORKERS = 256
 _HEAD = 3  # epoch, has_resume, shift; then (lap, emitted, yielded) per worker

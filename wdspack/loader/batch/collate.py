@@ -30,7 +30,7 @@ from ...format.pack import Pack
 if TYPE_CHECKING:
     from .images import PatchLayout
 
-__all__ = ["IGNORE_INDEX", "collate_packs", "naming_sample", "pack_to_example"]
+__all__ = ["IGNORE_INDEX", "META_KEY", "SOURCE_KEY", "collate_packs", "naming_sample", "pack_to_example"]
 
 #: The label of a token that is not a target (PyTorch's and transformers' ``ignore_index``).
 IGNORE_INDEX = -100
@@ -39,6 +39,9 @@ _TEXT_KEYS = ("input_ids", "labels", "position_ids", "seq_idx")
 _COUNT_KEYS = ("num_tokens", "num_samples")
 #: Each pack's source in a mixture (:mod:`wdspack.loader.mixture.read`); an example without it is from source 0
 SOURCE_KEY = "source_idx"
+#: Under the loader, each example's slot position and counters (``[worker, epoch, lap, emitted, yielded,
+#: *stats]``); the collate function stacks them and the loader pops them off each batch.
+META_KEY = "__wdspack_position__"
 
 
 def pack_to_example(pack: Pack, *, seq_len: int, max_images: int, pad_token_id: int,

@@ -15,8 +15,8 @@ import torch
 from torch.utils.data import get_worker_info
 
 from ...errors import ConfigError
-from ..dataset import META_KEY
 from .buffers import PIXEL_DTYPES, PixelBuffers, Shipment, collate_staged, fresh_pixels
+from .collate import META_KEY
 
 if TYPE_CHECKING:
     from ..dataset import PackedDataset
