@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pkgutil
-from pathlib import Path
 import re
+from pathlib import Path
 
 import wdspack.loader
 
