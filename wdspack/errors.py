@@ -61,6 +61,8 @@ DROP_REASONS: dict[str, str] = {
     "image_path_escape": "an image path points outside the image root",
     "unreadable_image": "the image bytes are corrupt, truncated or not an image",
     "image_too_large": "the image has more pixels than the decompression-bomb limit",
+    "unreadable_video": "the video bytes are not a video PyAV can open, or its header gives no frames",
+    "video_too_short": "the video has fewer frames than the model's video processor samples from it",
     "too_long": "the sample has more tokens than seq_len",
     "too_many_images": "the sample has more images than max_images",
     "duplicate_id": "another sample already has this id",
