@@ -41,6 +41,7 @@ INTEGRATION = (
     "models/test_vision_meta",  # the Qwen-VL towers' bookkeeping, real models
     "models/test_processor_mode",  # processor mode end to end
     "models/test_load_processor",  # processors saved and loaded
+    "models/test_video",  # videos encoded with PyAV; transformers' video code in a process of its own
     "train/test_ddp",  # torchrun: examples/train_ddp.py
     "train/test_trainers",  # torchrun: the HF Trainer and Accelerate examples
     "loader/test_distributed",  # torchrun
