@@ -58,9 +58,10 @@ def _packed_ids(out: Path) -> list[str]:
 
 def test_every_bad_record_is_dropped_with_its_reason(bad_dataset, sample_config, tmp_path, capsys):
     path, images, bad, good, lines = bad_dataset
-    # every reason but unmaskable_turn, which needs a template that rewrites earlier turns (tests/packer/test_render.py),
-    # and the video reasons: wdspack.models.video raises them (tests/models/test_video.py); video records are read
-    # from sources in #40's next part, and this matrix gains their rows then
+    # every reason but unmaskable_turn, which needs a template that rewrites earlier turns
+    # (tests/packer/test_render.py), and the video reasons: wdspack.models.video raises them
+    # (tests/models/test_video.py); video records are read from sources in #40's next part, and this
+    # matrix gains their rows then
     elsewhere = {"unmaskable_turn", "unreadable_video", "video_too_short"}
     assert {reason for _, reason in bad} == set(DROP_REASONS) - elsewhere, "the matrix covers every reason"
     out = tmp_path / "ds"
