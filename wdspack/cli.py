@@ -256,7 +256,8 @@ def _plan_groups(text: str) -> int:
 def _run_pack(args: argparse.Namespace) -> int:
     from .packer.config import PackConfig, RunOptions
     from .packer.job import pack_dataset
-    from .packer.samples import SampleConfig, check_template_syntax
+    from .packer.loading import check_template_syntax
+    from .packer.samples import SampleConfig
 
     template = None
     if args.chat_template:

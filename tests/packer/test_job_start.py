@@ -284,7 +284,7 @@ def test_the_output_folder_is_checked_before_anything_loads(demo_data, tmp_path,
     def no_load(name):
         raise AssertionError(f"the tokenizer {name!r} was loaded before the output folder was checked")
 
-    monkeypatch.setattr(samples, "_load_tokenizer", no_load)
+    monkeypatch.setattr(samples, "load_tokenizer", no_load)
     config = SampleConfig(str(tmp_path / "not-loaded"), tokens_per_image=16, image_token="[IMG]")
     done = tmp_path / "done"
     done.mkdir()

@@ -28,8 +28,10 @@ only when complete (temp name, then a rename), so a job killed at any point and 
 ``resume=True`` redoes only what was unfinished, and the result is byte-identical to an
 uninterrupted run.
 
-The pieces: :mod:`.config` (what the job is asked, what it did), :mod:`.spool` (the private format
-of the measured samples), :mod:`.selection` (the driver's integers: drops, plan, shards).
+The pieces: :mod:`.config` (what the job is asked, what it did), :mod:`.output` (the output folder's
+state before a job, its work folder, a failure recorded), :mod:`.spool` (the private format of the
+measured samples), :mod:`.selection` (the driver's integers: drops, plan, shards), :mod:`.summary`
+(the manifest written last, the summary printed).
 
 With ``PackConfig(plan_group_partitions=N)`` (``wdspack pack --plan-groups N``) everything after
 measuring runs as tasks over groups of ``N`` partitions (:mod:`.partitioned`): the driver keeps
@@ -50,19 +52,18 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import nullcontext
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from .._version import __version__
-from ..errors import Dropped, OutputError, SampleError, WdspackError, suggest_keywords
+from ..errors import Dropped, SampleError, WdspackError, suggest_keywords
 from ..format.manifest import DROPPED_NAME, MANIFEST_NAME, Manifest, ShardInfo
 from ..format.pack import encode_pack
-from ..format.pack_index import INDEX_NAME, build_index, decode_index, encode_index, index_entry, member_offsets
+from ..format.pack_index import INDEX_NAME, build_index, encode_index, index_entry, member_offsets
 from ..format.tar import ShardWriter, shard_name
-from ..storage.location import Location, stat_tag
-from .config import BudgetUse, PackConfig, PackSummary, dataset_budget_use
+from ..storage.location import Location
+from .config import PackConfig, PackSummary
 from .executors import (
     ProgressLog,
     check_executor,
@@ -73,19 +74,20 @@ from .executors import (
     run_tasks,
     shared_pool,
 )
+from .output import WORK_DIR, check_output, fingerprint, mark_failed, prepare_output
 from .partitioned import choose_plan_groups, plan_groups_above, plan_partitioned
 from .precheck import precheck
 from .samples import SampleConfig, get_builder
 from .selection import Measured, assign_shards, check_drops, plan_selected, select_samples, write_dropped
 from .sources import Partition, Source, TextRecord, iter_records, list_partitions
 from .spool import SpoolReader, SpoolWriter, assemble_pack, meta_name, read_meta
+from .summary import build_manifest, finish, records_behind, summary_of
 from .text import build_samples
 
 __all__ = ["DRIVER_BYTES_PER_SAMPLE", "WORK_DIR", "pack_dataset", "run_job"]
 
 logger = logging.getLogger(__name__)
 
-WORK_DIR = ".wdspack-work"
 #: The driver's peak memory per sample, besides the sample's id (a ``str``: ~50 B + its length, and
 #: an 8 B list slot): the integer columns, twice while they are joined, and the plan while it is
 #: built. Measured by ``tests/packer/test_driver_memory.py`` (about 210 B on CPython 3.11).
@@ -144,12 +146,12 @@ def _pack(sources: Sequence[str | Source], output: str | os.PathLike[str], sampl
     partitions = list_partitions(list(sources), image_root=image_root,
                                  records_per_partition=config.records_per_partition, map_files=map_files)
     config, plan = _choose_plan(partitions, config)  # before the fingerprint: a resumed job keeps the choice
-    fingerprint = _fingerprint(partitions, sample_config, config)
+    key = fingerprint(partitions, sample_config, config)
     tasks = [(i, p, sample_config, config.on_error, config.seq_len, config.max_images)
              for i, p in enumerate(partitions)]
     provenance = {"image_root": image_root, "max_image_side": sample_config.max_image_side,
                   "max_image_pixels": sample_config.max_image_pixels}
-    summary = run_job(Location(output), fingerprint, _measure_partition, tasks, config,
+    summary = run_job(Location(output), key, _measure_partition, tasks, config,
                       describe=lambda: _describe_samples(sample_config, partitions),
                       sources=[str(s) for s in sources], provenance=provenance, resume=resume, progress=progress,
                       start=start, source_names=[p.source for p in partitions])
@@ -215,11 +217,12 @@ def run_job(out: Location, fingerprint: str, measure: Callable[..., Any], tasks:
     check_executor(config.run.executor)  # before touching the output: a missing Ray is a usage error
     if progress and not sys.stderr.isatty():
         progress_interval()  # a bad WDSPACK_PROGRESS_INTERVAL is a usage error too
-    state = _check_output(out, fingerprint, resume=resume)  # in a second, before a tokenizer or processor loads
+    state = check_output(out, fingerprint, resume=resume)  # in a second, before a tokenizer or processor loads
     info = describe()
-    work = _prepare_output(out, fingerprint, state)
+    work = prepare_output(out, fingerprint, state)
     if work is None:  # already complete
-        return _summary_from_manifest(out, time.perf_counter() - start)
+        done = Manifest.from_json(out.read_bytes(MANIFEST_NAME))
+        return summary_of(out, done, seconds=time.perf_counter() - start, resumed_shards=len(done.shards))
     try:  # one local pool for every stage: each worker imports and loads the tokenizer once per job
         with shared_pool(config.run.workers if config.run.executor == "local" else 1):
             if config.plan_group_partitions:  # 0 and None: one global plan (pack_dataset chose by size)
@@ -231,7 +234,7 @@ def run_job(out: Location, fingerprint: str, measure: Callable[..., Any], tasks:
                                provenance=provenance, progress=progress, start=start, carried=carried,
                                samples_read=samples_read, source_names=source_names, records_read=records_read)
     except WdspackError as e:  # deterministic: the same command fails the same way; its fix is another command
-        _mark_failed(work, fingerprint, e)
+        mark_failed(work, fingerprint, e)
         raise
 
 
@@ -254,15 +257,15 @@ def _run_global(out: Location, work: Location, measure: Callable[..., Any], task
     write_dropped(out, dropped)
     read = measured.records if samples_read is None else samples_read
     kept_tokens = table["tokens"][table["keep"]]
-    manifest = _build_manifest(sources, config, info, infos, read, dropped, provenance,
+    manifest = build_manifest(sources, config, info, infos, read, dropped, provenance,
                                pack_index=index_entry(index),
-                               records_read=_records_read(measured.source_records, samples_read, records_read),
+                               records_read=records_behind(measured.source_records, samples_read, records_read),
                                min_sample_tokens=int(kept_tokens.min()) if kept_tokens.size else None,
                                max_samples_per_pack=max((len(p) for p in plan), default=0),
                                max_images_per_pack=max((int(table["images"][p].sum()) for p in plan), default=0),
                                max_image_tokens_per_pack=max((int(table["image_tokens"][p].sum()) for p in plan),
                                                              default=0))
-    return _finish(out, manifest, infos, start=start, resumed_shards=kept)
+    return finish(out, manifest, start=start, resumed_shards=kept)
 
 
 def _run_partitioned(out: Location, work: Location, measure: Callable[..., Any], tasks: list[tuple],
@@ -290,140 +293,20 @@ def _run_partitioned(out: Location, work: Location, measure: Callable[..., Any],
         check=check, source_names=source_names)
     read = records if samples_read is None else samples_read
     dropped_counts = Counter(json.loads(line)["reason"] for line in _lines(out, DROPPED_NAME))
-    manifest = _build_manifest(sources, config, info, list(result.shards), read, [], provenance,
+    manifest = build_manifest(sources, config, info, list(result.shards), read, [], provenance,
                                pack_index=entry, max_samples_per_pack=result.max_samples_per_pack,
-                               records_read=_records_read(result.source_records, samples_read, records_read),
+                               records_read=records_behind(result.source_records, samples_read, records_read),
                                min_sample_tokens=result.min_sample_tokens,
                                max_images_per_pack=result.max_images_per_pack,
                                max_image_tokens_per_pack=result.max_image_tokens_per_pack,
                                dropped_counts=(n_dropped, dict(sorted(dropped_counts.items()))))
-    return _finish(out, manifest, result.shards, start=start)
-
-
-def _finish(out: Location, manifest, shards: Sequence[Any], *, start: float, resumed_shards: int = 0) -> PackSummary:
-    """Write the manifest (the job's last word: a dataset without it is unfinished), drop the work
-    folder, and say what the job did."""
-    out.write_atomic(MANIFEST_NAME, manifest.to_json().encode())
-    out.remove(WORK_DIR)
-    totals = manifest.totals
-    return PackSummary(
-        output=str(out), samples_read=totals["samples_read"], samples_packed=totals["samples_packed"],
-        dropped_by_reason=totals["dropped_by_reason"], packs=totals["packs"], tokens=totals["tokens"],
-        images=totals["images"], fill_ratio=totals["fill_ratio"], shards=len(shards),
-        bytes=sum(i.bytes for i in shards), seconds=time.perf_counter() - start, resumed_shards=resumed_shards,
-        image_policy=manifest.image_policy, records_read=totals.get("records_read"),
-        budget=_budget(out, manifest))
-
-
-def _budget(out: Location, manifest: Manifest) -> BudgetUse | None:
-    """Which budget closed the packs, from the pack index just written (None: the dataset has none)."""
-    if not manifest.pack_index:
-        return None
-    name = manifest.pack_index["file"]
-    return dataset_budget_use(manifest, decode_index(out.read_bytes(name), manifest.pack_index,
-                                                     packs=manifest.num_packs, where=name))
+    return finish(out, manifest, start=start)
 
 
 def _lines(out: Location, name: str) -> Iterable[bytes]:
     """The lines of ``name``, read as a stream (``dropped.jsonl`` may be large)."""
     with out.open_read(name) as f:
         yield from f
-
-
-# ---------------------------------------------------------------------------------------------
-# Output folder and resume
-
-
-def _fingerprint(partitions: Sequence[Partition], sample_config: SampleConfig, config: PackConfig) -> str:
-    """A hash of everything that decides the output (not where tasks run: that changes nothing)."""
-    inputs = []
-    tags: dict[str, list[Any]] = {}  # one stat per file, not per partition (remote stats are requests)
-    for p in partitions:
-        if p.path not in tags:
-            tags[p.path] = stat_tag(p.path)
-        inputs.append([p.path, p.kind, p.start, p.stop, p.first_row, p.image_root, *tags[p.path]]
-                      + ([p.source, repr(p.row_map)] if p.source or p.row_map else []))  # ids, renames
-    blob = json.dumps({"inputs": inputs, "samples": asdict(sample_config), "config": config.output_fields(),
-                       "version": __version__}, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()
-
-
-def _check_output(out: Location, fingerprint: str, *, resume: bool) -> str:
-    """What the output folder holds, read only, before anything loads; the refusals raise ``OutputError``.
-
-    ``"done"``: a complete dataset, kept under ``--resume``; ``"stale"``: an unfinished job that wrote nothing
-    (no tokenized unit of work, no shard: it was stopped at once), started over whatever its arguments;
-    ``"failed"``: a job that failed (an error of wdspack's: drop tolerance, nothing packed, a usage error met
-    in a record) before writing a shard, started over unless ``--resume`` names the same job (then its
-    tokenized samples are kept) — so a corrected re-run needs no ``--resume`` and no deleting; ``"resume"``:
-    an interrupted or crashed job with finished work, kept for ``--resume`` with the same arguments;
-    ``"new"``: an empty or missing folder.
-    """
-    work = out.child(WORK_DIR)
-    job = json.loads(work.read_bytes("job.json")) if work.exists("job.json") else None
-    if out.exists(MANIFEST_NAME):
-        if resume and (job is None or job["fingerprint"] == fingerprint):
-            return "done"
-        raise OutputError(f"{out} already holds a packed dataset; choose another --output or delete it")
-    unfinished = work.exists() and (job is not None or not out.remote)
-    if unfinished and (job or {}).get("failed") and not _wrote_shard(out):
-        return "resume" if resume and (job or {}).get("fingerprint") == fingerprint else "failed"
-    if unfinished and not _wrote_anything(out, work):
-        return "stale"
-    if unfinished:
-        if not resume:
-            raise OutputError(f"{out} holds an unfinished pack job; pass --resume to continue it, "
-                              "or delete the folder to start over")
-        if (job or {}).get("fingerprint") != fingerprint:
-            raise OutputError(f"--resume: the unfinished job in {out} was started with other inputs or "
-                              "arguments; re-run it with the same ones, or delete the folder to start over")
-        return "resume"
-    if not out.is_empty():
-        raise OutputError(f"{out} exists and is not empty; choose a new --output folder")
-    return "new"
-
-
-def _prepare_output(out: Location, fingerprint: str, state: str) -> Location | None:
-    """Set the output folder up for its ``state`` (:func:`_check_output`'s answer); return the work folder,
-    or None if already complete."""
-    work = out.child(WORK_DIR)
-    if state == "done":
-        out.remove(WORK_DIR)
-        return None
-    if state == "stale":
-        logger.warning("wdspack: %s holds an unfinished pack job that wrote nothing yet (no tokenized partition, "
-                       "no shard); starting it over", out)
-    elif state == "failed":
-        logger.warning("wdspack: %s holds what a failed pack job left (no shard); starting over (--resume with "
-                       "the failed command's arguments keeps its tokenized samples)", out)
-    if state in ("stale", "failed"):
-        out.remove(WORK_DIR)
-        out.remove(DROPPED_NAME)
-    work.makedirs("spool")
-    work.write_atomic("job.json", json.dumps({"fingerprint": fingerprint}).encode())  # a resumed failure: cleared
-    return work
-
-
-def _mark_failed(work: Location, fingerprint: str, error: Exception) -> None:
-    """Record in ``job.json`` that the job failed with an error of wdspack's (not interrupted, not crashed):
-    the next command in this folder starts over unless it resumes this job (:func:`_check_output`)."""
-    try:
-        reason = str(error).splitlines()[0][:300] if str(error) else type(error).__name__
-        work.write_atomic("job.json", json.dumps({"fingerprint": fingerprint, "failed": reason}).encode())
-    except OSError:  # the folder is gone or read-only: the failure itself is what the user must see
-        logger.debug("could not record the failure in %s", work, exc_info=True)
-
-
-def _wrote_shard(out: Location) -> bool:
-    """Whether the job renamed a shard into place (the only output worth keeping across arguments)."""
-    return any(name.endswith(".tar") for name in out.listdir(""))
-
-
-def _wrote_anything(out: Location, work: Location) -> bool:
-    """Whether an unfinished job left work worth resuming: a finished spool unit (its ``.meta`` appears
-    last) or anything in the output besides the work folder (shards, ``dropped.jsonl``)."""
-    return (any(name.endswith(".meta") for name in work.listdir("spool"))
-            or bool(out.listdir("") - {WORK_DIR}))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -628,62 +511,6 @@ def _info_of_existing(out: Location, name: str, packs, table) -> tuple[ShardInfo
                      tokens=int(table["tokens"][idx].sum()), images=int(table["images"][idx].sum()),
                      bytes=out.size(name), sha256=h.hexdigest())
     return info, offsets
-
-
-# ---------------------------------------------------------------------------------------------
-# Manifest
-
-
-def _build_manifest(sources, config: PackConfig, describe, infos, records: int, dropped: list[Dropped],
-                    extra: dict[str, Any], *, pack_index: dict[str, Any], max_samples_per_pack: int,
-                    max_images_per_pack: int, max_image_tokens_per_pack: int,
-                    dropped_counts: tuple[int, dict[str, int]] | None = None, records_read: int | None = None,
-                    min_sample_tokens: int | None = None) -> Manifest:
-    packs = sum(i.packs for i in infos)
-    tokens = sum(i.tokens for i in infos)
-    n_dropped, by_reason = dropped_counts or (len(dropped), dict(sorted(Counter(d.reason for d in dropped).items())))
-    totals = {
-        "samples_read": records, "samples_packed": sum(i.samples for i in infos),
-        "samples_dropped": n_dropped, "dropped_by_reason": by_reason, "packs": packs,
-        "tokens": tokens, "images": sum(i.images for i in infos),
-        "fill_ratio": round(tokens / (packs * config.seq_len), 6) if packs else 0.0,
-        "bytes": sum(i.bytes for i in infos),
-        # the loader sizes cu_seqlens from it (static shapes): B × (this + 1) segments at most
-        "max_samples_per_pack": max_samples_per_pack,
-        # the loader's image slots when packed without --max-images (max_images None): no limit, no waste
-        "max_images_per_pack": max_images_per_pack,
-        # model-ready loaders size their pixel tensors from it (static shapes, no more than needed)
-        "max_image_tokens_per_pack": max_image_tokens_per_pack,
-    }
-    if records_read is not None and records_read != records:  # documents cut into pieces: records < samples
-        totals["records_read"] = records_read
-    if min_sample_tokens is not None:  # what `budget` lines measure "full of tokens" against
-        totals["min_sample_tokens"] = min_sample_tokens
-    provenance = {"shard_max_bytes": config.shard_max_bytes, "shard_max_packs": config.shard_max_packs,
-                  "on_error": config.on_error, **extra}
-    return Manifest(
-        seq_len=config.seq_len, max_images=config.max_images, algorithm=config.algorithm, seed=config.seed,
-        tokenizer=describe["tokenizer"], image_policy=describe["image_policy"], shards=tuple(infos),
-        totals=totals, split=config.split, sources=tuple(str(s) for s in sources), provenance=provenance,
-        wdspack_version=__version__, pack_index=pack_index,
-    )
-
-
-def _records_read(measured: int, samples_read: int | None, records_read: int | None) -> int:
-    """The records behind the samples: as measured, unless overridden (a reshard's are its source's)."""
-    if records_read is not None:
-        return records_read
-    return measured if samples_read is None else samples_read
-
-
-def _summary_from_manifest(out: Location, seconds: float) -> PackSummary:
-    m = Manifest.from_json(out.read_bytes(MANIFEST_NAME))
-    t = m.totals
-    return PackSummary(output=str(out), samples_read=t["samples_read"], samples_packed=t["samples_packed"],
-                       dropped_by_reason=t["dropped_by_reason"], packs=t["packs"], tokens=t["tokens"],
-                       images=t["images"], fill_ratio=t["fill_ratio"], shards=len(m.shards),
-                       bytes=sum(s.bytes for s in m.shards), seconds=seconds, resumed_shards=len(m.shards),
-                       image_policy=m.image_policy, records_read=t.get("records_read"), budget=_budget(out, m))
 
 
 # ---------------------------------------------------------------------------------------------

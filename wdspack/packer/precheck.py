@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from .loading import NO_IMAGE_TOKEN, not_one_token
 
 __all__ = ["model_folder", "precheck"]
 
@@ -76,8 +77,7 @@ def _check_image_token(folder: Path, given: str | None, name: str) -> None:
     config = _json(folder / "tokenizer_config.json")
     if given is not None:
         if given not in vocab:
-            raise ConfigError(f"image token {given!r} is not a single token in the vocabulary of {name!r}; pass the "
-                              "model's image token with --image-token")
+            raise not_one_token(given, name)
         return
     from ..models import IMAGE_TOKEN_GUESSES
 
@@ -85,8 +85,7 @@ def _check_image_token(folder: Path, given: str | None, name: str) -> None:
     declared = [config.get("image_token"), extra.get("image_token") if isinstance(extra, dict) else None]
     if any(isinstance(t, str) for t in declared) or any(g in vocab for g in IMAGE_TOKEN_GUESSES):
         return
-    raise ConfigError("the tokenizer declares no image token; pass the model's image token with --image-token "
-                      "(e.g. '<image>', '[IMG]', '<|image_pad|>')")
+    raise ConfigError(NO_IMAGE_TOKEN)
 
 
 def _vocabulary(folder: Path) -> set[str] | None:

@@ -46,13 +46,22 @@ from ..format.pack import token_dtype_for
 from .fastpath import ChatRenderer, TextEncoder, span_mask
 from .imagecheck import check_image, downscale
 from .imagecheck import error_text as _error_text
+from .loading import (
+    check_template_syntax,
+    default_image_token,
+    images_need_tokens_per_image,
+    load_count_processor,
+    load_tokenizer,
+    not_one_token,
+    processor_tokens,
+)
 from .render import OneRender
 from .render import typed_content as _typed_content
 from .sources.documents import TextRecord
 from .text import PretrainConfig, build_text_sample
 from .tokenized import Sample
 
-__all__ = ["ProcessorLike", "Sample", "SampleBuilder", "SampleConfig", "check_template_syntax", "get_builder"]
+__all__ = ["ProcessorLike", "Sample", "SampleBuilder", "SampleConfig", "get_builder"]
 
 
 class RecordLike(Protocol):
@@ -121,7 +130,7 @@ class SampleConfig:
 
 def _tokens_per_image(value: Any, processor: Any) -> Any:
     """``tokens_per_image`` checked: digits become an int. None without a processor is text-only data:
-    the first record with an image stops the job with the fix (:func:`images_need_tokens_per_image`)."""
+    the first record with an image stops the job with the fix (:func:`~.loading.images_need_tokens_per_image`)."""
     if value is None:
         return None
     if isinstance(value, str) and re.fullmatch(r"\d+", value):
@@ -131,28 +140,6 @@ def _tokens_per_image(value: Any, processor: Any) -> Any:
     if isinstance(value, int) and value < 0:
         raise ConfigError(f"--tokens-per-image must be >= 0, got {value}")
     return value
-
-
-def images_need_tokens_per_image(sid: str) -> ConfigError:
-    """The error for an image in a job given ``--tokenizer`` without ``--tokens-per-image`` (a silent
-    default would train the model on the wrong number of image tokens)."""
-    return ConfigError(f"sample {sid!r} has an image, but --tokens-per-image was not given (text-only data needs "
-                       "none): pass --tokens-per-image N, the tokens one image takes in your model (64 for nanoVLM, "
-                       "576 for LLaVA-1.5), or processor:NAME_OR_PATH for a dynamic-resolution count, or use "
-                       "--processor NAME_OR_PATH for the model's own layout")
-
-
-def check_template_syntax(template: str, where: str) -> None:
-    """Refuse a chat template with a Jinja syntax error now, naming ``where`` and the line: at pack time
-    every record would be dropped with it, after tokenizing the whole input."""
-    import jinja2
-    import jinja2.ext
-
-    try:  # the extensions transformers renders with; its own {% generation %} tag is not Jinja's
-        jinja2.Environment(extensions=[jinja2.ext.loopcontrols]).parse(template)
-    except jinja2.TemplateSyntaxError as e:
-        if "generation" not in (e.message or ""):
-            raise ConfigError(f"{where}, line {e.lineno}: {e.message}; fix the template's Jinja syntax") from None
 
 
 class _Chat(NamedTuple):
@@ -188,10 +175,10 @@ class SampleBuilder:
             self.image_token: str | None = self.family.placeholder(self.processor)
             feature = self.family.feature_token(self.processor)
         else:
-            self.tokenizer = _load_tokenizer(config.tokenizer)
+            self.tokenizer = load_tokenizer(config.tokenizer)
             template = config.chat_template or getattr(self.tokenizer, "chat_template", None)
-            self.processor = _load_processor(config.tokens_per_image)
-            feature = config.image_token or _default_image_token(self.tokenizer, self.processor,
+            self.processor = load_count_processor(config.tokens_per_image)
+            feature = config.image_token or default_image_token(self.tokenizer, self.processor,
                                                                  required=config.tokens_per_image is not None)
             self.image_token = feature  # None: text-only (no --tokens-per-image) and no image token declared
         if not template and config.pretrain is None:  # pre-training records need none (checked per chat)
@@ -210,8 +197,7 @@ class SampleBuilder:
         ids = self.tokenizer.convert_tokens_to_ids([feature])
         unk = getattr(self.tokenizer, "unk_token_id", None)
         if not ids or ids[0] is None or (unk is not None and ids[0] == unk and feature != self.tokenizer.unk_token):
-            raise ConfigError(f"image token {feature!r} is not a single token in the vocabulary of "
-                              f"{self.name!r}; pass the model's image token with --image-token")
+            raise not_one_token(feature, self.name)
         return int(ids[0])
 
     @property
@@ -487,7 +473,7 @@ class SampleBuilder:
             if self.config.tokens_per_image is None:
                 raise images_need_tokens_per_image(sid)
             return int(self.config.tokens_per_image)
-        return _processor_tokens(self.processor, h, w)
+        return processor_tokens(self.processor, h, w)
 
     def _expand(self, sid: str, ids: np.ndarray, mask: np.ndarray, images: list[bytes],
                 counts: list[int]) -> Sample:
@@ -554,54 +540,3 @@ class SampleBuilder:
 
 #: Stands for an assistant turn's words when locating the turn (a private-use character: in no real text).
 _MARK = "\ue000"
-
-
-def _load_tokenizer(name: str | os.PathLike[str] | Any | None):
-    from transformers import AutoTokenizer
-
-    if name is not None and not isinstance(name, (str, os.PathLike)):
-        return name  # a tokenizer object
-    if not name:
-        raise ConfigError("give a tokenizer (--tokenizer) or a processor (--processor)")
-    from ..models.locate import locate_model
-
-    locate_model(name, flag="--tokenizer")  # a folder, the cache or a reachable Hub; else one line, at once
-    try:
-        return AutoTokenizer.from_pretrained(name)
-    except Exception as e:  # transformers raises OSError/ValueError/... for a bad name
-        raise ConfigError(f"cannot load tokenizer {name!r}: {e}. Give a local folder or a model "
-                          "name that is in the Hugging Face cache (runs are offline)") from None
-
-
-def _load_processor(tokens_per_image: int | str | Any):
-    """The image processor that counts image tokens (None for a fixed count); checked by SampleConfig."""
-    if tokens_per_image is None or isinstance(tokens_per_image, int):
-        return None
-    if not isinstance(tokens_per_image, str):
-        return tokens_per_image  # a processor object
-    from ..models import image_processor_for
-
-    return image_processor_for(tokens_per_image.split(":", 1)[1])
-
-
-def _processor_tokens(processor, height: int, width: int) -> int:
-    merge = getattr(processor, "merge_size", 1) or 1
-    patches = processor.get_number_of_image_patches(height, width, {})
-    return int(patches) // (merge * merge)
-
-
-def _default_image_token(tokenizer, processor, *, required: bool = True) -> str | None:
-    for owner in (processor, tokenizer):
-        tok = getattr(owner, "image_token", None)
-        if isinstance(tok, str):
-            return tok
-    from ..models import IMAGE_TOKEN_GUESSES
-
-    vocab = tokenizer.get_vocab()
-    for guess in IMAGE_TOKEN_GUESSES:
-        if guess in vocab:
-            return guess
-    if not required:
-        return None
-    raise ConfigError("the tokenizer declares no image token; pass the model's image token with --image-token "
-                      "(e.g. '<image>', '[IMG]', '<|image_pad|>')")
