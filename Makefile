@@ -10,12 +10,15 @@ export TOKENIZERS_PARALLELISM := false
 
 .PHONY: env demo test test-fast lint test-latest lock bench gpu-check clean
 
-$(STAMP): $(LOCK) pyproject.toml
+$(STAMP): $(LOCK) pyproject.toml requirements/video-reference.lock
 	$(PYTHON) -m venv $(VENV)
 	# Everything from the lock, hashes checked; torch is its CPU build (2.13.0+cpu), never a CUDA one.
 	$(BIN)/pip install --quiet --require-hashes --no-deps -r $(LOCK)
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	$(BIN)/pip check
+	# torchvision for the tests' video reference only, in a folder of its own (tests/support/video_reference.py)
+	rm -rf $(VENV)/video-reference
+	$(BIN)/pip install --quiet --no-deps --require-hashes --target $(VENV)/video-reference -r requirements/video-reference.lock
 	touch $(STAMP)
 
 env: $(STAMP)
@@ -68,6 +71,7 @@ bench: env
 	$(BIN)/python -m tools.bench_mixture --json docs/benchmarks/data/bench_mixture.json
 	$(BIN)/python -m tools.bench_mixture_loader --json docs/benchmarks/data/bench_mixture_loader.json
 	$(BIN)/python -m tools.bench_pack_speed --json docs/benchmarks/data/bench_pack_speed.json
+	$(BIN)/python -m tools.bench_video --json docs/benchmarks/data/bench_video.json
 
 # On a CUDA machine (not in CI): the gpu-marked tests, the loader at the host's cores and bench_train at
 # issue 24's size, then a summary. No venv:

@@ -119,7 +119,15 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(HERE))
     from train_tiny_vlm import main as train_main
 
-    return train_main([str(data / "messages.jsonl"), "--workdir", str(work / "qwen"), "--steps", str(args.steps)])
+    rc = train_main([str(data / "messages.jsonl"), "--workdir", str(work / "qwen"), "--steps", str(args.steps)])
+    if rc != 0:
+        return rc
+
+    print("\n== 6. video: the same processor packs LLaMA-Factory's video chats (each video planned from its header:")
+    print("      2 frames a second, token for token Qwen2.5-VL's own), the loader decodes only the planned frames")
+    shutil.rmtree(work / "qwen-video" / "packed", ignore_errors=True)
+    return train_main([str(data / "videos.jsonl"), "--workdir", str(work / "qwen-video"), "--steps", "3",
+                       "--seq-len", "512", "--video-fps", "2", "--video-max-pixels", str(28 * 28 * 16)])
 
 
 def show_tool_sample(packed: Path) -> None:

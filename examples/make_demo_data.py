@@ -229,6 +229,38 @@ def _tool_record(rng: np.random.Generator) -> dict:
     return {"conversations": conv, "tools": json.dumps(list(TOOLS))}
 
 
+def generate_videos(out: Path, *, clips: int = 8, seed: int = 0) -> dict[str, int]:
+    """``videos.jsonl`` in LLaMA-Factory's ``mllm_video_demo.json`` layout (``<video>`` + ``videos``) and
+    ``videos/*.mp4``: small h264 clips (1.5-4 s of moving shapes, 96×64, 10 fps) made with PyAV."""
+    import av
+
+    rng = np.random.default_rng(seed)
+    (out / "videos").mkdir(parents=True, exist_ok=True)
+    lines, size = [], 0
+    for k in range(clips):
+        path = out / "videos" / f"clip{k:02d}.mp4"
+        frames = int(rng.integers(15, 41))
+        color = rng.integers(40, 256, 3)
+        with av.open(str(path), "w") as container:
+            stream = container.add_stream("h264", rate=10)
+            stream.width, stream.height, stream.pix_fmt = 96, 64, "yuv420p"
+            for f in range(frames):
+                pixels = np.full((64, 96, 3), 20, np.uint8)
+                x = (f * 3 + 7 * k) % 80
+                pixels[16:48, x:x + 16] = color
+                for packet in stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")):
+                    container.mux(packet)
+            for packet in stream.encode():
+                container.mux(packet)
+        size += path.stat().st_size
+        answer = f"A square moves to the right for {frames / 10:.1f} seconds. " + _text(rng, int(rng.integers(5, 30)))
+        lines.append(json.dumps({"id": f"video-{k}", "messages": [
+            {"role": "user", "content": "<video>What happens in this video?"},
+            {"role": "assistant", "content": answer}], "videos": [f"videos/clip{k:02d}.mp4"]}))
+    (out / "videos.jsonl").write_text("\n".join(lines) + "\n")
+    return {"videos": clips, "bytes": size}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", type=Path)
@@ -240,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{c['bytes'] / 1e6:.1f} MB in {args.out}")
     print(f"   + alpaca.json: {c['alpaca_records']} Alpaca records, tools.jsonl: {c['tool_records']} tool-calling "
           f"chats (1 deliberately bad each)")
+    v = generate_videos(args.out, seed=args.seed)
+    print(f"   + videos.jsonl: {v['videos']} video chats (LLaMA-Factory's mllm_video_demo layout), "
+          f"{v['bytes'] / 1e3:.0f} KB of h264 clips")
     return 0
 
 

@@ -36,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-drop-fraction", type=float, default=0.1,
                     help="the demo chats' long tail runs past 1,024 tokens and a few records are bad on purpose: "
                          "about 5%% are dropped with their reasons (dropped.jsonl)")
+    ap.add_argument("--video-fps", type=float, help="for video chats: sample frames at this rate (wdspack pack "
+                                                   "--video-fps)")
+    ap.add_argument("--video-max-pixels", type=int, help="for video chats: at most this many pixels a frame")
     ap.add_argument("--varlen", action="store_true",
                     help="padding-free batches on PyTorch's varlen FlashAttention kernel "
                          "(wdspack.use_varlen_attention: CUDA, bfloat16); on a CPU the per-segment reference kernel")
@@ -54,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     packed = work / "packed"
     cmd = [*args.sources, "--output", str(packed), "--processor", str(folder), "--seq-len", str(args.seq_len),
            "--max-images", str(args.max_images), "--max-drop-fraction", str(args.max_drop_fraction), "--quiet"]
+    for flag, value in (("--video-fps", args.video_fps), ("--video-max-pixels", args.video_max_pixels)):
+        cmd += [flag, str(value)] if value is not None else []
     print("   wdspack pack " + " ".join(cmd))
     t0 = time.perf_counter()
     if (rc := wdspack_main(["pack", *cmd])) != 0:
@@ -78,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
           f"embedding and head), {str(weights.dtype).removeprefix('torch.')} on {weights.device.type.upper()}"
           + (f", attention {model.config.get_text_config()._attn_implementation}" if args.varlen else ""))
     t0 = time.perf_counter()
+    step = -1
     for step, batch in enumerate(loader):
         kwargs = wdspack.model_inputs(batch, model)
         if step == 0:
@@ -90,11 +96,13 @@ def main(argv: list[str] | None = None) -> int:
         opt.zero_grad()
         loss.backward()
         opt.step()
+        videos = f"{int(batch['video_mask'].sum())} videos, " if "video_mask" in batch else ""
         print(f"   step {step + 1}: loss {loss.item():.4f}  ({int(batch['num_tokens'].sum())} tokens, "
-              f"{int(batch['image_mask'].sum())} images, {int(batch['num_samples'].sum())} samples in the pack)")
+              f"{int(batch['image_mask'].sum())} images, {videos}{int(batch['num_samples'].sum())} samples in the "
+              "pack)")
         if step + 1 >= args.steps:
             break
-    print(f"   {args.steps} steps in {time.perf_counter() - t0:.1f} s")
+    print(f"   {step + 1} steps in {time.perf_counter() - t0:.1f} s")
     return 0
 
 

@@ -42,6 +42,9 @@ INTEGRATION = (
     "models/test_processor_mode",  # processor mode end to end
     "models/test_load_processor",  # processors saved and loaded
     "models/test_video",  # videos encoded with PyAV; transformers' video code in a process of its own
+    "models/test_video_families",  # Qwen-VL videos against their real processors (a child), float64
+    "models/test_video_llava_onevision",  # LLaVA-OneVision video against its real processor (a child), float64
+    "packer/test_video_bad_input",  # bad videos packed with a Qwen processor and streamed
     "train/test_ddp",  # torchrun: examples/train_ddp.py
     "train/test_trainers",  # torchrun: the HF Trainer and Accelerate examples
     "loader/test_distributed",  # torchrun
@@ -56,6 +59,7 @@ INTEGRATION = (
     "packer/test_render",  # published chat templates (Qwen2.5, Mistral-Nemo) with their tokenizers
     "packer/sources/test_toolcalls",  # the same, and the CLI on them
 )
+
 
 @pytest.fixture(scope="session")
 def tekken_dir(tmp_path_factory) -> Path:

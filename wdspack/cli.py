@@ -12,7 +12,7 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from ._version import __version__
 from .errors import ConfigError, WdspackError
@@ -194,7 +194,8 @@ def _add_pack(sub) -> None:
                         "(Qwen2-VL/2.5-VL/3-VL, SmolVLM/Idefics3, Gemma 3, LLaVA, LLaVA-OneVision, Mistral 3)")
     p.add_argument("--chat-template", metavar="FILE", help="Jinja chat template, when the tokenizer has none")
     p.add_argument("--seq-len", type=int, required=True, help="tokens per pack")
-    p.add_argument("--max-images", type=int, default=None, help="images per pack (default: unlimited)")
+    p.add_argument("--max-images", type=int, default=None,
+                   help="images per pack, videos counted with them (default: unlimited)")
     p.add_argument("--tokens-per-image", default=None, metavar="N|processor:NAME",
                    help="with --tokenizer, for data with images: the tokens one image takes in the model, a fixed "
                         "count (64 for nanoVLM, 576 for LLaVA-1.5), or processor:NAME_OR_PATH for a "
@@ -203,6 +204,13 @@ def _add_pack(sub) -> None:
     p.add_argument("--image-root", help="folder (or URL) image paths are relative to, for the sources without "
                                         "their own (SOURCE::ROOT or a meta file's); default: each source's folder")
     p.add_argument("--max-image-side", type=int, help="downscale larger images to this longest side at pack time")
+    # ---- videos (with --processor of a family that has a video path): wdspack.models.video
+    p.add_argument("--video-fps", type=float, metavar="FPS",
+                   help="sample video frames at this rate (default: the processor's video settings)")
+    p.add_argument("--video-num-frames", type=int, metavar="N",
+                   help="sample N frames of each video (instead of --video-fps)")
+    p.add_argument("--video-max-frames", type=int, metavar="N", help="at most N frames of one video")
+    p.add_argument("--video-max-pixels", type=int, metavar="N", help="resize each video frame to at most N pixels")
     # ---- captions (WebDataset shards) and documents (texts + images, or text): wdspack.packer.text
     p.add_argument("--caption-template", metavar="TEXT",
                    help="layout of image + caption samples, with {image} and {caption} once each, e.g. "
@@ -269,7 +277,7 @@ def _run_pack(args: argparse.Namespace) -> int:
     sample_config = SampleConfig(tokenizer=args.tokenizer, chat_template=template,
                                  tokens_per_image=args.tokens_per_image,
                                  image_token=args.image_token, max_image_side=args.max_image_side,
-                                 processor=args.processor, pretrain=_pretrain_config(args))
+                                 processor=args.processor, pretrain=_pretrain_config(args), video=_video_settings(args))
     from .models.locate import locate_model
 
     for flag, name in (("--tokenizer", args.tokenizer), ("--processor", args.processor)):
@@ -286,6 +294,16 @@ def _run_pack(args: argparse.Namespace) -> int:
     for line in summary.lines():
         print(line)
     return 0
+
+
+def _video_settings(args: argparse.Namespace) -> Any:
+    """``--video-fps/--video-max-frames/--video-max-pixels`` as :class:`~wdspack.models.video.VideoSettings`
+    (None when none is given)."""
+    from .models.video import VideoSettings
+
+    given = {"fps": args.video_fps, "max_frames": args.video_max_frames, "max_pixels": args.video_max_pixels,
+             "num_frames": args.video_num_frames}
+    return VideoSettings(**given) if any(v is not None for v in given.values()) else None
 
 
 def _drop_fraction(args: argparse.Namespace) -> float:

@@ -12,8 +12,9 @@ The tree::
     ├── FormatError              bytes that do not follow pack format v1
     │   ├── NewerFormatError     a pack written by a newer wdspack: upgrade, it is not corrupt
     │   ├── ShardError           (format.tar) a tar member header that is cut or garbled
-    │   └── ImageDecodeError     (loader: images) an image in a pack that does not decode
-    │       └── ImageTooLargeError
+    │   ├── ImageDecodeError     (loader: images) an image in a pack that does not decode
+    │   │   └── ImageTooLargeError
+    │   └── VideoDecodeError     (models.video_pixels) a video in a pack that does not decode, or not in bounds
     ├── ManifestError            a manifest that is missing, unreadable or inconsistent
     ├── OutputError              the output folder cannot be written, or a resume does not match
     └── TooManyDropsError        a pack job dropped more than its tolerance, or packed nothing
@@ -56,17 +57,22 @@ DROP_REASONS: dict[str, str] = {
     "unknown_role": "a turn has a role that is not system/user/assistant (or a known alias)",
     "empty_conversation": "the record has no turns, or nothing left after templating",
     "no_assistant_turn": "nothing to train on: the conversation has no assistant turn",
-    "placeholder_mismatch": "the number of image placeholders differs from the number of images",
+    "placeholder_mismatch": "the number of image (video) placeholders differs from the number of images (videos)",
     "missing_image": "an image file named by the record does not exist",
     "image_path_escape": "an image path points outside the image root",
     "unreadable_image": "the image bytes are corrupt, truncated or not an image",
     "image_too_large": "the image has more pixels than the decompression-bomb limit",
-    "unreadable_video": "the video bytes are not a video PyAV can open, or its header gives no frames",
+    "missing_video": "a video file named by the record does not exist",
+    "video_path_escape": "a video path points outside the image root (which serves videos too)",
+    "unreadable_video": "the video file is empty or over the size limit, not a video PyAV can open, or its header "
+                        "gives no frames",
     "video_too_short": "the video has fewer frames than the model's video processor samples from it",
+    "video_too_large": "the video's frames are over the decompression-bomb limit or of an aspect ratio over 200, or "
+                       "it has more frames than a plan may name where its processor takes every frame",
     "too_long": "the sample has more tokens than seq_len",
     "too_many_images": "the sample has more images than max_images",
     "duplicate_id": "another sample already has this id",
-    "unsupported_media": "the record has video, audio or grounding objects, which are not supported yet",
+    "unsupported_media": "the record has audio or grounding objects, which are not supported yet",
     "unmaskable_turn": "an assistant turn cannot be located in the chat template's rendering (naming the turn)",
 }
 

@@ -31,7 +31,8 @@ LLAVA_TEMPLATE = (
     "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
 )
 
-#: llava-hf/llava-onevision-qwen2-*-hf's published chat template (images and text; no video).
+#: llava-hf/llava-onevision-qwen2-*-hf's published chat template: a message's images, then its videos
+#: (``<video>`` for each ``{"type": "video"}`` part), then its text.
 ONEVISION_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n'}}"
     "{# Render all images first #}{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}"
@@ -57,11 +58,12 @@ PATCH = 8
 
 
 def processor(folder: Any, *, kind: str = "llava", vision_aspect_ratio: str = "anyres_max_4",
-              strategy: str = "default") -> Any:
+              strategy: str = "default", tile: int = TILE) -> Any:
     """The real processor of ``kind`` (``"llava"`` or ``"llava_onevision"``), small image sizes.
 
     ``strategy`` is LLaVA-1.5's ``vision_feature_select_strategy`` (``"default"`` drops the CLS
-    feature, ``"full"`` keeps it: one more token per image).
+    feature, ``"full"`` keeps it: one more token per image). ``tile``: LLaVA-OneVision's tile side (a
+    multiple of the 8 px patch; 24 gives 3 × 3 features per tile, pooled to 2 × 2 per video frame).
     """
     from wdspack.models import assemble_processor
 
@@ -81,9 +83,10 @@ def processor(folder: Any, *, kind: str = "llava", vision_aspect_ratio: str = "a
 
         tok = tokenizer(folder, ONEVISION_SPECIAL)
         tok.pad_token = "<|endoftext|>"
-        images = LlavaOnevisionImageProcessorPil(size={"height": TILE, "width": TILE}, image_grid_pinpoints=PINPOINTS)
+        pinpoints = [[tile * i, tile * j] for i in (1, 2, 3) for j in (1, 2, 3)]
+        images = LlavaOnevisionImageProcessorPil(size={"height": tile, "width": tile}, image_grid_pinpoints=pinpoints)
         return assemble_processor("LlavaOnevisionProcessor", image_processor=images, tokenizer=tok,
-                                  chat_template=ONEVISION_TEMPLATE, num_image_tokens=(TILE // PATCH) ** 2,
+                                  chat_template=ONEVISION_TEMPLATE, num_image_tokens=(tile // PATCH) ** 2,
                                   vision_feature_select_strategy="full", vision_aspect_ratio=vision_aspect_ratio)
     raise ValueError(f"kind {kind!r}: give 'llava' or 'llava_onevision'")
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from . import tokenizer
 
-#: Qwen2-VL / Qwen2.5-VL's published chat template (images and text; no video, no tools).
+#: Qwen2-VL / Qwen2.5-VL's published chat template (images, videos and text; no tools).
 TEMPLATE = (
     "{% set image_count = namespace(value=0) %}"
     "{% for message in messages %}"
@@ -18,6 +18,7 @@ TEMPLATE = (
     "{% else %}{% for content in message['content'] %}"
     "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
     "{% set image_count.value = image_count.value + 1 %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}<|vision_start|><|video_pad|><|vision_end|>"
     "{% elif 'text' in content %}{{ content['text'] }}{% endif %}"
     "{% endfor %}<|im_end|>\n{% endif %}"
     "{% endfor %}"

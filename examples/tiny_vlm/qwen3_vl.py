@@ -7,7 +7,7 @@ from typing import Any
 
 from . import tokenizer
 
-#: Qwen3-VL-Instruct's published chat template, images and text only (no video, no tools). Unlike
+#: Qwen3-VL-Instruct's published chat template, images, videos and text (no tools). Unlike
 #: Qwen2.5-VL's it adds no default system turn; a system message is rendered only when it comes first.
 TEMPLATE = (
     "{%- if messages[0].role == 'system' %}{{- '<|im_start|>system\\n' }}"
@@ -23,6 +23,7 @@ TEMPLATE = (
     "{%- set image_count.value = image_count.value + 1 %}"
     "{%- if add_vision_id %}Picture {{ image_count.value }}: {% endif -%}"
     "<|vision_start|><|image_pad|><|vision_end|>"
+    "{%- elif content.type == 'video' or 'video' in content %}<|vision_start|><|video_pad|><|vision_end|>"
     "{%- elif 'text' in content %}{{- content.text }}{%- endif %}"
     "{%- endfor %}{%- endif %}{{- '<|im_end|>\\n' }}"
     "{%- elif message.role == 'assistant' %}{{- '<|im_start|>' + message.role + '\\n' }}"

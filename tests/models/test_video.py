@@ -105,9 +105,10 @@ def _cases2(clips) -> list:
                VideoHeader(frames=600, fps=29.97, width=640, height=360),
                VideoHeader(frames=7, fps=10.0, width=30, height=2000),
                VideoHeader(frames=1801, fps=59.94, width=1920, height=1080)]
-    settings = [QwenVideoSampling(do_sample_frames=True), QwenVideoSampling(do_sample_frames=True, fps=0.5),
+    settings = [QwenVideoSampling(do_sample_frames=True, fps=2.0), QwenVideoSampling(do_sample_frames=True, fps=0.5),
                 QwenVideoSampling(do_sample_frames=True, fps=None, num_frames=9),
-                QwenVideoSampling(do_sample_frames=True, min_frames=2, max_frames=6, max_pixels=64 * 28 * 28),
+                QwenVideoSampling(do_sample_frames=True, fps=2.0, min_frames=2, max_frames=6,
+                                  max_pixels=64 * 28 * 28),
                 QwenVideoSampling(do_sample_frames=False, min_pixels=4 * 28 * 28)]
     return [(h, s) for h in headers for s in settings if s.do_sample_frames or h.frames < 100]
 

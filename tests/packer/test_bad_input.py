@@ -59,10 +59,10 @@ def _packed_ids(out: Path) -> list[str]:
 def test_every_bad_record_is_dropped_with_its_reason(bad_dataset, sample_config, tmp_path, capsys):
     path, images, bad, good, lines = bad_dataset
     # every reason but unmaskable_turn, which needs a template that rewrites earlier turns
-    # (tests/packer/test_render.py), and the video reasons: wdspack.models.video raises them
-    # (tests/models/test_video.py); video records are read from sources in #40's next part, and this
-    # matrix gains their rows then
-    elsewhere = {"unmaskable_turn", "unreadable_video", "video_too_short"}
+    # (tests/packer/test_render.py), and video_too_short / video_too_large, which need a video family's
+    # processor (this matrix packs with --tokenizer): real records in tests/packer/test_video_bad_input.py;
+    # the sources' video reasons (missing, escaping, empty) are rows here
+    elsewhere = {"unmaskable_turn", "video_too_short", "video_too_large"}
     assert {reason for _, reason in bad} == set(DROP_REASONS) - elsewhere, "the matrix covers every reason"
     out = tmp_path / "ds"
     summary = pack_dataset([str(path)], out, sample_config=sample_config, config=_config(), image_root=str(images))

@@ -78,6 +78,8 @@ def build_bad_dataset(base: Path) -> tuple[Path, Path, list[tuple[str, str]], li
     outside = data / "outside.png"  # next to the image root, not inside it
     outside.write_bytes(png(seed=4))
     os.symlink(outside, images / "link.png")
+    (images / "empty.mp4").write_bytes(b"")  # videos are read from the image root too
+    (data / "outside.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42")
 
     lines: list[bytes] = []
     bad: list[tuple[str, str]] = []
@@ -97,7 +99,10 @@ def build_bad_dataset(base: Path) -> tuple[Path, Path, list[tuple[str, str]], li
     add(_rec("escape-dotdot", image="../outside.png"), "image_path_escape")
     add(_rec("escape-absolute", image=str(outside)), "image_path_escape")
     add(_rec("good-symlink", image="link.png"), None)  # confined as written (hub-cache snapshots link out)
-    add(_rec("video", question="<video>\nWhat happens?") | {"video": "clip.mp4"}, "unsupported_media")
+    add(_rec("missing-video", question="<video>\nWhat happens?") | {"video": "clip.mp4"}, "missing_video")
+    add(_rec("escape-video", question="<video>\nWhat happens?") | {"videos": ["../outside.mp4"]}, "video_path_escape")
+    add(_rec("empty-video", question="<video>\nWhat happens?") | {"video": "empty.mp4"}, "unreadable_video")
+    add(_rec("audio", question="<audio>\nWhat is that sound?") | {"audios": ["a.mp3"]}, "unsupported_media")
     add(_rec("good-1"), None)
     add(b'{"id": "bad-json", "conversations": [{"from": "human", "value": "hi"}', "malformed_record")
     add(_rec("wrong-type-conversations", conversations="hello"), "malformed_record")

@@ -33,6 +33,9 @@ class ShardInfo:
     images: int
     bytes: int
     sha256: str
+    #: the shard's videos and the most video tokens in one of its packs (listed only when there are videos)
+    videos: int = 0
+    max_video_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +86,9 @@ class Manifest:
 
     def to_json(self) -> str:
         d = asdict(self)
+        for shard in d["shards"]:  # a dataset without video keeps the manifest it always had
+            if not shard["videos"]:
+                del shard["videos"], shard["max_video_tokens"]
         order = ["format", "wdspack_version", "split", "seq_len", "max_images", "algorithm", "seed",
                  "tokenizer", "image_policy", "sources", "provenance", "totals", "dropped_file", "pack_index", "shards"]
         return json.dumps({k: d[k] for k in order if k != "pack_index" or d[k]}, indent=1, sort_keys=False,

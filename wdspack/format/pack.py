@@ -7,12 +7,19 @@ A pack holds several sub-samples back to back, unpadded::
     seq_lens    [8, 6]               sample_ids ["a", "b"]
     images      [<jpeg bytes>]       image_sample [0]        image_tokens [2]
 
+A pack with videos carries four more keys (written only then, so image and text packs keep their
+bytes; a v1 reader that does not know them ignores them): ``videos`` (each video file's bytes as in
+the source), ``video_sample``, ``video_tokens`` and ``video_plans``, the frames the model's video
+processor samples and what they become (:class:`VideoPlanRecord`), planned at pack time from the
+container's header.
+
 :func:`encode_pack` and :func:`decode_pack` are mirrors; the golden shard in ``tests/``
 pins the exact bytes.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import msgpack
@@ -20,7 +27,8 @@ import numpy as np
 
 from ..errors import FormatError, NewerFormatError
 
-__all__ = ["FORMAT", "MAX_PACK_BYTES", "Pack", "decode_pack", "encode_pack", "token_dtype_for", "validate_pack"]
+__all__ = ["FORMAT", "MAX_PACK_BYTES", "MAX_VIDEO_FRAMES", "Pack", "VideoPlanRecord", "decode_pack", "encode_pack",
+           "token_dtype_for", "validate_pack"]
 
 FORMAT = "wdspack/1"
 _TOKEN_DTYPES = ("<u2", "<u4")
@@ -29,6 +37,47 @@ _KEYS = ("format", "token_dtype", "input_ids", "loss_mask", "seq_lens", "sample_
 # Bounds for untrusted bytes: a pack never needs more than this.
 MAX_PACK_BYTES = 1 << 31
 _MAX_ITEMS = 1 << 22
+_VIDEO_KEYS = ("videos", "video_sample", "video_tokens", "video_plans")
+#: The most frames one video's plan may name: what the loader will decode for it (a guard on untrusted packs).
+MAX_VIDEO_FRAMES = 4096
+_MAX_SIDE = 1 << 15
+#: The most pixels one video's planned frames hold once resized (frames × height × width): a guard on untrusted packs.
+_MAX_VIDEO_PIXELS = 1 << 31
+
+
+@dataclass(frozen=True, slots=True)
+class VideoPlanRecord:
+    """What a pack stores of one video's plan: the ``frames`` to decode (indices in decoding order),
+    the ``size`` ``(height, width)`` they are resized to, the vision ``grid`` ``(t, h, w)`` in patches,
+    and the seconds one temporal patch spans (``second_per_grid_t``, Qwen2.5-VL's positions).
+
+    Example:
+        >>> VideoPlanRecord((0, 15, 30, 45), (56, 84), (2, 4, 6), 1.0).grid
+        (2, 4, 6)
+    """
+
+    frames: tuple[int, ...]
+    size: tuple[int, int]
+    grid: tuple[int, int, int]
+    second_per_grid_t: float
+
+    def to_msgpack(self) -> dict:
+        return {"frames": [int(i) for i in self.frames], "size": [int(v) for v in self.size],
+                "grid": [int(v) for v in self.grid], "second_per_grid_t": float(self.second_per_grid_t)}
+
+    @classmethod
+    def from_msgpack(cls, d: object) -> VideoPlanRecord:
+        if not isinstance(d, dict) or set(d) != {"frames", "size", "grid", "second_per_grid_t"}:
+            raise TypeError(f"a video plan must be a map of frames, size, grid, second_per_grid_t, got {d!r:.80}")
+        frames, size, grid, spg = d["frames"], d["size"], d["grid"], d["second_per_grid_t"]
+        if not (isinstance(frames, list) and isinstance(size, list) and isinstance(grid, list)):
+            raise TypeError("a video plan's frames, size and grid must be lists")
+        if not isinstance(spg, float):
+            raise TypeError(f"a video plan's second_per_grid_t must be a float, got {type(spg).__name__}")
+        if len(size) != 2 or len(grid) != 3:
+            raise TypeError(f"a video plan's size {size!r:.40} needs 2 values and its grid {grid!r:.40} 3")
+        return cls(tuple(_as_int(i) for i in frames), (_as_int(size[0]), _as_int(size[1])),
+                   (_as_int(grid[0]), _as_int(grid[1]), _as_int(grid[2])), spg)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +91,10 @@ class Pack:
     images: tuple[bytes, ...] = ()
     image_sample: tuple[int, ...] = ()
     image_tokens: tuple[int, ...] = ()
+    videos: tuple[bytes, ...] = ()
+    video_sample: tuple[int, ...] = ()
+    video_tokens: tuple[int, ...] = ()
+    video_plans: tuple[VideoPlanRecord, ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -54,6 +107,10 @@ class Pack:
     @property
     def num_images(self) -> int:
         return len(self.images)
+
+    @property
+    def num_videos(self) -> int:
+        return len(self.videos)
 
 
 def token_dtype_for(vocab_size: int) -> str:
@@ -91,6 +148,10 @@ def encode_pack(pack: Pack, *, token_dtype: str) -> bytes:
         "image_sample": [int(i) for i in pack.image_sample],
         "image_tokens": [int(n) for n in pack.image_tokens],
     }
+    if pack.videos:  # only then: packs without video keep the bytes they always had
+        record.update({"videos": [bytes(b) for b in pack.videos], "video_sample": [int(i) for i in pack.video_sample],
+                       "video_tokens": [int(n) for n in pack.video_tokens],
+                       "video_plans": [p.to_msgpack() for p in pack.video_plans]})
     return msgpack.packb(record, use_bin_type=True)
 
 
@@ -137,6 +198,7 @@ def decode_pack(data: bytes, *, seq_len: int | None = None, max_images: int | No
             images=tuple(_as_bytes(b) for b in record["images"]),
             image_sample=tuple(_as_int(i) for i in record["image_sample"]),
             image_tokens=tuple(_as_int(n) for n in record["image_tokens"]),
+            **_video_fields(record),
         )
     except (TypeError, ValueError) as e:
         raise FormatError(f"pack has a field of the wrong type: {e}") from None
@@ -163,12 +225,52 @@ def validate_pack(pack: Pack, *, seq_len: int | None = None, max_images: int | N
         raise FormatError(f"image_sample {list(pack.image_sample)} is not in token order")
     if any(t < 0 for t in pack.image_tokens):
         raise FormatError(f"negative image_tokens {list(pack.image_tokens)}")
+    if pack.videos or pack.video_sample or pack.video_tokens or pack.video_plans:
+        _validate_videos(pack)
     if pack.loss_mask.size and int(pack.loss_mask.max()) > 1:
         raise FormatError("loss_mask holds values other than 0 and 1")
     if seq_len is not None and n > seq_len:
         raise FormatError(f"pack has {n} tokens > seq_len {seq_len}")
     if max_images is not None and len(pack.images) > max_images:
         raise FormatError(f"pack has {len(pack.images)} images > max_images {max_images}")
+
+
+def _video_fields(record: dict) -> dict:
+    """The optional video keys of a decoded pack (all four, or none)."""
+    present = [k for k in _VIDEO_KEYS if k in record]
+    if not present:
+        return {}
+    if len(present) != len(_VIDEO_KEYS):
+        raise TypeError(f"a pack with {present} must have all of {list(_VIDEO_KEYS)}")
+    return {"videos": tuple(_as_bytes(b) for b in record["videos"]),
+            "video_sample": tuple(_as_int(i) for i in record["video_sample"]),
+            "video_tokens": tuple(_as_int(n) for n in record["video_tokens"]),
+            "video_plans": tuple(VideoPlanRecord.from_msgpack(p) for p in record["video_plans"])}
+
+
+def _validate_videos(pack: Pack) -> None:
+    n = len(pack.videos)
+    if not (n == len(pack.video_sample) == len(pack.video_tokens) == len(pack.video_plans)):
+        raise FormatError(f"{n} videos, {len(pack.video_sample)} video_sample, {len(pack.video_tokens)} video_tokens, "
+                          f"{len(pack.video_plans)} video_plans: the four must agree")
+    if any(not 0 <= i < len(pack.seq_lens) for i in pack.video_sample) \
+            or list(pack.video_sample) != sorted(pack.video_sample):
+        raise FormatError(f"video_sample {list(pack.video_sample)} is not in token order within "
+                          f"0..{len(pack.seq_lens) - 1}")
+    for k, (plan, tokens) in enumerate(zip(pack.video_plans, pack.video_tokens)):
+        frames = plan.frames
+        if not frames or len(frames) > MAX_VIDEO_FRAMES or min(frames) < 0 or list(frames) != sorted(frames):
+            raise FormatError(f"video {k}'s plan names {len(frames)} frames {list(frames)[:8]}...; a plan names "
+                              f"1 to {MAX_VIDEO_FRAMES} frames in order")
+        if not all(0 < v <= _MAX_SIDE for v in plan.size) or not all(0 < v <= _MAX_SIDE for v in plan.grid):
+            raise FormatError(f"video {k}'s plan has size {plan.size} and grid {plan.grid}; both must be positive")
+        if len(frames) * plan.size[0] * plan.size[1] > _MAX_VIDEO_PIXELS:  # what the loader resizes them to
+            raise FormatError(f"video {k}'s plan resizes {len(frames)} frames to {plan.size[1]}x{plan.size[0]}: over "
+                              f"{_MAX_VIDEO_PIXELS} pixels a video")
+        if tokens < 0 or not 0 <= plan.second_per_grid_t < math.inf:  # 0: a family without time (LLaVA-OneVision)
+            raise FormatError(f"video {k} has {tokens} tokens and {plan.second_per_grid_t} seconds per temporal patch")
+    if sum(pack.video_tokens) > len(pack.input_ids):
+        raise FormatError(f"the videos take {sum(pack.video_tokens)} tokens of a pack of {len(pack.input_ids)}")
 
 
 def _is_newer(fmt: str) -> bool:

@@ -9,8 +9,8 @@ offset         byte offset of the pack's tar header in its shard (a reader start
 tokens         tokens of the pack (without padding)
 attention      Σ over sub-samples of length²: what attention costs, up to a constant
 samples        sub-samples
-images         images
-image_tokens   tokens the images occupy (what the vision encoder sees, up to a constant)
+images         images and videos (the visual inputs ``max_images`` counts)
+image_tokens   tokens the images and videos occupy (what the vision encoder sees, up to a constant)
 targets        trained tokens (labels other than -100, the first token of a sub-sample excluded)
 ============== =================================================================================
 
@@ -84,7 +84,7 @@ def pack_row(offset: int, pack) -> list[int]:
     mask = np.asarray(pack.loss_mask)
     targets = int(mask.sum()) - (int(mask[starts].sum()) if lens else 0)
     return [int(offset), int(pack.num_tokens), sum(n * n for n in lens), int(pack.num_samples),
-            int(pack.num_images), int(sum(pack.image_tokens)), targets]
+            int(pack.num_images + pack.num_videos), int(sum(pack.image_tokens) + sum(pack.video_tokens)), targets]
 
 
 def encode_index(index: np.ndarray) -> bytes:

@@ -68,12 +68,13 @@ class ShardWriter:
         # SIM115: the writer holds the tar open until close() or abort()
         self._tar = tarfile.open(fileobj=_HashingWriter(self._file, self._hash), mode="w",  # noqa: SIM115
                                  format=tarfile.USTAR_FORMAT)
-        self._packs = self._samples = self._tokens = self._images = 0
+        self._packs = self._samples = self._tokens = self._images = self._videos = self._video_tokens = 0
         #: where each pack's tar header starts in the shard (the pack index records it)
         self.offsets: list[int] = []
 
-    def add(self, key: str, data: bytes, *, samples: int, tokens: int, images: int) -> None:
-        """Append the pack ``{key}.mp``."""
+    def add(self, key: str, data: bytes, *, samples: int, tokens: int, images: int, videos: int = 0,
+            video_tokens: int = 0) -> None:
+        """Append the pack ``{key}.mp`` (``video_tokens``: its videos' tokens, for the shard's largest)."""
         info = tarfile.TarInfo(f"{key}.mp")
         info.size = len(data)
         info.mtime = _MTIME
@@ -86,6 +87,8 @@ class ShardWriter:
         self._samples += samples
         self._tokens += tokens
         self._images += images
+        self._videos += videos
+        self._video_tokens = max(self._video_tokens, video_tokens)
 
     def close(self) -> ShardInfo:
         """Finish the tar, fsync, rename to the final name; return the manifest entry."""
@@ -97,7 +100,8 @@ class ShardWriter:
         self._file.close()
         self._folder.commit(self._tmp, self.name)
         return ShardInfo(name=self.name, packs=self._packs, samples=self._samples, tokens=self._tokens,
-                         images=self._images, bytes=size, sha256=self._hash.hexdigest())
+                         images=self._images, bytes=size, sha256=self._hash.hexdigest(), videos=self._videos,
+                         max_video_tokens=self._video_tokens)
 
     def abort(self) -> None:
         """Drop the unfinished temp file."""

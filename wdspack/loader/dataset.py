@@ -425,7 +425,8 @@ class PackedDataset(IterableDataset):
 
         totals = self.manifest.totals if self.manifest is not None else {}
         batcher = ModelBatcher(processor, seq_len=self.seq_len, max_images=self.max_images,
-                               max_image_tokens=totals.get("max_image_tokens_per_pack"))
+                               max_image_tokens=totals.get("max_image_tokens_per_pack"),
+                               max_video_tokens=totals.get("max_video_tokens_per_pack"))
         policy = self.manifest.image_policy if self.manifest is not None else {}
         packed_for = policy.get("family")
         if packed_for is not None and packed_for != batcher.family.name:

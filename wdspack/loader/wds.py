@@ -65,6 +65,8 @@ class DatasetInfo:
     display: str = ""
     max_images_per_pack: int | None = None
     images: int = 0
+    #: the most video tokens in one pack (0: the dataset holds no video)
+    max_video_tokens: int = 0
 
     @property
     def num_packs(self) -> int:
@@ -115,7 +117,8 @@ def read_dataset(source: str | os.PathLike[str], *, storage_options: Mapping[str
                        max_image_tokens=m.totals.get("max_image_tokens_per_pack"),
                        max_samples_per_pack=m.totals.get("max_samples_per_pack"),
                        image_policy=dict(m.image_policy), display=resolved.display, max_images_per_pack=least,
-                       images=sum(s.images for s in m.shards))
+                       images=sum(s.images for s in m.shards),
+                       max_video_tokens=int(m.totals.get("max_video_tokens_per_pack") or 0))
 
 
 def decode_packs(dataset: DatasetInfo | None = None, *, seq_len: int | None = None, max_images: int | None = None,
@@ -183,7 +186,8 @@ def to_examples(dataset: DatasetInfo | None = None, *, seq_len: int | None = Non
 
         if max_image_tokens is None and dataset is not None:
             max_image_tokens = dataset.max_image_tokens
-        batcher = ModelBatcher(processor, seq_len=L, max_images=M, max_image_tokens=max_image_tokens)
+        batcher = ModelBatcher(processor, seq_len=L, max_images=M, max_image_tokens=max_image_tokens,
+                               max_video_tokens=dataset.max_video_tokens if dataset is not None else 0)
         packed_for = dataset.image_policy.get("family") if dataset is not None else None
         if dataset is not None and packed_for is not None and packed_for != batcher.family.name:
             raise ConfigError(f"{dataset.display} was packed with a {packed_for} processor; this processor is "

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Budgets", "Family", "Rows", "default_pixels", "run_image_processor", "take_rows"]
+__all__ = ["Budgets", "Family", "Rows", "VideoSide", "default_pixels", "run_image_processor", "take_rows"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +39,8 @@ class Budgets:
     seq_len: int
     max_images: int
     max_image_tokens: int | None = None
+    #: the most video tokens in one pack (the manifest's ``max_video_tokens_per_pack``); 0: no video keys
+    max_video_tokens: int = 0
 
     @property
     def image_tokens(self) -> int:
@@ -89,6 +91,36 @@ def default_pixels(processor: Any, images: Sequence[Any]) -> dict[str, torch.Ten
 
 
 @dataclass(frozen=True, slots=True)
+class VideoSide:
+    """How a family's videos become text at pack time (:mod:`wdspack.models.video` plans them from the
+    container's header; no frame is decoded).
+
+    Attributes:
+        placeholder: ``processor -> str``: the token the chat template renders per video and the
+            processor replaces (``<|video_pad|>``).
+        feature_token: ``processor -> str``: the token the video features fill (``Pack.video_tokens``
+            counts it per video).
+        sampling: ``(processor, config) -> settings``: the video processor's settings, from its
+            ``video_preprocessor_config.json`` as a dict (None: the class's defaults).
+        plan: ``(header, settings) -> VideoPlan``: the frames sampled, their size, grid and tokens.
+        replacement: ``(processor, plan) -> str``: the text the placeholder becomes.
+        pixels: ``(processor, videos, plans, *, uint8, max_pixels) -> {key: tensor}``: in the loader's
+            workers, a pack's videos (bytes and stored plans) decoded at the planned frames only and laid
+            out as the processor lays them out (``uint8``: resized whole numbers, not normalised).
+        pad: ``(outputs, processor, budgets, video_tokens) -> {key: tensor or Rows}``: ``pixels``' outputs
+            padded to shapes that depend only on the budgets (as ``Family.pad_pixels`` for images).
+    """
+
+    placeholder: Callable[[Any], str]
+    feature_token: Callable[[Any], str]
+    sampling: Callable[[Any, Mapping[str, Any] | None], Any]
+    plan: Callable[[Any, Any], Any]
+    replacement: Callable[[Any, Any], str]
+    pixels: Callable[..., dict[str, Any]]
+    pad: Callable[[Mapping[str, Any], Any, Budgets, Sequence[int]], Mapping[str, torch.Tensor | Rows]]
+
+
+@dataclass(frozen=True, slots=True)
 class Family:
     """One model family: how its images become tokens, pixels and positions.
 
@@ -125,6 +157,8 @@ class Family:
             bytes (``pixel_dtype="uint8"``) and normalise them on the device.
         no_varlen: why varlen attention (:func:`wdspack.use_varlen_attention`) cannot express the
             family's masks, and what to use instead; empty where it can.
+        video: how its videos are planned and expanded (:class:`VideoSide`); None for a family
+            without a video path (its video records are dropped as ``unsupported_media``).
     """
 
     name: str
@@ -145,3 +179,4 @@ class Family:
     image_processor: Callable[[], Any] | None = None
     uint8_pixels: bool = False
     no_varlen: str = ""
+    video: VideoSide | None = None

@@ -15,6 +15,8 @@ temporal patch, or every frame where the config does not sample; each frame resi
 rule (``smart_resize``). ``Qwen3VLVideoProcessor``: ``int(N / f · fps)`` frames at
 ``round(linspace(0, N - 1, T))``, resized under a pixel budget for the whole clip, and a timestamp
 per temporal patch in the prompt. An odd frame count is padded with the last frame.
+``LlavaOnevisionVideoProcessor`` (``plan_llava_onevision``): ``num_frames`` frames at
+``arange(n) · N // n``, each resized to the tower's square, ``n · pooled² + 1`` tokens.
 ``tests/models/test_video.py`` checks them against transformers' own functions.
 """
 
@@ -25,7 +27,7 @@ import json
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +35,19 @@ import numpy as np
 
 from ..errors import ConfigError, SampleError
 
-__all__ = ["QwenVideoSampling", "VideoHeader", "VideoPlan", "plan_qwen2_vl", "plan_qwen3_vl", "qwen3_vl_prompt",
-           "read_header", "smart_resize"]
+__all__ = ["MAX_FRAME_PIXELS", "MAX_PLAN_FRAMES", "MAX_VIDEO_PIXELS", "QWEN3_VL_VIDEO", "LlavaVideoSampling",
+           "QwenVideoSampling", "VideoHeader", "VideoPlan", "VideoSettings", "check_decode_size",
+           "plan_llava_onevision", "plan_qwen2_vl", "plan_qwen3_vl", "qwen3_vl_prompt", "read_header", "smart_resize",
+           "video_config"]
+
+#: The most pixels a video frame may have (width × height, from the header): the images' decompression-bomb guard.
+MAX_FRAME_PIXELS = 64_000_000
+#: The most pixels one video's decoded frames may hold together (frames × width × height, 3 bytes each as RGB): a
+#: memory bound per video, above the Qwen processors' defaults on 1080p (768 frames × 1920 × 1080 = 1.6e9).
+MAX_VIDEO_PIXELS = 1 << 31
+#: The most frames a plan may name: what a pack stores and the loader decodes per video (as
+#: ``wdspack.format.pack.MAX_VIDEO_FRAMES``, which this layer cannot import).
+MAX_PLAN_FRAMES = 4096
 
 _NO_AV = "reading videos needs PyAV, which is not installed: pip install 'wdspack[video]'  (or pip install av)"
 
@@ -49,14 +62,16 @@ class VideoHeader:
     height: int
 
 
-def read_header(data: bytes | str | os.PathLike[str], *, sample_id: str = "") -> VideoHeader:
+def read_header(data: bytes | str | os.PathLike[str], *, sample_id: str = "",
+                max_pixels: int = MAX_FRAME_PIXELS) -> VideoHeader:
     """The first video stream's frame count, rate and size, from the container (no frame decoded).
 
     A container whose header holds no frame count (WebM/Matroska) has its video packets counted: one
-    pass over the demuxed packets, no decoding.
+    pass over the demuxed packets, no decoding. Nothing is allocated per frame the header claims.
 
     Raises:
-        SampleError: ``unreadable_video`` when the bytes are not a video PyAV can open.
+        SampleError: ``unreadable_video`` when the bytes are not a video PyAV can open (or hold no video
+            stream); ``video_too_large`` when a frame has more than ``max_pixels`` pixels (a hostile header).
     """
     try:
         import av
@@ -76,11 +91,16 @@ def read_header(data: bytes | str | os.PathLike[str], *, sample_id: str = "") ->
     except SampleError:
         raise
     except Exception as e:  # PyAV raises its own error types for damaged or unknown containers
-        raise SampleError("unreadable_video", f"cannot read the video's header ({type(e).__name__}: {e})",
+        message = " ".join(str(e).replace(": '<none>'", "").split())  # '<none>': PyAV's name for in-memory bytes
+        raise SampleError("unreadable_video", f"cannot read the video's header ({type(e).__name__}: {message})",
                           sample_id) from None
     if not rate or frames <= 0 or width <= 0 or height <= 0:
         raise SampleError("unreadable_video", f"the header gives {frames} frames at {rate} fps of {width}x{height}",
                           sample_id)
+    if width * height > max_pixels:
+        raise SampleError("video_too_large", f"the header gives {width}x{height} = {width * height} pixels a frame > "
+                          f"the limit {max_pixels} (a decompression-bomb guard); downscale the video (or raise "
+                          "SampleConfig.max_image_pixels)", sample_id)
     return VideoHeader(frames=frames, fps=float(rate), width=width, height=height)
 
 
@@ -89,7 +109,7 @@ class QwenVideoSampling:
     """A Qwen2-VL / Qwen2.5-VL video processor's settings (transformers' defaults unless a config says)."""
 
     do_sample_frames: bool = False
-    fps: float | None = 2.0
+    fps: float | None = None
     num_frames: int | None = None
     min_frames: int = 4
     max_frames: int = 768
@@ -102,8 +122,10 @@ class QwenVideoSampling:
     max_video_tokens: int = 128_000
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any] | str | os.PathLike[str]) -> QwenVideoSampling:
-        """From a ``video_preprocessor_config.json`` (a path, a folder holding it, or its dict)."""
+    def from_config(cls, config: Mapping[str, Any] | str | os.PathLike[str],
+                    base: QwenVideoSampling | None = None) -> QwenVideoSampling:
+        """From a ``video_preprocessor_config.json`` (a path, a folder holding it, or its dict); what
+        it leaves out keeps ``base``'s value (default: Qwen2-VL's class defaults)."""
         if not isinstance(config, Mapping):
             path = Path(config)
             if path.is_dir():
@@ -122,7 +144,76 @@ class QwenVideoSampling:
         pixels = {"min_pixels": config.get("min_pixels", size.get("shortest_edge")),
                   "max_pixels": config.get("max_pixels", size.get("longest_edge"))}
         out.update({k: int(v) for k, v in pixels.items() if v is not None})
-        return cls(**out)
+        return replace(base or cls(), **out)
+
+
+@dataclass(frozen=True)
+class VideoSettings:
+    """The video sampling a user sets, over the processor's own (``wdspack pack --video-fps 2
+    --video-max-frames 64 --video-max-pixels 200704``): None keeps the processor's value. Setting
+    ``fps`` samples frames at that rate (the processor's ``do_sample_frames``), as LLaMA-Factory's
+    ``video_fps`` and qwen-vl-utils do; ``max_pixels`` bounds each frame's resized area.
+
+    Example:
+        >>> VideoSettings(fps=1.0).apply(QwenVideoSampling()).do_sample_frames
+        True
+    """
+
+    fps: float | None = None
+    max_frames: int | None = None
+    max_pixels: int | None = None
+    #: a fixed count of frames per video instead of a rate (LLaVA-OneVision's ``num_frames``)
+    num_frames: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.fps is not None and self.num_frames is not None:
+            raise ConfigError(f"--video-fps {self.fps} and --video-num-frames {self.num_frames}: give one (a rate or a "
+                              "count of frames per video)")
+        for name, flag in (("fps", "--video-fps"), ("max_frames", "--video-max-frames"),
+                           ("max_pixels", "--video-max-pixels"), ("num_frames", "--video-num-frames")):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not value > 0):
+                raise ConfigError(f"{flag} {value!r}: give a positive number (or leave it out for the processor's)")
+
+    def apply(self, s: QwenVideoSampling) -> QwenVideoSampling:
+        """``s`` with these settings over it."""
+        out: dict[str, Any] = {}
+        if self.fps is not None:
+            out.update(fps=float(self.fps), do_sample_frames=True, num_frames=None)
+        if self.num_frames is not None:
+            out.update(num_frames=int(self.num_frames), do_sample_frames=True, fps=None)
+        if self.max_frames is not None:
+            out.update(max_frames=int(self.max_frames))
+        if self.max_pixels is not None:
+            out.update(max_pixels=int(self.max_pixels), min_pixels=min(s.min_pixels, int(self.max_pixels)))
+        return replace(s, **out)
+
+
+def video_config(spec: Any, processor: Any = None) -> dict[str, Any] | None:
+    """The video processor's settings of a processor: its ``video_processor`` where it loaded one,
+    else the ``video_preprocessor_config.json`` in its folder (or in the local Hugging Face cache for
+    a model name): read as a file, since the class needs torchvision. None: none found (the family's
+    class defaults apply)."""
+    vp = getattr(processor, "video_processor", None)
+    if vp is not None and hasattr(vp, "to_dict"):
+        return dict(vp.to_dict())
+    if not isinstance(spec, (str, os.PathLike)):
+        return None
+    path = Path(spec) / "video_preprocessor_config.json"
+    if not path.is_file():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            found = try_to_load_from_cache(os.fspath(spec), "video_preprocessor_config.json")
+        except Exception:  # not a repo id, or no cache
+            return None
+        if not isinstance(found, str):
+            return None
+        path = Path(found)
+    try:
+        return dict(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read the video processor's settings from {path}: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -150,7 +241,8 @@ def smart_resize(height: int, width: int, *, factor: int, min_pixels: int, max_p
         (280, 392)
     """
     if max(height, width) / min(height, width) > 200:
-        raise ConfigError(f"a {width}x{height} frame: the aspect ratio must be under 200")
+        raise SampleError("video_too_large", f"a {width}x{height} frame: the processor refuses an aspect ratio over "
+                          "200; crop or pad the video")
     h, w = round(height / factor) * factor, round(width / factor) * factor
     if h * w > max_pixels:
         beta = math.sqrt((height * width) / max_pixels)
@@ -166,7 +258,7 @@ def sample_indices(header: VideoHeader, s: QwenVideoSampling) -> np.ndarray:
     """The frames the processor samples (every frame where it does not sample)."""
     total, tps = header.frames, s.temporal_patch_size
     if not s.do_sample_frames:
-        return np.arange(total, dtype=np.int64)
+        return np.arange(_every_frame(total), dtype=np.int64)
     if s.num_frames is not None:
         count = round(s.num_frames / tps) * tps
     else:
@@ -175,12 +267,46 @@ def sample_indices(header: VideoHeader, s: QwenVideoSampling) -> np.ndarray:
         top = math.floor(min(s.max_frames, total) / tps) * tps
         wanted = min(max(total / header.fps * s.fps, s.min_frames), top, total)
         count = math.floor(wanted / tps) * tps
-    if count > total or count <= 0:
+    if count <= 0:
+        raise SampleError("video_too_short", f"{total} frame(s): the processor samples frames in temporal patches of "
+                          f"{tps}, so a video needs at least {tps}")
+    if count > total:
         raise SampleError("video_too_short", f"{total} frames cannot give the {count} frames the processor samples "
-                          "(lower fps or num_frames)")
+                          "(lower --video-num-frames)")
     # transformers: torch.arange(0, total, total / count).int(): float32 steps, truncated
     step = np.float32(total) / np.float32(count)
     return (np.arange(count, dtype=np.float32) * step).astype(np.int64)
+
+
+def check_decode_size(header: VideoHeader, plan: VideoPlan, *, max_pixels: int | None = None) -> VideoPlan:
+    """``plan``, where decoding its frames holds at most ``max_pixels`` (default :data:`MAX_VIDEO_PIXELS`, the
+    loader's bound) pixels: frames × width × height, from the header.
+
+    Raises:
+        SampleError: ``video_too_large``, naming the frames, their size and the settings that sample fewer.
+
+    Example:
+        >>> check_decode_size(VideoHeader(frames=90, fps=30.0, width=64, height=48),
+        ...                   plan_qwen2_vl(VideoHeader(frames=90, fps=30.0, width=64, height=48),
+        ...                                 QwenVideoSampling(do_sample_frames=True, fps=2.0))).grid
+        (3, 20, 28)
+    """
+    limit = MAX_VIDEO_PIXELS if max_pixels is None else max_pixels
+    pixels = len(plan.indices) * header.width * header.height
+    if pixels > limit:
+        raise SampleError("video_too_large", f"{len(plan.indices)} frames of {header.width}x{header.height} = {pixels} "
+                          f"pixels to decode > the {limit} the loader decodes of one video; sample fewer frames "
+                          "(--video-fps, --video-max-frames) or downscale the video")
+    return plan
+
+
+def _every_frame(total: int) -> int:
+    """``total``, where a plan may name every frame (a processor that does not sample takes them all)."""
+    if total > MAX_PLAN_FRAMES:
+        raise SampleError("video_too_large", f"the header gives {total} frames and the video processor takes every "
+                          f"frame (it does not sample) > the {MAX_PLAN_FRAMES} a plan may name; pass --video-fps or "
+                          "--video-num-frames to sample fewer")
+    return total
 
 
 def plan_qwen2_vl(header: VideoHeader, s: QwenVideoSampling) -> VideoPlan:
@@ -203,9 +329,8 @@ def plan_qwen2_vl(header: VideoHeader, s: QwenVideoSampling) -> VideoPlan:
                                  max_pixels=max_pixels)
     grid = (-(-count // tps), height // s.patch_size, width // s.patch_size)
     tokens = grid[0] * grid[1] * grid[2] // (s.merge_size ** 2)
-    sampled_fps = np.float32(count) / np.float32(header.frames) * np.float32(header.fps)
     return VideoPlan(indices=tuple(int(i) for i in indices), height=height, width=width, grid=grid, tokens=tokens,
-                     second_per_grid_t=float(np.float32(tps) / sampled_fps))
+                     second_per_grid_t=_second_per_grid_t(tps, count, header))
 
 
 #: Qwen3-VL's video processor's own defaults (patch 16, merge 2: a factor of 32 pixels; 2 frames a second)
@@ -223,7 +348,8 @@ def smart_resize_clip(frames: int, height: int, width: int, *, temporal_factor: 
         scale = max(factor / height, factor / width)
         height, width = int(height * scale), int(width * scale)
     if max(height, width) / min(height, width) > 200:
-        raise ConfigError(f"a {width}x{height} frame: the aspect ratio must be under 200")
+        raise SampleError("video_too_large", f"a {width}x{height} frame: the processor refuses an aspect ratio over "
+                          "200; crop or pad the video")
     h, w = round(height / factor) * factor, round(width / factor) * factor
     t = round(frames / temporal_factor) * temporal_factor
     if t * h * w > max_pixels:
@@ -247,7 +373,7 @@ def plan_qwen3_vl(header: VideoHeader, s: QwenVideoSampling = QWEN3_VL_VIDEO) ->
     """
     total, tps = header.frames, s.temporal_patch_size
     if not s.do_sample_frames:
-        indices = np.arange(total, dtype=np.int64)
+        indices = np.arange(_every_frame(total), dtype=np.int64)
     else:
         if s.num_frames is not None:
             count = s.num_frames
@@ -268,15 +394,105 @@ def plan_qwen3_vl(header: VideoHeader, s: QwenVideoSampling = QWEN3_VL_VIDEO) ->
     padded = [int(i) for i in indices] + [int(indices[-1])] * (-count % tps)
     seconds = [i / header.fps for i in padded]
     stamps = tuple((seconds[k] + seconds[k + tps - 1]) / 2 for k in range(0, len(seconds), tps))
-    sampled_fps = np.float32(count) / np.float32(total) * np.float32(header.fps)
     return VideoPlan(indices=tuple(int(i) for i in indices), height=height, width=width, grid=grid,
                      tokens=grid[0] * grid[1] * grid[2] // (s.merge_size ** 2),
-                     second_per_grid_t=float(np.float32(tps) / sampled_fps), timestamps=stamps)
+                     second_per_grid_t=_second_per_grid_t(tps, count, header), timestamps=stamps)
+
+
+def _second_per_grid_t(tps: int, count: int, header: VideoHeader) -> float:
+    """``tps / sampled_fps`` as the processor computes it (Python floats: ``VideoMetadata.sampled_fps`` is
+    ``frames sampled / total · fps``), rounded to float32 as its tensor holds it."""
+    return float(np.float32(tps / (count / header.frames * header.fps)))
 
 
 def qwen3_vl_prompt(plan: VideoPlan, *, video_token: str = "<|video_pad|>", start: str = "<|vision_start|>",
                     end: str = "<|vision_end|>", merge_size: int = 2) -> str:
     """The text Qwen3-VL's processor puts in a video's place: per temporal patch its timestamp, then
     the vision start token, the patch's video tokens, the vision end token."""
-    per_patch = plan.grid[1] * plan.grid[2] // (merge_size ** 2)
+    per_patch = plan.grid[1] * plan.grid[2] // (merge_size ** 2) if merge_size else plan.tokens // plan.grid[0]
     return "".join(f"<{t:.1f} seconds>{start}{video_token * per_patch}{end}" for t in plan.timestamps)
+
+
+
+@dataclass(frozen=True)
+class LlavaVideoSampling:
+    """A LLaVA-OneVision video processor's settings: its frame sampling, the fixed frame size (the vision
+    tower's), and the pooled features per frame (``ceil(sqrt(num_image_tokens) / 2)²``, the processor's).
+    ``max_frames`` and ``max_pixels`` are :class:`VideoSettings`' fields, which this family does not take."""
+
+    do_sample_frames: bool = False
+    fps: float | None = None
+    num_frames: int | None = None
+    height: int = 384
+    width: int = 384
+    tokens_per_frame: int = 196
+    max_frames: int | None = None
+    min_pixels: int = 0
+    max_pixels: int | None = None
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], *, num_image_tokens: int) -> LlavaVideoSampling:
+        """From a ``video_preprocessor_config.json`` as a dict (or the image processor's, which transformers
+        falls back to) and the processor's ``num_image_tokens``.
+
+        Example:
+            >>> s = LlavaVideoSampling.from_config({"size": {"height": 32, "width": 32}}, num_image_tokens=16)
+            >>> s.height, s.tokens_per_frame
+            (32, 4)
+        """
+        size = config.get("size") or {"height": cls.height, "width": cls.width}  # the class's 384 × 384
+        if not (size.get("height") and size.get("width")):
+            raise ConfigError(f"the LLaVA-OneVision video processor's size {dict(size)} is not a height and width; "
+                              "its frames must be the vision tower's square size (e.g. {'height': 384, 'width': 384})")
+        if config.get("do_center_crop"):
+            raise ConfigError("the LLaVA-OneVision video processor crops its frames (do_center_crop): not supported; "
+                              "set do_center_crop to false in its video_preprocessor_config.json")
+        if config.get("resample") not in (None, 3):  # PIL's BICUBIC: the resize wdspack does
+            raise ConfigError(f"the LLaVA-OneVision video processor resamples with {config['resample']!r}; only "
+                              "bicubic (3), its default, is supported")
+        pooled = math.ceil(int(math.sqrt(num_image_tokens)) / 2)
+        return cls(do_sample_frames=bool(config.get("do_sample_frames") or False), fps=config.get("fps"),
+                   num_frames=config.get("num_frames"), height=int(size["height"]), width=int(size["width"]),
+                   tokens_per_frame=pooled * pooled)
+
+
+def plan_llava_onevision(header: VideoHeader, s: LlavaVideoSampling) -> VideoPlan:
+    """What LLaVA-OneVision's video processor makes of this video, from its header: ``num_frames``
+    frames at ``arange(n) · N // n`` (transformers' ``default_sample_indices_fn``), each resized to
+    ``height × width``; ``tokens = n · tokens_per_frame + 1`` (one newline feature per video). ``grid``
+    is ``(n, pooled, pooled)``, the pooled features per frame; ``second_per_grid_t`` the seconds between
+    sampled frames (the model does not use it).
+
+    Raises:
+        ConfigError: sampling that gives videos different frame counts (``fps``, or every frame): the
+            model takes one ``[videos, frames, 3, H, W]`` tensor per forward, so a batch needs one count.
+        SampleError: ``video_too_short`` when the video has fewer frames than ``num_frames``.
+
+    Example:
+        >>> plan = plan_llava_onevision(VideoHeader(frames=10, fps=5.0, width=64, height=48),
+        ...                             LlavaVideoSampling(do_sample_frames=True, num_frames=4))
+        >>> plan.indices, plan.grid, plan.tokens
+        ((0, 2, 5, 7), (4, 14, 14), 785)
+    """
+    for value, flag in ((s.max_frames, "--video-max-frames"), (s.max_pixels, "--video-max-pixels")):
+        if value is not None:
+            raise ConfigError(f"{flag} {value}: LLaVA-OneVision samples a fixed count of frames, each resized to "
+                              f"{s.height}x{s.width}; leave {flag} out and give --video-num-frames")
+    if not s.do_sample_frames or s.num_frames is None:
+        how = f"at {s.fps} fps" if s.do_sample_frames and s.fps is not None else "every frame (do_sample_frames false)"
+        raise ConfigError(f"LLaVA-OneVision's video processor samples {how}, so videos differ in frame count, but the "
+                          "model takes one count per batch ([videos, frames, 3, H, W]); pass --video-num-frames N "
+                          "(VideoSettings(num_frames=N))")
+    if s.fps is not None:
+        raise ConfigError(f"the video processor sets both fps {s.fps} and num_frames {s.num_frames}, which it refuses; "
+                          "pass --video-num-frames N alone")
+    total, count = header.frames, int(s.num_frames)
+    if count > MAX_PLAN_FRAMES:
+        raise ConfigError(f"--video-num-frames {count} > the {MAX_PLAN_FRAMES} frames a plan may name; lower it")
+    if count > total:
+        raise SampleError("video_too_short", f"{total} frames < the {count} frames --video-num-frames samples "
+                          "(the processor refuses it); lower --video-num-frames")
+    indices = np.arange(count, dtype=np.int64) * total // count
+    side = math.isqrt(s.tokens_per_frame)
+    return VideoPlan(indices=tuple(int(i) for i in indices), height=s.height, width=s.width, grid=(count, side, side),
+                     tokens=count * s.tokens_per_frame + 1, second_per_grid_t=_second_per_grid_t(1, count, header))

@@ -1,8 +1,9 @@
 """What a packed dataset holds, in numbers and a picture (``wdspack inspect``).
 
 From the manifest (and the pack index, when there is one): fill ratio, packs, samples, images,
-tokens, dropped counts by reason, and which budget closed the packs (tokens or ``--max-images``).
-With ``deep=True`` (reads every pack): distributions of tokens, samples and images per pack, and
+videos, tokens, dropped counts by reason, and which budget closed the packs (tokens or ``--max-images``).
+With ``deep=True`` (reads every pack): distributions of tokens, samples and images per pack (and of
+videos, the frames the loader will decode and the video tokens, for a dataset with videos), and
 the padding a naive pad-to-longest loader would have wasted on the same samples. A mixture (a
 ``.yaml``/``.json`` file of sources and weights) is answered by :mod:`.mixture`: what an epoch
 takes from each source, and the mix over the first steps.
@@ -92,6 +93,9 @@ def dataset_stats(source: str, *, deep: bool = False, batch_size: int = 8,
     }
     if "records_read" in t:  # documents cut into pieces: fewer records than samples
         stats["records_read"] = t["records_read"]
+    if t.get("videos"):  # a dataset with videos: how many, and the most video tokens one pack holds
+        stats["videos"] = int(t["videos"])
+        stats["max_video_tokens_per_pack"] = int(t.get("max_video_tokens_per_pack") or 0)
     if manifest.pack_index:
         from ..format.pack_index import read_index
 
@@ -111,16 +115,25 @@ def dataset_stats(source: str, *, deep: bool = False, batch_size: int = 8,
     samples: list[int] = []
     images: list[int] = []
     lengths: list[int] = []
+    videos: list[int] = []
+    frames: list[int] = []
+    video_tokens: list[int] = []
     for _, pack in iter_dataset_packs(manifest, root):
         tokens.append(pack.num_tokens)
         samples.append(pack.num_samples)
         images.append(pack.num_images)
         lengths.extend(pack.seq_lens)
+        videos.append(pack.num_videos)
+        frames.append(sum(len(plan.frames) for plan in pack.video_plans))
+        video_tokens.append(sum(pack.video_tokens))
     lens = np.asarray(lengths, np.int64)
     stats["per_pack"] = {
         "tokens": _describe(np.asarray(tokens)), "samples": _describe(np.asarray(samples)),
         "images": _describe(np.asarray(images)),
     }
+    if any(videos):  # the videos, the frames the loader decodes and the tokens they take, per pack
+        stats["per_pack"].update(videos=_describe(np.asarray(videos)), frames=_describe(np.asarray(frames)),
+                                 video_tokens=_describe(np.asarray(video_tokens)))
     stats["per_sample_tokens"] = _describe(lens)
     stats["padding_waste"] = 1.0 - t["fill_ratio"]
     stats["naive_padding_waste"] = naive_padding_waste(lens, batch_size=batch_size)
@@ -176,7 +189,9 @@ def format_stats(stats: dict[str, Any]) -> list[str]:
         f"packs     {stats['packs']} in {stats['shards']} shards, {stats['bytes'] / 1e6:.1f} MB",
         f"samples   {stats['samples']} packed of {read_text(stats['samples_read'], stats.get('records_read'))} "
         f"read; dropped: {dropped}",
-        f"tokens    {stats['tokens']}  images {stats['images']}  fill {stats['fill_ratio']:.2%}",
+        f"tokens    {stats['tokens']}  images {stats['images']}  fill {stats['fill_ratio']:.2%}"
+        + (f"  videos {stats['videos']} (at most {stats['max_video_tokens_per_pack']} video tokens a pack)"
+           if stats.get("videos") else ""),
         *([f"budget    {stats['budget']['line']}"] if stats.get("budget", {}).get("line") else []),
         f"samples per pack  mean {stats['mean_samples_per_pack']:.2f}",
     ]
@@ -191,7 +206,9 @@ def format_stats(stats: dict[str, Any]) -> list[str]:
                      f"balance   {b['ranks']} ranks, 1 pack per rank per step, default cost model: the slowest rank "
                      f"costs {b['shuffle_buffer']:.3f}× the mean; with balance='cost' {b['balanced']:.3f}×")
     if "per_pack" in stats:
-        for key in ("tokens", "samples", "images"):
+        for key in ("tokens", "samples", "images", "videos", "frames", "video_tokens"):
+            if key not in stats["per_pack"]:
+                continue
             d = stats["per_pack"][key]
             lines.append(f"{key + '/pack':<13} min {d['min']}  mean {d['mean']:.1f}  p50 {d['p50']:.0f}  "
                          f"p90 {d['p90']:.0f}  p99 {d['p99']:.0f}  max {d['max']}")

@@ -35,11 +35,14 @@ COLOR = ("\x1b[1;32m", "\x1b[0m")
 
 
 def render_tokens(tokenizer: Any, input_ids: Any, loss_mask: Any, *, image_token_id: int | None = None,
-                  image_tokens: Sequence[int] = (), marks: tuple[str, str] = PLAIN) -> str:
-    """One sample's tokens as text: trained runs between ``marks``, each image's placeholders as ``<image×N>``.
+                  image_tokens: Sequence[int] = (), marks: tuple[str, str] = PLAIN, video_token_id: int | None = None,
+                  video_tokens: Sequence[int] = ()) -> str:
+    """One sample's tokens as text: trained runs between ``marks``, each image's placeholders as ``<image×N>``
+    (a video's as ``<video×N>``).
 
     ``image_tokens``: the placeholder count of each of the sample's images, in order (the pack has
     them), so that adjacent images read as one marker each; without them a run is one marker.
+    ``video_tokens``: the same for videos.
 
     Example:
         >>> render_tokens(tok, [1, 10, 10, 5, 6], [0, 0, 0, 0, 1], image_token_id=10)  # doctest: +SKIP
@@ -47,23 +50,28 @@ def render_tokens(tokenizer: Any, input_ids: Any, loss_mask: Any, *, image_token
     """
     ids = np.asarray(input_ids).tolist()
     mask = np.asarray(loss_mask).astype(bool).tolist()
-    counts = [int(n) for n in image_tokens]
+    counts = {1: [int(n) for n in image_tokens], 2: [int(n) for n in video_tokens]}
     out: list[str] = []
-    for (trained, image), run in itertools.groupby(zip(ids, mask), key=lambda x: (x[1], x[0] == image_token_id)):
+
+    def kind(x: tuple[int, bool]) -> tuple[bool, int]:
+        return x[1], 1 if x[0] == image_token_id else 2 if x[0] == video_token_id else 0
+
+    for (trained, media), run in itertools.groupby(zip(ids, mask), key=kind):
         tokens = [t for t, _ in run]
-        text = _images(len(tokens), counts) if image else tokenizer.decode(tokens)
+        text = _images(len(tokens), counts[media], "image" if media == 1 else "video") if media \
+            else tokenizer.decode(tokens)
         out.append(f"{marks[0]}{text}{marks[1]}" if trained else text)
     return "".join(out)
 
 
-def _images(n: int, counts: list[int]) -> str:
+def _images(n: int, counts: list[int], what: str = "image") -> str:
     """``n`` placeholder tokens as one ``<image×k>`` per image, taking the images' counts from ``counts``."""
     parts = []
     while counts and 0 < counts[0] <= n:
         k = counts.pop(0)
-        parts.append(f"<image×{k}>")
+        parts.append(f"<{what}×{k}>")
         n -= k
-    return "".join(parts) + (f"<image×{n}>" if n or not parts else "")
+    return "".join(parts) + (f"<{what}×{n}>" if n or not parts else "")
 
 
 def load_tokenizer(manifest: Manifest, tokenizer: str | os.PathLike[str] | None = None) -> Any:
@@ -165,9 +173,10 @@ def show_lines(source: str, *, packs: int = 1, pack: int = 0, tokenizer: str | o
         raise ConfigError(f"--pack {pack}: {source} has {total} packs (0 to {total - 1})")
     tok = load_tokenizer(manifest, tokenizer)
     image_id = manifest.tokenizer.get("image_token_id")
+    video_id = (manifest.image_policy.get("video") or {}).get("token_id")
     for k, shard, p in itertools.islice(_iter_packs(manifest, root, pack), packs):
         yield (f"== pack {k}  ({shard}, {p.num_samples} samples, {p.num_tokens} of {manifest.seq_len} tokens, "
-               f"{p.num_images} images)")
+               f"{p.num_images} images{f', {p.num_videos} videos' if p.num_videos else ''})")
         bounds = [0, *itertools.accumulate(p.seq_lens)]
         for j, sid in enumerate(p.sample_ids):
             if samples and j == samples:
@@ -176,9 +185,12 @@ def show_lines(source: str, *, packs: int = 1, pack: int = 0, tokenizer: str | o
             span = slice(bounds[j], bounds[j + 1])
             ids, mask = p.input_ids[span], p.loss_mask[span]
             owned = [int(p.image_tokens[i]) for i, owner in enumerate(p.image_sample) if owner == j]
+            films = [int(p.video_tokens[i]) for i, owner in enumerate(p.video_sample) if owner == j]
             images = len(owned)
+            videos = f", {len(films)} video{'' if len(films) == 1 else 's'}" if films else ""
             yield (f"-- sample {j + 1}/{p.num_samples}  {sid}  ({bounds[j + 1] - bounds[j]} tokens, "
-                   f"{int(np.asarray(mask).sum())} trained, {images} image{'' if images == 1 else 's'})")
-            text = render_tokens(tok, ids, mask, image_token_id=image_id, image_tokens=owned, marks=marks)
+                   f"{int(np.asarray(mask).sum())} trained, {images} image{'' if images == 1 else 's'}{videos})")
+            text = render_tokens(tok, ids, mask, image_token_id=image_id, image_tokens=owned, marks=marks,
+                                 video_token_id=video_id, video_tokens=films)
             shown = _elide(text, max_chars, marks)
             yield shown + (COLOR[1] if shown != text and marks == COLOR else "")  # no colour left open

@@ -74,15 +74,17 @@ def verify_dataset(dataset: str, *, sources: Sequence[str] | None = None,
                             pack = decode_pack(member.read())
                             if pack.num_tokens > manifest.seq_len:
                                 raise FormatError(f"{pack.num_tokens} tokens > seq_len {manifest.seq_len}")
-                            if manifest.max_images is not None and pack.num_images > manifest.max_images:
-                                raise FormatError(f"{pack.num_images} images > max_images {manifest.max_images}")
+                            media = pack.num_images + pack.num_videos  # max_images counts both
+                            if manifest.max_images is not None and media > manifest.max_images:
+                                raise FormatError(f"{pack.num_images} images and {pack.num_videos} videos > "
+                                                  f"max_images {manifest.max_images}")
                         except FormatError as e:
                             problems.append(f"{shard.name}: pack {key}: {e}")
                             continue
                         rows[-1] = pack_row(m.offset, pack)
                         packed.update(pack.sample_ids)
                         counts.update(packs=1, samples=pack.num_samples, tokens=pack.num_tokens,
-                                      images=pack.num_images)
+                                      images=pack.num_images, videos=pack.num_videos)
                 hasher.drain()
         except FileNotFoundError:
             problems.append(f"{shard.name}: missing (listed in the manifest)")
@@ -95,7 +97,7 @@ def verify_dataset(dataset: str, *, sources: Sequence[str] | None = None,
         if hasher.hexdigest() != shard.sha256:
             problems.append(f"{shard.name}: sha256 {hasher.hexdigest()[:12]}… differs from the manifest's "
                             f"{shard.sha256[:12]}…")
-        for field in ("packs", "samples", "tokens", "images"):
+        for field in ("packs", "samples", "tokens", "images", "videos"):
             if counts[field] != getattr(shard, field):
                 problems.append(f"{shard.name}: {counts[field]} {field}, manifest says {getattr(shard, field)}")
     if manifest.pack_index and not problems:  # rows line up with the index only when every shard read

@@ -221,6 +221,8 @@ class PackSummary:
     carried_by_reason: dict[str, int] | None = None
     #: how the job chose to plan, when it chose by its size (``planned in groups of ...``; empty: not said)
     plan: str = ""
+    #: the videos packed (0: none; their line is left out)
+    videos: int = 0
 
     @property
     def samples_dropped(self) -> int:
@@ -232,9 +234,11 @@ class PackSummary:
             f"samples  read {read_text(self.samples_read, self.records_read)}  packed {self.samples_packed}  "
             f"dropped {self.samples_dropped} ({_reasons(self.dropped_by_reason)})",
             *self._carried_lines(),
-            f"packs    {self.packs}  fill {self.fill_ratio:.2%}  tokens {self.tokens}  images {self.images}",
+            f"packs    {self.packs}  fill {self.fill_ratio:.2%}  tokens {self.tokens}  images {self.images}"
+            + (f"  videos {self.videos}" if self.videos else ""),
             *([f"budget   {self.budget.line()}"] if self.budget is not None and self.budget.packs else []),
             *([f"images   {_policy_text(self.image_policy)}"] if self.image_policy else []),
+            *([f"videos   {_video_text(self.image_policy)}"] if self.videos and self.image_policy else []),
             *([f"plan     {self.plan}"] if self.plan else []),
             f"shards   {self.shards}  {_human_bytes(self.bytes)}  in {self.output}",
             f"time     {self.seconds:.1f} s  ({rate:.0f} samples/s)"
@@ -276,6 +280,17 @@ def _policy_text(policy: dict[str, Any]) -> str:
     if policy.get("family"):
         return f"processor {policy['family']} ({policy.get('processor_class')}), tokens from each image's size"
     return f"image processor {policy.get('name')}, tokens from each image's size"
+
+
+def _video_text(policy: dict[str, Any]) -> str:
+    """``frames at 2 fps (4 to 768 a video), at most 602112 pixels each, tokens from each video's header``."""
+    v = policy.get("video") or {}
+    if v.get("do_sample_frames"):
+        rate = f"{v['num_frames']} frames a video" if v.get("num_frames") else \
+            f"frames at {v.get('fps'):g} fps ({v.get('min_frames')} to {v.get('max_frames')} a video)"
+    else:
+        rate = "every frame"
+    return f"{rate}, at most {v.get('max_pixels')} pixels each, tokens from each video's header"
 
 
 def _human_bytes(n: float) -> str:

@@ -48,6 +48,7 @@ import json
 import logging
 import os
 import sys
+import tarfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -59,7 +60,7 @@ import numpy as np
 
 from ..errors import Dropped, SampleError, WdspackError, suggest_keywords
 from ..format.manifest import DROPPED_NAME, MANIFEST_NAME, Manifest, ShardInfo
-from ..format.pack import encode_pack
+from ..format.pack import decode_pack, encode_pack
 from ..format.pack_index import INDEX_NAME, build_index, encode_index, index_entry, member_offsets
 from ..format.tar import ShardWriter, shard_name
 from ..storage.location import Location
@@ -412,7 +413,8 @@ def _measure_partition(i: int, partition: Partition, sample_config: SampleConfig
                     _on_drop(over, on_error)
                     spool.drop(over)
                     continue
-                spool.add(s.sample_id, s.input_ids, s.loss_mask, s.images, s.image_tokens)
+                spool.add(s.sample_id, s.input_ids, s.loss_mask, s.images, s.image_tokens, s.videos, s.video_tokens,
+                          s.video_plans)
         spool.source_records = records
         spool.finish(builder.describe())
     return i
@@ -494,7 +496,8 @@ def _write_shard(j: int, refs, work: str, path: str, token_dtype: str) -> tuple[
                 sample[0] = ref[3]  # the id the job gave it (the spool holds the source's own)
             pack = assemble_pack(samples)
             writer.add(f"{j:06d}{k:06d}", encode_pack(pack, token_dtype=token_dtype),
-                       samples=pack.num_samples, tokens=pack.num_tokens, images=pack.num_images)
+                       samples=pack.num_samples, tokens=pack.num_tokens, images=pack.num_images,
+                       videos=pack.num_videos, video_tokens=sum(pack.video_tokens))
             report(pack.num_samples)
         return j, writer.close(), writer.offsets
 
@@ -507,10 +510,24 @@ def _info_of_existing(out: Location, name: str, packs, table) -> tuple[ShardInfo
     with out.open_read(name) as f:
         offsets = member_offsets(f, where=str(out.join(name)))
     idx = np.concatenate(packs)
+    videos = _videos_of(out, name)
     info = ShardInfo(name=name, packs=len(packs), samples=int(idx.size),
-                     tokens=int(table["tokens"][idx].sum()), images=int(table["images"][idx].sum()),
-                     bytes=out.size(name), sha256=h.hexdigest())
+                     tokens=int(table["tokens"][idx].sum()), images=int(table["images"][idx].sum()) - videos[0],
+                     bytes=out.size(name), sha256=h.hexdigest(), videos=videos[0], max_video_tokens=videos[1])
     return info, offsets
+
+
+def _videos_of(out: Location, name: str) -> tuple[int, int]:
+    """A written shard's videos and the most video tokens in one pack (its packs read back: a resumed job
+    keeps what the manifest says of them)."""
+    count = most = 0
+    with out.open_read(name) as f, tarfile.open(fileobj=f, mode="r|") as tar:
+        for member in tar:
+            data = tar.extractfile(member) if member.isfile() else None
+            if data is not None:
+                pack = decode_pack(data.read())
+                count, most = count + pack.num_videos, max(most, sum(pack.video_tokens))
+    return count, most
 
 
 # ---------------------------------------------------------------------------------------------

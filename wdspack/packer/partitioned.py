@@ -289,7 +289,8 @@ def _plan_task(g: int, parts: Sequence[int], work: str, out: str, config: PackCo
                         sample[0] = table["ids"][j]
                     p = assemble_pack(samples)
                     writer.add(f"{g:06d}{s:04d}{k:06d}", encode_pack(p, token_dtype=token_dtype),
-                               samples=p.num_samples, tokens=p.num_tokens, images=p.num_images)
+                               samples=p.num_samples, tokens=p.num_tokens, images=p.num_images,
+                               videos=p.num_videos, video_tokens=sum(p.video_tokens))
                     report(p.num_samples)
                 infos.append(writer.close())
                 offsets.append(writer.offsets)
@@ -311,7 +312,8 @@ def _plan_task(g: int, parts: Sequence[int], work: str, out: str, config: PackCo
 
 
 def _info_json(info: ShardInfo) -> list[Any]:
-    return [info.name, info.packs, info.samples, info.tokens, info.images, info.bytes, info.sha256]
+    return [info.name, info.packs, info.samples, info.tokens, info.images, info.bytes, info.sha256, info.videos,
+            info.max_video_tokens]
 
 
 def _iter_drops(work: Location, groups: int) -> Iterator[Dropped]:

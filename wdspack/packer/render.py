@@ -326,7 +326,8 @@ def typed_content(parts: list[dict]) -> list[dict]:
     out: list[dict] = []
     for p in parts:
         p = dict(p)
-        if out and out[-1].get("type") == "image" and p.get("type") == "text" and p.get("text", "").startswith("\n"):
+        if out and out[-1].get("type") in ("image", "video") and p.get("type") == "text" \
+                and p.get("text", "").startswith("\n"):
             p["text"] = p["text"][1:]
             if not p["text"]:
                 continue

@@ -31,6 +31,7 @@ of ``processor.apply_chat_template(..., tokenize=True)`` with the images::
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import re
@@ -42,7 +43,8 @@ from typing import Any, NamedTuple, Protocol, cast
 import numpy as np
 
 from ..errors import ConfigError, SampleError
-from ..format.pack import token_dtype_for
+from ..format.pack import VideoPlanRecord, token_dtype_for
+from ..models.video import VideoPlan, VideoSettings, check_decode_size, read_header, video_config
 from .fastpath import ChatRenderer, TextEncoder, span_mask
 from .imagecheck import check_image, downscale
 from .imagecheck import error_text as _error_text
@@ -94,6 +96,8 @@ class SampleConfig:
         processor: the model's processor (a folder, a cached model name or the object): its
             tokenizer, chat template and image layout, token for token.
         pretrain: how captions and documents are laid out (:class:`~wdspack.packer.text.PretrainConfig`).
+        video: the video sampling over the processor's own (:class:`~wdspack.models.video.VideoSettings`:
+            fps, max frames, max pixels); videos need a ``processor`` whose family has a video path.
 
     Example:
         >>> SampleConfig("./pixtral", tokens_per_image="64", image_token="[IMG]").tokens_per_image
@@ -108,6 +112,7 @@ class SampleConfig:
     max_image_pixels: int = 64_000_000
     processor: str | os.PathLike[str] | ProcessorLike | None = None
     pretrain: PretrainConfig | None = None
+    video: VideoSettings | None = None
 
     def __post_init__(self) -> None:
         if self.processor is not None and (self.tokenizer or self.tokens_per_image is not None or self.image_token):
@@ -126,6 +131,8 @@ class SampleConfig:
             raise ConfigError(f"pretrain={self.pretrain!r}: pass a wdspack.packer.text.PretrainConfig")
         if self.chat_template is not None:
             check_template_syntax(self.chat_template, "chat_template")
+        if self.video is not None and not isinstance(self.video, VideoSettings):
+            raise ConfigError(f"video={self.video!r}: pass a wdspack.models.video.VideoSettings")
 
 
 def _tokens_per_image(value: Any, processor: Any) -> Any:
@@ -150,6 +157,8 @@ class _Chat(NamedTuple):
     counts: list[Any]
     text: str
     spans: list[tuple[int, int]]
+    videos: tuple[bytes, ...] = ()
+    plans: tuple[VideoPlan, ...] = ()
 
 
 @lru_cache(maxsize=4)
@@ -186,9 +195,23 @@ class SampleBuilder:
         self.template = template or ""
         self._renderer, self._encoder = ChatRenderer(self.tokenizer, self.template), TextEncoder(self.tokenizer)
         self.feature_token, self.image_token_id = feature, self._token_id(feature)
+        self._init_video()
         self._one = OneRender(self._apply, self._message, self._renderer.marked)
         self.typed_images = self._template_renders_typed_images()
+        self.typed_videos = self.typed_images and self._template_renders_typed_videos()
         self.tool_support = self._template_renders_tools()
+
+    def _init_video(self) -> None:
+        """The family's video side, with the processor's video settings and the user's over them."""
+        side = self.family.video if self.family is not None else None
+        self.video_side, self.video_token, self.video_sampling = side, None, None
+        self.video_token_id: int | None = None
+        if side is None:
+            return
+        self.video_token = side.placeholder(self.processor)
+        base = side.sampling(self.processor, video_config(self.config.processor, self.processor))
+        self.video_sampling = (self.config.video or VideoSettings()).apply(base)
+        self.video_token_id = self._token_id(side.feature_token(self.processor))
 
     def _token_id(self, feature: str | None) -> int | None:
         """The image token's id; refused unless it is one token of the vocabulary."""
@@ -242,6 +265,8 @@ class SampleBuilder:
             raise ConfigError(f"{self.name!r} has no chat template, which chat records need; pass --chat-template FILE")
         sid = record.sample_id
         images, counts = self._prepare_images(record.images, sid, getattr(record, "image_names", ()))
+        videos = tuple(getattr(record, "videos", ()))
+        plans = self._plan_videos(videos, sid, getattr(record, "video_names", ())) if videos else ()
         messages = [self._message(m) for m in record.messages]
         if not messages:
             raise SampleError("empty_conversation", "the conversation has no turns", sid)
@@ -250,11 +275,12 @@ class SampleBuilder:
         tools = [dict(t) for t in getattr(record, "tools", ())] or None
         self._check_tool_support(messages, tools, sid)
         text, spans = self._render(messages, sid, tools=tools)
-        return _Chat(sid, images, counts, text, spans)
+        return _Chat(sid, images, counts, text, spans, videos, plans)
 
     def _finish_chat(self, chat: _Chat, encoded: tuple[np.ndarray, np.ndarray] | None = None) -> Sample:
         if self.family is not None:
-            return self._build_expanded(chat.sid, chat.text, chat.spans, chat.images, chat.counts)
+            return self._build_expanded(chat.sid, chat.text, chat.spans, chat.images, chat.counts, chat.videos,
+                                        chat.plans)
         ids, offsets = encoded if encoded is not None else self._encode(chat.text)
         if ids.size == 0:
             raise SampleError("empty_conversation", "nothing left after templating", chat.sid)
@@ -272,6 +298,9 @@ class SampleBuilder:
         if self.family is not None:
             policy = {"kind": "processor", "name": self.name, "family": self.family.name,
                       "processor_class": type(self.processor).__name__}
+            if self.video_sampling is not None:  # the manifest keeps it where the dataset holds videos
+                policy["video"] = {"token": self.video_token, "token_id": self.video_token_id,
+                                   **dataclasses.asdict(self.video_sampling)}
         elif isinstance(self.config.tokens_per_image, int):
             policy = {"kind": "fixed", "tokens_per_image": self.config.tokens_per_image}
         elif self.config.tokens_per_image is None:  # text only: a record with an image stopped the job
@@ -311,7 +340,8 @@ class SampleBuilder:
         if self.typed_images and m["role"] != "tool":
             return {"role": m["role"], "content": _typed_content(parts), **extra}
         # String form: the text keeps what the source wrote around each image (LLaVA's "<image>\n").
-        text = "".join((self.image_token or "") if p.get("type") == "image" else p.get("text", "") for p in parts)
+        holders = {"image": self.image_token or "", "video": self.video_token or ""}
+        text = "".join(holders[p["type"]] if p.get("type") in holders else p.get("text", "") for p in parts)
         return {"role": m["role"], "content": text, **extra}
 
     def _apply(self, messages: list[dict], *, generation_prompt: bool, tools: list[dict] | None = None) -> str:
@@ -492,15 +522,15 @@ class SampleBuilder:
 
 
     def _build_expanded(self, sid: str, text: str, spans: list[tuple[int, int]], images: list[bytes],
-                        sizes: list) -> Sample:
-        """Processor mode: expand each placeholder in the text as the processor does, then tokenize."""
+                        sizes: list, videos: tuple[bytes, ...] = (), plans: tuple[VideoPlan, ...] = ()) -> Sample:
+        """Processor mode: expand each placeholder in the text as the processor does, then tokenize.
+        Images and videos are replaced in the order their placeholders appear, each from its own list."""
         ph = self.image_token
-        assert ph is not None  # processor mode: the family's placeholder
-        found = [m.start() for m in re.finditer(re.escape(ph), text)]
+        assert ph is not None and self.family is not None  # processor mode: the family's placeholder
+        found = [(m.start(), ph) for m in re.finditer(re.escape(ph), text)]
         if len(found) != len(images):
             raise SampleError("placeholder_mismatch", f"{len(found)} image placeholders {ph!r} in the rendered text "
                               f"for {len(images)} images", sid)
-        assert self.family is not None  # processor mode (build)
         try:
             reps = self.family.replacements(self.processor, sizes) if images else []
         except ConfigError:
@@ -508,34 +538,100 @@ class SampleBuilder:
         except Exception as e:  # the processor's own code refusing a size
             raise SampleError("unreadable_image", f"the processor cannot lay out images of sizes {sizes}: "
                               f"{_error_text(e)}", sid) from None
+        slots = list(zip(found, reps))
+        if videos:
+            assert self.video_side is not None and self.video_token is not None  # _plan_videos checked
+            vph = self.video_token
+            seen = [(m.start(), vph) for m in re.finditer(re.escape(vph), text)]
+            if len(seen) != len(videos):
+                raise SampleError("placeholder_mismatch", f"{len(seen)} video placeholders {vph!r} in the rendered "
+                                  f"text for {len(videos)} videos", sid)
+            slots += zip(seen, (self.video_side.replacement(self.processor, plan) for plan in plans))
+            slots.sort(key=lambda slot: slot[0][0])
         pieces, regions, last, shift = [], [], 0, 0
-        for at, rep in zip(found, reps):
+        for (at, holder), rep in slots:
             pieces += [text[last:at], rep]
-            regions.append((at + shift, at + shift + len(rep)))
-            shift += len(rep) - len(ph)
-            last = at + len(ph)
+            regions.append((holder, at + shift, at + shift + len(rep)))
+            shift += len(rep) - len(holder)
+            last = at + len(holder)
         pieces.append(text[last:])
         expanded = "".join(pieces)
 
         def moved(p: int) -> int:  # where character p of the rendered text lands in the expanded one
-            return p + sum(len(r) - len(ph) for at, r in zip(found, reps) if at + len(ph) <= p)
+            return p + sum(len(r) - len(h) for (at, h), r in slots if at + len(h) <= p)
 
         bos = self.tokenizer.bos_token
         ids, offsets = self._encoder(expanded, add_special_tokens=not (bos and expanded.startswith(bos)))
         mask = span_mask(offsets, [(moved(start), moved(end)) for start, end in spans])
         real = offsets[:, 1] > offsets[:, 0]
-        feature = ids == self.image_token_id
-        counts = []
-        for start, end in regions:
+        feature = {ph: ids == self.image_token_id}
+        if videos:
+            feature[self.video_token] = ids == self.video_token_id  # type: ignore[index]
+        counts: list[int] = []
+        video_counts: list[int] = []
+        for holder, start, end in regions:
             inside = (offsets[:, 0] >= start) & (offsets[:, 1] <= end) & real
             mask[inside] = 0
-            counts.append(int((inside & feature).sum()))
-        if sum(counts) != int(feature.sum()):
-            raise SampleError("placeholder_mismatch", f"the text holds {int(feature.sum()) - sum(counts)} image "
-                              f"tokens {self.feature_token!r} of its own besides the {len(images)} images'", sid)
+            (counts if holder == ph else video_counts).append(int((inside & feature[holder]).sum()))
+        for token, each, what in ((ph, counts, "image"), (self.video_token or "", video_counts, "video")):
+            if token in feature and sum(each) != int(feature[token].sum()):
+                raise SampleError("placeholder_mismatch", f"the text holds {int(feature[token].sum()) - sum(each)} "
+                                  f"{what} tokens {token!r} of its own besides the {len(each)} {what}s'", sid)
+        for k, (plan, taken) in enumerate(zip(plans, video_counts)):
+            if taken != plan.tokens:
+                raise SampleError("placeholder_mismatch", f"video {k} takes {taken} tokens in the text but its plan "
+                                  f"{plan.grid} gives {plan.tokens}", sid)
         if not mask.any():
             raise SampleError("no_assistant_turn", "no token is a training target after templating", sid)
-        return Sample(sid, ids.astype(np.uint32), mask, tuple(images), tuple(counts))
+        return Sample(sid, ids.astype(np.uint32), mask, tuple(images), tuple(counts), tuple(videos),
+                      tuple(video_counts), tuple(plan_record(plan) for plan in plans))
+
+    # ---- videos ----------------------------------------------------------------------------
+
+    def _plan_videos(self, videos: tuple[bytes, ...], sid: str, names: tuple[str, ...] = ()) -> tuple[VideoPlan, ...]:
+        """Each video's plan, from its container's header alone (:mod:`wdspack.models.video`)."""
+        if self.video_side is None or self.video_sampling is None:
+            have = ", ".join(f.name for f in _video_families())
+            why = (f"the {self.family.name} family has no video path" if self.family is not None
+                   else "videos need --processor (the model's own processor; with --tokenizer there is no video "
+                        "layout)")
+            raise SampleError("unsupported_media", f"the record has {len(videos)} video(s) but {why}; families with "
+                              f"one: {have}", sid)
+        if self.typed_images and not self.typed_videos:
+            raise ConfigError(f"the chat template of {self.name!r} renders images but no video part "
+                              "({'type': 'video'}); pass --chat-template with the model's own template, which renders "
+                              f"{self.video_token!r} for each video")
+        plans = []
+        for k, data in enumerate(videos):
+            which = f"video {k} ({names[k]!r})" if k < len(names) and names[k] else f"video {k}"
+            try:
+                header = read_header(data, sample_id=sid, max_pixels=self.config.max_image_pixels)
+                plans.append(check_decode_size(header, self.video_side.plan(header, self.video_sampling)))
+            except SampleError as e:
+                raise SampleError(e.reason, f"{which}: {e.detail}", sid) from None
+        return tuple(plans)
+
+    def _template_renders_typed_videos(self) -> bool:
+        probe = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "x"}]},
+                 {"role": "assistant", "content": [{"type": "text", "text": "y"}]}]
+        if self.video_token is None:
+            return False
+        try:
+            return self.video_token in self._apply(probe, generation_prompt=False)
+        except Exception:
+            return False
+
+
+def plan_record(plan: VideoPlan) -> VideoPlanRecord:
+    """What a pack stores of a video's plan (:class:`~wdspack.format.pack.VideoPlanRecord`)."""
+    return VideoPlanRecord(frames=plan.indices, size=(plan.height, plan.width), grid=plan.grid,
+                           second_per_grid_t=plan.second_per_grid_t)
+
+
+def _video_families() -> tuple[Any, ...]:
+    from ..models import known_families
+
+    return tuple(f for f in known_families() if f.video is not None)
 
 
 #: Stands for an assistant turn's words when locating the turn (a private-use character: in no real text).

@@ -1,7 +1,8 @@
 """The spool: a pack job's private format for tokenized samples between measuring and writing.
 
 Measuring appends each sample of unit of work ``i`` to ``spool/{i:06d}.bin`` as one msgpack list
-``[id, ids (<u4 bytes), mask (uint8 bytes), [image bytes], [image tokens]]``; the integers the
+``[id, ids (<u4 bytes), mask (uint8 bytes), [image bytes], [image tokens]]`` (then ``[video bytes],
+[video tokens], [video plans]`` for a sample with videos); the integers the
 driver plans with go to ``spool/{i:06d}.meta``, which appears only when the unit is complete
 (:class:`SpoolWriter`). Writing reads samples back by ``(part, offset, length)``
 (:class:`SpoolReader`) and concatenates them into packs (:func:`assemble_pack`). The spool lives in
@@ -19,7 +20,7 @@ import msgpack
 import numpy as np
 
 from ..errors import Dropped
-from ..format.pack import Pack
+from ..format.pack import Pack, VideoPlanRecord
 from ..storage.location import Location
 
 __all__ = ["SpoolReader", "SpoolWriter", "assemble_pack", "bin_name", "meta_name", "read_meta"]
@@ -56,15 +57,20 @@ class SpoolWriter:
         self.source_records: int | None = None
 
     def add(self, sample_id: str, input_ids: np.ndarray, loss_mask: np.ndarray, images: Sequence[bytes],
-            image_tokens: Sequence[int]) -> None:
+            image_tokens: Sequence[int], videos: Sequence[bytes] = (), video_tokens: Sequence[int] = (),
+            video_plans: Sequence[VideoPlanRecord] = ()) -> None:
+        """One sample. The planner's integers count its videos with its images (``max_images`` bounds
+        both) and their tokens with the image tokens (the vision tokens the loader's slots hold)."""
         self.records += 1
-        blob = msgpack.packb([sample_id, np.asarray(input_ids).astype("<u4").tobytes(),
-                              np.asarray(loss_mask).astype(np.uint8).tobytes(), list(images),
-                              [int(t) for t in image_tokens]], use_bin_type=True)
+        fields = [sample_id, np.asarray(input_ids).astype("<u4").tobytes(),
+                  np.asarray(loss_mask).astype(np.uint8).tobytes(), list(images), [int(t) for t in image_tokens]]
+        if videos:
+            fields += [list(videos), [int(t) for t in video_tokens], [p.to_msgpack() for p in video_plans]]
+        blob = msgpack.packb(fields, use_bin_type=True)
         mask = np.asarray(loss_mask)
         targets = int(mask[1:].sum()) if mask.size else 0  # a sub-sample's first token is never a target
-        self._ints.append((len(input_ids), len(images), sum(len(b) for b in images), self._pos, len(blob),
-                           sum(int(t) for t in image_tokens), targets))
+        self._ints.append((len(input_ids), len(images) + len(videos), sum(len(b) for b in (*images, *videos)),
+                           self._pos, len(blob), sum(int(t) for t in (*image_tokens, *video_tokens)), targets))
         self._f.write(blob)
         self._pos += len(blob)
         self._ids.append(sample_id)
@@ -129,17 +135,27 @@ class SpoolReader:
 
 
 def assemble_pack(samples: Sequence[list[Any]]) -> Pack:
-    """Concatenate spooled samples ``[id, ids, mask, images, image_tokens]`` into one pack."""
+    """Concatenate spooled samples ``[id, ids, mask, images, image_tokens(, videos, video_tokens,
+    video_plans)]`` into one pack."""
     ids = [np.frombuffer(s[1], "<u4") for s in samples]
     images, image_sample, image_tokens = [], [], []
+    videos, video_sample, video_tokens = [], [], []
+    plans: list[VideoPlanRecord] = []
     for k, s in enumerate(samples):
         images.extend(s[3])
         image_sample.extend([k] * len(s[3]))
         image_tokens.extend(s[4])
+        if len(s) > 5:
+            videos.extend(s[5])
+            video_sample.extend([k] * len(s[5]))
+            video_tokens.extend(s[6])
+            plans.extend(VideoPlanRecord.from_msgpack(p) for p in s[7])
     return Pack(
         input_ids=np.concatenate(ids), loss_mask=np.concatenate([np.frombuffer(s[2], np.uint8) for s in samples]),
         seq_lens=tuple(len(x) for x in ids), sample_ids=tuple(s[0] for s in samples),
         images=tuple(images), image_sample=tuple(image_sample), image_tokens=tuple(image_tokens),
+        videos=tuple(videos), video_sample=tuple(video_sample), video_tokens=tuple(video_tokens),
+        video_plans=tuple(plans),
     )
 
 

@@ -45,15 +45,22 @@ def build_manifest(sources, config: PackConfig, describe, infos, records: int, d
         # model-ready loaders size their pixel tensors from it (static shapes, no more than needed)
         "max_image_tokens_per_pack": max_image_tokens_per_pack,
     }
+    videos = sum(i.videos for i in infos)
+    if videos:  # what the loader sizes pixel_values_videos from (static shapes); absent: no video keys
+        totals["videos"] = videos
+        totals["max_video_tokens_per_pack"] = max(i.max_video_tokens for i in infos)
     if records_read is not None and records_read != records:  # documents cut into pieces: records < samples
         totals["records_read"] = records_read
     if min_sample_tokens is not None:  # what `budget` lines measure "full of tokens" against
         totals["min_sample_tokens"] = min_sample_tokens
     provenance = {"shard_max_bytes": config.shard_max_bytes, "shard_max_packs": config.shard_max_packs,
                   "on_error": config.on_error, **extra}
+    policy = describe["image_policy"]
+    if not videos and "video" in policy:  # the video settings a dataset without video never used
+        policy = {k: v for k, v in policy.items() if k != "video"}
     return Manifest(
         seq_len=config.seq_len, max_images=config.max_images, algorithm=config.algorithm, seed=config.seed,
-        tokenizer=describe["tokenizer"], image_policy=describe["image_policy"], shards=tuple(infos),
+        tokenizer=describe["tokenizer"], image_policy=policy, shards=tuple(infos),
         totals=totals, split=config.split, sources=tuple(str(s) for s in sources), provenance=provenance,
         wdspack_version=__version__, pack_index=pack_index,
     )
@@ -82,7 +89,7 @@ def summary_of(out: Location, manifest: Manifest, *, seconds: float, resumed_sha
                        images=t["images"], fill_ratio=t["fill_ratio"], shards=len(manifest.shards),
                        bytes=sum(s.bytes for s in manifest.shards), seconds=seconds, resumed_shards=resumed_shards,
                        image_policy=manifest.image_policy, records_read=t.get("records_read"),
-                       budget=_budget(out, manifest))
+                       budget=_budget(out, manifest), videos=int(t.get("videos") or 0))
 
 
 def _budget(out: Location, manifest: Manifest) -> BudgetUse | None:

@@ -49,7 +49,7 @@ from weakref import WeakKeyDictionary
 import numpy as np
 
 from ..errors import ConfigError, SampleError
-from .sources.documents import IMAGE, TextRecord
+from .sources.documents import IMAGE, VIDEO, Segment, TextRecord
 from .tokenized import Sample
 
 __all__ = ["DEFAULT_CAPTION_TEMPLATE", "PretrainConfig", "TextBuilder", "build_samples", "build_text_sample"]
@@ -100,6 +100,10 @@ class _Part:
     image_tokens: int = 0
     text: str = ""
     offsets: np.ndarray | None = None
+    #: a video caption's video: its bytes, feature tokens and plan (:mod:`wdspack.models.video`)
+    video: bytes | None = None
+    video_tokens: int = 0
+    plan: Any = None
 
 
 class TextBuilder(Protocol):
@@ -213,23 +217,34 @@ def _token_id(builder: TextBuilder, token: str, option: str) -> int:
 
 
 def _parts(builder: TextBuilder, record: TextRecord, config: PretrainConfig, *, offsets: bool) -> list[_Part]:
-    """The record's text and image runs in order, each text tokenized on its own."""
+    """The record's text, image and video runs in order, each text tokenized on its own."""
     sid = record.sample_id
     if record.segments.count(IMAGE) != len(record.images):
         raise SampleError("placeholder_mismatch", f"{record.segments.count(IMAGE)} image segments for "
                           f"{len(record.images)} images", sid)
+    videos = tuple(getattr(record, "videos", ()))
+    if record.segments.count(VIDEO) != len(videos):
+        raise SampleError("placeholder_mismatch", f"{record.segments.count(VIDEO)} video segments for "
+                          f"{len(videos)} videos", sid)
     images, counts = builder._prepare_images(record.images, sid)  # the checks every sample's images get
-    layout = _layout(record, config)  # (text or IMAGE, target)
-    texts = [t for t, _ in layout if t is not IMAGE]
+    films = _video_spans(builder, videos, sid) if videos else []
+    layout = _layout(record, config)  # (text, IMAGE or VIDEO; target)
+    texts = [t for t, _ in layout if isinstance(t, str)]
     encoded = [builder._encode(t) for t in texts]  # each text alone: wdspack.packer.fastpath.TextEncoder
     spans = _image_spans(builder, images, counts, sid)
-    parts, t, k = [], 0, 0
+    parts, t, k, v = [], 0, 0, 0
     for text, target in layout:
         if text is IMAGE:
             ids, n = spans[k]
             parts.append(_Part(ids, False, images[k], n))
             k += 1
             continue
+        if text is VIDEO:
+            ids, n, plan = films[v]
+            parts.append(_Part(ids, False, video=videos[v], video_tokens=n, plan=plan))
+            v += 1
+            continue
+        assert isinstance(text, str)
         ids, where = encoded[t][0], (encoded[t][1] if offsets else None)
         if ids.size:
             parts.append(_Part(ids, target, text=text, offsets=where))
@@ -239,15 +254,27 @@ def _parts(builder: TextBuilder, record: TextRecord, config: PretrainConfig, *, 
     return parts
 
 
-def _layout(record: TextRecord, config: PretrainConfig) -> list[tuple[str | None, bool]]:
+def _video_spans(builder: Any, videos: tuple[bytes, ...], sid: str) -> list[tuple[np.ndarray, int, Any]]:
+    """Each video's token ids (the processor's replacement text), its feature tokens and its plan."""
+    plans = builder._plan_videos(videos, sid)  # unsupported_media without a family's video path
+    out = []
+    for plan in plans:
+        ids = np.asarray(builder.tokenizer(builder.video_side.replacement(builder.processor, plan),
+                                           add_special_tokens=False)["input_ids"], np.int64)
+        out.append((ids, int((ids == builder.video_token_id).sum()), plan))
+    return out
+
+
+def _layout(record: TextRecord, config: PretrainConfig) -> list[tuple[Segment, bool]]:
     if record.kind == "document":
-        return [(s, s is not IMAGE) for s in record.segments if s is IMAGE or s]
-    caption = next(s for s in record.segments if s is not IMAGE)
-    out: list[tuple[str | None, bool]] = []
+        return [(s, isinstance(s, str)) for s in record.segments if s is IMAGE or s is VIDEO or s]
+    caption = next(s for s in record.segments if isinstance(s, str))
+    media = [s for s in record.segments if s is IMAGE or s is VIDEO]  # a caption's video, then its image
+    out: list[tuple[Segment, bool]] = []
     template = config.caption_template or DEFAULT_CAPTION_TEMPLATE
     for piece in _split_fields(template):
         if piece == _IMAGE_FIELD:
-            out.append((IMAGE, False))
+            out += [(m, False) for m in media]
         elif piece == _CAPTION_FIELD:
             out.append((caption, True))
         elif piece:
@@ -293,7 +320,13 @@ def _assemble(sid: str, bos: list[int], parts: Sequence[_Part], eos: int | None)
                            np.ones(len(tail), np.uint8)])
     images = tuple(p.image for p in parts if p.image is not None)
     counts = tuple(p.image_tokens for p in parts if p.image is not None)
-    return Sample(sid, ids.astype(np.uint32), mask, images, counts)
+    films = [(p, p.video) for p in parts if p.video is not None]
+    if not films:
+        return Sample(sid, ids.astype(np.uint32), mask, images, counts)
+    from .samples import plan_record
+
+    return Sample(sid, ids.astype(np.uint32), mask, images, counts, tuple(v for _, v in films),
+                  tuple(p.video_tokens for p, _ in films), tuple(plan_record(p.plan) for p, _ in films))
 
 
 # ---- splitting -------------------------------------------------------------------------------

@@ -7,18 +7,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..format.pack import VideoPlanRecord
+
 __all__ = ["Sample"]
 
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """One tokenized sample: ids, loss mask, image bytes and the tokens each image occupies."""
+    """One tokenized sample: ids, loss mask, image (and video) bytes and the tokens each occupies."""
 
     sample_id: str
     input_ids: np.ndarray
     loss_mask: np.ndarray
     images: tuple[bytes, ...] = ()
     image_tokens: tuple[int, ...] = ()
+    #: videos (their files' bytes), the tokens each occupies, and each one's plan (frames, size, grid)
+    videos: tuple[bytes, ...] = ()
+    video_tokens: tuple[int, ...] = ()
+    video_plans: tuple[VideoPlanRecord, ...] = ()
 
     @property
     def token_count(self) -> int:
@@ -26,4 +32,5 @@ class Sample:
 
     @property
     def image_count(self) -> int:
-        return len(self.images)
+        """The visual inputs the ``max_images`` budget counts: images and videos."""
+        return len(self.images) + len(self.videos)

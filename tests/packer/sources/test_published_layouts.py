@@ -4,8 +4,9 @@ Each test writes a small generated file in another project's *published* layout 
 file it follows are named above each fixture; the records' shapes are theirs, the contents ours),
 packs it with the Pixtral tokenizer and template in fixed mode (16 tokens per image), and checks
 through :func:`tests.published.round_trip` that every assistant answer is trained, that no prompt
-word is, that each sample kept its images, and that what wdspack cannot pack yet (video, audio,
-grounding objects) is dropped and counted as ``unsupported_media``, never packed as text.
+word is, that each sample kept its images, and that what wdspack cannot pack yet (audio, grounding
+objects) is dropped and counted as ``unsupported_media``, never packed as text. Video rows are read
+as videos: the clips they name are not written here, so they drop as ``missing_video``, naming the file.
 """
 
 from __future__ import annotations
@@ -89,17 +90,19 @@ def test_llamafactory_mllm_demo_with_its_video_and_audio_demos(tmp_path, sample_
     rt = round_trip([str(mllm), str(video), str(audio)], out, sample_config, max_images=4,
                     max_drop_fraction=1.0)
     assert rt.summary.samples_read == 6 and rt.summary.samples_packed == 3
-    assert rt.summary.dropped_by_reason == {"unsupported_media": 3}
-    assert rt.manifest.totals["dropped_by_reason"] == {"unsupported_media": 3}
+    assert rt.summary.dropped_by_reason == {"missing_video": 2, "unsupported_media": 1}
+    assert rt.manifest.totals["dropped_by_reason"] == {"missing_video": 2, "unsupported_media": 1}
     _check(rt, "mllm_demo.json:0", trained=["two footballers celebrating", "hugging on the pitch"],
            untrained=["Who are they?", "What are they doing?"], images=1)
     _check(rt, "mllm_demo.json:1", trained=["goalkeeper in a green shirt"], untrained=["Who is he?"], images=1)
     _check(rt, "mllm_demo.json:2", trained=["second one is bluer"], untrained=["Which picture"], images=2)
     drops = _dropped(out)
     assert set(drops) == {"mllm_video_demo.json:0", "mllm_video_demo.json:1", "mllm_audio_demo.json:0"}
-    assert all(reason == "unsupported_media" for reason, _ in drops.values())
-    assert "field 'videos'" in drops["mllm_video_demo.json:0"][1] and "video is not supported yet" in \
+    assert drops["mllm_video_demo.json:0"][0] == "missing_video" and "'mllm_demo_data/1.mp4' does not exist" in \
         drops["mllm_video_demo.json:0"][1]
+    assert drops["mllm_video_demo.json:1"][0] == "missing_video" and "mllm_demo_data/2.avi" in \
+        drops["mllm_video_demo.json:1"][1]
+    assert drops["mllm_audio_demo.json:0"][0] == "unsupported_media"
     assert "field 'audios'" in drops["mllm_audio_demo.json:0"][1]
     assert not any("baby" in t or "cooking" in t for t in rt.text.values())
 
@@ -135,8 +138,8 @@ def test_llamafactory_v1_layout(tmp_path, sample_config):
     _check(rt, "v1_demo.jsonl:0", trained=["orange tabby cat"], untrained=["You describe pets.",
                                                                          "Which animal is this?"], images=1)
     _check(rt, "v1_demo.jsonl:1", trained=["smaller than the dog"], untrained=["Compare"], images=2)
-    assert rt.summary.dropped_by_reason == {"unsupported_media": 1}
-    assert "'video_url' part" in _dropped(out)["v1_demo.jsonl:2"][1]
+    assert rt.summary.dropped_by_reason == {"missing_video": 1}
+    assert "video 'clips/1.mp4' does not exist" in _dropped(out)["v1_demo.jsonl:2"][1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,9 +199,9 @@ def test_qwen2_vl_finetune_repo_layout_with_a_video_row(tmp_path, sample_config)
     _check(rt, "000000033471", trained=["white and red"], untrained=["colors of the bus"], images=1)
     _check(rt, "multi-1", trained=["perspective of the camera is different"], untrained=["Is the perspective"],
            images=2)
-    assert rt.summary.dropped_by_reason == {"unsupported_media": 1}
+    assert rt.summary.dropped_by_reason == {"missing_video": 1}
     reason, detail = _dropped(out)["sample1"]
-    assert reason == "unsupported_media" and "field 'video'" in detail
+    assert reason == "missing_video" and "video 'sample1.mp4' does not exist" in detail
     assert not any("walking down the road" in t for t in rt.text.values())
 
 
@@ -266,7 +269,8 @@ def test_ms_swift_layouts(tmp_path, sample_config):
     out = tmp_path / "out"
     rt = round_trip([str(messages), str(query), str(conversation)], out, sample_config, max_images=4,
                     max_drop_fraction=0.5)
-    assert rt.summary.samples_read == 7 and rt.summary.dropped_by_reason == {"unsupported_media": 2}
+    assert rt.summary.samples_read == 7
+    assert rt.summary.dropped_by_reason == {"unsupported_media": 1, "missing_video": 1}
     _check(rt, "messages.jsonl:0", trained=["capital of Zhejiang is Hangzhou"], untrained=["Where is"], images=0)
     _check(rt, "messages.jsonl:1", trained=["kitten", "puppy"], untrained=["the difference"], images=2)
     _check(rt, "query.jsonl:0", trained=["It equals two.", "It equals three."],
@@ -276,7 +280,8 @@ def test_ms_swift_layouts(tmp_path, sample_config):
            images=0)
     drops = _dropped(out)
     assert "field 'objects'" in drops["messages.jsonl:2"][1] and "grounding" in drops["messages.jsonl:2"][1]
-    assert "field 'videos'" in drops["messages.jsonl:3"][1]
+    assert drops["messages.jsonl:3"][0] == "missing_video" and "video '/xxx/x.mp4' does not exist" in \
+        drops["messages.jsonl:3"][1]
     assert not any("<bbox>" in t or "<ref-object>" in t for t in rt.text.values())
 
 

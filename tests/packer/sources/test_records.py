@@ -3,8 +3,9 @@
 Layouts: LLaMA-Factory v1 (``value`` / ``image_url`` / ``tool_call`` parts), TRL conversational
 prompt-completion with ``images``, ms-swift ``query``/``response``/``history`` and ``conversation``,
 MiniCPM-V's ``image`` dict with ``<image_00>`` placeholders; media wdspack does not pack yet
-(``unsupported_media``); the newline after ``<image>``; image names in drop details; symlinked and
-absolute image paths. End-to-end packs of the same layouts are in ``tests/packer/sources/test_published_layouts.py``.
+(``unsupported_media``: audio, grounding objects; videos are read: ``test_video_records.py``); the
+newline after ``<image>``; image names in drop details; symlinked and absolute image paths.
+End-to-end packs of the same layouts are in ``tests/packer/sources/test_published_layouts.py``.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def test_llamafactory_v1_parts(root):
 
 
 @pytest.mark.parametrize("part, role, reason, words", [
-    ({"type": "video_url", "value": "a.mp4"}, "user", "unsupported_media", ("'video_url' part", "not supported yet")),
+    ({"type": "video_url", "value": "a.mp4"}, "user", "missing_video", ("video 'a.mp4' does not exist",)),
     ({"type": "audio_url", "value": "a.wav"}, "user", "unsupported_media", ("'audio_url' part", "audio")),
     ({"type": "reasoning", "value": "Hmm."}, "assistant", "malformed_record", ("'reasoning'",)),
     ({"type": "tool_call", "value": "{not json"}, "assistant", "malformed_record", ("tool_call part's value",)),
@@ -221,15 +222,14 @@ def test_an_image_struct_is_not_taken_for_a_minicpm_dict(root):
 
 
 # ---------------------------------------------------------------------------------------------
-# Video, audio and grounding objects: dropped as unsupported_media, never packed as text
+# Audio and grounding objects: dropped as unsupported_media, never packed as text (videos are read:
+# tests/packer/sources/test_video_records.py)
 
 
 _CHAT = [{"from": "human", "value": "What happens?"}, {"from": "gpt", "value": "A man walks."}]
 
 
 @pytest.mark.parametrize("field, value, what", [
-    ("video", "sample1.mp4", "video is not supported yet"),  # InternVL / Qwen2-VL fine-tuning repo rows
-    ("videos", ["mllm_demo_data/1.mp4"], "video is not supported yet"),  # LLaMA-Factory, ms-swift
     ("audios", ["mllm_demo_data/1.mp3"], "audio is not supported yet"),
     ("audio", "a.wav", "audio is not supported yet"),
     ("objects", {"ref": ["a dog"], "bbox": [[1, 2, 3, 4]]}, "grounding objects are not supported yet"),
@@ -241,16 +241,21 @@ def test_media_fields_are_dropped_with_their_own_reason(root, field, value, what
 
 @pytest.mark.parametrize("value", [None, [], "", {"ref": [], "bbox": []}, [None]])
 def test_empty_media_fields_are_not_media(root, value):
-    rec = _one(root, {"videos": value, "objects": value, "conversations": _CHAT})
+    rec = _one(root, {"audios": value, "objects": value, "conversations": _CHAT})
     assert isinstance(rec, Record), rec
+    if value in (None, []):  # an empty video list is no video (as for images)
+        rec = _one(root, {"videos": value, "video": value, "conversations": _CHAT})
+        assert isinstance(rec, Record) and rec.videos == (), rec
 
 
-@pytest.mark.parametrize("text, tag", [("<video>\nWhat happens?", "'<video>'"), ("Listen: <audio>", "'<audio>'")])
-def test_media_placeholders_without_a_field_are_dropped(root, text, tag):
-    _drop(root, {"conversations": [{"from": "human", "value": text}, {"from": "gpt", "value": "x"}]},
-          "unsupported_media", f"placeholder {tag}", "not supported yet")
+@pytest.mark.parametrize("text, reason, words", [
+    ("<video>\nWhat happens?", "placeholder_mismatch", ("1 video placeholder(s)", "but 0 video(s)")),
+    ("Listen: <audio>", "unsupported_media", ("placeholder '<audio>'", "not supported yet")),
+])
+def test_media_placeholders_without_a_field_are_dropped(root, text, reason, words):
+    _drop(root, {"conversations": [{"from": "human", "value": text}, {"from": "gpt", "value": "x"}]}, reason, *words)
     _drop(root, {"messages": [{"role": "system", "content": text}, {"role": "user", "content": "q"},
-                              {"role": "assistant", "content": "x"}]}, "unsupported_media", tag)
+                              {"role": "assistant", "content": "x"}]}, reason, *words)
 
 
 def test_an_answer_that_mentions_a_video_tag_is_text(root):
@@ -265,9 +270,11 @@ def test_media_columns_are_read_from_parquet(root):
                       "messages": [[{"role": "user", "content": "<image>Q"}, {"role": "assistant", "content": "A"}],
                                    [{"role": "user", "content": "<video>Q"}, {"role": "assistant", "content": "A"}]]})
     pq.write_table(table, root / "mixed.parquet")
+    (root / "clip.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42 not decoded here")
     img, vid = _read_all([root / "mixed.parquet"])
-    assert isinstance(img, Record) and img.images == (RED,) and img.image_names == ("r.png",)
-    assert isinstance(vid, Dropped) and vid.reason == "unsupported_media" and "field 'videos'" in vid.detail
+    assert isinstance(img, Record) and img.images == (RED,) and img.image_names == ("r.png",) and img.videos == ()
+    assert isinstance(vid, Record) and vid.videos == ((root / "clip.mp4").read_bytes(),) and vid.images == ()
+    assert vid.messages[0]["content"] == [{"type": "video"}, _text("Q")] and vid.video_names == ("clip.mp4",)
 
 
 def test_trl_prompt_completion_from_parquet(root):

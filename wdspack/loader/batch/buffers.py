@@ -239,7 +239,17 @@ def normalize_pixels(batch: Mapping[str, Any], source: Any, *, device: torch.dev
                               "loader that made the batch")
         out = batcher.normalize(pixels)
         mask = batch["patch_mask"].to(out.device, non_blocking=non_blocking).bool()
-        return {**batch, "pixel_values": out.masked_fill_(~mask[:, None], 0.0).to(dtype)}
+        done = {**batch, "pixel_values": out.masked_fill_(~mask[:, None], 0.0).to(dtype)}
+        if "pixel_values_videos" in batch:  # the videos' rows, as the video processor normalises them
+            videos = batch["pixel_values_videos"]
+            videos = videos.to(device, non_blocking=non_blocking) if device is not None else videos
+            if videos.is_floating_point():
+                done["pixel_values_videos"] = videos.to(dtype)
+            else:
+                rows = batcher.normalize_videos(videos)
+                real = batch["video_patch_mask"].to(rows.device, non_blocking=non_blocking).bool()
+                done["pixel_values_videos"] = rows.masked_fill_(~real[:, None], 0.0).to(dtype)
+        return done
     transform = source
     for attr in ("dataset", "image_transform"):  # a loader → its dataset → its transform
         if not isinstance(transform, ImageTransform):

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ...errors import ConfigError
+from ...errors import ConfigError, FormatError
 from ...models.family import Budgets, Rows
 from .images import DEFAULT_MAX_PIXELS, ImageDecodeError, decode_image
 
@@ -32,17 +32,22 @@ class ModelBatcher:
         seq_len, max_images: the dataset's budgets (the static shapes).
         max_image_tokens: the most image tokens in one pack of the dataset (its manifest's
             ``max_image_tokens_per_pack``): pixel tensors are sized for it, not for ``seq_len``.
-        max_pixels: the decompression-bomb limit for decoding.
+        max_pixels: the decompression-bomb limit for decoding (images, and each video frame).
+        max_video_tokens: the most video tokens in one pack (the manifest's ``max_video_tokens_per_pack``):
+            ``pixel_values_videos`` is sized for it; None or 0 (a dataset without video): no video keys.
     """
 
     def __init__(self, processor: Any, *, seq_len: int, max_images: int, max_image_tokens: int | None = None,
-                 max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
+                 max_pixels: int = DEFAULT_MAX_PIXELS, max_video_tokens: int | None = None) -> None:
         from ...models import family_for, load_processor
 
         self.processor = load_processor(processor)
         self.family = family_for(self.processor)
         self.budgets = Budgets(int(seq_len), int(max_images),
-                               None if max_image_tokens is None else int(max_image_tokens))
+                               None if max_image_tokens is None else int(max_image_tokens), int(max_video_tokens or 0))
+        if self.budgets.max_video_tokens and self.family.video is None:
+            raise ConfigError(f"the dataset holds videos, but the {self.family.name} family has no video path "
+                              f"({type(self.processor).__name__}); load with the processor it was packed with")
         self.max_pixels = int(max_pixels)
         #: ``"uint8"``: pixels as the processor's resized bytes, un-normalised (``Family.uint8_pixels``).
         self.pixel_dtype = "float32"
@@ -77,8 +82,17 @@ class ModelBatcher:
         raw = {"do_rescale": False, "do_normalize": False} if self.pixel_dtype == "uint8" else {}
         out = self.family.pixels(self.processor, images, **raw) if images else {}
         pixels = self.family.pad_pixels(out, self.processor, self.budgets, tuple(pack.image_tokens))
+        video = self.family.video if self.budgets.max_video_tokens else None
+        if video is not None:
+            out = {**out, **self._videos(pack, video, uint8=bool(raw))}
+            pixels = {**pixels, **video.pad(out, self.processor, self.budgets, tuple(pack.video_tokens))}
+        elif getattr(pack, "videos", ()):
+            raise ConfigError(f"a pack holds {len(pack.videos)} videos but the dataset's manifest lists none (no "
+                              "max_video_tokens_per_pack): it was not written by this wdspack's pack job")
         if raw:
             pixels = {**pixels, "pixel_values": self._as_bytes(pixels["pixel_values"])}
+            if "pixel_values_videos" in pixels:
+                pixels["pixel_values_videos"] = self._as_bytes(pixels["pixel_values_videos"])
         rows = self.family.token_rows(input_ids, pack.seq_lens, out, self.processor) if self.family.token_rows else {}
         return pixels, rows
 
@@ -102,6 +116,15 @@ class ModelBatcher:
         std = torch.tensor(ip.image_std, dtype=torch.float32, device=pixels.device)[:, None]
         rows = pixels.to(torch.float32).view(pixels.shape[0], mean.shape[0], -1)  # channel-major rows
         return rows.mul_(float(ip.rescale_factor)).sub_(mean).div_(std).view(pixels.shape)
+
+    def normalize_videos(self, pixels: torch.Tensor) -> torch.Tensor:
+        """uint8 ``pixel_values_videos`` rows → float32 as the video processor normalises them (its fused
+        ``(x - mean/rescale) / (std/rescale)``, bit for bit on the CPU), on their device."""
+        from ...models.video_pixels import normalize_video_rows
+
+        ip = self.processor.image_processor
+        return normalize_video_rows(pixels, mean=ip.image_mean, std=ip.image_std,
+                                    rescale_factor=float(ip.rescale_factor))
 
     @staticmethod
     def padded(pixels: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -136,6 +159,16 @@ class ModelBatcher:
         if self.family.finish_batch is not None:
             batch = self.family.finish_batch(batch)
         return batch, written
+
+    def _videos(self, pack: Any, video: Any, *, uint8: bool) -> dict[str, Any]:
+        """The pack's videos through the family's video side; a video that does not decode names its sample."""
+        try:
+            return video.pixels(self.processor, pack.videos, pack.video_plans, uint8=uint8, max_pixels=self.max_pixels)
+        except FormatError as e:  # VideoDecodeError: counted and skipped as a corrupt pack, as images are
+            k = getattr(e, "index", None)
+            owned = k is not None and k < len(pack.videos)
+            who = f"sample {pack.sample_ids[pack.video_sample[k]]!r}: " if owned else ""
+            raise type(e)(f"{who}{e}") from None
 
     def _decode(self, k: int, data: bytes):
         try:

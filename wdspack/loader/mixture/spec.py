@@ -552,6 +552,9 @@ def combined_source(mixture: Mixture, sources: Sequence[ResolvedSource], max_ima
         known = [m.totals.get(key) for m in ms]
         if all(v is not None for v in known):
             totals[key] = max(int(v or 0) for v in known)
+    if any(m.totals.get("videos") for m in ms):  # a source with videos: the batch's video keys, sized for the largest
+        totals["videos"] = sum(int(m.totals.get("videos") or 0) for m in ms)
+        totals["max_video_tokens_per_pack"] = max(int(m.totals.get("max_video_tokens_per_pack") or 0) for m in ms)
     manifest = dataclasses.replace(holding, max_images=max_images, totals=totals, pack_index={},
                                    shards=tuple(s for m in ms for s in m.shards), sources=tuple(mixture.names))
     shards = tuple(ShardRef(f"{name}/{s.name}", s.url, s.packs) for name, src in zip(mixture.names, sources)

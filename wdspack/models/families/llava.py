@@ -24,6 +24,9 @@ sizes (and a shape-only stand-in for the processed tile). The loader runs the im
 sub-sample (``pixels_per_sample``), as ``apply_chat_template`` does, so each image gets the layout
 its sample gives it; the model gets ``batch_num_images`` (images per sub-sample) to match.
 
+LLaVA-OneVision's videos: ``num_frames`` frames each (one count per dataset: the model takes one
+``[videos, n, 3, S, S]`` tensor per forward), ``n · pooled² + 1`` ``<video>`` tokens (the section below).
+
 Both text models (Llama, Qwen2) build the block-causal mask from the restarting ``position_ids``;
 the image features are scattered into the ``<image>`` tokens, so no other key is needed.
 """
@@ -37,8 +40,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...errors import ConfigError
-from ..family import Budgets, Family, Rows, take_rows
+from ...errors import ConfigError, FormatError
+from ..family import Budgets, Family, Rows, VideoSide, take_rows
+from ..video import LlavaVideoSampling, plan_llava_onevision
 
 __all__ = ["LLAVA", "LLAVA_ONEVISION"]
 
@@ -182,7 +186,117 @@ def _onevision_kwargs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]:
         kwargs["pixel_values"] = batch["pixel_values"][real]  # the model keeps each image's own patches
         kwargs["image_sizes"] = batch["image_sizes"][real]
         kwargs["batch_num_images"] = images_per_sample(batch)
+    if "video_mask" in batch and bool(batch["video_mask"].any()):
+        kwargs["pixel_values_videos"] = _video_tensor(batch)
     return kwargs
+
+
+# ---- LLaVA-OneVision video ----------------------------------------------------------------------
+#
+# Each video is ``n`` frames at the tower's size; the model pools each frame's features to ``pooled²``
+# and adds one newline feature per video. It takes one ``[videos, n, 3, S, S]`` tensor per forward, so a
+# dataset's videos all have ``num_frames`` frames (--video-num-frames; fps sampling is refused at pack time).
+#
+#     tokens   <|im_start|>user\n<video>×(n·pooled² + 1)\nWhat happens?<|im_end|>\n
+#     pixels   pixel_values_videos [B·R, 3, S, S] (R = max_video_tokens // pooled² frame rows per pack)
+#              + video_frame_mask [B·R]; video_mask, video_frames [B·M] (frames per slot; M = max_images)
+
+
+def _video_token(processor: Any) -> str:
+    return str(getattr(processor, "video_token", None) or "<video>")
+
+
+def _tokens_per_frame(processor: Any) -> int:
+    """The pooled features of one frame: ``ceil(sqrt(num_image_tokens) / 2)²``, as the processor counts them."""
+    n = getattr(processor, "num_image_tokens", None)
+    if not n:
+        raise ConfigError(f"{type(processor).__name__} has no num_image_tokens, which sizes its video tokens; set it "
+                          "(the vision tower's features per tile: (image_size / patch_size)²)")
+    pooled = math.ceil(int(math.sqrt(n)) / 2)
+    return pooled * pooled
+
+
+def _video_sampling(processor: Any, config: Mapping[str, Any] | None) -> LlavaVideoSampling:
+    """The video processor's settings; without a ``video_preprocessor_config.json`` transformers builds it from
+    the image processor's settings, and so does this. Its frames must be the image tiles' size (the tower's)."""
+    ip = processor.image_processor
+    side = _output_side(ip, square_input=True)
+    _tokens_per_frame(processor)  # a processor without num_image_tokens: said here, before any video
+    s = LlavaVideoSampling.from_config(config or {"size": {"height": side[0], "width": side[1]}},
+                                       num_image_tokens=int(processor.num_image_tokens))
+    if (s.height, s.width) != side:
+        raise ConfigError(f"the video processor resizes frames to {s.height}x{s.width} but the image tiles are "
+                          f"{side[0]}x{side[1]}; the vision tower takes one size: set the video processor's size "
+                          "to the image processor's")
+    for key in ("image_mean", "image_std", "rescale_factor"):
+        mine, theirs = (config or {}).get(key), getattr(ip, key, None)
+        if mine is not None and theirs is not None and not np.allclose(mine, theirs, rtol=0, atol=0):
+            raise ConfigError(f"the video processor's {key} {mine} differs from the image processor's {theirs}; "
+                              "the loader normalises video frames with the image processor's")
+    return s
+
+
+def _video_pixels(processor: Any, videos: Sequence[bytes], plans: Sequence[Any], *, uint8: bool = False,
+                  max_pixels: int = 64_000_000) -> dict[str, Any]:
+    """A pack's videos as ``[n, 3, S, S]`` frame blocks (only the planned frames decoded, resized and
+    normalised as ``LlavaOnevisionVideoProcessor`` does on CPU) and their frame counts."""
+    from ..video_pixels import decode_frames, normalize_video_rows, resize_frames
+
+    ip = processor.image_processor
+    blocks = []
+    for k, (data, plan) in enumerate(zip(videos, plans)):
+        frames = resize_frames(decode_frames(data, plan.frames, max_pixels=max_pixels, index=k), *plan.size)
+        flat = frames.reshape(frames.shape[0], -1)  # channel-major rows, as normalize_video_rows takes them
+        rows = flat.to(torch.float32) if uint8 else normalize_video_rows(
+            flat, mean=ip.image_mean, std=ip.image_std, rescale_factor=float(ip.rescale_factor))
+        blocks.append(rows.view(frames.shape))
+    return {"pixel_values_videos": tuple(blocks),
+            "video_frames": torch.tensor([len(p.frames) for p in plans], dtype=torch.int64)}
+
+
+def _pad_videos(out: Mapping[str, Any], processor: Any, budgets: Budgets,
+                video_tokens: Sequence[int]) -> dict[str, torch.Tensor | Rows]:
+    """Frames as :class:`Rows` (``max_video_tokens // pooled²`` per pack: the most frames a pack can hold),
+    ``video_frame_mask``, and ``video_mask`` / ``video_frames`` in ``max_images`` slots."""
+    per_frame, M = _tokens_per_frame(processor), budgets.max_images
+    h, w = _output_side(processor.image_processor, square_input=True)
+    rows = budgets.max_video_tokens // per_frame
+    blocks = tuple(out["pixel_values_videos"])
+    frames = [int(b.shape[0]) for b in blocks]
+    if [n * per_frame + 1 for n in frames] != list(video_tokens):
+        raise FormatError(f"videos of {frames} frames give {[n * per_frame + 1 for n in frames]} tokens but the pack "
+                          f"reserved {list(video_tokens)}")
+    if any(tuple(b.shape[1:]) != (3, h, w) for b in blocks):
+        raise ConfigError(f"video frames of {[tuple(b.shape[2:]) for b in blocks]} pixels, but the image tiles are "
+                          f"{h}x{w}; load with the processor the dataset was packed with")
+    n, k = sum(frames), len(blocks)
+    if n > rows or k > M:  # a pack unlike the manifest says: corrupt (counted and skipped by the loader)
+        raise FormatError(f"{k} videos of {n} frames > the {M} slots and {rows} frame rows the dataset's manifest "
+                          "gives a pack")
+    counts = torch.zeros(M, dtype=torch.int64)
+    counts[:k] = torch.tensor(frames, dtype=torch.int64)
+    real = blocks if n else (torch.zeros(0, 3, h, w),)
+    return {"pixel_values_videos": Rows(real, rows), "video_frame_mask": torch.arange(rows) < n,
+            "video_frames": counts, "video_mask": torch.arange(M) < k}
+
+
+def _video_tensor(batch: Mapping[str, Any]) -> torch.Tensor:
+    """The batch's real frames as ``[videos, n, 3, S, S]``, the one shape ``get_video_features`` takes."""
+    counts = take_rows(batch["video_frames"], batch["video_mask"]).tolist()
+    if len(set(counts)) != 1:
+        raise ConfigError(f"this batch's videos have {sorted(set(counts))} frames, but LLaVA-OneVision takes one "
+                          "count per forward; pack every dataset of a mixture with the same --video-num-frames")
+    frames = take_rows(batch["pixel_values_videos"], batch["video_frame_mask"])
+    return frames.view(len(counts), counts[0], *frames.shape[1:])
+
+
+#: LLaVA-OneVision: ``<video>`` × ``n · pooled² + 1``, from the processor's own ``replace_video_token``.
+ONEVISION_VIDEO = VideoSide(placeholder=_video_token, feature_token=_video_token, sampling=_video_sampling,
+                            plan=plan_llava_onevision,
+                            replacement=lambda processor, plan: processor.replace_video_token(
+                                {"pixel_values_videos": [_stand_in(len(plan.indices), 3, plan.height, plan.width)]},
+                                video_idx=0),
+                            pixels=_video_pixels, pad=_pad_videos)
 
 
 LLAVA = Family(
@@ -196,7 +310,9 @@ LLAVA_ONEVISION = Family(
     replacements=_onevision_replacements, pixels_per_sample=True,
     pad_pixels=_onevision_pad, model_kwargs=_onevision_kwargs,
     notes="any-resolution tiles + newline features (one square tile per image when a sample has several); "
-          "pixel_values [B·M, P, 3, S, S], image_sizes [B·M, 2], batch_num_images",
+          "pixel_values [B·M, P, 3, S, S], image_sizes [B·M, 2], batch_num_images; videos: --video-num-frames n "
+          "frames, n·pooled²+1 <video> tokens, pixel_values_videos [videos, n, 3, S, S]",
+    video=ONEVISION_VIDEO,
 )
 
 FAMILIES = (LLAVA, LLAVA_ONEVISION)

@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..family import Family
-from .qwen_vl import QWEN2_5_VL
+from .qwen_vl import QWEN2_5_VL, QWEN3_VIDEO, qwen3_token_rows
 
 __all__ = ["QWEN3_VL"]
 
@@ -42,6 +42,7 @@ __all__ = ["QWEN3_VL"]
 #: module docstring for why); only the classes it serves differ.
 QWEN3_VL: Family = replace(
     QWEN2_5_VL, name="qwen3_vl", processors=("Qwen3VLProcessor",), model_types=("qwen3_vl", "qwen3_vl_moe"),
+    video=QWEN3_VIDEO, token_rows=qwen3_token_rows,
     notes="as qwen2_5_vl (16-px patches): flattened patches + image_grid_thw; position_ids [4, B, L] (text row + "
           "3-D mRoPE rows, interleaved in the model); mm_token_type_ids; DeepStack fed from the same image tokens",
 )

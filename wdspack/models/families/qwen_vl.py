@@ -26,11 +26,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...errors import ConfigError
-from ..family import Budgets, Family, Rows, run_image_processor, take_rows
+from ...errors import ConfigError, FormatError
+from ..family import Budgets, Family, Rows, VideoSide, run_image_processor, take_rows
+from ..video import QWEN3_VL_VIDEO, QwenVideoSampling, plan_qwen2_vl, plan_qwen3_vl, qwen3_vl_prompt
 from ..vision_meta import precomputed_vision_kwargs
 
-__all__ = ["QWEN2_5_VL", "QWEN2_VL", "mrope_positions"]
+__all__ = ["QWEN2_5_VL", "QWEN2_VIDEO", "QWEN2_VL", "QWEN3_VIDEO", "mrope_positions", "qwen3_token_rows"]
 
 
 def _replacements(processor: Any, sizes: Sequence[tuple[int, int]]) -> list[str]:
@@ -90,18 +91,35 @@ def _patch_width(processor: Any) -> int:
 
 
 def mrope_positions(input_ids: torch.Tensor, seq_lens: Sequence[int], grids: torch.Tensor, *, image_token_id: int,
-                    merge_size: int) -> torch.Tensor:
-    """``[3, L]`` 3-D positions of one pack, each sub-sample on its own (images only, no video).
+                    merge_size: int, video_grids: torch.Tensor | None = None,
+                    video_token_id: int | None = None) -> torch.Tensor:
+    """``[3, L]`` 3-D positions of one pack, each sub-sample on its own.
 
-    Text tokens count on from the largest position so far; an image's tokens sit on a
+    Text tokens count on from the largest position so far; an image's (or a video's) tokens sit on a
     ``t × h/merge × w/merge`` grid starting at the next position, and text after it continues at
-    ``start + max(h, w) / merge``. Padding after the sub-samples counts ``0, 1, 2, …``.
+    ``start + max(h, w) / merge``. A video's temporal patch ``k`` sits at ``start + k`` (Qwen2-VL's
+    rule; Qwen2.5-VL's scaled time is applied with the model's ``tokens_per_second``, in
+    ``model_kwargs``). Padding after the sub-samples counts ``0, 1, 2, …``.
     """
     L = input_ids.shape[0]
     lens = np.asarray(seq_lens, dtype=np.int64)
     real = int(lens.sum())
-    where = np.flatnonzero(input_ids[:real].numpy() == image_token_id)  # image tokens, in image order
+    ids = input_ids[:real].numpy()
+    where = np.flatnonzero(ids == image_token_id)  # image tokens, in image order
     g = grids.numpy().astype(np.int64).reshape(-1, 3)
+    if video_grids is not None and video_token_id is not None and video_grids.numel():
+        films = np.flatnonzero(ids == video_token_id)
+        vg = video_grids.numpy().astype(np.int64).reshape(-1, 3)
+        if int((vg.prod(axis=1) // merge_size ** 2).sum()) != len(films):
+            raise ConfigError(f"the pack has {len(films)} video tokens but its video grids {vg.tolist()} give "
+                              f"{int((vg.prod(axis=1) // merge_size ** 2).sum())}; load with the processor the "
+                              "dataset was packed with")
+        # images and videos in the order their tokens come (each one's tokens are one run)
+        image_sizes, video_sizes = _sizes(g, merge_size), _sizes(vg, merge_size)
+        starts = np.concatenate([where[np.cumsum(image_sizes) - image_sizes] if len(g) else np.zeros(0, np.int64),
+                                 films[np.cumsum(video_sizes) - video_sizes]])
+        order = np.argsort(starts, kind="stable")
+        where, g = np.sort(np.concatenate([where, films])), np.concatenate([g, vg])[order]
     t, h, w = g[:, 0], g[:, 1] // merge_size, g[:, 2] // merge_size
     sizes = t * h * w
     if int(sizes.sum()) != len(where):
@@ -128,13 +146,54 @@ def mrope_positions(input_ids: torch.Tensor, seq_lens: Sequence[int], grids: tor
     return torch.from_numpy(out)
 
 
-def _token_rows(input_ids: torch.Tensor, seq_lens: Sequence[int], pixels: Mapping[str, torch.Tensor],
-                processor: Any) -> dict[str, torch.Tensor]:
-    image_id = int(processor.image_token_id)
-    grids = pixels.get("image_grid_thw", torch.zeros(0, 3, dtype=torch.int64))
-    rope = mrope_positions(input_ids, seq_lens, grids, image_token_id=image_id,
-                           merge_size=int(processor.image_processor.merge_size))
-    return {"mrope_position_ids": rope, "mm_token_type_ids": (input_ids == image_id).to(torch.int64)}
+def _sizes(g: np.ndarray, merge_size: int) -> np.ndarray:
+    return g[:, 0] * (g[:, 1] // merge_size) * (g[:, 2] // merge_size)
+
+
+def _frame_grids(grids: torch.Tensor) -> torch.Tensor:
+    """Qwen3-VL: each video's grid as one ``(1, h, w)`` grid per temporal patch (its timestamps split them)."""
+    return torch.repeat_interleave(grids, grids[:, 0], dim=0).index_fill_(1, torch.tensor([0]), 1) \
+        if grids.numel() else grids
+
+
+def _token_rows_for(split_frames: bool, scaled_time: bool):
+    """The family's ``token_rows``: 3-D positions and token types (1 image, 2 video). ``split_frames``:
+    Qwen3-VL's one grid per temporal patch; ``scaled_time``: Qwen2.5-VL, whose temporal positions
+    ``model_kwargs`` scales (rows ``video_time_patch`` and ``video_seconds`` carry what it needs)."""
+
+    def token_rows(input_ids: torch.Tensor, seq_lens: Sequence[int], pixels: Mapping[str, torch.Tensor],
+                   processor: Any) -> dict[str, torch.Tensor]:
+        image_id = int(processor.image_token_id)
+        merge = int(processor.image_processor.merge_size)
+        grids = pixels.get("image_grid_thw", torch.zeros(0, 3, dtype=torch.int64))
+        if "video_grid_thw" not in pixels:  # a dataset without video: the rows it always had
+            rope = mrope_positions(input_ids, seq_lens, grids, image_token_id=image_id, merge_size=merge)
+            return {"mrope_position_ids": rope, "mm_token_type_ids": (input_ids == image_id).to(torch.int64)}
+        video_id = int(processor.video_token_id)
+        videos = pixels["video_grid_thw"]
+        rope = mrope_positions(input_ids, seq_lens, grids, image_token_id=image_id, merge_size=merge,
+                               video_grids=_frame_grids(videos) if split_frames else videos, video_token_id=video_id)
+        is_video = input_ids == video_id
+        out = {"mrope_position_ids": rope,
+               "mm_token_type_ids": (input_ids == image_id).to(torch.int64) + 2 * is_video.to(torch.int64)}
+        if scaled_time:
+            per_frame = (videos[:, 1] * videos[:, 2]) // (merge * merge)  # tokens per temporal patch
+            counts = videos.prod(dim=1) // merge ** 2
+            k = torch.cat([torch.arange(int(n)) // int(f) for n, f in zip(counts, per_frame)]) \
+                if videos.numel() else torch.zeros(0, dtype=torch.int64)
+            seconds = pixels["second_per_grid_ts"].to(torch.float32)
+            time_patch = torch.zeros_like(input_ids, dtype=torch.int64)
+            time_patch[is_video] = k
+            per_token = torch.zeros(input_ids.shape, dtype=torch.float32)
+            per_token[is_video] = torch.repeat_interleave(seconds, videos.prod(dim=1) // merge ** 2)
+            out.update(video_time_patch=time_patch, video_seconds=per_token)
+        return out
+
+    return token_rows
+
+
+#: Qwen3-VL's token rows: each video's temporal patches as one-frame grids (its timestamps part them).
+qwen3_token_rows = _token_rows_for(split_frames=True, scaled_time=False)
 
 
 def _finish(batch: dict[str, Any]) -> dict[str, Any]:
@@ -151,16 +210,121 @@ def _model_kwargs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]:
         kwargs["image_grid_thw"] = grid = take_rows(batch["image_grid_thw"], batch["image_mask"])
         if grid.device.type == "cpu":  # the tower's bookkeeping, worked out here instead of on the GPU
             kwargs.update(precomputed_vision_kwargs(model, grid))
+    if "video_mask" in batch and bool(batch["video_mask"].any()):
+        kwargs["pixel_values_videos"] = take_rows(batch["pixel_values_videos"], batch["video_patch_mask"])
+        kwargs["video_grid_thw"] = take_rows(batch["video_grid_thw"], batch["video_mask"])
+        if "video_time_patch" in batch:
+            kwargs["position_ids"] = _scaled_time(batch, model)
     return kwargs
 
 
-def _family(name: str, processor: str, model_type: str) -> Family:
+def _scaled_time(batch: Mapping[str, Any], model: Any) -> torch.Tensor:
+    """Qwen2.5-VL's temporal positions of video tokens: ``start + trunc(k · tokens_per_second ·
+    second_per_grid_t)`` for temporal patch ``k``, in float32 as ``get_rope_index`` computes them (the
+    loader's rows hold ``start + k``)."""
+    per_second = getattr(model.config.vision_config, "tokens_per_second", None)
+    if per_second is None:
+        raise ConfigError(f"{type(model).__name__}'s vision config has no tokens_per_second, which Qwen2.5-VL's "
+                          "video positions need; load a Qwen2.5-VL model")
+    k, seconds = batch["video_time_patch"], batch["video_seconds"]
+    interval = per_second * seconds.to(torch.float32)
+    shift = (k.to(torch.float32) * interval).long() - k
+    position_ids = batch["position_ids"].clone()
+    position_ids[1] += shift.to(position_ids.device)
+    return position_ids
+
+
+def _video_pixels(processor: Any, videos: Sequence[bytes], plans: Sequence[Any], *, uint8: bool = False,
+                  max_pixels: int = 64_000_000) -> dict[str, Any]:
+    """A pack's videos as ``pixel_values_videos`` row blocks (one per video: only its planned frames decoded,
+    resized and patchified as the processor's video processor does), ``video_grid_thw`` and
+    ``second_per_grid_ts``."""
+    from ..video_pixels import decode_frames, normalize_video_rows, qwen_video_patches, resize_frames
+
+    ip = processor.image_processor
+    blocks = []
+    patch, tps = int(ip.patch_size), int(ip.temporal_patch_size)
+    for k, (data, plan) in enumerate(zip(videos, plans)):
+        if plan.size != (plan.grid[1] * patch, plan.grid[2] * patch) or plan.grid[0] != -(-len(plan.frames) // tps):
+            raise FormatError(f"a video's plan of {len(plan.frames)} frames at {plan.size} does not give its grid "
+                              f"{plan.grid} with {patch}-pixel patches")
+        frames = resize_frames(decode_frames(data, plan.frames, max_pixels=max_pixels, index=k), *plan.size)
+        rows = qwen_video_patches(frames, temporal_patch_size=int(ip.temporal_patch_size),
+                                  patch_size=int(ip.patch_size), merge_size=int(ip.merge_size), mean=ip.image_mean,
+                                  std=ip.image_std, rescale_factor=float(ip.rescale_factor), normalize=False)
+        if not uint8:  # the same float32 bits as normalising the frames, but the patchify moves bytes, not floats
+            rows = normalize_video_rows(rows, mean=ip.image_mean, std=ip.image_std,
+                                        rescale_factor=float(ip.rescale_factor))
+        if rows.shape[0] != int(np.prod(plan.grid)):
+            raise ConfigError(f"a video planned as grid {plan.grid} gives {rows.shape[0]} patches with "
+                              f"{type(ip).__name__}'s patch sizes; load with the processor the dataset was packed with")
+        blocks.append(rows)
+    return {"pixel_values_videos": tuple(blocks),
+            "video_grid_thw": torch.tensor([list(p.grid) for p in plans], dtype=torch.int64).reshape(-1, 3),
+            "second_per_grid_ts": torch.tensor([p.second_per_grid_t for p in plans], dtype=torch.float32)}
+
+
+def _pad_videos(out: Mapping[str, Any], processor: Any, budgets: Budgets,
+                video_tokens: Sequence[int]) -> dict[str, torch.Tensor | Rows]:
+    """``pixel_values_videos`` as :class:`Rows` (the manifest's most video tokens in a pack, × merge²),
+    ``video_patch_mask``, and ``video_grid_thw`` / ``second_per_grid_ts`` / ``video_mask`` in
+    ``max_images`` slots (the budget counts images and videos)."""
+    merge = int(processor.image_processor.merge_size)
+    rows, M = budgets.max_video_tokens * merge * merge, budgets.max_images
+    grid = out["video_grid_thw"]
+    k = grid.shape[0]
+    tokens = (grid.prod(dim=1) // (merge * merge)).tolist()
+    if tokens != list(video_tokens):
+        raise FormatError(f"the videos' plans give {tokens} tokens but the pack reserved {list(video_tokens)}")
+    blocks = tuple(out["pixel_values_videos"])
+    n = sum(int(b.shape[0]) for b in blocks)
+    if n > rows or k > M:  # a pack unlike the manifest says: corrupt (counted and skipped by the loader)
+        raise FormatError(f"{k} videos of {n} patches > the {M} slots and {rows} patch rows the dataset's manifest "
+                          "gives a pack")
+    real = blocks if n else (torch.zeros(0, _patch_width(processor)),)
+    grids = torch.zeros(M, 3, dtype=torch.int64)
+    grids[:k] = grid
+    seconds = torch.zeros(M, dtype=torch.float32)
+    seconds[:k] = out["second_per_grid_ts"]
+    return {"pixel_values_videos": Rows(real, rows), "video_patch_mask": torch.arange(rows) < n,
+            "video_grid_thw": grids, "second_per_grid_ts": seconds, "video_mask": torch.arange(M) < k}
+
+
+def _video_token(processor: Any) -> str:
+    return str(getattr(processor, "video_token", None) or "<|video_pad|>")
+
+
+def _qwen2_sampling(processor: Any, config: Mapping[str, Any] | None) -> QwenVideoSampling:
+    return QwenVideoSampling.from_config(config) if config else QwenVideoSampling()
+
+
+def _qwen3_sampling(processor: Any, config: Mapping[str, Any] | None) -> QwenVideoSampling:
+    return QwenVideoSampling.from_config(config, base=QWEN3_VL_VIDEO) if config else QWEN3_VL_VIDEO
+
+
+#: Qwen2-VL, Qwen2.5-VL: ``<|video_pad|>`` repeated once per video token (``t·h·w / merge²``).
+QWEN2_VIDEO = VideoSide(placeholder=_video_token, feature_token=_video_token, sampling=_qwen2_sampling,
+                        plan=plan_qwen2_vl, replacement=lambda processor, plan: _video_token(processor) * plan.tokens,
+                        pixels=_video_pixels, pad=_pad_videos)
+#: Qwen3-VL: per temporal patch ``<t seconds>`` + ``<|vision_start|>`` + its pads + ``<|vision_end|>``.
+QWEN3_VIDEO = VideoSide(
+    placeholder=_video_token, feature_token=_video_token, sampling=_qwen3_sampling, plan=plan_qwen3_vl,
+    replacement=lambda processor, plan: qwen3_vl_prompt(
+        plan, video_token=_video_token(processor), merge_size=0,
+        start=str(getattr(processor, "vision_start_token", "<|vision_start|>")),
+        end=str(getattr(processor, "vision_end_token", "<|vision_end|>"))),
+    pixels=_video_pixels, pad=_pad_videos)
+
+
+def _family(name: str, processor: str, model_type: str, *, scaled_time: bool = False) -> Family:
     return Family(
         name=name, processors=(processor,), model_types=(model_type,), replacements=_replacements,
-        pixels=_pixels, pad_pixels=_pad_pixels, token_rows=_token_rows, uint8_pixels=True,
+        pixels=_pixels, pad_pixels=_pad_pixels, uint8_pixels=True,
+        token_rows=_token_rows_for(split_frames=False, scaled_time=scaled_time),
         token_keys=("mrope_position_ids", "mm_token_type_ids"), finish_batch=_finish, model_kwargs=_model_kwargs,
         notes="flattened patches + image_grid_thw; position_ids [4, B, L] (text row + 3-D mRoPE rows); "
               "mm_token_type_ids",
+        video=QWEN2_VIDEO,
     )
 
 
@@ -172,6 +336,6 @@ def _image_processor() -> Any:
 
 QWEN2_VL = replace(_family("qwen2_vl", "Qwen2VLProcessor", "qwen2_vl"), aliases=("qwen2vl", "qwen2-vl"),
                    image_processor=_image_processor)
-QWEN2_5_VL = _family("qwen2_5_vl", "Qwen2_5_VLProcessor", "qwen2_5_vl")
+QWEN2_5_VL = _family("qwen2_5_vl", "Qwen2_5_VLProcessor", "qwen2_5_vl", scaled_time=True)
 
 FAMILIES = (QWEN2_VL, QWEN2_5_VL)

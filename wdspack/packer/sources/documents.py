@@ -20,24 +20,45 @@ Example::
       → segments ("A cat.", IMAGE, "It sleeps."), one image
 
 Captions (image + caption pairs from WebDataset shards, :mod:`.webdataset`) are TextRecords of
-kind ``"caption"``: segments ``(IMAGE, caption)``.
+kind ``"caption"``: segments ``(IMAGE, caption)``, ``(VIDEO, caption)`` for a video sample, or
+``(VIDEO, IMAGE, caption)`` for one with both. Each :data:`VIDEO` segment takes the next entry of
+``videos`` (the file's bytes, undecoded).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from ...errors import SampleError
 from .images import load_image
 
-__all__ = ["DOCUMENT_COLUMNS", "IMAGE", "TextRecord", "build_document", "is_document"]
+__all__ = ["DOCUMENT_COLUMNS", "IMAGE", "VIDEO", "Segment", "TextRecord", "build_document", "is_document"]
 
 #: Columns read for documents besides the chat ones (``texts``, ``images``, ``id``).
 DOCUMENT_COLUMNS = ("text",)
 #: The segment that stands for the record's next image.
 IMAGE = None
+
+
+class _Video:
+    """The type of :data:`VIDEO`: one instance, which stays itself through pickling (``is VIDEO`` holds
+    in a worker process too), and is no text."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "VIDEO"
+
+    def __reduce__(self) -> str:
+        return "VIDEO"  # pickled by name: the module's own instance
+
+
+#: The segment that stands for the record's next video.
+VIDEO: Final = _Video()
+#: A segment: a text, :data:`IMAGE` or :data:`VIDEO`.
+Segment = str | None | _Video
 _CHAT_FIELDS = ("messages", "conversations", "instruction")  # a chat, or Alpaca (whose rows may carry a `text` too)
 
 
@@ -47,18 +68,23 @@ class TextRecord:
 
     ``kind`` is ``"document"`` (loss on every text token) or ``"caption"`` (segments
     ``(IMAGE, caption)``: the caption layout decides the prompt, loss on the caption only).
-    Each :data:`IMAGE` segment takes the next entry of ``images``.
+    Each :data:`IMAGE` segment takes the next entry of ``images``, each :data:`VIDEO` segment the
+    next entry of ``videos``.
 
     Example:
         >>> r = TextRecord("doc.jsonl:0", "document", ("A cat.", IMAGE, "It sleeps."), (b"...",))
         >>> r.segments.count(IMAGE) == len(r.images)
         True
+        >>> TextRecord("s.tar:0", "caption", (VIDEO, "A dog runs."), videos=(b"...",)).segments
+        (VIDEO, 'A dog runs.')
     """
 
     sample_id: str
     kind: str
-    segments: tuple[str | None, ...]
+    segments: tuple[Segment, ...]
     images: tuple[bytes, ...] = ()
+    #: the video files' bytes, undecoded, as stored
+    videos: tuple[bytes, ...] = ()
 
 
 def is_document(row: Any) -> bool:

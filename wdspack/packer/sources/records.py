@@ -28,10 +28,9 @@ These record layouts are understood, whatever file they come from:
                    ``images`` list; the user turn is ``instruction + "\\n" + input``
 =================  ===========================================================================
 
-Videos, audio and grounding objects are not supported yet: a record with a non-empty ``videos``,
-``video``, ``audios``, ``audio`` or ``objects`` field (ms-swift, LLaMA-Factory, InternVL, the
-Qwen2-VL fine-tuning repos), a ``<video>``/``<audio>`` placeholder or a video/audio part is
-dropped as ``unsupported_media`` (never packed as text around a literal ``<video>``; :mod:`.media`).
+Audio and grounding objects are not supported yet: a record with a non-empty ``audios``,
+``audio`` or ``objects`` field, an ``<audio>`` placeholder or an audio part is dropped as
+``unsupported_media`` (never packed as text around a literal ``<audio>``; :mod:`.media`).
 
 A ``system`` string on the record (LLaMA-Factory's ShareGPT and Alpaca) becomes the first turn.
 Every layout becomes the Hugging Face typed chat format, roles ``system | user | assistant | tool``::
@@ -55,6 +54,15 @@ sample builder leaves the newline right after it to them). With images but no pl
 all, the images go at the start of the first user turn (the LLaVA convention). A part may also
 carry its own image (``{"type": "image", "image": "a.png"}``, ``image_url`` parts); such parts
 take nothing from the list.
+
+Videos: the same rules with their own list, ``videos`` or ``video`` (LLaMA-Factory, ms-swift,
+InternVL, the Qwen2-VL fine-tuning repos, LLaVA-Video): each ``<video>`` placeholder in a prompt
+(a user or system turn; in an answer ``<video>`` is HTML and stays text) and each bare
+``{"type": "video"}`` part takes the next video; ``video``, ``video_url`` and ``input_video``
+parts may carry their own. With no video placeholder the videos go at the start of the first
+user turn, before any images put there. LLaVA-Video writes ``<image>`` for its video: in a record
+with videos, no images and no video placeholder, each ``<image>`` is the next video's place.
+Video files are read as bytes, never decoded here (:mod:`.videos`).
 """
 
 from __future__ import annotations
@@ -69,6 +77,7 @@ from ...errors import SampleError
 from .images import image_name, load_image
 from .media import MEDIA_FIELDS, MEDIA_PART_TYPES, check_media_fields, check_media_placeholders, media_part_error
 from .toolcalls import Turn, json_value, link_tool_calls, tool_calls, tools_of
+from .videos import load_video, video_name
 
 __all__ = ["COLUMNS", "MEDIA_FIELDS", "ROLE_ALIASES", "Record", "TEXT_COLUMNS", "build_record", "sample_id_of"]
 
@@ -76,7 +85,7 @@ __all__ = ["COLUMNS", "MEDIA_FIELDS", "ROLE_ALIASES", "Record", "TEXT_COLUMNS", 
 TEXT_COLUMNS = ("messages", "conversations", "conversation", "texts", "prompt", "query", "instruction")
 #: Every field that is read; other fields (and Parquet/Arrow columns) are ignored.
 COLUMNS = ("id", *TEXT_COLUMNS, "completion", "response", "input", "output", "history", "system", "tools",
-           "images", "image", *MEDIA_FIELDS)
+           "images", "image", "videos", "video", *MEDIA_FIELDS)
 
 #: Accepted spellings of each role (compared case-insensitively).
 ROLE_ALIASES: dict[str, str] = {
@@ -89,11 +98,14 @@ ROLE_ALIASES: dict[str, str] = {
 }
 PLACEHOLDER = "<image>"
 _PLACEHOLDER_RE = re.compile(re.escape(PLACEHOLDER))  # the newline after it stays in the text
+VIDEO_PLACEHOLDER = "<video>"
+_VIDEO_PLACEHOLDER_RE = re.compile(re.escape(VIDEO_PLACEHOLDER))
 _NAMED_RE = re.compile(r"<image_(\d+)>")  # MiniCPM-V: "<image_00>", keys of the record's image dict
 _IMAGE_PART_TYPES = ("image", "image_url", "input_image")
+_VIDEO_PART_TYPES = ("video", "video_url", "input_video")
 _TEXT_PART_TYPES = ("text", "input_text")
 _CALL_PART_TYPES = ("tool_call", "tool_calls")  # LLaMA-Factory v1: {"type": "tool_call", "value": "{JSON}"}
-_BARE = object()  # an image slot that takes the next entry of the record's image list
+_BARE = object()  # an image (video) slot that takes the next entry of the record's image (video) list
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +113,7 @@ class Record:
     """One conversation read from a source, before tokenization.
 
     ``images[k]`` belongs to the ``k``-th ``{"type": "image"}`` part, counting through the
-    messages in order.
+    messages in order; ``videos[k]`` to the ``k``-th ``{"type": "video"}`` part.
 
     Example:
         >>> r = Record("chat.jsonl:0", ({"role": "user", "content": [{"type": "text", "text": "Hi"}]},), ())
@@ -116,6 +128,10 @@ class Record:
     tools: tuple[dict, ...] = ()
     #: each image's path as the record names it (``""`` for inline bytes), for drop details only
     image_names: tuple[str, ...] = field(default=(), compare=False)
+    #: the video files' bytes, undecoded, as stored
+    videos: tuple[bytes, ...] = ()
+    #: each video's path as the record names it (``""`` for inline bytes), for drop details only
+    video_names: tuple[str, ...] = field(default=(), compare=False)
 
 
 def sample_id_of(row: Mapping[str, Any], fallback: str) -> str:
@@ -141,18 +157,19 @@ def sample_id_of(row: Mapping[str, Any], fallback: str) -> str:
 
 
 def build_record(row: Any, *, sample_id: str, image_root: str, absolute_images: bool = False) -> Record:
-    """Normalize one raw record and read its images.
+    """Normalize one raw record and read its images and videos.
 
     Args:
         row: the record as parsed (a dict).
         sample_id: its stable id.
-        image_root: the resolved folder image paths are relative to.
-        absolute_images: read absolute image paths where they point (no image root was given).
+        image_root: the resolved folder image (and video) paths are relative to.
+        absolute_images: read absolute image and video paths where they point (no image root was given).
 
     Raises:
         SampleError: with one of ``malformed_record``, ``unknown_role``, ``empty_conversation``,
             ``no_assistant_turn``, ``placeholder_mismatch``, ``missing_image``,
-            ``image_path_escape``, ``unsupported_media``.
+            ``image_path_escape``, ``missing_video``, ``video_path_escape``, ``unreadable_video``,
+            ``unsupported_media``.
 
     Example:
         >>> r = build_record({"conversations": [{"from": "human", "value": "Hi"},
@@ -171,13 +188,20 @@ def build_record(row: Any, *, sample_id: str, image_root: str, absolute_images: 
         check_media_fields(row)
         turns = _with_system(row, _raw_turns(row))
         check_media_placeholders(turns)
+        turns = _split_video_placeholders(turns)
         named = _named_images(row)
         if named is not None:
             turns, pool = _place_named(turns, named), []
         else:
-            pool = _image_list(row)
-        _check_turns(turns, pool)
-        turns = link_tool_calls(_place_images(turns, pool), sample_id)
+            pool = _media_list(row, ("images", "image"), "image")
+        videos = _media_list(row, ("videos", "video"), "video")
+        llava_video = bool(videos) and not pool and named is None and not _bare_slots(turns, "video")
+        if llava_video:  # LLaVA-Video writes <image> for the video
+            turns = [(role, [("video", v) if k == "image" and v is _BARE else (k, v) for k, v in parts], extra)
+                     for role, parts, extra in turns]
+        _check_turns(turns, pool or videos)
+        turns = _place(_place(turns, pool, "image"), videos, "video", llava_video=llava_video)
+        turns = link_tool_calls(turns, sample_id)
         return _finish(turns, sample_id, image_root, tools_of(row), absolute_images)
     except SampleError as e:
         raise SampleError(e.reason, e.detail, sample_id=sample_id) from None
@@ -372,8 +396,8 @@ def _tool_text(content: Any, i: int) -> str:
     if isinstance(content, (list, tuple)):
         parts = [p for part in content for p in _typed_part(part, i)]
         if any(kind != "text" for kind, _ in parts):
-            raise SampleError("malformed_record", f"turn {i} is a tool result with an image; tool results must "
-                              "be text")
+            raise SampleError("malformed_record", f"turn {i} is a tool result with an image or a video; tool "
+                              "results must be text")
         return "".join(text for _, text in parts)
     if isinstance(content, Mapping):
         return json.dumps(content, ensure_ascii=False)
@@ -385,7 +409,7 @@ def _tool_text(content: Any, i: int) -> str:
 
 
 def _parts(content: Any, i: int) -> list[tuple[str, Any]]:
-    """A turn's content as ``("text", str)`` and ``("image", ref or _BARE)`` items."""
+    """A turn's content as ``("text", str)``, ``("image", ref or _BARE)`` and ``("video", ref or _BARE)`` items."""
     if isinstance(content, str):
         return _split_placeholders(content)
     if isinstance(content, (list, tuple)):
@@ -416,6 +440,8 @@ def _typed_part(part: Any, i: int) -> list[tuple[str, Any]]:
         kind = "text"
     elif kind is None and _first(part, "image", "image_url") is not None:
         kind = "image"
+    elif kind is None and _first(part, "video", "video_url") is not None:
+        kind = "video"
     if kind in _TEXT_PART_TYPES:
         text = part.get("text") if part.get("text") is not None else part.get("value")  # LLaMA-Factory v1: value
         if not isinstance(text, str):
@@ -427,10 +453,16 @@ def _typed_part(part: Any, i: int) -> list[tuple[str, Any]]:
         if isinstance(ref, Mapping) and all(v is None for v in ref.values()):
             ref = None  # an Arrow struct column with every field null: no inline image
         return [("image", _BARE if ref is None else ref)]
+    if kind in _VIDEO_PART_TYPES:
+        ref = _first(part, "video", "video_url", "input_video", "path", "url", "value")
+        if isinstance(ref, Mapping) and all(v is None for v in ref.values()):
+            ref = None  # as for images: an all-null struct is a bare part
+        return [("video", _BARE if ref is None else ref)]
     if kind in MEDIA_PART_TYPES:
         raise media_part_error(kind, i)
     raise SampleError("malformed_record", f"turn {i} has a content part of type {kind!r}; accepted types "
-                      f"are {', '.join(_TEXT_PART_TYPES + _IMAGE_PART_TYPES)} (and tool_call in assistant turns)")
+                      f"are {', '.join(_TEXT_PART_TYPES + _IMAGE_PART_TYPES + _VIDEO_PART_TYPES)} (and tool_call in "
+                      "assistant turns)")
 
 
 # ---- MiniCPM-V's named images ------------------------------------------------------------------
@@ -477,7 +509,7 @@ def _place_named(turns: list[Turn], named: dict[str, Any]) -> list[Turn]:
         out.append((role, new, extra))
     if not used:
         order = sorted(named, key=lambda k: int(k[len("<image_"):-1]))  # keys matched _NAMED_RE
-        return _place_images(out, [named[k] for k in order])
+        return _place(out, [named[k] for k in order], "image")
     unused = sorted(set(named) - used)
     if unused:
         raise SampleError("placeholder_mismatch", f"the 'image' dict has {unused[:8]} that no turn names; "
@@ -497,8 +529,28 @@ def _check_turns(turns: list[Turn], pool: list) -> None:
                           "there is nothing to train on; add the answer or remove the record")
 
 
-def _image_list(row: Mapping[str, Any]) -> list:
-    for key in ("images", "image"):
+def _split_video_placeholders(turns: list[Turn]) -> list[Turn]:
+    """Each ``<video>`` in a prompt (user or system turn) becomes a bare video slot; in answers and
+    tool results it is text (an HTML ``<video>`` tag in a coding answer)."""
+    out: list[Turn] = []
+    for role, parts, extra in turns:
+        if role in ("user", "system"):
+            new: list[tuple[str, Any]] = []
+            for kind, value in parts:
+                if kind != "text" or VIDEO_PLACEHOLDER not in value:
+                    new.append((kind, value))
+                    continue
+                for k, piece in enumerate(_VIDEO_PLACEHOLDER_RE.split(value)):
+                    new += [("video", _BARE)] if k else []
+                    new += [("text", piece)] if piece else []
+            parts = new
+        out.append((role, parts, extra))
+    return out
+
+
+def _media_list(row: Mapping[str, Any], keys: tuple[str, str], what: str) -> list:
+    """The record's list of images (``images``/``image``) or videos (``videos``/``video``)."""
+    for key in keys:
         value = row.get(key)
         if value is None:
             continue
@@ -506,30 +558,39 @@ def _image_list(row: Mapping[str, Any]) -> list:
             for k, v in enumerate(value):
                 if v is None:
                     raise SampleError("malformed_record", f"{key}[{k}] is null; remove it from the list "
-                                      "(and its placeholder) or give the image")
+                                      f"(and its placeholder) or give the {what}")
             return list(value)
         if isinstance(value, (str, bytes, bytearray, Mapping)):
             return [value]
         raise SampleError("malformed_record", f"field {key!r} is {type(value).__name__} {_short(value)}; "
-                          "give a path, a list of paths, or image bytes")
+                          f"give a path, a list of paths, or {what} bytes")
     return []
 
 
-def _place_images(turns: list[Turn], pool: list) -> list[Turn]:
-    slots = sum(1 for _, parts, _ in turns for kind, value in parts if kind == "image" and value is _BARE)
+def _bare_slots(turns: list[Turn], kind: str) -> int:
+    return sum(1 for _, parts, _ in turns for k, value in parts if k == kind and value is _BARE)
+
+
+def _place(turns: list[Turn], pool: list, kind: str, *, llava_video: bool = False) -> list[Turn]:
+    """Fill the bare ``kind`` slots from ``pool`` in order; with no slot, put the pool at the start
+    of the first user turn (before what is already there)."""
+    slots = _bare_slots(turns, kind)
     if slots == 0 and pool:
         at = next((k for k, (role, _, _) in enumerate(turns) if role == "user"),
                   next((k for k, (role, _, _) in enumerate(turns) if role != "system"), 0))
         role, parts, extra = turns[at]
         turns = list(turns)
-        turns[at] = (role, [("image", ref) for ref in pool] + parts, extra)
+        turns[at] = (role, [(kind, ref) for ref in pool] + parts, extra)
         return turns
     if slots != len(pool):
-        raise SampleError("placeholder_mismatch", f"the record has {slots} image placeholder(s) "
-                          f"({PLACEHOLDER!r} or bare image parts) but {len(pool)} image(s); make the counts "
-                          "match, or remove every placeholder to put the images before the first user turn")
+        written = (f"{PLACEHOLDER!r} standing for a video: the record has videos and no images, LLaVA-Video's "
+                   "convention" if llava_video else
+                   f"{VIDEO_PLACEHOLDER if kind == 'video' else PLACEHOLDER!r} or bare {kind} parts")
+        raise SampleError("placeholder_mismatch", f"the record has {slots} {kind} placeholder(s) ({written}) but "
+                          f"{len(pool)} {kind}(s); make the counts match, or remove every placeholder to put the "
+                          f"{kind}s before the first user turn")
     refs = iter(pool)
-    return [(role, [(kind, next(refs) if value is _BARE else value) for kind, value in parts], extra)
+    return [(role, [(k, next(refs) if k == kind and value is _BARE else value) for k, value in parts], extra)
             for role, parts, extra in turns]
 
 
@@ -538,6 +599,8 @@ def _finish(turns: list[Turn], sample_id: str, image_root: str, tools: tuple[dic
     messages: list[dict] = []
     images: list[bytes] = []
     names: list[str] = []
+    videos: list[bytes] = []
+    video_names: list[str] = []
     for role, parts, extra in turns:
         content: list[dict] = []
         for kind, value in parts:
@@ -545,11 +608,15 @@ def _finish(turns: list[Turn], sample_id: str, image_root: str, tools: tuple[dic
                 images.append(load_image(value, image_root, absolute_ok=absolute_images))
                 names.append(image_name(value))
                 content.append({"type": "image"})
+            elif kind == "video":
+                videos.append(load_video(value, image_root, absolute_ok=absolute_images))
+                video_names.append(video_name(value))
+                content.append({"type": "video"})
             else:
                 content.append({"type": "text", "text": value})
         messages.append({"role": role, "content": content or [{"type": "text", "text": ""}], **extra})
     return Record(sample_id=sample_id, messages=tuple(messages), images=tuple(images), tools=tools,
-                  image_names=tuple(names))
+                  image_names=tuple(names), videos=tuple(videos), video_names=tuple(video_names))
 
 
 def _short(value: Any, limit: int = 60) -> str:

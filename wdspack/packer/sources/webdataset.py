@@ -10,8 +10,11 @@ of the file name), and consecutive members with the same key are one sample::
 The rule for each sample's members:
 
 ============================  ==================================================================
-``jpg jpeg png webp``         the image: exactly one (no image: ``missing_image``; two or more:
-                              ``malformed_record``); its bytes are kept as they are
+``jpg jpeg png webp``         the image: at most one (two or more: ``malformed_record``); its
+                              bytes are kept as they are
+``mp4 webm mkv mov avi``      the video: at most one, bytes as stored (empty or over
+                              :data:`~.videos.MAX_VIDEO_BYTES`: ``unreadable_video``, not read);
+                              a sample needs an image or a video (neither: ``missing_image``)
 ``txt``                       the caption, UTF-8 text (stripped of surrounding whitespace)
 ``json``                      the caption when there is no ``txt``: its ``caption`` field, else
                               ``text`` (neither: ``malformed_record``)
@@ -24,8 +27,9 @@ A sample's id is ``{shard name}:{key}``. A tar that ends early (an interrupted d
 holds a garbled header drops the sample being read with ``malformed_record`` (it may be missing
 members), and a header that cannot be read drops the rest of the shard as one entry
 ``{shard name}:@{byte offset}``: the loss is listed, never silent. Only tar headers and the
-members used are read; images are not decoded here (the sample builder checks them, as for every
-source).
+members used are read; images and videos are not decoded here (the sample builder checks them,
+as for every source). A video sample's segments are ``(VIDEO, caption)``; with an image too,
+``(VIDEO, IMAGE, caption)``.
 """
 
 from __future__ import annotations
@@ -40,9 +44,12 @@ from ...errors import Dropped, SampleError, SourceError
 from ...format.tar import ShardError, tar_entries
 from ...storage.local import FileStream
 from ...storage.location import open_input
-from .documents import IMAGE, TextRecord
+from . import videos
+from .documents import IMAGE, VIDEO, Segment, TextRecord
+from .videos import VIDEO_EXTENSIONS
 
-__all__ = ["CAPTION_EXTENSIONS", "IMAGE_EXTENSIONS", "read_captions", "scan_groups", "split_member_name"]
+__all__ = ["CAPTION_EXTENSIONS", "IMAGE_EXTENSIONS", "VIDEO_EXTENSIONS", "read_captions", "scan_groups",
+           "split_member_name"]
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 CAPTION_EXTENSIONS = ("txt", "json")
@@ -131,6 +138,8 @@ class _HeaderDamage(tarfile.ReadError):
 class _Group:
     key: str
     images: list[tuple[str, bytes]] = field(default_factory=list)
+    videos: list[tuple[str, bytes]] = field(default_factory=list)
+    problem: SampleError | None = None  # a video member found unreadable from its header alone
     captions: dict[str, bytes] = field(default_factory=dict)
     others: list[str] = field(default_factory=list)
 
@@ -184,9 +193,18 @@ def read_captions(path: str, *, start: int, stop: int, first_row: int,
 
 
 def _add_member(group: _Group, ext: str, f, m: _Member) -> None:
-    """Read a member only when it is the image or a caption; every other member stays unread."""
+    """Read a member only when it is the image, the video or a caption; every other member stays unread."""
     if ext in IMAGE_EXTENSIONS:
         group.images.append((ext, _read(f, m)))
+    elif ext in VIDEO_EXTENSIONS:
+        limit = videos.MAX_VIDEO_BYTES
+        if m.size == 0 or m.size > limit:
+            what = "empty (0 bytes)" if m.size == 0 else f"{m.size:,} bytes, over the {limit:,}-byte limit"
+            group.problem = group.problem or SampleError(
+                "unreadable_video", f"video member {group.key}.{ext} is {what}; re-encode it or drop the sample")
+            group.videos.append((ext, b""))  # counted, never read
+        else:
+            group.videos.append((ext, _read(f, m)))
     elif ext in CAPTION_EXTENSIONS and ext not in group.captions:
         group.captions[ext] = _read(f, m)
     else:
@@ -204,18 +222,24 @@ def _read(f, m: _Member) -> bytes:
 def _to_record(group: _Group, name: str) -> TextRecord | Dropped:
     sid = f"{name}:{group.key}"
     try:
-        if not group.images:
+        if not group.images and not group.videos:
             members = sorted(group.captions) + group.others
-            raise SampleError("missing_image", f"sample {group.key!r} has no image member (.jpg/.jpeg/.png/.webp; "
-                              f"its members: {members}); drop it from the shard or add the image")
-        if len(group.images) > 1:
-            raise SampleError("malformed_record", f"sample {group.key!r} has {len(group.images)} image members "
-                              f"({[e for e, _ in group.images]}); a caption sample has exactly one image")
+            raise SampleError("missing_image", f"sample {group.key!r} has no image or video member (.jpg/.jpeg/"
+                              f".png/.webp, .mp4/.webm/.mkv/.mov/.avi; its members: {members}); drop it from the "
+                              "shard or add the image")
+        for what, found in (("image", group.images), ("video", group.videos)):
+            if len(found) > 1:
+                raise SampleError("malformed_record", f"sample {group.key!r} has {len(found)} {what} members "
+                                  f"({[e for e, _ in found]}); a caption sample has at most one {what}")
+        if group.problem is not None:
+            raise group.problem
         caption = _caption(group)
         if not caption:
             raise SampleError("empty_conversation", f"sample {group.key!r} has an empty caption; there is "
                               "nothing to train on, remove it")
-        return TextRecord(sid, "caption", (IMAGE, caption), (group.images[0][1],))
+        segments: tuple[Segment, ...] = ((VIDEO,) if group.videos else ()) + ((IMAGE,) if group.images else ())
+        return TextRecord(sid, "caption", (*segments, caption), tuple(data for _, data in group.images),
+                          tuple(data for _, data in group.videos))
     except SampleError as e:
         return Dropped(sid, e.reason, e.detail)
 

@@ -1,0 +1,239 @@
+"""Video, exactly: Qwen2-VL, Qwen2.5-VL and Qwen3-VL chats with videos (and with images and videos in one
+sample), packed from LLaMA-Factory's ``mllm_video_demo.json`` layout and LLaVA-Video's, streamed, and
+trained: every sub-sample's tokens are the real processor's (with its real video processor), the
+loader's ``pixel_values_videos`` are its pixels bit for bit, and the packed loss and gradients equal
+the sub-samples run one by one through processor → model, in float64.
+
+The reference is transformers' own processor with its video processor, which needs torchvision: it runs
+in one child process (``tests/support/video_reference.py``) for the three families together.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import wdspack
+from tests.support import vlm_harness as h
+from tests.support.video_reference import processor_job, run_jobs
+from wdspack.models import save_processor
+from wdspack.models.video import VideoSettings
+from wdspack.packer.config import PackConfig
+from wdspack.packer.job import pack_dataset
+from wdspack.packer.samples import SampleConfig
+
+av = pytest.importorskip("av")
+
+SEQ_LEN = 112
+FPS = 4.0
+#: family -> (tiny_vlm module, processor class, model class, frame pixels (min = max: one size per clip))
+FAMILIES = {
+    "qwen2_5_vl": ("qwen2_5_vl", "Qwen2_5_VLProcessor", "Qwen2_5_VLForConditionalGeneration", 28 * 28 * 4),
+    "qwen2_vl": ("qwen2_5_vl", "Qwen2VLProcessor", "Qwen2VLForConditionalGeneration", 28 * 28 * 4),
+    "qwen3_vl": ("qwen3_vl", "Qwen3VLProcessor", "Qwen3VLForConditionalGeneration", 32 * 32 * 16),
+}
+#: id -> (record as written, in LLaMA-Factory's or LLaVA-Video's layout; its turns as typed parts for the reference)
+ROWS = {
+    "v-one": {"messages": [{"role": "user", "content": "<video>What happens in the video?"},
+                           {"role": "assistant", "content": "The colours change and a bar grows."}],
+              "videos": ["clips/a.mp4"]},
+    "v-odd": {"messages": [{"role": "user", "content": "<video>Describe it."},
+                           {"role": "assistant", "content": "A short clip."},
+                           {"role": "user", "content": "Anything else?"},
+                           {"role": "assistant", "content": "No."}],
+              "videos": ["clips/b.mp4"]},
+    "v-mixed": {"messages": [{"role": "user", "content": "Compare <image> with <video> please."},
+                             {"role": "assistant", "content": "The picture is still; the clip moves."}],
+                "images": ["images/p.png"], "videos": ["clips/c.webm"]},
+    "text": {"messages": [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi!"}]},
+    "v-llava": {"video": "clips/c.webm",  # LLaVA-Video-178K: <image> stands for the record's video
+                "conversations": [{"from": "human", "value": "<image>\nWhat is shown?"},
+                                  {"from": "gpt", "value": "Moving colours."}]},
+}
+
+
+def _clip(path: Path, *, codec: str, rate: Fraction, frames: int, width: int, height: int) -> Path:
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream(codec, rate=rate)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        rng = np.random.default_rng(frames)
+        for k in range(frames):
+            pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+            pixels[:, : (k * 3) % width] = 255
+            for packet in stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return path
+
+
+def _typed(row: dict) -> list[dict]:
+    """The record's turns as typed parts (what the reference renders with the chat template)."""
+    turns = row.get("messages") or [{"role": {"human": "user", "gpt": "assistant"}[t["from"]], "content": t["value"]}
+                                    for t in row["conversations"]]
+    video_for_image = "video" in row and "images" not in row
+    out = []
+    for turn in turns:
+        parts: list[dict] = []
+        for piece in turn["content"].replace("<video>", "\0video\0").replace("<image>", "\0image\0").split("\0"):
+            if piece in ("video", "image"):
+                parts.append({"type": "video" if video_for_image else piece})
+            elif piece:
+                after_media = parts and parts[-1]["type"] in ("video", "image")
+                parts.append({"type": "text", "text": piece[1:] if after_media and piece.startswith("\n") else piece})
+        out.append({"role": turn["role"], "content": [p for p in parts if p.get("text", True)]})
+    return out
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """Per family: processor, tiny model (float64), packed dataset, and per sample the reference outputs."""
+    import importlib
+
+    root = tmp_path_factory.mktemp("video")
+    src = root / "src"
+    (src / "clips").mkdir(parents=True)
+    (src / "images").mkdir()
+    _clip(src / "clips" / "a.mp4", codec="h264", rate=Fraction(10), frames=12, width=66, height=50)
+    _clip(src / "clips" / "b.mp4", codec="h264", rate=Fraction(30000, 1001), frames=9, width=40, height=30)
+    _clip(src / "clips" / "c.webm", codec="libvpx-vp9", rate=Fraction(24), frames=8, width=64, height=36)
+    (src / "images" / "p.png").write_bytes(h._png((60, 44), seed=3))
+    (src / "chats.jsonl").write_text("".join(json.dumps({"id": sid, **row}) + "\n" for sid, row in ROWS.items()))
+    out, jobs = {}, []
+    for name, (module, cls, model_cls, pixels) in FAMILIES.items():
+        tiny = importlib.import_module(f"tiny_vlm.{module}")
+        kwargs = {"cls": cls} if module == "qwen2_5_vl" else {}
+        processor = tiny.processor(root / name / "tok", **kwargs)
+        folder = save_processor(processor, root / name / "processor")
+        dataset = root / name / "packed"
+        summary = pack_dataset([str(src / "chats.jsonl")], str(dataset),
+                               sample_config=SampleConfig(processor=str(folder),
+                                                          video=VideoSettings(fps=FPS, max_pixels=pixels)),
+                               config=PackConfig(seq_len=SEQ_LEN, max_images=3, on_error="raise"), progress=False)
+        assert summary.samples_packed == len(ROWS), summary.lines()
+        model = tiny.model(processor, **({"cls": model_cls} if module == "qwen2_5_vl" else {})).double()
+        calls = []
+        for row in ROWS.values():
+            text = processor.apply_chat_template(_typed(row), tokenize=False)
+            videos = row.get("videos") or ([row["video"]] if "video" in row else [])
+            calls.append({"text": text, "videos": [src / v for v in videos],
+                          "images": [src / i for i in row["images"]] if "images" in row else None})
+        settings = {"do_sample_frames": True, "fps": FPS, "size": {"shortest_edge": pixels, "longest_edge": pixels}}
+        jobs.append(processor_job(folder, cls, settings, calls))
+        out[name] = (processor, model, dataset)
+    references = run_jobs(jobs)
+    return {name: (*out[name], dict(zip(ROWS, refs))) for name, refs in zip(FAMILIES, references)}
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request, built):
+    return built[request.param]
+
+
+def test_tokens_and_pixels_are_the_processors(family):
+    processor, model, dataset, refs = family
+    subs = h.dataset_sub_samples(dataset)
+    for sid, ref in refs.items():
+        assert subs[sid][0].tolist() == ref["input_ids"][0].tolist(), f"{sid}: tokens differ from the processor's"
+    (batch,) = h.loader_batches(dataset, processor)
+    kwargs = wdspack.model_inputs(batch, model)
+    order = [sid for ids in h.pack_sample_ids(dataset) for sid in ids]
+    want = [torch.from_numpy(refs[sid]["pixel_values_videos"]) for sid in order if "pixel_values_videos" in refs[sid]]
+    assert torch.equal(kwargs["pixel_values_videos"], torch.cat(want))
+    grids = [refs[sid]["video_grid_thw"] for sid in order if "video_grid_thw" in refs[sid]]
+    assert kwargs["video_grid_thw"].tolist() == np.concatenate(grids).tolist()
+    assert sum(len(g) for g in grids) == 4 and torch.equal(kwargs["pixel_values"], torch.from_numpy(
+        refs["v-mixed"]["pixel_values"]))
+
+
+def _one_by_one(model, dataset, refs):
+    """Loss sum, target count and gradients of the sub-samples one by one, on the real processor's inputs."""
+    subs = h.dataset_sub_samples(dataset)
+    model.zero_grad()
+    total, count = torch.zeros((), dtype=torch.float64), 0
+    for sid, ref in refs.items():
+        inputs = {k: torch.from_numpy(v) for k, v in ref.items() if k != "attention_mask"}
+        ids, mask = subs[sid][:2]
+        labels = torch.where(torch.from_numpy(mask.astype(bool)), torch.from_numpy(ids), -100)[None]
+        labels[0, 0] = -100
+        loss = h._token_losses(model(**inputs, use_cache=False).logits, labels)
+        loss.backward()
+        total, count = total + loss.detach(), count + int((labels[:, 1:] != -100).sum())
+    return total, count, h._gradients(model)
+
+
+def test_packed_loss_and_gradients_equal_one_by_one(family):
+    processor, model, dataset, refs = family
+    want = _one_by_one(model, dataset, refs)
+    batches = h.loader_batches(dataset, processor)
+    assert len(h.pack_sample_ids(dataset)) >= 2 and any(int(n) < SEQ_LEN for b in batches for n in b["num_tokens"])
+    h.assert_same(model, h.packed(model, batches), want)
+
+
+def test_varlen_attention_covers_the_video_tower(built):
+    """``use_varlen_attention`` on padding-free batches: the vision tower runs the kernel on the videos'
+    frames too, and loss and gradients still equal the one-by-one SDPA path."""
+    from wdspack.models.varlen import reference_varlen_attn
+
+    processor, model, dataset, refs = built["qwen2_5_vl"]
+    model = copy.deepcopy(model)
+    want = _one_by_one(model, dataset, refs)
+    calls = {"vision": 0}
+
+    def kernel(*args, **kwargs):
+        calls["vision"] += kwargs["window_size"] == (-1, -1)
+        return reference_varlen_attn(*args, **kwargs)
+
+    kernel.__name__ = "counting_reference"
+    wdspack.use_varlen_attention(model, kernel=kernel)
+    batches = h.loader_batches(dataset, processor, padding_free=True)
+    assert any(bool(b["video_mask"].any()) for b in batches)
+    h.assert_same(model, h.packed(model, batches), want)
+    assert calls["vision"] > 0
+
+
+def test_uint8_video_pixels_normalise_to_the_same_rows(built):
+    """``pixel_dtype="uint8"``: the videos' rows travel as bytes and ``normalize_pixels`` gives the float32
+    rows bit for bit (the video processors' own fused normalisation, on the CPU here)."""
+    processor, _, dataset, _ = built["qwen3_vl"]
+    packs = sum(s.packs for s in wdspack.read_manifest(dataset / "manifest.json").shards)
+    floats = h.loader_batches(dataset, processor)[0]
+    loader = wdspack.make_loader(str(dataset), batch_size=packs, num_workers=0, shuffle=False, processor=processor,
+                                 pixel_dtype="uint8")
+    (raw,) = list(loader)
+    assert raw["pixel_values_videos"].dtype == torch.uint8
+    done = wdspack.normalize_pixels(raw, loader)
+    assert torch.equal(done["pixel_values_videos"], floats["pixel_values_videos"])
+    # images keep their own path (the Pillow image processor's order of operations: equal to float rounding)
+    torch.testing.assert_close(done["pixel_values"], floats["pixel_values"], rtol=0, atol=1e-6)
+
+
+def test_the_folders_video_settings_are_read_without_torchvision(built, tmp_path):
+    """A processor folder with a ``video_preprocessor_config.json`` (its video processor needs torchvision,
+    which this environment lacks): wdspack loads the rest and plans videos by that file's settings, and the
+    user's ``--video-*`` settings go over them."""
+    import shutil
+
+    from wdspack.packer.samples import SampleBuilder
+
+    processor = built["qwen2_5_vl"][0]
+    folder = shutil.copytree(save_processor(processor, tmp_path / "saved"), tmp_path / "with-video")
+    (folder / "video_preprocessor_config.json").write_text(json.dumps({
+        "video_processor_type": "Qwen2VLVideoProcessor", "do_sample_frames": True, "fps": 1.0, "min_frames": 2,
+        "max_frames": 16, "size": {"shortest_edge": 3136, "longest_edge": 6272}, "patch_size": 14,
+        "temporal_patch_size": 2, "merge_size": 2}))
+    with pytest.raises(ImportError):  # the class itself cannot be built here
+        from transformers import Qwen2VLVideoProcessor
+
+        Qwen2VLVideoProcessor()
+    s = SampleBuilder(SampleConfig(processor=str(folder))).video_sampling
+    assert (s.do_sample_frames, s.fps, s.min_frames, s.max_frames, s.min_pixels, s.max_pixels) == \
+        (True, 1.0, 2, 16, 3136, 6272)
+    over = SampleBuilder(SampleConfig(processor=str(folder), video=VideoSettings(fps=3.0, max_frames=8))).video_sampling
+    assert (over.fps, over.max_frames, over.min_pixels, over.max_pixels) == (3.0, 8, 3136, 6272)
