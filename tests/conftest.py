@@ -39,6 +39,7 @@ INTEGRATION = (
     "models/test_varlen_families",  # varlen attention on every family
     "models/test_target_logits",  # the LM head on the targets, every family
     "models/test_vision_meta",  # the Qwen-VL towers' bookkeeping, real models
+    "models/test_compile",  # decoder layers under torch.compile over a packed epoch, real models
     "models/test_processor_mode",  # processor mode end to end
     "models/test_load_processor",  # processors saved and loaded
     "models/test_video",  # videos encoded with PyAV; transformers' video code in a process of its own

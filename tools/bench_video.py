@@ -476,12 +476,12 @@ class LoaderRun:
     """A ``make_loader(dataset, processor=folder, num_workers=n, batch_size=1)`` kept alive (persistent
     workers) so each :meth:`epoch` times decoding alone, not the workers' start."""
 
-    def __init__(self, dataset: Path, processor: Path, workers: int) -> None:
+    def __init__(self, dataset: Path, processor: Path, workers: int, *, pixel_dtype: str = "float32") -> None:
         from wdspack import make_loader
 
         before = _children()
         self.loader = make_loader(str(dataset), batch_size=1, num_workers=workers, shuffle=False,
-                                  processor=str(processor))
+                                  processor=str(processor), pixel_dtype=pixel_dtype)
         self.frames = self.epoch()[1]  # warm: workers started, the processor loaded in each
         self.pids = _children() - before
 
@@ -496,10 +496,11 @@ class LoaderRun:
 
 
 def measure_loader(dataset: Path, processor: Path, jobs: list[tuple[bytes, VideoPlan]], *, workers: Sequence[int],
-                   rounds: int) -> dict:
+                   rounds: int, pixel_dtype: str = "float32") -> dict:
     """The loader at each worker count against the plain PyAV processes (:func:`side_by_side` with
-    :func:`pyav_worker`) on the same videos and plans, interleaved; reported as :func:`measure_workers` does."""
-    runs = {n: LoaderRun(dataset, processor, n) for n in workers}
+    :func:`pyav_worker`) on the same videos and plans, interleaved; reported as :func:`measure_workers` does.
+    ``pixel_dtype="uint8"``: the workers ship the resized bytes (normalised later, on the device)."""
+    runs = {n: LoaderRun(dataset, processor, n, pixel_dtype=pixel_dtype) for n in workers}
     want = sum(len(p.indices) for _, p in jobs)
     out: dict = {}
     for run in runs.values():
@@ -548,8 +549,10 @@ def profile_loader(dataset: Path, processor: Path) -> dict:
 
     steps = {"pack_parts": ms("pack_parts", "batch/model.py"), "decode_frames": ms("_decode_frames", "video_pixels"),
              "resize_frames": ms("resize_frames", "video_pixels"),
-             "qwen_video_patches": ms("qwen_video_patches", "video_pixels"), "pad_videos": ms("_pad_videos", "qwen_vl"),
-             "collate": ms("collate", "batch/model.py"),
+             "qwen_video_patches": ms("qwen_video_patches", "video_pixels"),
+             "normalize_video_rows": ms("normalize_video_rows", "video_pixels"),
+             "pad_videos": ms("_pad_videos", "qwen_vl"),
+             "collate": ms("collate", "batch/model.py"), "join_rows": ms("_join_rows", "batch/model.py"),
              "to_ndarray": ms("to_ndarray", "av."), "interpolate": ms("interpolate", "torch/nn/functional")}
     return {"frames": frames, "epoch_ms": round(wall * 1000, 1), "cumulative_ms": steps}
 
@@ -653,10 +656,13 @@ def _pack_and_load(res: dict, work: Path, parts: set[str], clips: dict[str, byte
         dataset = work / "loader-packed"
         pack_video_chats(chats, processor, dataset, seq_len=SEQ_LEN, max_images=1, shard_max_packs=1)  # a video a pack
         jobs = [(clips[kinds[k % len(kinds)]], plans[kinds[k % len(kinds)]]) for k in range(args.chats)]  # m w m w
-        res["loader"] = {"videos": args.chats, **measure_loader(dataset, processor, jobs, workers=(1, 2),
-                                                                rounds=args.rounds)}
+        for key, dtype in (("loader", "float32"), ("loader_uint8", "uint8")):
+            res[key] = {"videos": args.chats, "pixel_dtype": dtype, **measure_loader(
+                dataset, processor, jobs, workers=(1, 2), rounds=args.rounds, pixel_dtype=dtype)}
+            print(key, json.dumps(res[key]), flush=True)
         res["loader"]["profile_1w"] = profile_loader(dataset, processor)
-        print(json.dumps(res["loader"]), flush=True)
+        print(json.dumps(res["loader"]["profile_1w"]), flush=True)
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -237,3 +237,27 @@ def test_the_folders_video_settings_are_read_without_torchvision(built, tmp_path
         (True, 1.0, 2, 16, 3136, 6272)
     over = SampleBuilder(SampleConfig(processor=str(folder), video=VideoSettings(fps=3.0, max_frames=8))).video_sampling
     assert (over.fps, over.max_frames, over.min_pixels, over.max_pixels) == (3.0, 8, 3136, 6272)
+
+
+def test_a_resharded_copy_and_a_mixture_carry_the_videos(built, tmp_path):
+    """``wdspack reshard`` keeps each video's bytes and plan (no source read again); a mixture of the dataset
+    and its reshard streams both sources' videos in batches of one shape."""
+    from wdspack.cli import main
+
+    processor, model, dataset, _ = built["qwen2_5_vl"]
+    copy_ = tmp_path / "resharded"
+    assert main(["reshard", str(dataset), str(copy_), "--seq-len", str(SEQ_LEN), "--shard-packs", "1", "--quiet"]) == 0
+    assert main(["verify", str(copy_)]) == 0
+    assert main(["verify", str(dataset), "--source", str(dataset.parents[1] / "src" / "chats.jsonl")]) == 0
+    assert h.dataset_sub_samples(copy_).keys() == h.dataset_sub_samples(dataset).keys()
+    totals = wdspack.read_manifest(copy_ / "manifest.json").totals
+    assert totals["videos"] == 4 and totals["max_video_tokens_per_pack"] > 0
+    loader = wdspack.make_loader([(str(dataset), 1.0), (str(copy_), 1.0)], batch_size=1, num_workers=0, seed=0,
+                                 processor=processor)
+    shapes, seen = set(), {0: 0, 1: 0}
+    for batch in loader:
+        shapes.add(tuple((k, tuple(v.shape)) for k, v in sorted(batch.items()) if isinstance(v, torch.Tensor)))
+        seen[int(batch["source_idx"][0])] += int(batch["video_mask"].sum())
+        kwargs = wdspack.model_inputs(batch, model)
+        assert ("pixel_values_videos" in kwargs) == bool(batch["video_mask"].any())
+    assert len(shapes) == 1 and seen[0] > 0 and seen[1] > 0

@@ -108,15 +108,17 @@ def test_small_run_packs_every_video_chat_with_the_floors_tokens(chats):
 def test_small_run_streams_every_planned_frame_through_the_loader(chats):
     loader, clip = chats["loader"], chats["clips"]["mp4"]
     assert loader["videos"] == 4 and clip["planned_frames"] == 6
+    assert loader["pixel_dtype"] == "float32" and chats["loader_uint8"]["pixel_dtype"] == "uint8"
     for n in ("1w", "2w"):
-        assert loader[n]["frames"] == 4 * 6  # the loader's batches and the plain processes: the same frames
+        assert loader[n]["frames"] == chats["loader_uint8"][n]["frames"] == 4 * 6  # the same frames as PyAV's
         rates = loader[n]["loader_frames_per_s"] / loader[n]["pyav_frames_per_s"]
         assert loader[n]["of_pyav"] == pytest.approx(rates, rel=0.02)
         assert loader[n]["of_pyav_cpu"] == loader[n]["of_pyav_cpu_runs"][0] > 0
     profile = loader["profile_1w"]
     steps = profile["cumulative_ms"]
     assert profile["frames"] == 4 * 6 and profile["epoch_ms"] >= steps["pack_parts"] > 0
-    assert steps["pack_parts"] >= max(steps["decode_frames"], steps["resize_frames"], steps["qwen_video_patches"]) > 0
+    assert steps["pack_parts"] >= max(steps["decode_frames"], steps["resize_frames"], steps["qwen_video_patches"],
+                                      steps["normalize_video_rows"]) > 0
 
 
 def test_video_chats_are_written_in_llama_factorys_layout(tmp_path):
