@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import json
 from fractions import Fraction
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +20,7 @@ import torch
 
 import wdspack
 from tests.support import vlm_harness as h
+from tests.support.video_chats import ROWS, clip, one_by_one, typed
 from tests.support.video_reference import processor_job, run_jobs
 from wdspack.models import save_processor
 from wdspack.models.video import VideoSettings
@@ -38,59 +38,6 @@ FAMILIES = {
     "qwen2_vl": ("qwen2_5_vl", "Qwen2VLProcessor", "Qwen2VLForConditionalGeneration", 28 * 28 * 4),
     "qwen3_vl": ("qwen3_vl", "Qwen3VLProcessor", "Qwen3VLForConditionalGeneration", 32 * 32 * 16),
 }
-#: id -> (record as written, in LLaMA-Factory's or LLaVA-Video's layout; its turns as typed parts for the reference)
-ROWS = {
-    "v-one": {"messages": [{"role": "user", "content": "<video>What happens in the video?"},
-                           {"role": "assistant", "content": "The colours change and a bar grows."}],
-              "videos": ["clips/a.mp4"]},
-    "v-odd": {"messages": [{"role": "user", "content": "<video>Describe it."},
-                           {"role": "assistant", "content": "A short clip."},
-                           {"role": "user", "content": "Anything else?"},
-                           {"role": "assistant", "content": "No."}],
-              "videos": ["clips/b.mp4"]},
-    "v-mixed": {"messages": [{"role": "user", "content": "Compare <image> with <video> please."},
-                             {"role": "assistant", "content": "The picture is still; the clip moves."}],
-                "images": ["images/p.png"], "videos": ["clips/c.webm"]},
-    "text": {"messages": [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi!"}]},
-    "v-llava": {"video": "clips/c.webm",  # LLaVA-Video-178K: <image> stands for the record's video
-                "conversations": [{"from": "human", "value": "<image>\nWhat is shown?"},
-                                  {"from": "gpt", "value": "Moving colours."}]},
-}
-
-
-def _clip(path: Path, *, codec: str, rate: Fraction, frames: int, width: int, height: int) -> Path:
-    with av.open(str(path), "w") as out:
-        stream = out.add_stream(codec, rate=rate)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        rng = np.random.default_rng(frames)
-        for k in range(frames):
-            pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
-            pixels[:, : (k * 3) % width] = 255
-            for packet in stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")):
-                out.mux(packet)
-        for packet in stream.encode():
-            out.mux(packet)
-    return path
-
-
-def _typed(row: dict) -> list[dict]:
-    """The record's turns as typed parts (what the reference renders with the chat template)."""
-    turns = row.get("messages") or [{"role": {"human": "user", "gpt": "assistant"}[t["from"]], "content": t["value"]}
-                                    for t in row["conversations"]]
-    video_for_image = "video" in row and "images" not in row
-    out = []
-    for turn in turns:
-        parts: list[dict] = []
-        for piece in turn["content"].replace("<video>", "\0video\0").replace("<image>", "\0image\0").split("\0"):
-            if piece in ("video", "image"):
-                parts.append({"type": "video" if video_for_image else piece})
-            elif piece:
-                after_media = parts and parts[-1]["type"] in ("video", "image")
-                parts.append({"type": "text", "text": piece[1:] if after_media and piece.startswith("\n") else piece})
-        out.append({"role": turn["role"], "content": [p for p in parts if p.get("text", True)]})
-    return out
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """Per family: processor, tiny model (float64), packed dataset, and per sample the reference outputs."""
@@ -100,9 +47,9 @@ def built(tmp_path_factory):
     src = root / "src"
     (src / "clips").mkdir(parents=True)
     (src / "images").mkdir()
-    _clip(src / "clips" / "a.mp4", codec="h264", rate=Fraction(10), frames=12, width=66, height=50)
-    _clip(src / "clips" / "b.mp4", codec="h264", rate=Fraction(30000, 1001), frames=9, width=40, height=30)
-    _clip(src / "clips" / "c.webm", codec="libvpx-vp9", rate=Fraction(24), frames=8, width=64, height=36)
+    clip(src / "clips" / "a.mp4", codec="h264", rate=Fraction(10), frames=12, width=66, height=50)
+    clip(src / "clips" / "b.mp4", codec="h264", rate=Fraction(30000, 1001), frames=9, width=40, height=30)
+    clip(src / "clips" / "c.webm", codec="libvpx-vp9", rate=Fraction(24), frames=8, width=64, height=36)
     (src / "images" / "p.png").write_bytes(h._png((60, 44), seed=3))
     (src / "chats.jsonl").write_text("".join(json.dumps({"id": sid, **row}) + "\n" for sid, row in ROWS.items()))
     out, jobs = {}, []
@@ -120,7 +67,7 @@ def built(tmp_path_factory):
         model = tiny.model(processor, **({"cls": model_cls} if module == "qwen2_5_vl" else {})).double()
         calls = []
         for row in ROWS.values():
-            text = processor.apply_chat_template(_typed(row), tokenize=False)
+            text = processor.apply_chat_template(typed(row), tokenize=False)
             videos = row.get("videos") or ([row["video"]] if "video" in row else [])
             calls.append({"text": text, "videos": [src / v for v in videos],
                           "images": [src / i for i in row["images"]] if "images" in row else None})
@@ -152,25 +99,9 @@ def test_tokens_and_pixels_are_the_processors(family):
         refs["v-mixed"]["pixel_values"]))
 
 
-def _one_by_one(model, dataset, refs):
-    """Loss sum, target count and gradients of the sub-samples one by one, on the real processor's inputs."""
-    subs = h.dataset_sub_samples(dataset)
-    model.zero_grad()
-    total, count = torch.zeros((), dtype=torch.float64), 0
-    for sid, ref in refs.items():
-        inputs = {k: torch.from_numpy(v) for k, v in ref.items() if k != "attention_mask"}
-        ids, mask = subs[sid][:2]
-        labels = torch.where(torch.from_numpy(mask.astype(bool)), torch.from_numpy(ids), -100)[None]
-        labels[0, 0] = -100
-        loss = h._token_losses(model(**inputs, use_cache=False).logits, labels)
-        loss.backward()
-        total, count = total + loss.detach(), count + int((labels[:, 1:] != -100).sum())
-    return total, count, h._gradients(model)
-
-
 def test_packed_loss_and_gradients_equal_one_by_one(family):
     processor, model, dataset, refs = family
-    want = _one_by_one(model, dataset, refs)
+    want = one_by_one(model, dataset, refs)
     batches = h.loader_batches(dataset, processor)
     assert len(h.pack_sample_ids(dataset)) >= 2 and any(int(n) < SEQ_LEN for b in batches for n in b["num_tokens"])
     h.assert_same(model, h.packed(model, batches), want)
@@ -183,7 +114,7 @@ def test_varlen_attention_covers_the_video_tower(built):
 
     processor, model, dataset, refs = built["qwen2_5_vl"]
     model = copy.deepcopy(model)
-    want = _one_by_one(model, dataset, refs)
+    want = one_by_one(model, dataset, refs)
     calls = {"vision": 0}
 
     def kernel(*args, **kwargs):

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 import wdspack
-from tests.models.test_video_families import ROWS, _clip, _typed
 from tests.support import vlm_harness as h
+from tests.support.video_chats import ROWS, clip, one_by_one, typed
 from tests.support.video_reference import processor_job, run_jobs
 from wdspack.errors import ConfigError, SampleError
 from wdspack.loader.batch.model import ModelBatcher
@@ -27,8 +27,9 @@ from wdspack.models import save_processor
 from wdspack.models.families.llava import LLAVA_ONEVISION
 from wdspack.models.video import VideoSettings, read_header
 from wdspack.packer.config import PackConfig
+from wdspack.packer.expand import plan_record
 from wdspack.packer.job import pack_dataset
-from wdspack.packer.samples import SampleConfig, plan_record
+from wdspack.packer.samples import SampleConfig
 
 av = pytest.importorskip("av")
 
@@ -51,10 +52,10 @@ def built(tmp_path_factory):
     src = root / "src"
     (src / "clips").mkdir(parents=True)
     (src / "images").mkdir()
-    _clip(src / "clips" / "a.mp4", codec="h264", rate=Fraction(10), frames=12, width=66, height=50)
-    _clip(src / "clips" / "b.mp4", codec="h264", rate=Fraction(30000, 1001), frames=9, width=40, height=30)
-    _clip(src / "clips" / "c.webm", codec="libvpx-vp9", rate=Fraction(24), frames=8, width=64, height=36)
-    _clip(src / "clips" / "short.mp4", codec="h264", rate=Fraction(10), frames=3, width=32, height=32)
+    clip(src / "clips" / "a.mp4", codec="h264", rate=Fraction(10), frames=12, width=66, height=50)
+    clip(src / "clips" / "b.mp4", codec="h264", rate=Fraction(30000, 1001), frames=9, width=40, height=30)
+    clip(src / "clips" / "c.webm", codec="libvpx-vp9", rate=Fraction(24), frames=8, width=64, height=36)
+    clip(src / "clips" / "short.mp4", codec="h264", rate=Fraction(10), frames=3, width=32, height=32)
     (src / "images" / "p.png").write_bytes(h._png((60, 44), seed=3))
     rows = {**ROWS, **TWO}
     (src / "chats.jsonl").write_text("".join(json.dumps({"id": sid, **row}) + "\n" for sid, row in rows.items()))
@@ -67,7 +68,7 @@ def built(tmp_path_factory):
     calls = []
     for row in rows.values():
         videos = row.get("videos") or ([row["video"]] if "video" in row else [])
-        calls.append({"text": processor.apply_chat_template(_typed(row), tokenize=False),
+        calls.append({"text": processor.apply_chat_template(typed(row), tokenize=False),
                       "videos": [src / v for v in videos],
                       "images": [src / i for i in row["images"]] if "images" in row else None})
     settings = {"do_sample_frames": True, "num_frames": FRAMES, "size": {"height": TILE, "width": TILE}}
@@ -97,18 +98,7 @@ def test_tokens_and_pixels_are_the_processors(built):
 
 def test_packed_loss_and_gradients_equal_one_by_one(built):
     processor, model, dataset, _, refs = built
-    subs = h.dataset_sub_samples(dataset)
-    model.zero_grad()
-    total, count = torch.zeros((), dtype=torch.float64), 0
-    for sid, ref in refs.items():
-        inputs = {k: torch.from_numpy(v) for k, v in ref.items() if k != "attention_mask"}
-        ids, mask = subs[sid][:2]
-        labels = torch.where(torch.from_numpy(mask.astype(bool)), torch.from_numpy(ids), -100)[None]
-        labels[0, 0] = -100
-        loss = h._token_losses(model(**inputs, use_cache=False).logits, labels)
-        loss.backward()
-        total, count = total + loss.detach(), count + int((labels[:, 1:] != -100).sum())
-    want = (total, count, h._gradients(model))
+    want = one_by_one(model, dataset, refs)
     batches = h.loader_batches(dataset, processor)
     assert len(h.pack_sample_ids(dataset)) >= 2 and any(int(n) < SEQ_LEN for b in batches for n in b["num_tokens"])
     h.assert_same(model, h.packed(model, batches), want)

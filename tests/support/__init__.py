@@ -18,6 +18,7 @@ on the path; a tool run as ``python -m tools.NAME`` from the root finds it the s
 - ``s3server``: moto's S3 server on loopback.
 - ``synthetic``: small packed datasets whose packs say which they are.
 - ``templates``: published chat templates and tool schemas.
+- ``video_chats``: video chat records in LLaMA-Factory's and LLaVA-Video's layouts, clips, the one-by-one reference.
 - ``video_reference``: the real transformers video processors (torchvision in a folder of its own), in a child.
 - ``vlm_harness``: the proof every model family passes (tokens, pixels, exact loss and gradients).
 """

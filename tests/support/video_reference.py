@@ -2,7 +2,7 @@
 
 They need torchvision, whose PyPI build does not import with the CPU torch: ``make env`` installs it
 into ``.venv/video-reference`` (``requirements/video-reference.lock``), a folder only the child
-process puts on ``sys.path``, after declaring torchvision's compiled operators (their schemas) so
+process puts on its ``PYTHONPATH``, after declaring torchvision's compiled operators (their schemas) so
 that its pure-Python transforms import. In ``.venv`` itself it must never be importable: transformers
 would then pick torchvision backends for every image processor. Images here keep the Pillow backend,
 as in the package's environment.
@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+#: The checkout's root (the child runs this module from there).
+ROOT = Path(__file__).resolve().parents[2]
 #: Where ``make env`` puts torchvision for this reference only.
 FOLDER = Path(sys.prefix) / "video-reference"
 
@@ -122,9 +124,13 @@ def run_jobs(jobs: Sequence[Mapping[str, Any]], *, timeout_s: float = 600) -> li
     if not (FOLDER / "torchvision").is_dir():
         pytest.skip(f"the video reference needs torchvision in {FOLDER}: run `make env`")
     with tempfile.TemporaryDirectory(prefix="video-reference-") as out:
-        payload = json.dumps({"folder": os.fspath(FOLDER), "out": out, "jobs": list(jobs)})
-        done = subprocess.run([sys.executable, __file__], input=payload, capture_output=True, text=True,
-                              timeout=timeout_s, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        payload = json.dumps({"out": out, "jobs": list(jobs)})
+        # the child finds torchvision's folder and this package through PYTHONPATH, run as a module from the root
+        # (as a script, this folder would come first on its path and shadow what transformers imports)
+        path = os.pathsep.join([os.fspath(FOLDER), os.fspath(ROOT), os.environ.get("PYTHONPATH", "")])
+        done = subprocess.run([sys.executable, "-m", "tests.support.video_reference"], input=payload,
+                              capture_output=True, text=True, timeout=timeout_s, cwd=ROOT,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": path})
         assert done.returncode == 0, f"the video reference failed:\n{done.stderr[-3000:]}"
         results = []
         for j, job in enumerate(jobs):
@@ -143,7 +149,6 @@ def _load(path: Path) -> dict[str, np.ndarray]:
 
 def _child() -> None:
     request = json.loads(sys.stdin.read())
-    sys.path.insert(0, request["folder"])
     import torch
 
     library = torch.library.Library("torchvision", "DEF")  # kept alive for the process's life
@@ -225,5 +230,4 @@ def _processor(transformers: Any, job: Mapping[str, Any], video_processor: Any) 
 
 
 if __name__ == "__main__":
-    del sys.path[0]  # this folder: its modules' names must not shadow what transformers imports
     _child()

@@ -43,8 +43,9 @@ from typing import Any, NamedTuple, Protocol, cast
 import numpy as np
 
 from ..errors import ConfigError, SampleError
-from ..format.pack import VideoPlanRecord, token_dtype_for
-from ..models.video import VideoPlan, VideoSettings, check_decode_size, read_header, video_config
+from ..format.pack import token_dtype_for
+from ..models.video import VideoPlan, VideoSettings, video_config
+from .expand import build_expanded, plan_videos
 from .fastpath import ChatRenderer, TextEncoder, span_mask
 from .imagecheck import check_image, downscale
 from .imagecheck import error_text as _error_text
@@ -467,12 +468,19 @@ class SampleBuilder:
                           "tool-calling records out")
 
     def _template_renders_typed_images(self) -> bool:
-        probe = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "x"}]},
+        return self._template_renders_typed("image", self.image_token)
+
+    def _template_renders_typed_videos(self) -> bool:
+        return self._template_renders_typed("video", self.video_token)
+
+    def _template_renders_typed(self, kind: str, token: str | None) -> bool:
+        """Whether the template renders a bare ``{"type": kind}`` part as ``token``."""
+        probe = [{"role": "user", "content": [{"type": kind}, {"type": "text", "text": "x"}]},
                  {"role": "assistant", "content": [{"type": "text", "text": "y"}]}]
-        if self.image_token is None:
+        if token is None:
             return False
         try:
-            return self.image_token in self._apply(probe, generation_prompt=False)
+            return token in self._apply(probe, generation_prompt=False)
         except Exception:
             return False
 
@@ -523,115 +531,12 @@ class SampleBuilder:
 
     def _build_expanded(self, sid: str, text: str, spans: list[tuple[int, int]], images: list[bytes],
                         sizes: list, videos: tuple[bytes, ...] = (), plans: tuple[VideoPlan, ...] = ()) -> Sample:
-        """Processor mode: expand each placeholder in the text as the processor does, then tokenize.
-        Images and videos are replaced in the order their placeholders appear, each from its own list."""
-        ph = self.image_token
-        assert ph is not None and self.family is not None  # processor mode: the family's placeholder
-        found = [(m.start(), ph) for m in re.finditer(re.escape(ph), text)]
-        if len(found) != len(images):
-            raise SampleError("placeholder_mismatch", f"{len(found)} image placeholders {ph!r} in the rendered text "
-                              f"for {len(images)} images", sid)
-        try:
-            reps = self.family.replacements(self.processor, sizes) if images else []
-        except ConfigError:
-            raise  # the processor's settings, not this sample: every sample would fail the same way
-        except Exception as e:  # the processor's own code refusing a size
-            raise SampleError("unreadable_image", f"the processor cannot lay out images of sizes {sizes}: "
-                              f"{_error_text(e)}", sid) from None
-        slots = list(zip(found, reps))
-        if videos:
-            assert self.video_side is not None and self.video_token is not None  # _plan_videos checked
-            vph = self.video_token
-            seen = [(m.start(), vph) for m in re.finditer(re.escape(vph), text)]
-            if len(seen) != len(videos):
-                raise SampleError("placeholder_mismatch", f"{len(seen)} video placeholders {vph!r} in the rendered "
-                                  f"text for {len(videos)} videos", sid)
-            slots += zip(seen, (self.video_side.replacement(self.processor, plan) for plan in plans))
-            slots.sort(key=lambda slot: slot[0][0])
-        pieces, regions, last, shift = [], [], 0, 0
-        for (at, holder), rep in slots:
-            pieces += [text[last:at], rep]
-            regions.append((holder, at + shift, at + shift + len(rep)))
-            shift += len(rep) - len(holder)
-            last = at + len(holder)
-        pieces.append(text[last:])
-        expanded = "".join(pieces)
-
-        def moved(p: int) -> int:  # where character p of the rendered text lands in the expanded one
-            return p + sum(len(r) - len(h) for (at, h), r in slots if at + len(h) <= p)
-
-        bos = self.tokenizer.bos_token
-        ids, offsets = self._encoder(expanded, add_special_tokens=not (bos and expanded.startswith(bos)))
-        mask = span_mask(offsets, [(moved(start), moved(end)) for start, end in spans])
-        real = offsets[:, 1] > offsets[:, 0]
-        feature = {ph: ids == self.image_token_id}
-        if videos:
-            feature[self.video_token] = ids == self.video_token_id  # type: ignore[index]
-        counts: list[int] = []
-        video_counts: list[int] = []
-        for holder, start, end in regions:
-            inside = (offsets[:, 0] >= start) & (offsets[:, 1] <= end) & real
-            mask[inside] = 0
-            (counts if holder == ph else video_counts).append(int((inside & feature[holder]).sum()))
-        for token, each, what in ((ph, counts, "image"), (self.video_token or "", video_counts, "video")):
-            if token in feature and sum(each) != int(feature[token].sum()):
-                raise SampleError("placeholder_mismatch", f"the text holds {int(feature[token].sum()) - sum(each)} "
-                                  f"{what} tokens {token!r} of its own besides the {len(each)} {what}s'", sid)
-        for k, (plan, taken) in enumerate(zip(plans, video_counts)):
-            if taken != plan.tokens:
-                raise SampleError("placeholder_mismatch", f"video {k} takes {taken} tokens in the text but its plan "
-                                  f"{plan.grid} gives {plan.tokens}", sid)
-        if not mask.any():
-            raise SampleError("no_assistant_turn", "no token is a training target after templating", sid)
-        return Sample(sid, ids.astype(np.uint32), mask, tuple(images), tuple(counts), tuple(videos),
-                      tuple(video_counts), tuple(plan_record(plan) for plan in plans))
-
-    # ---- videos ----------------------------------------------------------------------------
+        """Processor mode: :func:`~.expand.build_expanded`."""
+        return build_expanded(self, sid, text, spans, images, sizes, videos, plans)
 
     def _plan_videos(self, videos: tuple[bytes, ...], sid: str, names: tuple[str, ...] = ()) -> tuple[VideoPlan, ...]:
-        """Each video's plan, from its container's header alone (:mod:`wdspack.models.video`)."""
-        if self.video_side is None or self.video_sampling is None:
-            have = ", ".join(f.name for f in _video_families())
-            why = (f"the {self.family.name} family has no video path" if self.family is not None
-                   else "videos need --processor (the model's own processor; with --tokenizer there is no video "
-                        "layout)")
-            raise SampleError("unsupported_media", f"the record has {len(videos)} video(s) but {why}; families with "
-                              f"one: {have}", sid)
-        if self.typed_images and not self.typed_videos:
-            raise ConfigError(f"the chat template of {self.name!r} renders images but no video part "
-                              "({'type': 'video'}); pass --chat-template with the model's own template, which renders "
-                              f"{self.video_token!r} for each video")
-        plans = []
-        for k, data in enumerate(videos):
-            which = f"video {k} ({names[k]!r})" if k < len(names) and names[k] else f"video {k}"
-            try:
-                header = read_header(data, sample_id=sid, max_pixels=self.config.max_image_pixels)
-                plans.append(check_decode_size(header, self.video_side.plan(header, self.video_sampling)))
-            except SampleError as e:
-                raise SampleError(e.reason, f"{which}: {e.detail}", sid) from None
-        return tuple(plans)
-
-    def _template_renders_typed_videos(self) -> bool:
-        probe = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "x"}]},
-                 {"role": "assistant", "content": [{"type": "text", "text": "y"}]}]
-        if self.video_token is None:
-            return False
-        try:
-            return self.video_token in self._apply(probe, generation_prompt=False)
-        except Exception:
-            return False
-
-
-def plan_record(plan: VideoPlan) -> VideoPlanRecord:
-    """What a pack stores of a video's plan (:class:`~wdspack.format.pack.VideoPlanRecord`)."""
-    return VideoPlanRecord(frames=plan.indices, size=(plan.height, plan.width), grid=plan.grid,
-                           second_per_grid_t=plan.second_per_grid_t)
-
-
-def _video_families() -> tuple[Any, ...]:
-    from ..models import known_families
-
-    return tuple(f for f in known_families() if f.video is not None)
+        """Each video's plan from its header: :func:`~.expand.plan_videos`."""
+        return plan_videos(self, videos, sid, names)
 
 
 #: Stands for an assistant turn's words when locating the turn (a private-use character: in no real text).

@@ -323,7 +323,7 @@ def _assemble(sid: str, bos: list[int], parts: Sequence[_Part], eos: int | None)
     films = [(p, p.video) for p in parts if p.video is not None]
     if not films:
         return Sample(sid, ids.astype(np.uint32), mask, images, counts)
-    from .samples import plan_record
+    from .expand import plan_record
 
     return Sample(sid, ids.astype(np.uint32), mask, images, counts, tuple(v for _, v in films),
                   tuple(p.video_tokens for p, _ in films), tuple(plan_record(p.plan) for p, _ in films))

@@ -76,6 +76,16 @@ from typing import Any
 from ...errors import SampleError
 from .images import image_name, load_image
 from .media import MEDIA_FIELDS, MEDIA_PART_TYPES, check_media_fields, check_media_placeholders, media_part_error
+from .placement import (
+    BARE,
+    PLACEHOLDER,
+    bare_slots,
+    media_list,
+    named_images,
+    place,
+    place_named,
+    split_video_placeholders,
+)
 from .toolcalls import Turn, json_value, link_tool_calls, tool_calls, tools_of
 from .videos import load_video, video_name
 
@@ -96,16 +106,11 @@ ROLE_ALIASES: dict[str, str] = {
     "function_call": "assistant",  # ShareGPT: the value is the call(s), as JSON
     "tool": "tool", "observation": "tool", "function": "tool", "ipython": "tool",
 }
-PLACEHOLDER = "<image>"
 _PLACEHOLDER_RE = re.compile(re.escape(PLACEHOLDER))  # the newline after it stays in the text
-VIDEO_PLACEHOLDER = "<video>"
-_VIDEO_PLACEHOLDER_RE = re.compile(re.escape(VIDEO_PLACEHOLDER))
-_NAMED_RE = re.compile(r"<image_(\d+)>")  # MiniCPM-V: "<image_00>", keys of the record's image dict
 _IMAGE_PART_TYPES = ("image", "image_url", "input_image")
 _VIDEO_PART_TYPES = ("video", "video_url", "input_video")
 _TEXT_PART_TYPES = ("text", "input_text")
 _CALL_PART_TYPES = ("tool_call", "tool_calls")  # LLaMA-Factory v1: {"type": "tool_call", "value": "{JSON}"}
-_BARE = object()  # an image (video) slot that takes the next entry of the record's image (video) list
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,19 +193,19 @@ def build_record(row: Any, *, sample_id: str, image_root: str, absolute_images: 
         check_media_fields(row)
         turns = _with_system(row, _raw_turns(row))
         check_media_placeholders(turns)
-        turns = _split_video_placeholders(turns)
-        named = _named_images(row)
+        turns = split_video_placeholders(turns)
+        named = named_images(row)
         if named is not None:
-            turns, pool = _place_named(turns, named), []
+            turns, pool = place_named(turns, named), []
         else:
-            pool = _media_list(row, ("images", "image"), "image")
-        videos = _media_list(row, ("videos", "video"), "video")
-        llava_video = bool(videos) and not pool and named is None and not _bare_slots(turns, "video")
+            pool = media_list(row, ("images", "image"), "image")
+        videos = media_list(row, ("videos", "video"), "video")
+        llava_video = bool(videos) and not pool and named is None and not bare_slots(turns, "video")
         if llava_video:  # LLaVA-Video writes <image> for the video
-            turns = [(role, [("video", v) if k == "image" and v is _BARE else (k, v) for k, v in parts], extra)
+            turns = [(role, [("video", v) if k == "image" and v is BARE else (k, v) for k, v in parts], extra)
                      for role, parts, extra in turns]
         _check_turns(turns, pool or videos)
-        turns = _place(_place(turns, pool, "image"), videos, "video", llava_video=llava_video)
+        turns = place(place(turns, pool, "image"), videos, "video", llava_video=llava_video)
         turns = link_tool_calls(turns, sample_id)
         return _finish(turns, sample_id, image_root, tools_of(row), absolute_images)
     except SampleError as e:
@@ -409,7 +414,7 @@ def _tool_text(content: Any, i: int) -> str:
 
 
 def _parts(content: Any, i: int) -> list[tuple[str, Any]]:
-    """A turn's content as ``("text", str)``, ``("image", ref or _BARE)`` and ``("video", ref or _BARE)`` items."""
+    """A turn's content as ``("text", str)``, ``("image", ref or BARE)`` and ``("video", ref or BARE)`` items."""
     if isinstance(content, str):
         return _split_placeholders(content)
     if isinstance(content, (list, tuple)):
@@ -423,7 +428,7 @@ def _split_placeholders(text: str) -> list[tuple[str, Any]]:
     out: list[tuple[str, Any]] = []
     for k, piece in enumerate(pieces):
         if k:
-            out.append(("image", _BARE))
+            out.append(("image", BARE))
         if piece:
             out.append(("text", piece))
     return out
@@ -452,70 +457,17 @@ def _typed_part(part: Any, i: int) -> list[tuple[str, Any]]:
         ref = _first(part, "image", "image_url", "path", "url", "value")
         if isinstance(ref, Mapping) and all(v is None for v in ref.values()):
             ref = None  # an Arrow struct column with every field null: no inline image
-        return [("image", _BARE if ref is None else ref)]
+        return [("image", BARE if ref is None else ref)]
     if kind in _VIDEO_PART_TYPES:
         ref = _first(part, "video", "video_url", "input_video", "path", "url", "value")
         if isinstance(ref, Mapping) and all(v is None for v in ref.values()):
             ref = None  # as for images: an all-null struct is a bare part
-        return [("video", _BARE if ref is None else ref)]
+        return [("video", BARE if ref is None else ref)]
     if kind in MEDIA_PART_TYPES:
         raise media_part_error(kind, i)
     raise SampleError("malformed_record", f"turn {i} has a content part of type {kind!r}; accepted types "
                       f"are {', '.join(_TEXT_PART_TYPES + _IMAGE_PART_TYPES + _VIDEO_PART_TYPES)} (and tool_call in "
                       "assistant turns)")
-
-
-# ---- MiniCPM-V's named images ------------------------------------------------------------------
-
-
-def _named_images(row: Mapping[str, Any]) -> dict[str, Any] | None:
-    """MiniCPM-V's ``image`` dict ``{"<image_00>": path, ...}``, or None for any other ``image``."""
-    value = row.get("image")
-    if not isinstance(value, Mapping) or not value or not all(isinstance(k, str) for k in value):
-        return None
-    if not all(_NAMED_RE.fullmatch(k) for k in value):
-        return None  # e.g. a {"bytes", "path"} struct
-    for key, ref in value.items():
-        if ref is None:
-            raise SampleError("malformed_record", f"image[{key!r}] is null; give the image's path or remove the "
-                              "key (and its placeholder)")
-    return dict(value)
-
-
-def _place_named(turns: list[Turn], named: dict[str, Any]) -> list[Turn]:
-    """Each ``<image_NN>`` in the text becomes that image; with none named anywhere, all of them
-    (in key order) go at the start of the first user turn, as MiniCPM-V's fine-tuning code does."""
-    used: set[str] = set()
-    out: list[Turn] = []
-    for i, (role, parts, extra) in enumerate(turns):
-        new: list[tuple[str, Any]] = []
-        for kind, value in parts:
-            if kind != "text":
-                new.append((kind, value))
-                continue
-            pieces = _NAMED_RE.split(value)  # text, digits, text, digits, ..., text
-            for k, piece in enumerate(pieces):
-                if k % 2 == 0:
-                    if piece:
-                        new.append(("text", piece))
-                    continue
-                key = f"<image_{piece}>"
-                if key not in named:
-                    raise SampleError("placeholder_mismatch", f"turn {i} names the image {key!r}, which the "
-                                      f"'image' dict does not have (keys: {sorted(named)[:8]}); add it or "
-                                      "remove the placeholder")
-                used.add(key)
-                new.append(("image", named[key]))
-        out.append((role, new, extra))
-    if not used:
-        order = sorted(named, key=lambda k: int(k[len("<image_"):-1]))  # keys matched _NAMED_RE
-        return _place(out, [named[k] for k in order], "image")
-    unused = sorted(set(named) - used)
-    if unused:
-        raise SampleError("placeholder_mismatch", f"the 'image' dict has {unused[:8]} that no turn names; "
-                          "put each key where its image belongs in the text, or name none of them to put all "
-                          "the images first")
-    return out
 
 
 def _check_turns(turns: list[Turn], pool: list) -> None:
@@ -527,71 +479,6 @@ def _check_turns(turns: list[Turn], pool: list) -> None:
     if not any(role == "assistant" for role, _, _ in turns):
         raise SampleError("no_assistant_turn", f"none of the {len(turns)} turns is an assistant turn, so "
                           "there is nothing to train on; add the answer or remove the record")
-
-
-def _split_video_placeholders(turns: list[Turn]) -> list[Turn]:
-    """Each ``<video>`` in a prompt (user or system turn) becomes a bare video slot; in answers and
-    tool results it is text (an HTML ``<video>`` tag in a coding answer)."""
-    out: list[Turn] = []
-    for role, parts, extra in turns:
-        if role in ("user", "system"):
-            new: list[tuple[str, Any]] = []
-            for kind, value in parts:
-                if kind != "text" or VIDEO_PLACEHOLDER not in value:
-                    new.append((kind, value))
-                    continue
-                for k, piece in enumerate(_VIDEO_PLACEHOLDER_RE.split(value)):
-                    new += [("video", _BARE)] if k else []
-                    new += [("text", piece)] if piece else []
-            parts = new
-        out.append((role, parts, extra))
-    return out
-
-
-def _media_list(row: Mapping[str, Any], keys: tuple[str, str], what: str) -> list:
-    """The record's list of images (``images``/``image``) or videos (``videos``/``video``)."""
-    for key in keys:
-        value = row.get(key)
-        if value is None:
-            continue
-        if isinstance(value, (list, tuple)):
-            for k, v in enumerate(value):
-                if v is None:
-                    raise SampleError("malformed_record", f"{key}[{k}] is null; remove it from the list "
-                                      f"(and its placeholder) or give the {what}")
-            return list(value)
-        if isinstance(value, (str, bytes, bytearray, Mapping)):
-            return [value]
-        raise SampleError("malformed_record", f"field {key!r} is {type(value).__name__} {_short(value)}; "
-                          f"give a path, a list of paths, or {what} bytes")
-    return []
-
-
-def _bare_slots(turns: list[Turn], kind: str) -> int:
-    return sum(1 for _, parts, _ in turns for k, value in parts if k == kind and value is _BARE)
-
-
-def _place(turns: list[Turn], pool: list, kind: str, *, llava_video: bool = False) -> list[Turn]:
-    """Fill the bare ``kind`` slots from ``pool`` in order; with no slot, put the pool at the start
-    of the first user turn (before what is already there)."""
-    slots = _bare_slots(turns, kind)
-    if slots == 0 and pool:
-        at = next((k for k, (role, _, _) in enumerate(turns) if role == "user"),
-                  next((k for k, (role, _, _) in enumerate(turns) if role != "system"), 0))
-        role, parts, extra = turns[at]
-        turns = list(turns)
-        turns[at] = (role, [(kind, ref) for ref in pool] + parts, extra)
-        return turns
-    if slots != len(pool):
-        written = (f"{PLACEHOLDER!r} standing for a video: the record has videos and no images, LLaVA-Video's "
-                   "convention" if llava_video else
-                   f"{VIDEO_PLACEHOLDER if kind == 'video' else PLACEHOLDER!r} or bare {kind} parts")
-        raise SampleError("placeholder_mismatch", f"the record has {slots} {kind} placeholder(s) ({written}) but "
-                          f"{len(pool)} {kind}(s); make the counts match, or remove every placeholder to put the "
-                          f"{kind}s before the first user turn")
-    refs = iter(pool)
-    return [(role, [(k, next(refs) if k == kind and value is _BARE else value) for k, value in parts], extra)
-            for role, parts, extra in turns]
 
 
 def _finish(turns: list[Turn], sample_id: str, image_root: str, tools: tuple[dict, ...],

@@ -1,0 +1,147 @@
+"""Where a record's images and videos go: each placeholder (``<image>``, ``<video>``, MiniCPM-V's
+``<image_NN>``) or bare typed part takes the next entry of the record's own list; without any, the
+media go first in the first user turn (the LLaVA convention). Split out of :mod:`.records`, which
+reads the turns; the rules are in its module docstring.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from ...errors import SampleError
+from .toolcalls import Turn
+
+__all__ = ["BARE", "NAMED_RE", "PLACEHOLDER", "VIDEO_PLACEHOLDER", "VIDEO_PLACEHOLDER_RE", "bare_slots", "media_list",
+           "named_images", "place", "place_named", "split_video_placeholders"]
+
+PLACEHOLDER = "<image>"
+VIDEO_PLACEHOLDER = "<video>"
+VIDEO_PLACEHOLDER_RE = re.compile(re.escape(VIDEO_PLACEHOLDER))
+NAMED_RE = re.compile(r"<image_(\d+)>")  # MiniCPM-V: "<image_00>", keys of the record's image dict
+#: An image (video) slot that takes the next entry of the record's image (video) list.
+BARE = object()
+
+
+# ---- MiniCPM-V's named images ------------------------------------------------------------------
+
+
+def named_images(row: Mapping[str, Any]) -> dict[str, Any] | None:
+    """MiniCPM-V's ``image`` dict ``{"<image_00>": path, ...}``, or None for any other ``image``."""
+    value = row.get("image")
+    if not isinstance(value, Mapping) or not value or not all(isinstance(k, str) for k in value):
+        return None
+    if not all(NAMED_RE.fullmatch(k) for k in value):
+        return None  # e.g. a {"bytes", "path"} struct
+    for key, ref in value.items():
+        if ref is None:
+            raise SampleError("malformed_record", f"image[{key!r}] is null; give the image's path or remove the "
+                              "key (and its placeholder)")
+    return dict(value)
+
+
+def place_named(turns: list[Turn], named: dict[str, Any]) -> list[Turn]:
+    """Each ``<image_NN>`` in the text becomes that image; with none named anywhere, all of them
+    (in key order) go at the start of the first user turn, as MiniCPM-V's fine-tuning code does."""
+    used: set[str] = set()
+    out: list[Turn] = []
+    for i, (role, parts, extra) in enumerate(turns):
+        new: list[tuple[str, Any]] = []
+        for kind, value in parts:
+            if kind != "text":
+                new.append((kind, value))
+                continue
+            pieces = NAMED_RE.split(value)  # text, digits, text, digits, ..., text
+            for k, piece in enumerate(pieces):
+                if k % 2 == 0:
+                    if piece:
+                        new.append(("text", piece))
+                    continue
+                key = f"<image_{piece}>"
+                if key not in named:
+                    raise SampleError("placeholder_mismatch", f"turn {i} names the image {key!r}, which the "
+                                      f"'image' dict does not have (keys: {sorted(named)[:8]}); add it or "
+                                      "remove the placeholder")
+                used.add(key)
+                new.append(("image", named[key]))
+        out.append((role, new, extra))
+    if not used:
+        order = sorted(named, key=lambda k: int(k[len("<image_"):-1]))  # keys matched NAMED_RE
+        return place(out, [named[k] for k in order], "image")
+    unused = sorted(set(named) - used)
+    if unused:
+        raise SampleError("placeholder_mismatch", f"the 'image' dict has {unused[:8]} that no turn names; "
+                          "put each key where its image belongs in the text, or name none of them to put all "
+                          "the images first")
+    return out
+
+
+def split_video_placeholders(turns: list[Turn]) -> list[Turn]:
+    """Each ``<video>`` in a prompt (user or system turn) becomes a bare video slot; in answers and
+    tool results it is text (an HTML ``<video>`` tag in a coding answer)."""
+    out: list[Turn] = []
+    for role, parts, extra in turns:
+        if role in ("user", "system"):
+            new: list[tuple[str, Any]] = []
+            for kind, value in parts:
+                if kind != "text" or VIDEO_PLACEHOLDER not in value:
+                    new.append((kind, value))
+                    continue
+                for k, piece in enumerate(VIDEO_PLACEHOLDER_RE.split(value)):
+                    new += [("video", BARE)] if k else []
+                    new += [("text", piece)] if piece else []
+            parts = new
+        out.append((role, parts, extra))
+    return out
+
+
+def media_list(row: Mapping[str, Any], keys: tuple[str, str], what: str) -> list:
+    """The record's list of images (``images``/``image``) or videos (``videos``/``video``)."""
+    for key in keys:
+        value = row.get(key)
+        if value is None:
+            continue
+        if isinstance(value, (list, tuple)):
+            for k, v in enumerate(value):
+                if v is None:
+                    raise SampleError("malformed_record", f"{key}[{k}] is null; remove it from the list "
+                                      f"(and its placeholder) or give the {what}")
+            return list(value)
+        if isinstance(value, (str, bytes, bytearray, Mapping)):
+            return [value]
+        raise SampleError("malformed_record", f"field {key!r} is {type(value).__name__} {_short(value)}; "
+                          f"give a path, a list of paths, or {what} bytes")
+    return []
+
+
+def bare_slots(turns: list[Turn], kind: str) -> int:
+    return sum(1 for _, parts, _ in turns for k, value in parts if k == kind and value is BARE)
+
+
+def place(turns: list[Turn], pool: list, kind: str, *, llava_video: bool = False) -> list[Turn]:
+    """Fill the bare ``kind`` slots from ``pool`` in order; with no slot, put the pool at the start
+    of the first user turn (before what is already there)."""
+    slots = bare_slots(turns, kind)
+    if slots == 0 and pool:
+        at = next((k for k, (role, _, _) in enumerate(turns) if role == "user"),
+                  next((k for k, (role, _, _) in enumerate(turns) if role != "system"), 0))
+        role, parts, extra = turns[at]
+        turns = list(turns)
+        turns[at] = (role, [(kind, ref) for ref in pool] + parts, extra)
+        return turns
+    if slots != len(pool):
+        written = (f"{PLACEHOLDER!r} standing for a video: the record has videos and no images, LLaVA-Video's "
+                   "convention" if llava_video else
+                   f"{VIDEO_PLACEHOLDER if kind == 'video' else PLACEHOLDER!r} or bare {kind} parts")
+        raise SampleError("placeholder_mismatch", f"the record has {slots} {kind} placeholder(s) ({written}) but "
+                          f"{len(pool)} {kind}(s); make the counts match, or remove every placeholder to put the "
+                          f"{kind}s before the first user turn")
+    refs = iter(pool)
+    return [(role, [(k, next(refs) if k == kind and value is BARE else value) for k, value in parts], extra)
+            for role, parts, extra in turns]
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
