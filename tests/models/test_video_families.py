@@ -145,6 +145,38 @@ def test_uint8_video_pixels_normalise_to_the_same_rows(built):
     torch.testing.assert_close(done["pixel_values"], floats["pixel_values"], rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("pixel_dtype", ["float32", "uint8"])
+def test_workers_write_video_rows_into_recycled_buffers(built, pixel_dtype, monkeypatch):
+    """With a worker, ``pixel_values_videos`` is written (and, float32, normalised) straight into the worker's
+    recycled shared-memory buffers for that key: over three epochs the batches are the in-process ones and
+    come in the few buffers (``prefetch_factor + 3`` a key at most) passed to this process once each."""
+    from multiprocessing import resource_sharer
+
+    from wdspack.loader.batch import buffers
+
+    monkeypatch.setattr(buffers, "_BY_VALUE_BYTES", 64 << 10)  # the tiny pixels through shared memory (forked worker)
+    passed, detach = [], resource_sharer.DupFd.detach  # what receiving a descriptor calls, in this process
+
+    def counted(self):
+        passed.append(1)
+        return detach(self)
+
+    monkeypatch.setattr(resource_sharer.DupFd, "detach", counted)
+    processor, _, dataset, _ = built["qwen2_5_vl"]
+    options = {"batch_size": 1, "shuffle": False, "processor": processor, "pixel_dtype": pixel_dtype}
+    want = list(wdspack.make_loader(str(dataset), num_workers=0, **options))
+    loader = wdspack.make_loader(str(dataset), num_workers=1, prefetch_factor=1, **options)
+    batches = 0
+    for _ in range(5):
+        for got, ref in zip(loader, want, strict=True):
+            assert got["pixel_values_videos"].dtype == getattr(torch, pixel_dtype)
+            assert got["pixel_values_videos"].nbytes > buffers._BY_VALUE_BYTES
+            for key in ("pixel_values_videos", "video_patch_mask", "video_grid_thw", "pixel_values", "input_ids"):
+                assert torch.equal(got[key], ref[key]), key
+            batches += 1
+    assert 0 < len(passed) <= 2 * (1 + 3) < batches, (len(passed), batches)  # images' and videos' buffers
+
+
 def test_the_folders_video_settings_are_read_without_torchvision(built, tmp_path):
     """A processor folder with a ``video_preprocessor_config.json`` (its video processor needs torchvision,
     which this environment lacks): wdspack loads the rest and plans videos by that file's settings, and the

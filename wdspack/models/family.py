@@ -56,6 +56,11 @@ class Rows:
 
     tensor: torch.Tensor | tuple[torch.Tensor, ...]  #: the real rows, or pieces of them in order (written once each)
     rows: int
+    #: the batch tensor's dtype, where it differs from the pieces' (uint8 pieces written into float32 rows)
+    dtype: torch.dtype | None = None
+    #: applied in place to each pack's real rows once written into the batch (e.g. normalising uint8 pixels
+    #: where they land, rather than in a float copy per pack that is then copied again)
+    finish: Callable[[torch.Tensor], Any] | None = None
 
     @property
     def pieces(self) -> tuple[torch.Tensor, ...]:
@@ -104,11 +109,13 @@ class VideoSide:
             ``video_preprocessor_config.json`` as a dict (None: the class's defaults).
         plan: ``(header, settings) -> VideoPlan``: the frames sampled, their size, grid and tokens.
         replacement: ``(processor, plan) -> str``: the text the placeholder becomes.
-        pixels: ``(processor, videos, plans, *, uint8, max_pixels) -> {key: tensor}``: in the loader's
-            workers, a pack's videos (bytes and stored plans) decoded at the planned frames only and laid
-            out as the processor lays them out (``uint8``: resized whole numbers, not normalised).
+        pixels: ``(processor, videos, plans, *, max_pixels) -> {key: tensor}``: in the loader's workers, a
+            pack's videos (bytes and stored plans) decoded at the planned frames only and laid out as the
+            processor lays them out, as uint8 (resized, not normalised).
         pad: ``(outputs, processor, budgets, video_tokens) -> {key: tensor or Rows}``: ``pixels``' outputs
-            padded to shapes that depend only on the budgets (as ``Family.pad_pixels`` for images).
+            padded to shapes that depend only on the budgets (as ``Family.pad_pixels`` for images); the
+            pixel rows as float32 :class:`Rows` normalised where they land (``finish``), which a
+            ``pixel_dtype="uint8"`` loader ships as the bytes instead.
     """
 
     placeholder: Callable[[Any], str]

@@ -16,9 +16,10 @@ pixels against ``Qwen2VLVideoProcessor`` and ``Qwen3VLVideoProcessor`` with ``to
 from __future__ import annotations
 
 import bisect
+import functools
 import io
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -28,7 +29,7 @@ from ..errors import ConfigError, FormatError
 from .video import _NO_AV, MAX_VIDEO_PIXELS
 
 __all__ = ["MAX_DECODE_SECONDS", "MAX_VIDEO_PIXELS", "VideoDecodeError", "decode_frames", "normalize_video_rows",
-           "qwen_video_patches", "resize_frames"]
+           "normalize_video_rows_", "qwen_video_patches", "resize_frames", "row_normalizer"]
 
 #: Seek to the keyframe before the next wanted frame when that skips at least this many frames; else decode on
 #: (a seek costs a decoder flush; it never decodes a frame twice, since it only goes forward past decoded ones).
@@ -362,7 +363,21 @@ def normalize_video_rows(rows: torch.Tensor, *, mean: Sequence[float], std: Sequ
         ...                      rescale_factor=1 / 255)[0, 0].item()
         1.0
     """
+    return normalize_video_rows_(rows.to(torch.float32, copy=True), mean=mean, std=std, rescale_factor=rescale_factor)
+
+
+def normalize_video_rows_(rows: torch.Tensor, *, mean: Sequence[float], std: Sequence[float],
+                          rescale_factor: float) -> torch.Tensor:
+    """:func:`normalize_video_rows` in place, on float32 rows holding the uint8 values (where the loader
+    wrote them into the batch: one float write per value, no float copy per pack); returns ``rows``."""
     m, s = _fused(mean, std, rescale_factor)
     m, s = m.to(rows.device)[:, None], s.to(rows.device)[:, None]
-    out = rows.to(torch.float32).view(rows.shape[0], m.shape[0], -1)  # channel-major rows
-    return out.sub_(m).div_(s).view(rows.shape)
+    rows.view(rows.shape[0], m.shape[0], -1).sub_(m).div_(s)  # channel-major rows
+    return rows
+
+
+def row_normalizer(image_processor: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+    """:func:`normalize_video_rows_` with a processor's mean, std and rescale factor (a :class:`Rows` ``finish``)."""
+    return functools.partial(normalize_video_rows_, mean=tuple(image_processor.image_mean),
+                             std=tuple(image_processor.image_std),
+                             rescale_factor=float(image_processor.rescale_factor))

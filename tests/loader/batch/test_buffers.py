@@ -61,6 +61,35 @@ def test_a_buffer_is_mapped_once_and_later_batches_are_places_in_it():
     assert int(pool.released[0, 0]) == lease2.number
 
 
+def test_a_batch_with_image_and_video_rows_recycles_a_buffer_per_key():
+    """``pixel_values`` and ``pixel_values_videos`` each in a leased buffer of their own: mapped once each,
+    later batches as places in them, each released when its own last view is gone; the cap is per key."""
+    pool = PixelBuffers(workers=1, size=1)
+    video_rows = (1024, 1176)  # uint8 video rows over the by-value limit
+    images, _, lease_i = pool.take(BIG, worker=0, packs=4)
+    videos, _, lease_v = pool.take(video_rows, worker=0, packs=4, dtype=torch.uint8, key="pixel_values_videos")
+    assert lease_i is not None and lease_v is not None and lease_v.key == "pixel_values_videos"
+    assert pool.take(video_rows, worker=0, packs=4, dtype=torch.uint8, key="pixel_values_videos")[2] is None
+    images.fill_(1.0)
+    videos.fill_(7)
+    leases = (pool.ship(lease_i, [4] * 4, images), pool.ship(lease_v, [256, 0, 0, 0], videos))
+    got = _send({"pixel_values": images, "pixel_values_videos": videos}, leases)
+    assert all(lease.map for lease in leases) and sorted(buffers._MAPPED[pool.table]) == [(0, 0), (0, 1)]
+    assert torch.equal(got["pixel_values"], images) and torch.equal(got["pixel_values_videos"], videos)
+    del got["pixel_values_videos"]
+    gc.collect()
+    assert int(pool.released[0, 1]) == lease_v.number and int(pool.released[0, 0]) != lease_i.number
+    again, dirty, lease_v2 = pool.take(video_rows, worker=0, packs=4, dtype=torch.uint8, key="pixel_values_videos")
+    assert again.data_ptr() == videos.data_ptr() and dirty == [256, 0, 0, 0] and lease_v2.mapped
+    assert pool.take(BIG, worker=0, packs=4)[2] is None, "the image buffer is still out"
+    again[:8] = 9
+    lease_v2 = pool.ship(lease_v2, [8, 0, 0, 0], again)
+    sent = Shipment({"pixel_values_videos": again}, lease_v2).__reduce__()[1][0]
+    assert isinstance(sent[0][2], _Place), "where, not the buffer"
+    got = _send({"pixel_values_videos": again}, lease_v2)
+    assert torch.equal(got["pixel_values_videos"], again)
+
+
 def test_a_place_in_a_buffer_this_process_never_mapped_is_refused_with_the_fix():
     pool = PixelBuffers(workers=1, size=1)
     pixels, _, lease = pool.take(BIG, worker=0, packs=4)

@@ -327,7 +327,7 @@ def test_fresh_pixels_outside_a_worker_are_zero_and_written_once(dtype):
     batch, counts = collate_staged(examples)
     ref = collate_packs([pack_to_example(p, seq_len=10, max_images=4, pad_token_id=0, image_transform=t)
                          for p in MIXED])
-    assert counts == [3, 0, 1] and torch.equal(batch["pixel_values"], ref["pixel_values"])
+    assert counts == {"pixel_values": [3, 0, 1]} and torch.equal(batch["pixel_values"], ref["pixel_values"])
     assert not batch["pixel_values"][3:8].any() and batch["pixel_values"][:3].abs().sum() > 0
 
 

@@ -44,9 +44,10 @@ _STAGED_KEYS = (PIXELS_KEY, MODEL_KEY, TEXT_KEY)
 #: ``make_loader(pixel_dtype=...)``: what a batch's ``pixel_values`` travel as.
 PIXEL_DTYPES = {"float32": torch.float32, "uint8": torch.uint8}
 _NUMPY_DTYPES = {torch.float32: np.float32, torch.uint8: np.uint8}
-#: ``take(shape, packs) -> (tensor, dirty)``: memory for a batch's pixels and, per pack, how many
-#: leading slots (or rows) may hold non-zero bytes from earlier use (``None``: unknown, zero them all).
-TakePixels = Callable[[tuple[int, ...], int], tuple[torch.Tensor, "list[int] | None"]]
+#: ``take(shape, packs, key) -> (tensor, dirty)``: memory for a batch's pixels under ``key`` (``pixel_values``,
+#: or another row key such as ``pixel_values_videos``) and, per pack, how many leading slots (or rows) may
+#: hold non-zero bytes from earlier use (``None``: unknown, zero them all).
+TakePixels = Callable[[tuple[int, ...], int, str], tuple[torch.Tensor, "list[int] | None"]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +138,7 @@ def staged_example(pack: Pack, *, seq_len: int, max_images: int, pad_token_id: i
 def collate_staged(examples: Sequence[dict[str, Any]], *, attention_mask: str | None = None,
                    padding_free: bool = False, max_segments: int | None = None, take: TakePixels | None = None,
                    share_memory: bool | None = None, pixel_dtype: str = "float32"
-                   ) -> tuple[dict[str, Any], list[int] | None]:
+                   ) -> tuple[dict[str, Any], dict[str, list[int]]]:
     """:func:`staged_example` outputs → one batch: :func:`~.collate.collate_packs`, then the pixels written once.
 
     A processor's parts are joined by its batcher (the family's keys and last rewrite); decoded
@@ -146,8 +147,8 @@ def collate_staged(examples: Sequence[dict[str, Any]], *, attention_mask: str | 
     (default :func:`fresh_pixels`), float32 or ``pixel_dtype``. The examples are not changed.
 
     Returns:
-        The batch, and per pack the slots (rows) written into ``take``'s tensor, or ``None`` when
-        none was taken.
+        The batch, and per key taken (``pixel_values``, ``pixel_values_videos``) the slots (rows) written
+        per pack into ``take``'s tensor.
     """
     if not examples:
         raise ConfigError("a batch needs at least one example")
@@ -156,7 +157,7 @@ def collate_staged(examples: Sequence[dict[str, Any]], *, attention_mask: str | 
     parts = [ex[MODEL_KEY] for ex in examples] if MODEL_KEY in first else None
     if pixel_dtype not in PIXEL_DTYPES:
         raise ConfigError(f"pixel_dtype={pixel_dtype!r} is not one of {sorted(PIXEL_DTYPES)}")
-    take = take or (lambda shape, n: fresh_pixels(shape, n, dtype=PIXEL_DTYPES[pixel_dtype]))
+    take = take or (lambda shape, n, key: fresh_pixels(shape, n, dtype=PIXEL_DTYPES[pixel_dtype]))
     options: dict[str, Any] = {"attention_mask": attention_mask, "padding_free": padding_free,
                                "max_segments": max_segments}
     shared = torch.utils.data.get_worker_info() is not None if share_memory is None else share_memory
@@ -168,14 +169,15 @@ def collate_staged(examples: Sequence[dict[str, Any]], *, attention_mask: str | 
     else:  # the reference path: each pack's tensors, then stacked (straight into shared memory if asked)
         plain = [_text_tensors(ex) for ex in examples]
         batch = dict(collate_packs(plain, **options, share_memory=share_memory))
-    counts = None
+    counts: dict[str, list[int]] = {}
     if parts is not None:
         batch, counts = parts[0][0].collate(batch, [(pixels, rows) for _, pixels, rows in parts],
-                                            padding_free=padding_free, take=lambda shape: take(shape, packs))
+                                            padding_free=padding_free,
+                                            take=lambda shape, key: take(shape, packs, key))
     if images is not None:
         M, size = batch["image_mask"].shape[0] // packs, images[0].transform.size
-        out, dirty = take((packs * M, 3, size, size), packs)
-        counts = write_pixel_slots(images, out, slots=M, dirty=dirty)
+        out, dirty = take((packs * M, 3, size, size), packs, "pixel_values")
+        counts = {"pixel_values": write_pixel_slots(images, out, slots=M, dirty=dirty)}
         batch = _insert_after(batch, "image_token_counts", "pixel_values", out)
     return batch, counts
 
@@ -302,11 +304,12 @@ def _insert_after(batch: dict[str, Any], anchor: str, key: str, value: Any) -> d
 
 
 class PixelBuffers:
-    """A worker's ``pixel_values`` tensors in shared memory, reused once the main process has dropped them.
+    """A worker's pixel tensors in shared memory, reused once the main process has dropped them:
+    ``pixel_values``, and ``pixel_values_videos`` where the batch has video rows (a buffer per key).
 
     A new shared-memory tensor costs a zeroed page and a page fault per 4 KiB (38 MB a batch at
     ``B = 4``, ``M = 16``, ``S = 224``), which on a busy or virtualised host is about a third of a
-    worker's time. So each worker keeps up to ``size`` of them. A buffer leaves *leased* with a
+    worker's time. So each worker keeps up to ``size`` of them per key (``keys`` keys). A buffer leaves *leased* with a
     batch (:class:`Shipment`); unpickled in the main process, the shipment registers a finalizer
     on the tensor's storage there, and when no tensor in that process views the memory any more
     the finalizer writes the lease's number into ``released[worker, index]``. The worker reuses a
@@ -324,36 +327,39 @@ class PixelBuffers:
     ``reuse_buffers=False`` to :func:`~wdspack.loader.make_loader`.
     """
 
-    def __init__(self, workers: int, size: int) -> None:
+    def __init__(self, workers: int, size: int, *, keys: int = 2) -> None:
         self.size = size
-        self.released = torch.zeros((workers, size), dtype=torch.int64).share_memory_()
+        self.released = torch.zeros((workers, size * keys), dtype=torch.int64).share_memory_()
         self.table = f"{os.getpid()}-{os.urandom(8).hex()}"
         _RELEASE_TABLES[self.table] = self.released
         _MAPPED[self.table] = {}
         weakref.finalize(self.released, _MAPPED.pop, self.table, None).atexit = False  # the mappings go with it
         self._held: list[tuple[torch.Tensor, Lease | None, list[int]]] = []  # tensor, last lease, filled slots
+        self._keys: list[str] = []  # the batch key each held buffer serves
         self._sent: set[int] = set()  # buffers the main process has mapped (shipped once through shared memory)
         self._leases = 0
 
     def __getstate__(self) -> dict[str, Any]:  # a worker starts with no buffers of its own
-        return {**self.__dict__, "_held": [], "_sent": set(), "_leases": 0}
+        return {**self.__dict__, "_held": [], "_keys": [], "_sent": set(), "_leases": 0}
 
-    def take(self, shape: tuple[int, ...], *, worker: int, packs: int, dtype: torch.dtype = torch.float32
-             ) -> tuple[torch.Tensor, list[int], Lease | None]:
-        """A ``shape`` tensor of ``dtype`` in shared memory, per pack the leading slots that may be non-zero, its lease.
+    def take(self, shape: tuple[int, ...], *, worker: int, packs: int, dtype: torch.dtype = torch.float32,
+             key: str = "pixel_values") -> tuple[torch.Tensor, list[int], Lease | None]:
+        """A ``shape`` tensor of ``dtype`` in shared memory for the batch's ``key``, per pack the leading slots
+        that may be non-zero, its lease.
 
-        No lease (None) when every buffer is still out: the tensor is then a new one, not kept.
+        No lease (None) when ``size`` buffers for ``key`` are still out: the tensor is then a new one, not kept.
         """
         for i, (tensor, lease, filled) in enumerate(self._held):
-            if (lease is not None and tuple(tensor.shape) == shape and tensor.dtype == dtype and len(filled) == packs
-                    and int(self.released[worker, i]) == lease.number):
+            if (lease is not None and lease.key == key and tuple(tensor.shape) == shape and tensor.dtype == dtype
+                    and len(filled) == packs and int(self.released[worker, i]) == lease.number):
                 self._held[i] = (tensor, None, filled)  # taken: not handed out again before it ships
-                return tensor, filled, self._lease(worker, i, mapped=i in self._sent)
+                return tensor, filled, self._lease(worker, i, key, mapped=i in self._sent)
         tensor = new_shared(shape, dtype=dtype)
-        if len(self._held) >= self.size:
+        if sum(k == key for k in self._keys) >= self.size or len(self._held) >= self.released.shape[1]:
             return tensor, [0] * packs, None
         self._held.append((tensor, None, []))
-        return tensor, [0] * packs, self._lease(worker, len(self._held) - 1)
+        self._keys.append(key)
+        return tensor, [0] * packs, self._lease(worker, len(self._held) - 1, key)
 
     def ship(self, lease: Lease, counts: list[int], pixels: torch.Tensor | None = None) -> Lease:
         """Record that ``lease``'s buffer leaves with images in the first ``counts[b]`` slots of pack ``b``,
@@ -373,9 +379,9 @@ class PixelBuffers:
         self._held[i] = (tensor, lease, list(counts))
         return lease
 
-    def _lease(self, worker: int, index: int, *, mapped: bool = False) -> Lease:
+    def _lease(self, worker: int, index: int, key: str, *, mapped: bool = False) -> Lease:
         self._leases += 1
-        return Lease(self.table, worker, index, (os.getpid() << 31) + self._leases, mapped)
+        return Lease(self.table, worker, index, (os.getpid() << 31) + self._leases, mapped, key=key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -386,6 +392,7 @@ class Lease:
     number: int  # the worker's pid << 31, plus a counter
     mapped: bool = False  # the main process has this buffer mapped already: send only where the batch lies
     map: bool = False  # the pixels travel in this buffer through shared memory: the main process maps it
+    key: str = "pixel_values"  # the batch key whose tensor lies in the buffer
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,21 +418,23 @@ _MAPPED: dict[str, dict[tuple[int, int], tuple[int, torch.Tensor]]] = {}
 class Shipment:
     """A worker's batch on its way to the main process, where unpickling turns it back into the dict.
 
-    Small tensors go by value (as NumPy arrays), large ones as shared memory; ``pixel_values``, if
-    leased, gets its release finalizer on arrival.
+    Small tensors go by value (as NumPy arrays), large ones as shared memory; each leased key's tensor
+    (``pixel_values``, ``pixel_values_videos``) gets its release finalizer on arrival.
     """
 
-    __slots__ = ("batch", "lease")
+    __slots__ = ("batch", "leases")
 
-    def __init__(self, batch: dict[str, Any], lease: Lease | None) -> None:
-        self.batch, self.lease = batch, lease
+    def __init__(self, batch: dict[str, Any], leases: Lease | Sequence[Lease] | None) -> None:
+        self.batch = batch
+        self.leases = () if leases is None else (leases,) if isinstance(leases, Lease) else tuple(leases)
 
     def __reduce__(self):
         items = [(k, *_by_value(v)) for k, v in self.batch.items()]
-        if self.lease is not None and self.lease.mapped:  # the main process has the buffer: say where, not what
+        mapped = {lease.key for lease in self.leases if lease.mapped}
+        if mapped:  # the main process has these buffers: say where the tensors lie, not what they hold
             items = [(k, False, _Place(tuple(v.shape), v.stride(), int(v.storage_offset()), v.dtype))
-                     if k == "pixel_values" and not by_value else (k, by_value, v) for k, by_value, v in items]
-        return (_receive, (items, self.lease))
+                     if k in mapped and not by_value else (k, by_value, v) for k, by_value, v in items]
+        return (_receive, (items, self.leases))
 
 
 def _by_value(value: Any) -> tuple[bool, Any]:
@@ -438,17 +447,18 @@ def _by_value(value: Any) -> tuple[bool, Any]:
     return False, value
 
 
-def _receive(items: list[tuple[str, bool, Any]], lease: Lease | None) -> dict[str, Any]:
-    """Unpickling a :class:`Shipment`: the batch, with the release of its pixel buffer arranged."""
+def _receive(items: list[tuple[str, bool, Any]], leases: tuple[Lease, ...]) -> dict[str, Any]:
+    """Unpickling a :class:`Shipment`: the batch, with the release of its pixel buffers arranged."""
     batch = {k: torch.from_numpy(v) if by_value else v for k, by_value, v in items}
-    released = _RELEASE_TABLES.get(lease.table) if lease is not None else None
-    if lease is not None and released is not None:  # elsewhere than in the loader's process nothing is released
-        if lease.mapped or lease.map:
-            batch["pixel_values"] = _mapped_view(batch["pixel_values"], lease)
-        storage = batch["pixel_values"].untyped_storage()
-        weakref.finalize(storage, _release, released, lease.worker, lease.index, lease.number).atexit = False
-    elif lease is not None and lease.mapped:
-        _unmapped(lease)
+    for lease in leases:
+        released = _RELEASE_TABLES.get(lease.table)
+        if released is not None:  # elsewhere than in the loader's process nothing is released
+            if lease.mapped or lease.map:
+                batch[lease.key] = _mapped_view(batch[lease.key], lease)
+            storage = batch[lease.key].untyped_storage()
+            weakref.finalize(storage, _release, released, lease.worker, lease.index, lease.number).atexit = False
+        elif lease.mapped:
+            _unmapped(lease)
     return batch
 
 

@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from ...errors import ConfigError
-from .buffers import PIXEL_DTYPES, PixelBuffers, Shipment, collate_staged, fresh_pixels
+from .buffers import PIXEL_DTYPES, Lease, PixelBuffers, Shipment, collate_staged, fresh_pixels
 from .collate import META_KEY
 
 if TYPE_CHECKING:
@@ -86,22 +86,22 @@ class LoaderCollate:
         buffers = self.buffers if info is not None else None  # recycled in a worker only
         recycle = buffers is not None
         meta = torch.stack([ex.pop(META_KEY) for ex in examples])
-        lease = None
+        leases: dict[str, Lease] = {}
 
-        def take(shape: tuple[int, ...], packs: int) -> tuple[torch.Tensor, list[int] | None]:
-            nonlocal lease
+        def take(shape: tuple[int, ...], packs: int, key: str) -> tuple[torch.Tensor, list[int] | None]:
             dtype = PIXEL_DTYPES[self.options["pixel_dtype"]]
             if buffers is None or info is None:
                 return fresh_pixels(shape, packs, dtype=dtype)
-            out, dirty, lease = buffers.take(shape, worker=info.id, packs=packs, dtype=dtype)
+            out, dirty, lease = buffers.take(shape, worker=info.id, packs=packs, dtype=dtype, key=key)
+            if lease is not None:
+                leases[key] = lease
             return out, dirty
 
         batch, counts = collate_staged(examples, **self.options, take=take,
                                        share_memory=info is not None and not recycle)
-        if lease is not None:
-            assert buffers is not None and counts is not None  # a lease is taken from the buffers, then written
-            lease = buffers.ship(lease, counts, batch.get("pixel_values"))
+        if buffers is not None:  # a lease is taken from the buffers, then written
+            leases = {key: buffers.ship(lease, counts[key], batch.get(key)) for key, lease in leases.items()}
         batch[META_KEY] = meta
-        return Shipment(batch, lease) if recycle else batch
+        return Shipment(batch, tuple(leases.values())) if recycle else batch
 
 

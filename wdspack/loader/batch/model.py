@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -16,10 +17,11 @@ import torch
 
 from ...errors import ConfigError, FormatError
 from ...models.family import Budgets, Rows
+from .buffers import fresh_pixels
 from .images import DEFAULT_MAX_PIXELS, ImageDecodeError, decode_image
 
-#: ``shape -> (tensor, dirty)``: where the loader wants a batch's ``pixel_values`` written.
-Take = Callable[[tuple[int, ...]], tuple[torch.Tensor, "list[int] | None"]]
+#: ``(shape, key) -> (tensor, dirty)``: where the loader wants a batch's pixel rows under ``key`` written.
+Take = Callable[[tuple[int, ...], str], tuple[torch.Tensor, "list[int] | None"]]
 
 __all__ = ["ModelBatcher"]
 
@@ -84,7 +86,7 @@ class ModelBatcher:
         pixels = self.family.pad_pixels(out, self.processor, self.budgets, tuple(pack.image_tokens))
         video = self.family.video if self.budgets.max_video_tokens else None
         if video is not None:
-            out = {**out, **self._videos(pack, video, uint8=bool(raw))}
+            out = {**out, **self._videos(pack, video)}
             pixels = {**pixels, **video.pad(out, self.processor, self.budgets, tuple(pack.video_tokens))}
         elif getattr(pack, "videos", ()):
             raise ConfigError(f"a pack holds {len(pack.videos)} videos but the dataset's manifest lists none (no "
@@ -101,6 +103,8 @@ class ModelBatcher:
         if not isinstance(rows, Rows):
             raise ConfigError(f"the {self.family.name} family's pixel_values are not rows of flattened patches; "
                               "pass pixel_dtype='float32'")
+        if all(t.dtype == torch.uint8 for t in rows.pieces):  # the bytes themselves (videos): nothing to check
+            return Rows(rows.tensor, rows.rows)
         for t in rows.pieces:
             if t.numel() and (t.min() < 0 or t.max() > 255 or not torch.equal(t, t.round())):
                 raise ConfigError(f"{type(self.processor).__name__} resizes in floating point (its pixels before "
@@ -132,25 +136,28 @@ class ModelBatcher:
         return {k: _join_rows([v], None)[0] if isinstance(v, Rows) else v for k, v in pixels.items()}
 
     def collate(self, batch: dict[str, Any], parts: Sequence[tuple[Mapping[str, Any], Mapping[str, torch.Tensor]]],
-                *, padding_free: bool = False, take: Take | None = None) -> tuple[dict[str, Any], list[int] | None]:
+                *, padding_free: bool = False, take: Take | None = None
+                ) -> tuple[dict[str, Any], dict[str, list[int]]]:
         """Add the packs' ``parts`` to a collated ``batch`` and apply the family's last rewrite.
 
         Args:
-            take: for a :class:`~wdspack.models.family.Rows` ``pixel_values``: ``shape -> (tensor, dirty)``,
-                a float32 tensor to write the batch into and, per pack, how many leading rows may be
-                non-zero from earlier use (``None``: unknown, zero them all). Default: new memory.
+            take: for each :class:`~wdspack.models.family.Rows` key (``pixel_values``,
+                ``pixel_values_videos``): ``(shape, key) -> (tensor, dirty)``, a tensor of the loader's
+                pixel dtype to write the batch into and, per pack, how many leading rows may be non-zero
+                from earlier use (``None``: unknown, zero them all). Default: new zero memory.
 
         Returns:
-            The batch, and the real rows per pack written into ``take``'s tensor (None if not used).
+            The batch, and per key written into ``take``'s tensor the real rows per pack.
         """
-        written = None
+        written: dict[str, list[int]] = {}
         for key in parts[0][0]:
             values = [p[0][key] for p in parts]
             if isinstance(values[0], Rows):
-                dtype = values[0].pieces[0].dtype
-                use = take if key == "pixel_values" and dtype in (torch.float32, torch.uint8) else None
-                batch[key], counts = _join_rows(values, use)
-                written = counts if use is not None else written
+                dtype = values[0].dtype or values[0].pieces[0].dtype
+                if take is not None and dtype in (torch.float32, torch.uint8):
+                    batch[key], written[key] = _join_rows(values, functools.partial(_take_key, take, key))
+                else:  # new zero memory (shared in a worker, so the batch leaves without another copy)
+                    batch[key], _ = _join_rows(values, _fresh(len(parts), dtype))
             else:
                 batch[key] = torch.cat(values) if len(values) > 1 else values[0]
         for key in parts[0][1]:
@@ -160,10 +167,10 @@ class ModelBatcher:
             batch = self.family.finish_batch(batch)
         return batch, written
 
-    def _videos(self, pack: Any, video: Any, *, uint8: bool) -> dict[str, Any]:
+    def _videos(self, pack: Any, video: Any) -> dict[str, Any]:
         """The pack's videos through the family's video side; a video that does not decode names its sample."""
         try:
-            return video.pixels(self.processor, pack.videos, pack.video_plans, uint8=uint8, max_pixels=self.max_pixels)
+            return video.pixels(self.processor, pack.videos, pack.video_plans, max_pixels=self.max_pixels)
         except FormatError as e:  # VideoDecodeError: counted and skipped as a corrupt pack, as images are
             k = getattr(e, "index", None)
             owned = k is not None and k < len(pack.videos)
@@ -177,7 +184,20 @@ class ModelBatcher:
             raise type(e)(f"image {k}: {e}", index=k) from None
 
 
-def _join_rows(values: Sequence[Rows], take: Take | None) -> tuple[torch.Tensor, list[int]]:
+#: ``shape -> (tensor, dirty)``: the memory one key's rows are written into (:data:`Take` for that key).
+_Alloc = Callable[[tuple[int, ...]], tuple[torch.Tensor, "list[int] | None"]]
+
+
+def _take_key(take: Take, key: str, shape: tuple[int, ...]) -> tuple[torch.Tensor, list[int] | None]:
+    return take(shape, key)
+
+
+def _fresh(packs: int, dtype: torch.dtype) -> _Alloc:
+    """New zero memory for a batch's rows (:func:`~.buffers.fresh_pixels`: shared in a worker)."""
+    return lambda shape: fresh_pixels(shape, packs, dtype=dtype)
+
+
+def _join_rows(values: Sequence[Rows], take: _Alloc | None) -> tuple[torch.Tensor, list[int]]:
     """Pack ``b``'s rows into ``out[b·rows : b·rows + n_b]``, zeros after them; every byte written once."""
     rows, first = values[0].rows, values[0].pieces[0]
     pieces = [v.pieces for v in values]
@@ -185,12 +205,15 @@ def _join_rows(values: Sequence[Rows], take: Take | None) -> tuple[torch.Tensor,
     if any(n > rows for n in counts):
         raise ConfigError(f"a pack has {max(counts)} rows of pixels > the {rows} rows the budgets give it")
     shape = (len(values) * rows, *first.shape[1:])
-    out, dirty = take(shape) if take is not None else (first.new_empty(shape), None)
+    out, dirty = take(shape) if take is not None else (first.new_empty(shape, dtype=values[0].dtype), None)
     for b, (ps, n) in enumerate(zip(pieces, counts)):
         at = b * rows
         for t in ps:
             out[at: at + t.shape[0]] = t
             at += t.shape[0]
+        finish = values[b].finish
+        if finish is not None and n:
+            finish(out[b * rows: at])
         stale = rows if dirty is None else dirty[b]
         if stale > n:
             out[b * rows + n: b * rows + stale] = 0

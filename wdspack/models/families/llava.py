@@ -43,6 +43,7 @@ import torch
 from ...errors import ConfigError, FormatError
 from ..family import Budgets, Family, Rows, VideoSide, take_rows
 from ..video import LlavaVideoSampling, plan_llava_onevision
+from ..video_pixels import row_normalizer
 
 __all__ = ["LLAVA", "LLAVA_ONEVISION"]
 
@@ -236,20 +237,15 @@ def _video_sampling(processor: Any, config: Mapping[str, Any] | None) -> LlavaVi
     return s
 
 
-def _video_pixels(processor: Any, videos: Sequence[bytes], plans: Sequence[Any], *, uint8: bool = False,
+def _video_pixels(processor: Any, videos: Sequence[bytes], plans: Sequence[Any], *,
                   max_pixels: int = 64_000_000) -> dict[str, Any]:
-    """A pack's videos as ``[n, 3, S, S]`` frame blocks (only the planned frames decoded, resized and
-    normalised as ``LlavaOnevisionVideoProcessor`` does on CPU) and their frame counts."""
-    from ..video_pixels import decode_frames, normalize_video_rows, resize_frames
+    """A pack's videos as uint8 ``[n, 3, S, S]`` frame blocks (only the planned frames decoded and resized as
+    ``LlavaOnevisionVideoProcessor`` does on CPU; normalised by :func:`_pad_videos`' ``finish`` where they land)
+    and their frame counts."""
+    from ..video_pixels import decode_frames, resize_frames
 
-    ip = processor.image_processor
-    blocks = []
-    for k, (data, plan) in enumerate(zip(videos, plans)):
-        frames = resize_frames(decode_frames(data, plan.frames, max_pixels=max_pixels, index=k), *plan.size)
-        flat = frames.reshape(frames.shape[0], -1)  # channel-major rows, as normalize_video_rows takes them
-        rows = flat.to(torch.float32) if uint8 else normalize_video_rows(
-            flat, mean=ip.image_mean, std=ip.image_std, rescale_factor=float(ip.rescale_factor))
-        blocks.append(rows.view(frames.shape))
+    blocks = [resize_frames(decode_frames(data, plan.frames, max_pixels=max_pixels, index=k), *plan.size)
+              for k, (data, plan) in enumerate(zip(videos, plans))]
     return {"pixel_values_videos": tuple(blocks),
             "video_frames": torch.tensor([len(p.frames) for p in plans], dtype=torch.int64)}
 
@@ -275,8 +271,10 @@ def _pad_videos(out: Mapping[str, Any], processor: Any, budgets: Budgets,
                           "gives a pack")
     counts = torch.zeros(M, dtype=torch.int64)
     counts[:k] = torch.tensor(frames, dtype=torch.int64)
-    real = blocks if n else (torch.zeros(0, 3, h, w),)
-    return {"pixel_values_videos": Rows(real, rows), "video_frame_mask": torch.arange(rows) < n,
+    real = blocks if n else (torch.zeros(0, 3, h, w, dtype=torch.uint8),)
+    # normalised where the frames land in the batch (channel-major, as the video processor's fused form)
+    finish = row_normalizer(processor.image_processor)
+    return {"pixel_values_videos": Rows(real, rows, torch.float32, finish), "video_frame_mask": torch.arange(rows) < n,
             "video_frames": counts, "video_mask": torch.arange(M) < k}
 
 

@@ -29,6 +29,7 @@ import torch
 from ...errors import ConfigError, FormatError
 from ..family import Budgets, Family, Rows, VideoSide, run_image_processor, take_rows
 from ..video import QWEN3_VL_VIDEO, QwenVideoSampling, plan_qwen2_vl, plan_qwen3_vl, qwen3_vl_prompt
+from ..video_pixels import row_normalizer
 from ..vision_meta import precomputed_vision_kwargs
 
 __all__ = ["QWEN2_5_VL", "QWEN2_VIDEO", "QWEN2_VL", "QWEN3_VIDEO", "mrope_positions", "qwen3_token_rows"]
@@ -234,12 +235,12 @@ def _scaled_time(batch: Mapping[str, Any], model: Any) -> torch.Tensor:
     return position_ids
 
 
-def _video_pixels(processor: Any, videos: Sequence[bytes], plans: Sequence[Any], *, uint8: bool = False,
+def _video_pixels(processor: Any, videos: Sequence[bytes], plans: Sequence[Any], *,
                   max_pixels: int = 64_000_000) -> dict[str, Any]:
-    """A pack's videos as ``pixel_values_videos`` row blocks (one per video: only its planned frames decoded,
-    resized and patchified as the processor's video processor does), ``video_grid_thw`` and
-    ``second_per_grid_ts``."""
-    from ..video_pixels import decode_frames, normalize_video_rows, qwen_video_patches, resize_frames
+    """A pack's videos as uint8 ``pixel_values_videos`` row blocks (one per video: only its planned frames
+    decoded, resized and patchified as the processor's video processor does; normalised by
+    :func:`_pad_videos`' ``finish`` where they land), ``video_grid_thw`` and ``second_per_grid_ts``."""
+    from ..video_pixels import decode_frames, qwen_video_patches, resize_frames
 
     ip = processor.image_processor
     blocks = []
@@ -252,9 +253,6 @@ def _video_pixels(processor: Any, videos: Sequence[bytes], plans: Sequence[Any],
         rows = qwen_video_patches(frames, temporal_patch_size=int(ip.temporal_patch_size),
                                   patch_size=int(ip.patch_size), merge_size=int(ip.merge_size), mean=ip.image_mean,
                                   std=ip.image_std, rescale_factor=float(ip.rescale_factor), normalize=False)
-        if not uint8:  # the same float32 bits as normalising the frames, but the patchify moves bytes, not floats
-            rows = normalize_video_rows(rows, mean=ip.image_mean, std=ip.image_std,
-                                        rescale_factor=float(ip.rescale_factor))
         if rows.shape[0] != int(np.prod(plan.grid)):
             raise ConfigError(f"a video planned as grid {plan.grid} gives {rows.shape[0]} patches with "
                               f"{type(ip).__name__}'s patch sizes; load with the processor the dataset was packed with")
@@ -281,12 +279,14 @@ def _pad_videos(out: Mapping[str, Any], processor: Any, budgets: Budgets,
     if n > rows or k > M:  # a pack unlike the manifest says: corrupt (counted and skipped by the loader)
         raise FormatError(f"{k} videos of {n} patches > the {M} slots and {rows} patch rows the dataset's manifest "
                           "gives a pack")
-    real = blocks if n else (torch.zeros(0, _patch_width(processor)),)
+    real = blocks if n else (torch.zeros(0, _patch_width(processor), dtype=torch.uint8),)
     grids = torch.zeros(M, 3, dtype=torch.int64)
     grids[:k] = grid
     seconds = torch.zeros(M, dtype=torch.float32)
     seconds[:k] = out["second_per_grid_ts"]
-    return {"pixel_values_videos": Rows(real, rows), "video_patch_mask": torch.arange(rows) < n,
+    # normalised where the rows land in the batch: the same float32 bits as the processor's, written once
+    finish = row_normalizer(processor.image_processor)
+    return {"pixel_values_videos": Rows(real, rows, torch.float32, finish), "video_patch_mask": torch.arange(rows) < n,
             "video_grid_thw": grids, "second_per_grid_ts": seconds, "video_mask": torch.arange(M) < k}
 
 
