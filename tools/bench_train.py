@@ -47,6 +47,12 @@ Several, comma-separated (``--attention varlen,sdpa,flex``): the first is the pa
 adds a mode ``packed_<name>`` (the same batches, a copy of the model) timed in the same rounds, with
 its own ratio over pad-to-longest: one run compares the attentions on the same drift.
 
+``--compile [MODE]`` adds a mode ``packed_compiled``: the packed batches through a copy of the model whose
+text decoder layers are compiled once (``wdspack.models.compile.compile_decoder_layers``, the vision tower
+eager; ``--compile-backend``, default Inductor; MODE ``reduce-overhead`` for CUDA graphs), timed in the same
+rounds. Its first step is timed apart (``config.compile.compile_seconds``: that step less an eager packed
+step on the same batch), and dynamo's graphs made after it are reported (``recompiles_after_first_step``: 0).
+
 Model FLOPs utilisation: ``6 · N · real tokens / seconds / peak`` (``N`` every parameter, attention
 FLOPs left out, so a lower bound), with ``--peak-tflops`` (default by device name: H100/H200 989,
 A100 312, the dense bf16 figures; none on a CPU). ``--profile FILE`` writes a torch profiler table of
@@ -345,6 +351,38 @@ def with_attention(model: Any, attention: str, device: torch.device) -> Any:
     return other
 
 
+def compiled_model(model: Any, attention: str, device: torch.device, *, mode: str, backend: str) -> Any:
+    """A copy of ``model`` under the packed attention with its text decoder layers compiled once
+    (:func:`wdspack.models.compile.compile_decoder_layers`; ``mode`` ``default`` or torch.compile's, e.g.
+    ``reduce-overhead`` for CUDA graphs); on a CPU under varlen the reference kernel as a custom op."""
+    import wdspack
+    from wdspack.models.compile import compile_decoder_layers, traceable_kernel
+
+    if attention == "varlen" and device.type == "cpu":
+        from wdspack.models.varlen import reference_varlen_attn
+
+        other = copy.deepcopy(model)
+        wdspack.use_varlen_attention(other, kernel=traceable_kernel(reference_varlen_attn))
+    else:
+        other = with_attention(model, attention, device)
+        other = copy.deepcopy(model) if other is model else other
+    return compile_decoder_layers(other, backend=backend, mode=None if mode == "default" else mode)
+
+
+def measure_compile(modes: dict[str, tuple[Any, list[Step]]], *, sync: bool) -> dict[str, Any]:
+    """The compile time: the compiled mode's first step less an eager packed step on the same batch; and
+    dynamo's graph count then (``recompiles_after_first_step`` is the count at the end less this)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    (model, steps), (compiled, _) = modes["packed"], modes["packed_compiled"]
+    eager, _ = train_step(model, steps[0].kwargs, sync=sync)
+    first, _ = train_step(compiled, steps[0].kwargs, sync=sync)
+    return {"compile_seconds": round(first - eager, 2), "first_step_seconds": round(first, 2),
+            "graphs_after_first_step": int(counters["stats"]["unique_graphs"])}
+
+
 #: CUDA runtime calls in which the host waits for the GPU (the profiler lists them among its CPU events).
 #: ``cudaMemcpyAsync`` is not one: a ``.item()`` is a ``cudaMemcpyAsync`` and then a ``cudaStreamSynchronize``,
 #: counted once by the latter, and a host-to-device copy of pageable memory returns without waiting.
@@ -537,6 +575,9 @@ def prepare(args: argparse.Namespace, work: Path, device: torch.device) -> tuple
         modes["packed_target_logits"] = (packed_model, packed_steps(
             work / "packed", folder, packed_model, batch_size=args.batch_size, packs=packs,
             padding_free=attention == "varlen", logits="targets")[0])
+    if args.compile:  # the same batches, a copy of the packed model with its decoder layers compiled once
+        modes["packed_compiled"] = (compiled_model(model, attention, device, mode=args.compile,
+                                                   backend=args.compile_backend), steps)
     if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
         fa2 = copy.deepcopy(model)
         fa2.set_attn_implementation("flash_attention_2")
@@ -549,6 +590,7 @@ def prepare(args: argparse.Namespace, work: Path, device: torch.device) -> tuple
         "attention": attention + (" (reference kernel on CPU)" if attention == "varlen" and
                                   device.type == "cpu" else ""),
         "other_attention": others, "target_logits": bool(args.target_logits),
+        "compile": {"mode": args.compile, "backend": args.compile_backend} if args.compile else None,
         "peak_tflops": args.peak_tflops,
         "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
         "torch": torch.__version__, "transformers": __import__("transformers").__version__,
@@ -602,6 +644,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target-logits", action="store_true",
                     help="add a mode packed_target_logits: the packed batches through model_inputs(..., "
                          "logits='targets'), the LM head and loss on the target positions only (one-row batches)")
+    ap.add_argument("--compile", nargs="?", const="default", metavar="MODE",
+                    help="add a mode packed_compiled: the packed batches through a copy of the model whose text "
+                         "decoder layers are compiled once (wdspack.models.compile.compile_decoder_layers); MODE: "
+                         "torch.compile's (default; reduce-overhead: CUDA graphs); the compile time is reported")
+    ap.add_argument("--compile-backend", default="inductor", help="torch.compile's backend for --compile")
     ap.add_argument("--profile", help="write a torch profiler table of three packed steps to this file")
     ap.add_argument("--warmup-passes", type=int, help="untimed passes over every mode before the rounds (default: 1 "
                     "on CUDA, where cuDNN plans each new attention shape once; 0 on a CPU)")
@@ -624,6 +671,9 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         modes, config = prepare(args, work, device)
         print(f"prepared in {time.perf_counter() - t0:.0f} s: " + json.dumps(config), flush=True)
+        if args.compile:
+            config["compile"].update(measure_compile(modes, sync=device.type == "cuda"))
+            print(f"compiled in {config['compile']['compile_seconds']:.1f} s", flush=True)
 
         def profile() -> None:  # after the warm-up: the steady state
             config["profile"] = profile_packed(*modes["packed"], Path(args.profile), sync=device.type == "cuda")
@@ -659,6 +709,12 @@ def results(modes: dict[str, tuple[Any, list[Step]]], timing: dict[str, dict], c
             res["ratios"][f"{name}_vs_pad_to_longest"] = ratio(timing, name, "pad_to_longest")
     if "packed_target_logits" in modes:
         res["ratios"]["packed_target_logits_vs_packed"] = ratio(timing, "packed_target_logits", "packed")
+    if "packed_compiled" in modes:
+        from torch._dynamo.utils import counters
+
+        res["ratios"]["packed_compiled_vs_packed"] = ratio(timing, "packed_compiled", "packed")
+        res["recompiles_after_first_step"] = (int(counters["stats"]["unique_graphs"])
+                                              - config["compile"]["graphs_after_first_step"])
     if "packed_padding_free_fa2" in modes:
         res["ratios"]["fa2_padding_free_vs_pad_to_longest"] = ratio(timing, "packed_padding_free_fa2", "pad_to_longest")
     return res
@@ -680,6 +736,10 @@ def print_table(res: dict) -> None:
         print(f"{name}: {r['median']:.2f}× (rounds {r['min']:.2f}-{r['max']:.2f})")
     print(f"fill bound (packed fill / pad-to-longest fill): {res['fill_bound']:.2f}×; packed reaches "
           f"{res['ratios']['packed_vs_pad_to_longest']['median'] / res['fill_bound']:.2f} of it")
+    if "packed_compiled_vs_pad_to_longest" in res["ratios"]:
+        reached = res["ratios"]["packed_compiled_vs_pad_to_longest"]["median"] / res["fill_bound"]
+        print(f"packed_compiled reaches {reached:.2f} of the fill bound; recompiles after its first step: "
+              f"{res['recompiles_after_first_step']}")
 
 
 if __name__ == "__main__":

@@ -62,9 +62,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: bench_train's arguments at the size of issue 24 (``--attention`` and ``--rounds`` come from this tool's own),
 #: two packs a step: at one, the host's kernel launches set the pace of this model's steps on an H100/H200;
-#: and the packed batches again with the LM head on the target positions only (``packed_target_logits``).
+#: the packed batches again with the LM head on the target positions only (``packed_target_logits``), and
+#: through the decoder layers compiled once under CUDA graphs (``packed_compiled``, issue #41; for its goal at
+#: one pack a step: ``--bench-args "--batch-size 1"``).
 BENCH_ARGS = ("--device", "cuda", "--records", "2000", "--seq-len", "4096", "--hidden", "1024", "--layers", "8",
-              "--batch-size", "2", "--target-logits")
+              "--batch-size", "2", "--target-logits", "--compile", "reduce-overhead")
 
 #: bench_loader's image pass at the host's cores: N warm workers (``balance="cost"``, bench_loader's default)
 #: against N raw decoders side by side.
@@ -200,8 +202,15 @@ def _bench_lines(bench: dict | None, attention: str) -> list[str]:
         mode = name.removesuffix("_vs_pad_to_longest")
         if mode != name and mode != "packed":
             over = bench["ratios"].get(f"{mode}_vs_packed")
-            lines.append(f"  {mode}: {other['median']:.2f}x, {other['median'] / bound:.2f} of the fill bound"
-                         + ("" if over is None else f"; {over['median']:.2f}x packed"))
+            line = (f"  {mode}: {other['median']:.2f}x, {other['median'] / bound:.2f} of the fill bound"
+                    + ("" if over is None else f"; {over['median']:.2f}x packed"))
+            compiled = cfg.get("compile") or {}
+            if mode == "packed_compiled" and "compile_seconds" in compiled:
+                mfu = modes[mode].get("mfu")
+                line += ((f"; MFU {mfu:.1%}" if mfu is not None else "")
+                         + f"; compiled in {compiled['compile_seconds']:.0f} s ({compiled['mode']}), "
+                         f"{bench.get('recompiles_after_first_step', '?')} recompiles after its first step")
+            lines.append(line)
     prof = cfg.get("profile")
     if prof and prof.get("step_wall_ms"):
         host = f", the host's own CPU {prof['host_cpu_ms']:.0f} ms (profiled)" if "host_cpu_ms" in prof else ""

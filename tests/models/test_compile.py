@@ -1,10 +1,11 @@
 """One compile for the epoch (issue #41): the text decoder layers compiled with ``compile_decoder_layers``.
 
-An epoch of one-pack batches whose contents differ (a text-only pack, packs of one to three images)
-compiles at the first step and never again (``error_on_recompile`` from the second step on), and the
-compiled model's loss and gradients are the eager model's, under SDPA and under varlen attention.
+For every family the loader feeds, an epoch of one-pack batches whose contents differ (a text-only pack,
+packs of one to three images, a pack holding one long sample) compiles at the first step and never again
+(``error_on_recompile`` from the second step on), and the compiled model's loss and gradients are the eager
+model's; under SDPA for every family, under varlen attention for one of each kind (Qwen's mRoPE, LLaVA's).
 ``aot_eager`` runs dynamo and AOTAutograd (what decides recompiles and graph breaks) without Inductor's
-code generation, which takes a minute here; tools/bench_compile.py measures Inductor.
+code generation, which takes a minute here; ``python -m tools.bench_train --compile`` measures Inductor.
 """
 
 from __future__ import annotations
@@ -17,20 +18,56 @@ import torch._dynamo as dynamo
 from torch._dynamo.utils import counters
 
 import wdspack
+from tests.support import vlm_harness as h
 from wdspack.errors import ConfigError
 from wdspack.models.compile import compile_decoder_layers, decoder_layers, traceable_kernel
 from wdspack.models.varlen import reference_varlen_attn, use_varlen_attention
 
+#: every family the loader feeds (tests/support/vlm_harness.py; Mistral 3's sliding-window variant is a config)
+FAMILIES = sorted(set(h.ALL_FAMILIES) - {"mistral3_sliding"})
 
-@pytest.fixture(scope="module", params=["qwen2_5_vl", "llava"])
-def family(request, vlm_family):
-    """The tiny model (each test compiles a copy) and the epoch's one-pack batches, whose image counts differ."""
-    processor, model, dataset = vlm_family(request.param)
-    batches = list(wdspack.make_loader(str(dataset), batch_size=1, num_workers=0, shuffle=False,
-                                       processor=processor))
-    images = [int(b["image_mask"].sum()) for b in batches]
-    assert 0 in images and len(set(images)) >= 2, images  # a text-only pack and packs with images
-    return model, batches
+
+def _with_a_long_chat(processor, seq_len: int) -> tuple:
+    """The harness's chats and a text-only one whose answer alone takes half a pack's tokens (a pack
+    holding one long sample)."""
+    words = "the long answer goes on and on about packing".split()
+    text, n = "", 0
+    while len(processor.tokenizer(text, add_special_tokens=False)["input_ids"]) < seq_len // 2:
+        n += 1
+        text = " ".join(words[k % len(words)] for k in range(n))
+    return (*h.CHATS, ("long-text", (("user", "Tell me everything."), ("assistant", text)), ()))
+
+
+@pytest.fixture(scope="module")
+def epochs(tmp_path_factory):
+    """``get(name) -> (model, batches)``: the tiny model (each test compiles a copy) and the epoch's one-pack
+    batches, whose contents differ; built once per family."""
+    built: dict[str, tuple] = {}
+
+    def get(name: str) -> tuple:
+        if name not in built:
+            processor, model, dataset = h.build_family(name, tmp_path_factory.mktemp(name), chats=_with_a_long_chat)
+            batches = list(wdspack.make_loader(str(dataset), batch_size=1, num_workers=0, shuffle=False,
+                                               processor=processor))
+            images = [int(b["image_mask"].sum()) for b in batches]
+            assert 0 in images and len(set(images)) >= 2, images  # a text-only pack and packs with images
+            seq_len = h.ALL_FAMILIES[name][3]
+            assert any(int(b["max_seqlen"]) >= seq_len // 2 for b in batches)  # the long sample's pack
+            built[name] = model, batches
+        return built[name]
+
+    return get
+
+
+@pytest.fixture(params=FAMILIES)
+def any_family(request, epochs):
+    return epochs(request.param)
+
+
+@pytest.fixture(params=["qwen2_5_vl", "llava"])
+def family(request, epochs):
+    """One family of each kind (Qwen's mRoPE, LLaVA's), for the varlen and API tests."""
+    return epochs(request.param)
 
 
 def _step(model, batch) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -54,8 +91,8 @@ def _epoch(compiled, eager, batches) -> None:
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])  # every layer shares one graph
 
 
-def test_compiled_layers_compile_once_and_equal_eager(family):
-    eager, batches = family
+def test_compiled_layers_compile_once_and_equal_eager(any_family):
+    eager, batches = any_family
     model = copy.deepcopy(eager)
     compiled = compile_decoder_layers(model, backend="aot_eager", fullgraph=True)
     _epoch(compiled, eager, batches)

@@ -77,6 +77,29 @@ def test_ray_equals_local_byte_for_byte(ray_cluster, local_files, demo_data, sam
     assert not (out / job.WORK_DIR).exists()
 
 
+def test_ray_packs_video_chats_as_the_local_executor(ray_cluster, tmp_path):
+    """Video chats (LLaMA-Factory's layout) with a Qwen2.5-VL processor folder: the Ray tasks plan each video
+    from its header as the local executor does, and the shards are byte for byte the same."""
+    from examples.make_demo_data import generate_videos
+    from examples.tiny_vlm import qwen2_5_vl
+    from wdspack.models import save_processor
+    from wdspack.models.video import VideoSettings
+    from wdspack.packer.samples import SampleConfig
+
+    generate_videos(tmp_path / "data", clips=8, seed=1)
+    folder = save_processor(qwen2_5_vl.processor(tmp_path / "tok"), tmp_path / "processor")
+    sample_config = SampleConfig(processor=str(folder), video=VideoSettings(fps=2.0, max_pixels=28 * 28 * 16))
+    files = {}
+    for executor in ("local", "ray"):
+        summary = pack_dataset([str(tmp_path / "data" / "videos.jsonl")], tmp_path / executor,
+                               sample_config=sample_config, progress=False,
+                               config=_config(seq_len=512, records_per_partition=3, run=RunOptions(executor=executor)))
+        assert summary.samples_packed == 8 and summary.samples_dropped == 0, summary.lines()
+        files[executor] = read_files(tmp_path / executor)
+    assert files["ray"] == files["local"]
+    assert b'"videos": 8' in files["ray"]["manifest.json"]
+
+
 # --- a worker dies mid-job ------------------------------------------------------------------------
 
 

@@ -33,6 +33,12 @@ def check_bench_train_record(res: dict, attention: str) -> None:
         assert (kept["real_tokens"], kept["targets"]) == (packed["real_tokens"], packed["targets"])
         assert kept["loss_sum"] == pytest.approx(packed["loss_sum"], rel=1e-5)
         assert "packed_target_logits_vs_packed" in res["ratios"] and res["config"]["target_logits"] is True
+    if "packed_compiled" in modes:  # --compile: the same batches through the compiled layers, compiled once
+        compiled = modes["packed_compiled"]
+        assert (compiled["real_tokens"], compiled["targets"]) == (packed["real_tokens"], packed["targets"])
+        assert compiled["loss_sum"] == pytest.approx(packed["loss_sum"], rel=1e-4)
+        assert res["recompiles_after_first_step"] == 0 and res["config"]["compile"]["compile_seconds"] > 0
+        assert "packed_compiled_vs_packed" in res["ratios"]
     assert res["config"]["attention"].startswith(attention)
     assert res["fill_bound"] == pytest.approx(packed["fill"] / modes["pad_to_longest"]["fill"], rel=1e-3)
     params = res["config"]["model"]["params"]

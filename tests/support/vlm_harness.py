@@ -413,9 +413,11 @@ ALL_FAMILIES = {
 FAMILIES = {name: spec for name, spec in ALL_FAMILIES.items() if name != "gemma3"}
 
 
-def build_family(name: str, folder: Path) -> tuple[Any, Any, Path]:
+def build_family(name: str, folder: Path, *, chats: Sequence | Callable[[Any, int], Sequence] = CHATS
+                 ) -> tuple[Any, Any, Path]:
     """The real processor, the tiny model and the packed dataset of :data:`ALL_FAMILIES`' ``name``
-    (``tests/conftest.py``'s ``vlm_family`` builds each once per session)."""
+    (``tests/conftest.py``'s ``vlm_family`` builds each once per session); ``chats``, or
+    ``chats(processor, seq_len)``, are the dataset's."""
     import importlib
 
     module, proc_opts, model_opts, seq_len = ALL_FAMILIES[name]
@@ -423,5 +425,6 @@ def build_family(name: str, folder: Path) -> tuple[Any, Any, Path]:
     tok = folder / "tok"
     processor = tiny.processor(folder if module == "llava" else tok, **proc_opts)
     model = tiny.model(processor, **model_opts)
-    dataset = pack_chats(folder, processor, seq_len=seq_len)
+    dataset = pack_chats(folder, processor, seq_len=seq_len,
+                         chats=chats(processor, seq_len) if callable(chats) else chats)
     return processor, model, dataset

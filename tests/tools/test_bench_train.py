@@ -140,12 +140,16 @@ def test_target_logits_need_one_row_batches():
 
 @pytest.mark.slow
 def test_quick_run_trains_the_same_tokens_three_ways(tmp_path):
-    """SDPA, the CPU's default; the varlen kernel (the reference kernel on a CPU, padding-free batches) with
-    target logits is gpu_check's configuration, checked the same way by its whole run on a CPU
-    (tests/tools/test_gpu_check.py)."""
+    """SDPA, the CPU's default, and ``--compile`` (the decoder layers compiled once; ``aot_eager``, which
+    decides graphs and recompiles as Inductor does, without its minute of code generation here); the varlen
+    kernel (the reference kernel on a CPU, padding-free batches) with target logits is gpu_check's
+    configuration, checked the same way by its whole run on a CPU (tests/tools/test_gpu_check.py)."""
     out = tmp_path / "bench_train.json"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     done = subprocess.run([sys.executable, "-m", "tools.bench_train", "--quick", "--json", str(out),
-                           "--attention", "sdpa"], capture_output=True, text=True, timeout=400, env=env, cwd=ROOT)
+                           "--attention", "sdpa", "--compile", "--compile-backend", "aot_eager"],
+                          capture_output=True, text=True, timeout=400, env=env, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
-    check_bench_train_record(json.loads(out.read_text()), "sdpa")
+    record = json.loads(out.read_text())
+    check_bench_train_record(record, "sdpa")
+    assert "packed_compiled" in record["modes"] and record["config"]["compile"]["backend"] == "aot_eager"
