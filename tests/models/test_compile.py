@@ -27,17 +27,6 @@ from wdspack.models.varlen import reference_varlen_attn, use_varlen_attention
 FAMILIES = sorted(set(h.ALL_FAMILIES) - {"mistral3_sliding"})
 
 
-def _with_a_long_chat(processor, seq_len: int) -> tuple:
-    """The harness's chats and a text-only one whose answer alone takes half a pack's tokens (a pack
-    holding one long sample)."""
-    words = "the long answer goes on and on about packing".split()
-    text, n = "", 0
-    while len(processor.tokenizer(text, add_special_tokens=False)["input_ids"]) < seq_len // 2:
-        n += 1
-        text = " ".join(words[k % len(words)] for k in range(n))
-    return (*h.CHATS, ("long-text", (("user", "Tell me everything."), ("assistant", text)), ()))
-
-
 @pytest.fixture(scope="module")
 def epochs(tmp_path_factory):
     """``get(name) -> (model, batches)``: the tiny model (each test compiles a copy) and the epoch's one-pack
@@ -46,7 +35,7 @@ def epochs(tmp_path_factory):
 
     def get(name: str) -> tuple:
         if name not in built:
-            processor, model, dataset = h.build_family(name, tmp_path_factory.mktemp(name), chats=_with_a_long_chat)
+            processor, model, dataset = h.build_family(name, tmp_path_factory.mktemp(name), chats=h.with_a_long_chat)
             batches = list(wdspack.make_loader(str(dataset), batch_size=1, num_workers=0, shuffle=False,
                                                processor=processor))
             images = [int(b["image_mask"].sum()) for b in batches]

@@ -177,6 +177,55 @@ def test_workers_write_video_rows_into_recycled_buffers(built, pixel_dtype, monk
     assert 0 < len(passed) <= 2 * (1 + 3) < batches, (len(passed), batches)  # images' and videos' buffers
 
 
+def test_webdataset_video_captions_pack_and_stream(built, tmp_path):
+    """WebDataset caption shards with video members (a video and its caption; a video, an image and a caption)
+    pack with the processor, each video planned from its header as a chat's is, and stream: the packs' video
+    tokens are their plans' and the clip's rows are the ones the chats' dataset streams for it."""
+    from tests.support.pretrain import write_tar
+    from wdspack.packer.text import PretrainConfig
+
+    processor, _, chats, _ = built["qwen2_5_vl"]
+    src = chats.parents[1] / "src"
+    shard = write_tar(tmp_path / "cap-000000.tar", [
+        ("a.mp4", (src / "clips" / "a.mp4").read_bytes()), ("a.txt", b"A block crosses a grey field."),
+        ("b.png", (src / "images" / "p.png").read_bytes()), ("b.webm", (src / "clips" / "c.webm").read_bytes()),
+        ("b.txt", b"A frame and a clip."),
+    ])
+    out = tmp_path / "packed"
+    folder = chats.parent / "processor"
+    summary = pack_dataset([str(shard)], str(out), progress=False,
+                           sample_config=SampleConfig(processor=str(folder), pretrain=PretrainConfig(
+                               eos_token="<|endoftext|>"), video=VideoSettings(fps=FPS, max_pixels=28 * 28 * 4)),
+                           config=PackConfig(seq_len=SEQ_LEN, max_images=3, on_error="raise"))
+    assert summary.samples_packed == 2 and wdspack.read_manifest(out / "manifest.json").totals["videos"] == 2
+    (batch,) = h.loader_batches(out, processor)
+    assert int(batch["video_mask"].sum()) == 2 and int(batch["image_mask"].sum()) == 1
+    video_pad = processor.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    grids = batch["video_grid_thw"][batch["video_mask"]]
+    assert int((batch["input_ids"] == video_pad).sum()) == int(grids.prod(-1).sum()) // 4
+    (theirs,) = h.loader_batches(chats, processor)  # clips a and c, checked against the real processor there
+    known, blocks = _video_blocks(theirs), _video_blocks(batch)
+    assert len(blocks) == 2
+    for grid, rows in blocks:
+        assert any(g == grid and torch.equal(r, rows) for g, r in known), grid
+
+
+def _video_blocks(batch) -> list[tuple[tuple[int, ...], torch.Tensor]]:
+    """Each video's grid and ``pixel_values_videos`` rows, pack by pack (``[B, L]`` rows)."""
+    B = batch["input_ids"].shape[0]
+    R, M = batch["pixel_values_videos"].shape[0] // B, batch["video_mask"].shape[0] // B
+    out = []
+    for b in range(B):
+        at = b * R
+        for k in range(b * M, (b + 1) * M):
+            if batch["video_mask"][k]:
+                grid = tuple(batch["video_grid_thw"][k].tolist())
+                n = int(np.prod(grid))
+                out.append((grid, batch["pixel_values_videos"][at: at + n]))
+                at += n
+    return out
+
+
 def test_the_folders_video_settings_are_read_without_torchvision(built, tmp_path):
     """A processor folder with a ``video_preprocessor_config.json`` (its video processor needs torchvision,
     which this environment lacks): wdspack loads the rest and plans videos by that file's settings, and the

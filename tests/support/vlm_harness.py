@@ -40,7 +40,7 @@ from wdspack.models import save_processor  # noqa: E402
 
 __all__ = ["CHATS", "assert_same", "check_flex", "check_flex_gradients", "check_tokens", "check_training",
            "dataset_sub_samples", "flex_main_kernel", "oracle", "pack_chats", "pack_sample_ids", "packed",
-           "packed_and_reference", "reference", "train_steps"]
+           "packed_and_reference", "reference", "train_steps", "with_a_long_chat"]
 
 #: (id, turns, image sizes (width, height)). A turn is (role, text); "<image>" in a user text marks
 #: where an image goes.
@@ -411,6 +411,17 @@ ALL_FAMILIES = {
 }
 #: The families the loader feeds under the varlen kernel (all but Gemma 3).
 FAMILIES = {name: spec for name, spec in ALL_FAMILIES.items() if name != "gemma3"}
+
+
+def with_a_long_chat(processor, seq_len: int) -> tuple:
+    """The harness's chats and a text-only one whose answer alone takes half a pack's tokens (a pack
+    holding one long sample)."""
+    words = "the long answer goes on and on about packing".split()
+    text, n = "", 0
+    while len(processor.tokenizer(text, add_special_tokens=False)["input_ids"]) < seq_len // 2:
+        n += 1
+        text = " ".join(words[k % len(words)] for k in range(n))
+    return (*CHATS, ("long-text", (("user", "Tell me everything."), ("assistant", text)), ()))
 
 
 def build_family(name: str, folder: Path, *, chats: Sequence | Callable[[Any, int], Sequence] = CHATS
