@@ -341,6 +341,23 @@ def test_frames_times_pixels_of_one_video_are_bounded(src, monkeypatch):
         vp.decode_frames(data, [0])
 
 
+def test_counting_a_webms_frames_is_bounded_in_frames_and_seconds(tmp_path, monkeypatch):
+    """A container without a frame count has its packets counted, within a count and a time limit: past
+    either the video is ``video_too_large`` with the fix, not a probe that runs for as long as the file."""
+    data = _clip(tmp_path / "c.mkv", frames=8)  # Matroska, as WebM: no frame count in the header
+    assert video.read_header(data).frames == 8
+    monkeypatch.setattr(video, "MAX_COUNTED_FRAMES", 7)
+    with pytest.raises(SampleError, match=r"^sample 's': over 7 frames counted \(its container gives no count\); "
+                                          r"split the video into shorter clips \[video_too_large\]$"):
+        video.read_header(data, sample_id="s")
+    monkeypatch.setattr(video, "MAX_COUNTED_FRAMES", 8)
+    assert video.read_header(data).frames == 8
+    monkeypatch.setattr(video, "MAX_COUNT_SECONDS", -1.0)
+    with pytest.raises(SampleError, match=r"took over -1 s at 1 frames; split the video or remux it as MP4") as e:
+        video.read_header(data)
+    assert e.value.reason == "video_too_large"
+
+
 def test_a_header_claiming_billions_of_frames_plans_in_bounded_memory():
     """Sampled, the plan holds at most max_frames frames and allocates nothing per claimed frame; a
     processor that takes every frame is refused over what a plan may name (``video_too_large``)."""

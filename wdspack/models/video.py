@@ -26,6 +26,7 @@ import io
 import json
 import math
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -48,6 +49,10 @@ MAX_VIDEO_PIXELS = 1 << 31
 #: The most frames a plan may name: what a pack stores and the loader decodes per video (as
 #: ``wdspack.format.pack.MAX_VIDEO_FRAMES``, which this layer cannot import).
 MAX_PLAN_FRAMES = 4096
+#: Where a container has no frame count (WebM/Matroska) the probe counts the video packets: at most this many
+#: (ten hours at 60 fps) and for at most this many seconds; a video past either is ``video_too_large``.
+MAX_COUNTED_FRAMES = 2_160_000
+MAX_COUNT_SECONDS = 30.0
 
 _NO_AV = "reading videos needs PyAV, which is not installed: pip install 'wdspack[video]'  (or pip install av)"
 
@@ -71,7 +76,8 @@ def read_header(data: bytes | str | os.PathLike[str], *, sample_id: str = "",
 
     Raises:
         SampleError: ``unreadable_video`` when the bytes are not a video PyAV can open (or hold no video
-            stream); ``video_too_large`` when a frame has more than ``max_pixels`` pixels (a hostile header).
+            stream); ``video_too_large`` when a frame has more than ``max_pixels`` pixels (a hostile header),
+            or counting the frames goes past :data:`MAX_COUNTED_FRAMES` or :data:`MAX_COUNT_SECONDS`.
     """
     try:
         import av
@@ -86,7 +92,7 @@ def read_header(data: bytes | str | os.PathLike[str], *, sample_id: str = "",
             rate = stream.average_rate or stream.guessed_rate or stream.base_rate
             frames = int(stream.frames or 0)
             if frames <= 0:  # WebM/Matroska: no count in the header; count the stream's packets
-                frames = sum(1 for packet in container.demux(stream) if packet.size)
+                frames = _count_packets(container, stream, sample_id)
             width, height = int(stream.codec_context.width), int(stream.codec_context.height)
     except SampleError:
         raise
@@ -102,6 +108,22 @@ def read_header(data: bytes | str | os.PathLike[str], *, sample_id: str = "",
                           f"the limit {max_pixels} (a decompression-bomb guard); downscale the video (or raise "
                           "SampleConfig.max_image_pixels)", sample_id)
     return VideoHeader(frames=frames, fps=float(rate), width=width, height=height)
+
+
+def _count_packets(container: Any, stream: Any, sample_id: str) -> int:
+    """The stream's video packets (one a frame; nothing decoded), within :data:`MAX_COUNTED_FRAMES` and
+    :data:`MAX_COUNT_SECONDS`."""
+    start, count = time.monotonic(), 0
+    for packet in container.demux(stream):
+        count += bool(packet.size)
+        if count > MAX_COUNTED_FRAMES:
+            raise SampleError("video_too_large", f"over {MAX_COUNTED_FRAMES:,} frames counted (its container gives no "
+                              "count); split the video into shorter clips", sample_id)
+        if time.monotonic() - start > MAX_COUNT_SECONDS:
+            raise SampleError("video_too_large", f"counting its frames (its container gives no count) took over "
+                              f"{MAX_COUNT_SECONDS:g} s at {count:,} frames; split the video or remux it as MP4",
+                              sample_id)
+    return count
 
 
 @dataclass(frozen=True)
