@@ -68,7 +68,8 @@ DROP_REASONS: dict[str, str] = {
                         "gives no frames",
     "video_too_short": "the video has fewer frames than the model's video processor samples from it",
     "video_too_large": "the video's frames are over the decompression-bomb limit or of an aspect ratio over 200, or "
-                       "it has more frames than a plan may name where its processor takes every frame",
+                       "it has more frames than a plan may name where its processor takes every frame, or (a "
+                       "container without a frame count) counting its frames went past 2,160,000 or 30 s",
     "too_long": "the sample has more tokens than seq_len",
     "too_many_images": "the sample has more images than max_images",
     "duplicate_id": "another sample already has this id",
