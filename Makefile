@@ -1,18 +1,27 @@
 # `make demo` and `make test` each build the environment from scratch when it is missing, from the
-# lock file: exact versions and hashes of every package (requirements.lock, made by `make lock`).
+# lock files: exact versions and hashes of every package (requirements.lock, and requirements/torch.lock for
+# torch's CPU build; `make lock` writes both). Neither names a path of this machine: pip's own index and
+# find-links (its configuration) supply the files, PyTorch's CPU index the torch wheel pip has not at hand.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 LOCK   := requirements.lock
+TORCH_LOCK  := requirements/torch.lock
+TORCH_INDEX := https://download.pytorch.org/whl/cpu
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 .PHONY: env demo test test-fast lint test-latest lock bench gpu-check clean
 
-$(STAMP): $(LOCK) pyproject.toml requirements/video-reference.lock
+$(STAMP): $(LOCK) $(TORCH_LOCK) pyproject.toml requirements/video-reference.lock
 	$(PYTHON) -m venv $(VENV)
-	# Everything from the lock, hashes checked; torch is its CPU build (2.13.0+cpu), never a CUDA one.
+	# torch first, its CPU build (never a CUDA one): a wheel pip has at hand (its find-links) is taken without
+	# asking any index; only without one is the lock's index asked (PyTorch's CPU index: pip would retry a host
+	# it cannot reach for minutes, once for every package, were it named in requirements.lock).
+	$(BIN)/pip install --quiet --require-hashes --no-deps --no-index -r $(TORCH_LOCK) 2>/dev/null \
+	  || $(BIN)/pip install --quiet --require-hashes --no-deps -r $(TORCH_LOCK)
+	# Everything else from the lock, hashes checked, from pip's own index.
 	$(BIN)/pip install --quiet --require-hashes --no-deps -r $(LOCK)
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	$(BIN)/pip check
@@ -45,11 +54,22 @@ lint: env
 	$(BIN)/mypy
 	PYTHONPATH=. $(BIN)/lint-imports
 
-# Re-resolve the lock from pyproject.toml's ranges (newest releases that fit; run the suite after).
+# Re-resolve the lock from pyproject.toml's ranges for this machine's Python and platform (pins already in the
+# lock that still fit are kept; delete a line to move it on; run the suite after). pip-compile resolves against
+# torch's CPU wheel for this machine (pip's at hand, else PyTorch's CPU index's), writes no index or find-links
+# line, and tools/lock.py moves torch into requirements/torch.lock with its CPU wheels' hashes (docs/development.md).
 lock:
-	$(PYTHON) -m venv build/piptools && build/piptools/bin/pip install --quiet pip-tools
-	build/piptools/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras --extra dev \
+	$(PYTHON) -m venv build/piptools && build/piptools/bin/pip install --quiet pip-tools==7.7.0
+	rm -rf build/torch-wheel
+	build/piptools/bin/pip download --quiet --no-deps -d build/torch-wheel --no-index \
+	    -r requirements/torch-cpu.txt 2>/dev/null \
+	  || build/piptools/bin/pip download --quiet --no-deps -d build/torch-wheel --extra-index-url $(TORCH_INDEX) \
+	    -r requirements/torch-cpu.txt
+	CUSTOM_COMPILE_COMMAND="make lock" build/piptools/bin/pip-compile --quiet --generate-hashes --allow-unsafe \
+	  --strip-extras --no-emit-options --find-links build/torch-wheel --extra dev \
 	  --extra plot --extra models --extra lint --extra docs -c requirements/torch-cpu.txt -o $(LOCK) pyproject.toml
+	build/piptools/bin/python -m tools.lock $(LOCK) --torch-lock $(TORCH_LOCK) --wheels build/torch-wheel \
+	  --torch-index $(TORCH_INDEX)
 
 # The suite on the newest releases pyproject.toml admits (not in CI: it tells what the next lock will meet).
 test-latest:
