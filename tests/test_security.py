@@ -267,6 +267,8 @@ def test_a_bomb_inside_a_pack_is_a_counted_skip(tmp_path, monkeypatch):
                         lambda self: decoded.append(self.size) or real_load(self))
     ds = PackedDataset(root, shuffle=False, image_transform=make_image_transform(size=16))
     got = list(ds)
-    assert len(got) == 3 and ds.stats["corrupt_packs"] == 1
+    # the bomb's sample is dropped from its pack (issue #47), the pack served once, as padding: it held only it
+    assert len(got) == 3 and ds.stats["dropped_samples"] == ds.stats["dropped_samples/ds/image_too_large"] == 1
+    assert ds.stats["corrupt_packs"] == 0 and int(got[2]["num_samples"]) == 0
     assert (9_000, 9_000) not in decoded
     assert read_manifest(root).num_packs == 3

@@ -20,15 +20,15 @@ pins the exact bytes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import msgpack
 import numpy as np
 
 from ..errors import FormatError, NewerFormatError
 
-__all__ = ["FORMAT", "MAX_PACK_BYTES", "MAX_VIDEO_FRAMES", "Pack", "VideoPlanRecord", "decode_pack", "encode_pack",
-           "token_dtype_for", "validate_pack"]
+__all__ = ["FORMAT", "MAX_PACK_BYTES", "MAX_VIDEO_FRAMES", "Pack", "VideoPlanRecord", "decode_pack", "drop_sample",
+           "encode_pack", "token_dtype_for", "validate_pack"]
 
 FORMAT = "wdspack/1"
 _TOKEN_DTYPES = ("<u2", "<u4")
@@ -111,6 +111,44 @@ class Pack:
     @property
     def num_videos(self) -> int:
         return len(self.videos)
+
+
+def drop_sample(pack: Pack, index: int) -> Pack:
+    """``pack`` without its sub-sample ``index``: the pack the other sub-samples make on their own, in their order.
+
+    Its tokens, loss mask, length and id go, and its images and videos with their per-media fields; the
+    media of later sub-samples name their owner one lower; every other field is kept. Dropping the last
+    sub-sample leaves a pack of none (no tokens, no media), which is valid.
+
+    Example:
+        >>> p = Pack(np.array([1, 2, 3, 4, 5]), np.array([0, 1, 0, 1, 1]), (2, 3), ("a", "b"),
+        ...          images=(b"png",), image_sample=(1,), image_tokens=(1,))
+        >>> q = drop_sample(p, 0)
+        >>> q.input_ids.tolist(), q.seq_lens, q.sample_ids, q.image_sample
+        ([3, 4, 5], (3,), ('b',), (0,))
+    """
+    if not 0 <= index < pack.num_samples:
+        raise IndexError(f"sub-sample {index} is not in the pack's 0..{pack.num_samples - 1}; pass one of those")
+    start = sum(pack.seq_lens[:index])
+    keep = np.ones(pack.num_tokens, bool)
+    keep[start:start + pack.seq_lens[index]] = False
+    images = [k for k, owner in enumerate(pack.image_sample) if owner != index]
+    videos = [k for k, owner in enumerate(pack.video_sample) if owner != index]
+
+    def owners(of: tuple[int, ...], kept: list[int]) -> tuple[int, ...]:
+        return tuple(of[k] - int(of[k] > index) for k in kept)
+
+    def pick(values: tuple, kept: list[int]) -> tuple:
+        return tuple(values[k] for k in kept)
+
+    return replace(
+        pack, input_ids=pack.input_ids[keep], loss_mask=pack.loss_mask[keep],
+        seq_lens=pack.seq_lens[:index] + pack.seq_lens[index + 1:],
+        sample_ids=pack.sample_ids[:index] + pack.sample_ids[index + 1:],
+        images=pick(pack.images, images), image_sample=owners(pack.image_sample, images),
+        image_tokens=pick(pack.image_tokens, images), videos=pick(pack.videos, videos),
+        video_sample=owners(pack.video_sample, videos), video_tokens=pick(pack.video_tokens, videos),
+        video_plans=pick(pack.video_plans, videos))
 
 
 def token_dtype_for(vocab_size: int) -> str:

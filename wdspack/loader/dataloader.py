@@ -27,7 +27,7 @@ from .batch.buffers import PixelBuffers
 from .batch.collate import META_KEY
 from .batch.collate_fn import LoaderCollate, check_pixel_dtype, resolve_max_segments
 from .batch.packed_with import check_packed_with
-from .dataset import STAT_KEYS, PackedDataset
+from .dataset import PackedDataset, report_stats
 from .mixture.spec import Mixture
 from .options import Balance, ReadOptions
 from .resume import LoaderPosition, LoaderState, restore, save_state
@@ -198,11 +198,12 @@ class PackedLoader:
 
     @property
     def stats(self) -> dict[str, int]:
-        """Counters summed over workers and epochs: corrupt_packs, truncated_shards, ignored_members, retries, ..."""
+        """Counters summed over workers and epochs: corrupt_packs, dropped_samples, truncated_shards, ignored_members,
+        retries, ...; and per source and reason the dropped samples (:func:`~.dataset.dropped_key`)."""
         total = Counter(self._stats_base)
         for c in self._stats_live.values():
             total.update(c)
-        return {k: int(total[k]) for k in STAT_KEYS}
+        return report_stats(total)
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning at the next iteration."""
@@ -243,7 +244,7 @@ class PackedLoader:
         if epoch != self._epoch:
             raise RuntimeError(f"a batch of epoch {epoch} arrived in epoch {self._epoch}; this is a wdspack bug")
         self._positions[worker] = (last[2], last[3], last[4])
-        self._stats_live[worker] = Counter(dict(zip(STAT_KEYS, last[5:])))
+        self._stats_live[worker] = Counter(dict(zip(self.dataset.stat_keys, last[5:])))
         self._batches += 1
 
     def _next_epoch(self) -> None:

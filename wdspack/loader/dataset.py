@@ -24,8 +24,9 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ..errors import ConfigError, WdspackError
+from ..errors import ConfigError, FormatError, WdspackError
 from ..format.dataset import ResolvedSource, read_pack_index, resolve_source
+from ..format.manifest import image_token_budget
 from ..format.tar import Handler
 from ..storage.streams import open_stream
 from ..storage.urls import is_remote
@@ -38,15 +39,20 @@ from .mixture.sources import MixedSources
 from .mixture.spec import Mixture, default_name, is_mixture_spec
 from .options import Balance, ReadOptions
 from .plan import REMAINDER_POLICIES, EpochPlan, plan_epoch, plan_remainder, slot_order
-from .read import Round, read_slot
+from .read import OnDrop, Round, read_slot
 from .stages import lap_source, reorder
 
-__all__ = ["PackedDataset", "STAT_KEYS"]
+__all__ = ["LOAD_DROP_REASONS", "PackedDataset", "STAT_KEYS", "dropped_key", "report_stats"]
 
 logger = logging.getLogger(__name__)
 
-#: Counters every slot keeps; ``dataset.stats`` / ``loader.stats`` sum them.
-STAT_KEYS = ("corrupt_packs", "truncated_shards", "ignored_members", "retries", "requests", "bytes_read")
+#: Counters every slot keeps; ``dataset.stats`` / ``loader.stats`` sum them. ``dropped_samples``: sub-samples dropped
+#: from their pack at load time (an image or video that does not decode), also counted per source and reason
+#: (:func:`dropped_key`).
+STAT_KEYS = ("corrupt_packs", "dropped_samples", "truncated_shards", "ignored_members", "retries", "requests",
+             "bytes_read")
+#: Why a sub-sample is dropped at load time: the pack job's names for the same failures (``DROP_REASONS``).
+LOAD_DROP_REASONS = ("unreadable_image", "image_too_large", "unreadable_video")
 #: Private per-example key that carries a slot's position to :class:`~wdspack.loader.PackedLoader`.
 _META_HEAD = ("worker", "epoch", "lap", "emitted", "yielded")
 MAX_WORKERS = 256
@@ -76,7 +82,9 @@ class PackedDataset(IterableDataset):
         shuffle_buffer: packs held by the shuffle buffer per worker (memory: that many packs).
         rank, world_size: default from ``torch.distributed`` when initialised, else 0 and 1.
         remainder: ``"drop"`` or ``"wrap"``: how ranks are evened out (see :mod:`wdspack.loader.plan`).
-        on_corrupt: ``"skip"`` (count, warn, go on) or ``"raise"`` for corrupt packs and truncated shards.
+        on_corrupt: ``"skip"`` (count, warn, go on) or ``"raise"`` for corrupt packs, truncated shards and
+            sub-samples whose image or video does not decode (skipped: dropped from their pack, whose other
+            sub-samples are served; ``stats["dropped_samples"]``).
         image_transform: bytes → tensors (``wdspack.loader.batch.images.make_image_transform``); picklable.
             Without it (or ``processor``) an image dataset streams no pixels: the loader warns once,
             and refuses a dataset packed with a processor (its batches are useless without them).
@@ -188,12 +196,19 @@ class PackedDataset(IterableDataset):
 
     @property
     def stats(self) -> dict[str, int]:
-        """Counters of this process's iterations: skipped packs / shards, ignored members, retries, bytes.
+        """Counters of this process's iterations: skipped packs / shards, dropped samples, ignored members,
+        retries, bytes; and, for each source and reason with a dropped sample, :func:`dropped_key`'s count.
 
         With DataLoader workers the counting happens in the workers: read ``loader.stats``.
         """
-        total = self._stats_done + self._stats_live
-        return {k: int(total[k]) for k in STAT_KEYS}
+        return report_stats(self._stats_done + self._stats_live)
+
+    @property
+    def stat_keys(self) -> tuple[str, ...]:
+        """The counters a slot reports with each example: :data:`STAT_KEYS`, then per source and reason
+        the sub-samples dropped (:func:`dropped_key`)."""
+        return STAT_KEYS + tuple(dropped_key(name, reason) for name in self.source_names
+                                 for reason in LOAD_DROP_REASONS)
 
     def packs_per_slot(self, workers: int = 1, epoch: int | None = None) -> int:
         """Packs each ``(rank, worker)`` slot yields per epoch (the same for every slot)."""
@@ -308,12 +323,14 @@ class PackedDataset(IterableDataset):
         yielded, per_slot, rounds = self._slot_rounds(slot=slot, slots=self.world_size * workers, workers=workers,
                                                       epoch=epoch, position=start, stats=stats, handler=handler)
         examples = read_slot(rounds, yielded=yielded, per_slot=per_slot, seq_len=self.seq_len,
-                             max_images=self.max_images, handler=handler, to_example=self._to_example)
+                             max_images=self.max_images, handler=handler, to_example=self._to_example,
+                             on_drop=make_on_drop(self.on_corrupt, stats, self.source_names))
+        keys = self.stat_keys
         for example, position in examples:
             if info is None:
                 self._progress[0] = position
             if self.with_position:
-                values = [worker, epoch, *position] + [stats[k] for k in STAT_KEYS]
+                values = [worker, epoch, *position] + [stats[k] for k in keys]
                 example[META_KEY] = torch.tensor(values, dtype=torch.int64)
             yield example
 
@@ -425,7 +442,7 @@ class PackedDataset(IterableDataset):
 
         totals = self.manifest.totals if self.manifest is not None else {}
         batcher = ModelBatcher(processor, seq_len=self.seq_len, max_images=self.max_images,
-                               max_image_tokens=totals.get("max_image_tokens_per_pack"),
+                               max_image_tokens=image_token_budget(totals),
                                max_video_tokens=totals.get("max_video_tokens_per_pack"))
         policy = self.manifest.image_policy if self.manifest is not None else {}
         packed_for = policy.get("family")
@@ -441,8 +458,8 @@ class PackedDataset(IterableDataset):
 
     def _to_example(self, pack) -> dict[str, Any]:
         """``pack_to_example``; under the loader, ``buffers.staged_example``: the pixels stay per pack
-        for its collate to write straight into the batch (decode errors still surface here, where a
-        bad pack can be skipped)."""
+        for its collate to write straight into the batch (decode errors still surface here, where the
+        slot drops a sub-sample whose image or video fails, or skips a bad pack: :mod:`.read`)."""
         from .batch.buffers import MODEL_KEY, staged_example
         from .batch.collate import pack_to_example
 
@@ -523,6 +540,41 @@ def make_handler(on_corrupt: str, stats: Counter) -> Handler:
         logger.warning("%s; skipped (%s: %d so far; on_corrupt='raise' stops instead)", error, kind, stats[kind])
 
     return handler
+
+
+def make_on_drop(on_corrupt: str, stats: Counter, names: Sequence[str]) -> OnDrop:
+    """What a slot does with a sub-sample whose image or video does not decode: count it (``dropped_samples``,
+    and per source and reason), then warn in one line and let the pack's other sub-samples train (``"skip"``),
+    or raise (``"raise"``)."""
+
+    def on_drop(where: str, source: int, sample_id: str, reason: str, error: Exception) -> None:
+        stats["dropped_samples"] += 1
+        stats[dropped_key(names[source], reason)] += 1
+        if on_corrupt == "raise":
+            raise FormatError(f"{where}: {type(error).__name__}: {error}")
+        named = str(error) if str(error).startswith(f"sample {sample_id!r}") else f"sample {sample_id!r}: {error}"
+        logger.warning("%s: %s; dropped from its pack (%s), whose other samples train (dropped_samples: %d so far; "
+                       "on_corrupt='raise' stops instead)", where, named, reason, stats["dropped_samples"])
+
+    return on_drop
+
+
+def dropped_key(source: str, reason: str) -> str:
+    """The stats key counting the sub-samples of ``source`` dropped at load time for ``reason``.
+
+    Example:
+        >>> dropped_key("llava", "unreadable_video")
+        'dropped_samples/llava/unreadable_video'
+    """
+    return f"dropped_samples/{source}/{reason}"
+
+
+def report_stats(total: Mapping[str, int]) -> dict[str, int]:
+    """Summed counters as ``stats`` reports them: every :data:`STAT_KEYS` entry, then each non-zero
+    :func:`dropped_key` count."""
+    report = {k: int(total.get(k, 0)) for k in STAT_KEYS}
+    report.update({k: int(v) for k, v in sorted(total.items()) if k.startswith("dropped_samples/") and v})
+    return report
 
 
 def check_tokenizer(source: ResolvedSource, expected: str | Mapping[str, Any]) -> None:

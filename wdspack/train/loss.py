@@ -48,7 +48,9 @@ def num_items_in_batch(batches: Iterable[Mapping[str, Any]], *, group: Any = Non
 
     Targets are ``labels != -100`` (the labels are unshifted and every sub-sample's first label is
     already ``-100``, so this equals the count after the model's shift). With ``torch.distributed``
-    initialised the count is ``all_reduce``d over ``group`` (default: every rank).
+    initialised the count is ``all_reduce``d over ``group`` (default: every rank). At least 1: a step
+    with no target at all (every pack padding: each of its samples dropped at load time) then has a
+    loss of 0, not 0 / 0.
 
     Example:
         >>> b = {"labels": torch.tensor([[-100, 5, 6, -100], [-100, -100, 7, -100]])}
@@ -59,15 +61,16 @@ def num_items_in_batch(batches: Iterable[Mapping[str, Any]], *, group: Any = Non
     for batch in batches:
         labels = batch["labels"]
         total = total.to(labels.device) + (labels != IGNORE_INDEX).sum()
-    return _all_reduce(total, group)
+    return _all_reduce(total, group).clamp_(min=1)
 
 
 def num_samples_in_batch(batches: Iterable[Mapping[str, Any]], *, group: Any = None) -> torch.Tensor:
-    """Sub-samples with at least one target in ``batches``, summed over all ranks (see :func:`sample_mean_loss`)."""
+    """Sub-samples with at least one target in ``batches``, summed over all ranks (see :func:`sample_mean_loss`);
+    at least 1, as :func:`num_items_in_batch`."""
     total = torch.zeros((), dtype=torch.int64)
     for batch in batches:
         total = total.to(batch["labels"].device) + (_sample_targets(batch) > 0).sum()  # no host sync
-    return _all_reduce(total, group)
+    return _all_reduce(total, group).clamp_(min=1)
 
 
 def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -159,6 +159,10 @@ def causal_lm_loss(model: Any, logits: torch.Tensor, labels: torch.Tensor,
         >>> out = model(**{k: v for k, v in kwargs.items() if k != "labels"})  # doctest: +SKIP
         >>> loss = causal_lm_loss(model, out.logits, kwargs["labels"], num_items_in_batch(micro))  # doctest: +SKIP
     """
+    if isinstance(num_items, torch.Tensor):  # a window of padding alone (its samples dropped at load): 0, not 0 / 0
+        num_items = num_items.clamp(min=1)
+    elif num_items is not None:
+        num_items = max(int(num_items), 1)
     return model.loss_function(logits=logits, labels=labels, vocab_size=logits.shape[-1], num_items_in_batch=num_items)
 
 

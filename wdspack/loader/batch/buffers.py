@@ -108,7 +108,9 @@ def staged_example(pack: Pack, *, seq_len: int, max_images: int, pad_token_id: i
     With a processor's ``batcher`` (:class:`~wdspack.loader.batch.model.ModelBatcher`) the pack's parts
     go under :data:`MODEL_KEY`; with the built-in transform the images are only decoded and resized
     (:data:`PIXELS_KEY`, uint8); any other transform runs here as in :func:`~.collate.pack_to_example`. Decode
-    errors and packs over a budget surface here, where a bad pack can still be skipped, and name the sub-sample.
+    errors and packs over a budget surface here, where the loader can still act on them: an image or video that
+    does not decode names its sub-sample and its index (the loader drops that sub-sample and makes the pack
+    again, :func:`~.collate.failed_sample`); anything else skips the pack.
 
     ``defer_text`` (the loader's own dataset, whose examples only its collate sees): with the built-in
     transform or none, the example holds the pack itself (:data:`TEXT_KEY`) instead of its text tensors, and

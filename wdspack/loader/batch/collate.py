@@ -30,7 +30,8 @@ from ...format.pack import Pack
 if TYPE_CHECKING:
     from .images import PatchLayout
 
-__all__ = ["IGNORE_INDEX", "META_KEY", "SOURCE_KEY", "collate_packs", "naming_sample", "pack_to_example"]
+__all__ = ["IGNORE_INDEX", "META_KEY", "SOURCE_KEY", "collate_packs", "failed_sample", "naming_sample",
+           "pack_to_example"]
 
 #: The label of a token that is not a target (PyTorch's and transformers' ``ignore_index``).
 IGNORE_INDEX = -100
@@ -68,9 +69,10 @@ def pack_to_example(pack: Pack, *, seq_len: int, max_images: int, pad_token_id: 
         ``image_token_counts`` ``[M]`` int64; and the padded image tensors.
 
     Raises:
-        FormatError: the pack is over a budget, or an image cannot be decoded (the message
-            names the sub-sample's id); :class:`ConfigError` when the image processor's grid
-            disagrees with the image tokens the pack reserved.
+        FormatError: the pack is over a budget, or an image cannot be decoded (an
+            ``ImageDecodeError`` naming the sub-sample's id; the loader drops that sub-sample
+            instead, :func:`failed_sample`); :class:`ConfigError` when the image
+            processor's grid disagrees with the image tokens the pack reserved.
 
     Example:
         >>> p = Pack(np.array([1, 5, 2]), np.array([1, 1, 1]), (3,), ("a",))
@@ -347,6 +349,23 @@ def naming_sample(pack: Pack) -> Iterator[None]:
         k = e.index
         who = f"sample {pack.sample_ids[pack.image_sample[k]]!r}: " if k is not None and k < pack.num_images else ""
         raise type(e)(f"{who}{e}", index=k) from None
+
+
+def failed_sample(pack: Pack, error: Exception) -> tuple[int, str] | None:
+    """``(sub-sample, reason)`` when ``error`` is an image's or a video's decoding failure that names its medium
+    (``index``) in ``pack``: the sub-sample that owns it and a drop reason (``unreadable_image``,
+    ``image_too_large``, ``unreadable_video``); None for anything else (the pack itself is bad)."""
+    from ...models.video_pixels import VideoDecodeError
+    from .images import ImageDecodeError, ImageTooLargeError
+
+    k = getattr(error, "index", None)
+    if not isinstance(k, int) or k < 0:
+        return None
+    if isinstance(error, ImageDecodeError) and k < pack.num_images:
+        return pack.image_sample[k], "image_too_large" if isinstance(error, ImageTooLargeError) else "unreadable_image"
+    if isinstance(error, VideoDecodeError) and k < pack.num_videos:
+        return pack.video_sample[k], "unreadable_video"
+    return None
 
 
 def _pad_patches(pack: Pack, got: dict[str, torch.Tensor], transform: PatchLayout | Any, *, seq_len: int,

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ...errors import ConfigError, FormatError
+from ...errors import ConfigError
 from ...models.family import Budgets, Rows
 from .buffers import fresh_pixels
 from .images import DEFAULT_MAX_PIXELS, ImageDecodeError, decode_image
@@ -76,6 +76,7 @@ class ModelBatcher:
 
         Raises:
             ImageDecodeError: an image cannot be decoded (``index`` says which).
+            VideoDecodeError: a video cannot be decoded (``index`` says which; the message names its sample).
         """
         images = [self._decode(k, data) for k, data in enumerate(pack.images)]
         if images and self.family.pixels_per_sample:
@@ -169,13 +170,15 @@ class ModelBatcher:
 
     def _videos(self, pack: Any, video: Any) -> dict[str, Any]:
         """The pack's videos through the family's video side; a video that does not decode names its sample."""
+        from ...models.video_pixels import VideoDecodeError
+
         try:
             return video.pixels(self.processor, pack.videos, pack.video_plans, max_pixels=self.max_pixels)
-        except FormatError as e:  # VideoDecodeError: counted and skipped as a corrupt pack, as images are
-            k = getattr(e, "index", None)
-            owned = k is not None and k < len(pack.videos)
+        except VideoDecodeError as e:  # its index kept: the loader drops the sub-sample that owns the video
+            k = e.index
+            owned = k is not None and 0 <= k < len(pack.videos)
             who = f"sample {pack.sample_ids[pack.video_sample[k]]!r}: " if owned else ""
-            raise type(e)(f"{who}{e}") from None
+            raise VideoDecodeError(f"{who}{e}", index=k) from None
 
     def _decode(self, k: int, data: bytes):
         try:
