@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"   (pack took {time.perf_counter() - t0:.1f} s; the dropped samples and why: {packed / 'dropped.jsonl'})")
 
     model = qwen2_5_vl.model(processor, seed=0)
+    model.config.save_pretrained(folder)  # as a checkpoint's folder: the loader reads the model's video positions
     params = sum(p.numel() for p in model.parameters())
     if args.varlen and torch.cuda.is_available():
         model = model.to("cuda", torch.bfloat16)

@@ -45,7 +45,10 @@ INTEGRATION = (
     "models/test_video",  # videos encoded with PyAV; transformers' video code in a process of its own
     "models/test_video_families",  # Qwen-VL videos against their real processors (a child), float64
     "models/test_video_llava_onevision",  # LLaVA-OneVision video against its real processor (a child), float64
+    "models/test_processor_folders",  # folders written by the real processors (a child), packed by the CLI
     "packer/test_video_bad_input",  # bad videos packed with a Qwen processor and streamed
+    "packer/test_video_messages",  # video jobs packed with a Qwen processor, the messages a user reads
+    "packer/test_placeholder_newline",  # every family's processor, a sample with and without the newline
     "train/test_ddp",  # torchrun: examples/train_ddp.py
     "train/test_trainers",  # torchrun: the HF Trainer and Accelerate examples
     "loader/test_distributed",  # torchrun
@@ -59,6 +62,7 @@ INTEGRATION = (
     "loader/test_elastic",  # checkpoints of real DataLoader worker processes resumed on other layouts
     "packer/test_render",  # published chat templates (Qwen2.5, Mistral-Nemo) with their tokenizers
     "packer/sources/test_toolcalls",  # the same, and the CLI on them
+    "test_install",  # python -m build, the wheel in a fresh venv, the README's quick start run there
 )
 
 

@@ -11,8 +11,9 @@ its published video settings: 2 frames a second, 128 to 768 patches of 28 px per
 medians over ``--repeats`` (the things compared timed in turn), one torch thread (as in a DataLoader worker);
 every ratio compares figures of the same run.
 
-1. **probe**: ``read_header`` per video (the mp4's header gives the frame count; the webm's
-   packets are counted) against decoding the whole video with PyAV, frames to RGB and decode only.
+1. **probe**: ``read_header`` per video (the mp4's header gives the frame count, its packets demuxed to find
+   their data whole; the webm's packets are counted) against decoding the whole video with PyAV, frames to RGB
+   and decode only.
 2. **storage**: per video, (a) the original bytes plus the planned frame indices (int32) against
    (b) the planned frames themselves at the planned size (raw uint8, and PNG); the loader's cost
    for each: (a) decode the planned frames and resize them (each step alone too, and item 3's

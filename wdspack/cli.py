@@ -414,8 +414,10 @@ def _run_show(args: argparse.Namespace) -> int:
 def _add_verify(sub) -> None:
     p = sub.add_parser("verify", help="prove a packed dataset is intact",
                        description="Check every shard's size and sha256, decode every pack against the "
-                                   "format's invariants and budgets, and with --source prove every source "
-                                   "sample is in exactly one pack or in the dropped list.",
+                                   "format's invariants and budgets, check that each packed video's file holds "
+                                   "the data of the frames its plan names (a clip cut short is named with its "
+                                   "sample), and with --source prove every source sample is in exactly one pack "
+                                   "or in the dropped list.",
                        epilog="examples:\n  wdspack verify packed/\n"
                               "  wdspack verify packed/ --source data/llava.jsonl\n"
                               "  wdspack verify packed/ --source a.jsonl::imgs/a b.jsonl::imgs/b  # as given to pack",

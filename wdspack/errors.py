@@ -64,12 +64,14 @@ DROP_REASONS: dict[str, str] = {
     "image_too_large": "the image has more pixels than the decompression-bomb limit",
     "missing_video": "a video file named by the record does not exist",
     "video_path_escape": "a video path points outside the image root (which serves videos too)",
-    "unreadable_video": "the video file is empty or over the size limit, not a video PyAV can open, or its header "
-                        "gives no frames",
+    "unreadable_video": "the video file is empty or over the size limit, not a video PyAV can open (or a still "
+                        "image under a video's name), its header gives no frames, or it holds the data of fewer "
+                        "frames than its header gives (cut short, as by an interrupted download)",
     "video_too_short": "the video has fewer frames than the model's video processor samples from it",
     "video_too_large": "the video's frames are over the decompression-bomb limit or of an aspect ratio over 200, or "
-                       "it has more frames than a plan may name where its processor takes every frame, or (a "
-                       "container without a frame count) counting its frames went past 2,160,000 or 30 s",
+                       "it has more frames than a plan may name where its processor takes every frame, or "
+                       "reading its packets went past 30 s (or, a container without a frame count, past 2,160,000 "
+                       "frames)",
     "too_long": "the sample has more tokens than seq_len",
     "too_many_images": "the sample has more images than max_images",
     "duplicate_id": "another sample already has this id",

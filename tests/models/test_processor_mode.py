@@ -36,7 +36,9 @@ def test_cli_packs_with_the_processor(qwen, tmp_path, capsys):
     assert main(argv) == 0, capsys.readouterr().err
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["image_policy"] == {"kind": "processor", "name": str(folder / "processor"),
-                                        "family": "qwen2_5_vl", "processor_class": "Qwen2_5_VLProcessor"}
+                                        "family": "qwen2_5_vl", "processor_class": "Qwen2_5_VLProcessor",
+                                        "image": {"settings_from": "preprocessor_config.json",  # save_processor's
+                                                  "size": {"longest_edge": 50176, "shortest_edge": 3136}}}
     assert manifest["tokenizer"]["image_token"] == "<|image_pad|>"
     # The same packs as the Python API's (same inputs, same seed: byte-identical shards).
     for shard in dataset.glob("*.tar"):

@@ -65,13 +65,17 @@ def built(tmp_path_factory):
                                config=PackConfig(seq_len=SEQ_LEN, max_images=3, on_error="raise"), progress=False)
         assert summary.samples_packed == len(ROWS), summary.lines()
         model = tiny.model(processor, **({"cls": model_cls} if module == "qwen2_5_vl" else {})).double()
+        model.config.save_pretrained(folder)  # a checkpoint's folder holds the model's config.json too
         calls = []
         for row in ROWS.values():
             text = processor.apply_chat_template(typed(row), tokenize=False)
             videos = row.get("videos") or ([row["video"]] if "video" in row else [])
             calls.append({"text": text, "videos": [src / v for v in videos],
                           "images": [src / i for i in row["images"]] if "images" in row else None})
-        settings = {"do_sample_frames": True, "fps": FPS, "size": {"shortest_edge": pixels, "longest_edge": pixels}}
+        # the folder has no video settings: transformers builds the video processor from its image processor's
+        # (min pixels included), and --video-max-pixels lowers the bound to the max where it is above
+        least = min(pixels, int(processor.image_processor.size["shortest_edge"]))
+        settings = {"do_sample_frames": True, "fps": FPS, "size": {"shortest_edge": least, "longest_edge": pixels}}
         jobs.append(processor_job(folder, cls, settings, calls))
         out[name] = (processor, model, dataset)
     references = run_jobs(jobs)
@@ -97,6 +101,38 @@ def test_tokens_and_pixels_are_the_processors(family):
     assert kwargs["video_grid_thw"].tolist() == np.concatenate(grids).tolist()
     assert sum(len(g) for g in grids) == 4 and torch.equal(kwargs["pixel_values"], torch.from_numpy(
         refs["v-mixed"]["pixel_values"]))
+
+
+def test_the_batchs_positions_are_the_models(family, caplog):
+    """The raw batch's ``position_ids`` (a loop that feeds the batch to the model itself) are the model's own
+    ``get_rope_index`` of each sub-sample alone, the videos' time axis included: Qwen2.5-VL's
+    ``tokens_per_second`` is read from the model's ``config.json`` in the processor's folder (the tiny model's
+    is transformers' class default, 4: not the published checkpoints' 2, which the loader falls back to)."""
+    _, model, dataset, refs = family
+    folder = dataset.parent / "processor"
+    if model.config.model_type == "qwen2_5_vl":
+        assert model.config.vision_config.tokens_per_second == 4
+    with caplog.at_level("WARNING"):
+        (batch,) = h.loader_batches(dataset, str(folder))
+    assert "tokens_per_second" not in caplog.text
+    B = batch["input_ids"].shape[0]
+    videos = 0
+    for b, ids in enumerate(h.pack_sample_ids(dataset)):
+        start = 0
+        for sid in ids:
+            ref = {k: torch.from_numpy(v) for k, v in refs[sid].items()}
+            n = ref["input_ids"].shape[1]
+            extra = {"second_per_grid_ts": ref["second_per_grid_ts"]} \
+                if model.config.model_type == "qwen2_5_vl" and "second_per_grid_ts" in ref else {}
+            rope, _ = model.model.get_rope_index(ref["input_ids"], ref["mm_token_type_ids"],
+                                                 ref.get("image_grid_thw"), ref.get("video_grid_thw"), **extra)
+            assert torch.equal(batch["position_ids"][1:, b, start:start + n], rope[:, 0]), sid
+            assert torch.equal(batch["position_ids"][0, b, start:start + n], torch.arange(n)), sid
+            videos += "video_grid_thw" in ref
+            start += n
+    assert B and videos == 4
+    # model_inputs hands the model the same positions (nothing left to move)
+    assert torch.equal(wdspack.model_inputs(batch, model)["position_ids"], batch["position_ids"])
 
 
 def test_packed_loss_and_gradients_equal_one_by_one(family):

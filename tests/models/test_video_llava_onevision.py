@@ -142,3 +142,15 @@ def test_a_pack_without_videos_pads_to_the_same_shapes(built):
                                            "image_mask": torch.zeros(6, dtype=torch.bool)}, None)
     assert videos["pixel_values_videos"].shape == (2, FRAMES, 3, TILE, TILE)
     assert torch.equal(videos["pixel_values_videos"][0], videos["pixel_values_videos"][1])
+
+
+def test_a_video_only_dataset_has_no_image_slots(built):
+    """A dataset of videos alone (its manifest: no image, so no image tokens a pack) pads no ``pixel_values``
+    slots of zeros beside its frames; a dataset with images keeps its ``max_images`` slots."""
+    processor, _, _, _, _ = built
+    for image_tokens, slots in ((0, 0), (40, 3)):
+        batcher = ModelBatcher(processor, seq_len=SEQ_LEN, max_images=3, max_image_tokens=image_tokens,
+                               max_video_tokens=2 * (FRAMES * 4 + 1))
+        pixels = LLAVA_ONEVISION.pad_pixels({}, processor, batcher.budgets, ())
+        batch, _ = batcher.collate({}, [(pixels, {})])
+        assert batch["pixel_values"].shape[0] == slots, image_tokens

@@ -1,8 +1,10 @@
 """Bad videos lose nothing (issue #40, item 5), through the user's commands: ``wdspack pack`` drops what a
-container's header shows, each with its own reason naming the file (in ``dropped.jsonl`` and in one line of
-the command's output), and ``make_loader`` counts what only decoding shows as a corrupt pack, skips it and
-streams the rest. A variable frame rate and a rotation flag are handled: the planned frames decode to the
-frames transformers' own PyAV decoding gives. Decoding is bounded in seconds and in pixels per video.
+container's header and its packets show, a file cut short included (issue #47), each with its own reason naming
+the file (in ``dropped.jsonl``, counted in the command's summary, in one line under ``--on-error raise``); in a
+dataset packed before that check, ``wdspack verify`` names each such video and ``make_loader`` drops its sample
+from the pack, counted, and streams the rest. A variable frame rate and a rotation flag are handled: the planned
+frames decode to the frames transformers' own PyAV decoding gives. Decoding is bounded in seconds and in pixels
+per video.
 
 Every clip is tiny, made once with PyAV; the hostile ones are real clips with a header field rewritten.
 """
@@ -35,6 +37,7 @@ from wdspack.models.video import (
     plan_qwen3_vl,
     read_header,
 )
+from wdspack.ops.verify import verify_dataset
 from wdspack.packer.config import PackConfig, RunOptions
 from wdspack.packer.job import pack_dataset
 from wdspack.packer.samples import SampleConfig
@@ -46,10 +49,11 @@ ASK = "<video>What happens?"
 
 
 def _clip(path: Path, *, frames: int = 24, width: int = 48, height: int = 32, rate: Fraction = Fraction(12),
-          options: dict | None = None, pts: list[int] | None = None) -> bytes:
+          options: dict | None = None, pts: list[int] | None = None, codec: str = "h264") -> bytes:
     """An h264 clip (``pts`` in milliseconds: a variable frame rate); ``options`` for the muxer."""
     with av.open(str(path), "w", options=options or {}) as out:
-        stream = out.add_stream("h264", rate=rate)
+        fast = {"deadline": "realtime", "cpu-used": "8"} if codec == "libvpx-vp9" else None
+        stream = out.add_stream(codec, rate=rate, options=fast)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         if pts is not None:
             stream.codec_context.time_base = Fraction(1, 1000)
@@ -123,20 +127,34 @@ def _row(sid: str, video: str | None, ask: str = ASK) -> dict:
     return row | ({"videos": [video]} if video else {})
 
 
-#: id -> (file, reason, words the detail holds): dropped at pack time from the header (or the sources)
+#: what the user reads of a faststart MP4 (its header first) whose data was cut: ``{}`` the header's frames
+CUT = r"the header gives {} frames but the file holds the data of \d+ \(the file was cut short: download it again\)"
+#: id -> (file, reason, a pattern the detail holds): dropped at pack time from the header and the packets (or the
+#: sources)
 AT_PACK = {
     "head-gone": ("clips/head_gone.mp4", "unreadable_video", "Invalid data"),
-    "empty": ("clips/empty.mp4", "unreadable_video", "empty (0 bytes)"),
+    "empty": ("clips/empty.mp4", "unreadable_video", re.escape("empty (0 bytes)")),
     "audio-only": ("clips/voice.m4a", "unreadable_video", "no video stream"),
     "garbage": ("clips/garbage.mp4", "unreadable_video", "cannot read the video's header"),
     "huge-frames": ("clips/huge.avi", "video_too_large", "10000x10000 = 100000000 pixels a frame > the limit"),
-    "one-frame": ("clips/one.mp4", "video_too_short", "1 frame(s): the processor samples frames in temporal patches"),
+    "one-frame": ("clips/one.mp4", "video_too_short",
+                  re.escape("1 frame(s): the processor samples frames in temporal patches")),
     "escape": ("../outside.mp4", "video_path_escape", "outside.mp4"),
     "decodes-too-much": ("clips/big.mp4", "video_too_large", "8 frames of 96x64 = 49152 pixels to decode > the 20000"),
+    # the frames' data is not all in the file (issue #47): an interrupted download, a header that lies
+    "cut-60": ("clips/cut60.mp4", "unreadable_video", CUT.format(24)),
+    "cut-30kb": ("clips/cut30k.mp4", "unreadable_video", CUT.format(96)),
+    "cut-tail": ("clips/cut.mp4", "unreadable_video", CUT.format(24)),
+    "cut-webm": ("clips/cut.webm", "unreadable_video", r"the header gives 4\.00 s but the file holds the data of \d+ "
+                 r"frames, [\d.]+ s \(the file was cut short: download it again\)"),
+    "lying-stts": ("clips/lying.mp4", "unreadable_video", re.escape(
+        "the header gives 3000000000 frames but the file holds the data of 24 (the file was cut short, or its header "
+        "is wrong: download it again)")),
 }
 #: frames × pixels the loader decodes of one video, lowered for the pack job: good.mp4's 8 frames of 48x32 fit
 DECODE_PIXELS = 20_000
-#: id -> file: packed (the header looks whole), counted as a corrupt pack at load time (only decoding shows it)
+#: id -> file: dropped now; packed by a wdspack that did not check the frames' data (the ``older`` dataset), named
+#: by ``verify`` and dropped from its pack at load time (decoding shows it)
 AT_LOAD = {"lying-stts": "clips/lying.mp4", "cut-tail": "clips/cut.mp4"}
 GOOD = {"good-0": "clips/good.mp4", "text": None, "good-1": "clips/good.mp4"}
 
@@ -160,9 +178,17 @@ def src(tmp_path_factory) -> Path:
     (root / "outside.mp4").write_bytes(good)
     (clips / "lying.mp4").write_bytes(_claim_frames(front, 3_000_000_000))
     (clips / "cut.mp4").write_bytes(front[: front.find(b"mdat") + (len(front) - front.find(b"mdat")) // 2])
-    rows = [_row(sid, f) for sid, (f, _, _) in AT_PACK.items()] + [_row(sid, f) for sid, f in AT_LOAD.items()]
+    (clips / "cut60.mp4").write_bytes(front[: len(front) * 6 // 10])
+    longer = _clip(root / "longer.mp4", frames=96, options={"movflags": "faststart"})
+    assert len(longer) > 45_000 and longer.find(b"mdat") < 2_000, "30 KB is a cut after the header"
+    (clips / "cut30k.mp4").write_bytes(longer[:30_000])
+    webm = _clip(root / "whole.webm", frames=48, codec="libvpx-vp9")  # 4 s
+    (clips / "cut.webm").write_bytes(webm[: len(webm) * 6 // 10])
+    rows = [_row(sid, f) for sid, (f, _, _) in AT_PACK.items()]
     rows[3:3] = [_row(sid, f) for sid, f in GOOD.items()]
     (root / "src" / "chats.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    older = [_row(sid, f) for sid, f in {**GOOD, **AT_LOAD}.items()]
+    (root / "src" / "older.jsonl").write_text("".join(json.dumps(r) + "\n" for r in older))
     return root / "src"
 
 
@@ -176,17 +202,35 @@ def qwen(tmp_path_factory) -> tuple:
     return save_processor(processor, root / "processor"), processor
 
 
+def _pack(src: Path, processor: Path, source: str, out: Path, *, check_data: bool = True) -> tuple[int, str]:
+    """``wdspack pack`` on ``src / source`` as a user runs it: (exit code, what it printed). Without
+    ``check_data``, as wdspack packed before it checked that a file holds its frames' data (issue #47)."""
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(video, "MAX_VIDEO_PIXELS", DECODE_PIXELS)
+        if not check_data:
+            mp.setattr(video, "_check_held", lambda *args, **kwargs: None)
+        code = cli.main(["pack", str(src / source), "--output", str(out), "--processor", str(processor),
+                         "--image-root", str(src), "--video-fps", str(FPS), "--video-max-frames", str(MAX_FRAMES),
+                         "--video-max-pixels", str(PIXELS), "--seq-len", str(SEQ_LEN), "--max-drop-fraction", "1"])
+    return code, said.getvalue()
+
+
 @pytest.fixture(scope="module")
 def packed(src, qwen) -> tuple[Path, int, str]:
     """``wdspack pack`` on the sources as a user runs it: (output folder, exit code, what it printed)."""
     out = src.parent / "packed"
-    said = io.StringIO()
-    with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said), pytest.MonkeyPatch.context() as mp:
-        mp.setattr(video, "MAX_VIDEO_PIXELS", DECODE_PIXELS)
-        code = cli.main(["pack", str(src / "chats.jsonl"), "--output", str(out), "--processor", str(qwen[0]),
-                         "--image-root", str(src), "--video-fps", str(FPS), "--video-max-frames", str(MAX_FRAMES),
-                         "--video-max-pixels", str(PIXELS), "--seq-len", str(SEQ_LEN), "--max-drop-fraction", "1"])
-    return out, code, said.getvalue()
+    return (out, *_pack(src, qwen[0], "chats.jsonl", out))
+
+
+@pytest.fixture(scope="module")
+def older(src, qwen) -> Path:
+    """The good records and :data:`AT_LOAD`'s packed as wdspack packed them before issue #47 (no check that a
+    file holds its frames' data): what ``verify`` and the loader meet in a dataset packed then."""
+    out = src.parent / "older"
+    code, said = _pack(src, qwen[0], "older.jsonl", out, check_data=False)
+    assert code == 0 and "dropped 0" in said, said
+    return out
 
 
 def _dropped(out: Path) -> dict[str, dict]:
@@ -197,26 +241,30 @@ def test_what_the_header_shows_is_dropped_with_its_own_reason_naming_the_file(pa
     out, code, said = packed
     assert code == 0, said
     dropped = _dropped(out)
-    assert set(dropped) == set(AT_PACK), "exactly the header's cases dropped; the lying ones pass the header"
+    assert set(dropped) == set(AT_PACK), "exactly the header's and the packets' cases dropped"
     for sid, (path, reason, words) in AT_PACK.items():
         d = dropped[sid]
-        assert d["reason"] == reason and words in d["detail"], d
+        assert d["reason"] == reason and re.search(words, d["detail"]), d
         assert Path(path).name in d["detail"], f"{sid}: the detail names the file: {d['detail']}"
         assert "\n" not in d["detail"] and "<none>" not in d["detail"] and "Traceback" not in d["detail"]
     assert "Traceback" not in said
     summary = next(line for line in said.splitlines() if line.startswith("samples"))
-    assert "dropped 8 (unreadable_video 4, video_path_escape 1, video_too_large 2, video_too_short 1)" in summary
+    assert "dropped 13 (unreadable_video 9, video_path_escape 1, video_too_large 2, video_too_short 1)" in summary
 
 
-def test_on_error_raise_says_a_path_out_of_the_root_in_one_line(src, qwen, tmp_path, capsys):
-    (tmp_path / "one.jsonl").write_text(json.dumps(_row("escape", "../outside.mp4")) + "\n")
+@pytest.mark.parametrize("sid, says", [
+    ("escape", r"sample 'escape': video path '\.\./outside\.mp4' resolves to .* \[video_path_escape\]"),
+    ("cut-60", r"sample 'cut-60': video 0 \('clips/cut60\.mp4'\): " + CUT.format(24)
+     + r" \(pass --on-error skip to drop such samples and go on\) \[unreadable_video\]"),
+], ids=["escape", "cut-60"])
+def test_on_error_raise_says_what_is_wrong_with_the_video_in_one_line(src, qwen, tmp_path, capsys, sid, says):
+    (tmp_path / "one.jsonl").write_text(json.dumps(_row(sid, AT_PACK[sid][0])) + "\n")
     code = cli.main(["pack", str(tmp_path / "one.jsonl"), "--output", str(tmp_path / "out"), "--processor",
                      str(qwen[0]), "--image-root", str(src), "--video-fps", str(FPS), "--seq-len", str(SEQ_LEN),
                      "--on-error", "raise", "--quiet"])
     err = capsys.readouterr().err.strip()
     assert code != 0 and len(err.splitlines()) == 1, err
-    assert err.startswith("wdspack pack: error: sample 'escape': video path '../outside.mp4' resolves to "), err
-    assert err.endswith("[video_path_escape]"), err
+    assert re.fullmatch("wdspack pack: error: " + says, err), err
 
 
 @pytest.mark.parametrize("mode", ["tokenizer", "gemma3"])
@@ -256,39 +304,72 @@ def _packs(out: Path) -> list:
     return packs
 
 
-def test_a_header_that_lies_and_a_cut_tail_are_corrupt_packs_and_the_rest_streams(packed, qwen):
-    out, _, _ = packed
-    packs = _packs(out)
+def test_a_header_that_lies_and_a_cut_tail_packed_before_the_check_are_dropped_at_load_and_the_rest_streams(older,
+                                                                                                           qwen):
+    """In a dataset packed before the pack job checked the frames' data, only decoding shows these: the loader
+    drops each such sample from its pack, counted with its reason, and every other pack streams whole."""
+    packs = _packs(older)
     lying = [p for p in packs if set(p.sample_ids) & set(AT_LOAD)]
     good = [p for p in packs if not set(p.sample_ids) & set(AT_LOAD)]
     assert len(lying) == 2 and {sid for p in good for sid in p.sample_ids} == set(GOOD)
     (claimed,) = [p.video_plans[0] for p in lying if "lying-stts" in p.sample_ids]
     assert len(claimed.frames) == MAX_FRAMES and claimed.frames[-1] > 10**9, "planned from the claimed 3e9 frames"
-    loader = wdspack.make_loader(str(out), batch_size=1, num_workers=0, shuffle=False, processor=qwen[1])
+    loader = wdspack.make_loader(str(older), batch_size=1, num_workers=0, shuffle=False, processor=qwen[1])
     batches = list(loader)
-    # the epoch keeps its fixed length: the slot reads on past the skipped packs (so meets them again)
-    assert len(batches) == len(packs) and loader.stats["corrupt_packs"] >= 2, loader.stats
+    assert len(batches) == len(packs), "the epoch keeps its fixed length"
+    assert loader.stats["dropped_samples"] == 2 and loader.stats["dropped_samples/older/unreadable_video"] == 2, \
+        loader.stats
     got = {tuple(b["input_ids"][0][: int(b["num_tokens"][0])].tolist()) for b in batches}
-    assert got == {tuple(p.input_ids.tolist()) for p in good}, "every other pack streams, whole"
+    assert got - {()} == {tuple(p.input_ids.tolist()) for p in good}, "every other pack streams, whole"
     assert any(bool(b["video_mask"].any()) for b in batches), "with its video's pixels"
 
 
-def test_each_corrupt_video_is_one_line_naming_the_sample_and_the_video(packed, qwen, caplog):
+def test_each_corrupt_video_is_one_line_naming_the_sample_and_the_video(older, qwen, caplog):
     """Skipped, each is warned in one line naming its sample and video; ``on_corrupt="raise"`` stops at the
     first with that line."""
-    out, _, _ = packed
     with caplog.at_level("WARNING", logger="wdspack"):
-        list(wdspack.make_loader(str(out), batch_size=1, num_workers=0, shuffle=False, processor=qwen[1]))
-    said = [r.getMessage() for r in caplog.records if "corrupt_packs" in r.getMessage()]
+        list(wdspack.make_loader(str(older), batch_size=1, num_workers=0, shuffle=False, processor=qwen[1]))
+    said = [r.getMessage() for r in caplog.records if "dropped_samples" in r.getMessage()]
     assert {sid for sid in AT_LOAD for m in said if f"sample {sid!r}: video 0: frame " in m} == set(AT_LOAD), said
     for message in said:
         assert "\n" not in message and "asked for, but the video has" in message, message
-    assert "frame 375000000 asked for, but the video has 24 frames" in said[0], "the claimed frames against the real"
-    loader = wdspack.make_loader(str(out), batch_size=1, num_workers=0, shuffle=False, processor=qwen[1],
+    lying = "sample 'lying-stts': video 0: frame 375000000 asked for, but the video has 24 frames"
+    assert lying in said[0], "the claimed frames against the real"
+    loader = wdspack.make_loader(str(older), batch_size=1, num_workers=0, shuffle=False, processor=qwen[1],
                                  on_corrupt="raise")
     with pytest.raises(wdspack.FormatError) as e:
         list(loader)
-    assert "\n" not in str(e.value) and str(e.value) in said[0], (str(e.value), said)
+    assert "\n" not in str(e.value) and lying in str(e.value), (str(e.value), said)
+
+
+def test_verify_names_each_video_cut_short_in_a_dataset_packed_before_the_check(older, packed, src, capsys):
+    """``wdspack verify`` runs the pack job's check on every packed video against the frames its plan names,
+    so a dataset packed before it (or a clip damaged since) is reported: the shard, the pack, the sample, the
+    video and the reason, one line each. A pack holds each video's bytes, so ``--source`` finds the same; the
+    dataset packed with the check (the cut clips dropped) checks out, with ``--source`` too."""
+    problems = verify_dataset(str(older))
+    assert len(problems) == len(AT_LOAD), problems
+    found = {}
+    for line in problems:
+        m = re.fullmatch(r"([\w-]+\.tar): pack (\w+): sample '([\w-]+)': video 0: (.*) \[unreadable_video\]", line)
+        assert m, line
+        found[m[3]] = m[4]
+    assert set(found) == set(AT_LOAD), problems
+    assert re.fullmatch(CUT.format(24), found["cut-tail"]), found
+    assert re.fullmatch(AT_PACK["lying-stts"][2], found["lying-stts"]), found
+    assert verify_dataset(str(older), sources=[str(src / "older.jsonl")], image_root=str(src)) == problems
+    code = cli.main(["verify", str(older), "--source", str(src / "older.jsonl"), "--image-root", str(src)])
+    said = capsys.readouterr()
+    assert code == 1 and said.out.splitlines() == [f"FAIL {line}" for line in problems], said
+    assert said.err.strip() == f"2 problems in {older}", said.err
+    assert verify_dataset(str(packed[0])) == []
+    assert verify_dataset(str(packed[0]), sources=[str(src / "chats.jsonl")], image_root=str(src)) == []
+    good = (src / "clips" / "good.mp4").read_bytes()  # whole, but not the clip a plan was made from
+    assert video.check_planned_frames(good, range(24)).frames == 24
+    with pytest.raises(SampleError, match=r"^sample 's': the plan names frame 24 but the file holds the data of 24 "
+                                          r"frames \(the video is not the one planned, or was cut short: pack the "
+                                          r"sample again from a whole copy\) \[unreadable_video\]$"):
+        video.check_planned_frames(good, [0, 24], sample_id="s")
 
 
 def test_variable_frame_rate_and_rotation_decode_to_the_processors_frames(tmp_path):
@@ -343,7 +424,8 @@ def test_frames_times_pixels_of_one_video_are_bounded(src, monkeypatch):
 
 def test_counting_a_webms_frames_is_bounded_in_frames_and_seconds(tmp_path, monkeypatch):
     """A container without a frame count has its packets counted, within a count and a time limit: past
-    either the video is ``video_too_large`` with the fix, not a probe that runs for as long as the file."""
+    either the video is ``video_too_large`` with the fix, not a probe that runs for as long as the file. An MP4's
+    pass (its frames' data checked) stops at its header's count and is bounded in time the same way."""
     data = _clip(tmp_path / "c.mkv", frames=8)  # Matroska, as WebM: no frame count in the header
     assert video.read_header(data).frames == 8
     monkeypatch.setattr(video, "MAX_COUNTED_FRAMES", 7)
@@ -356,6 +438,27 @@ def test_counting_a_webms_frames_is_bounded_in_frames_and_seconds(tmp_path, monk
     with pytest.raises(SampleError, match=r"took over -1 s at 1 frames; split the video or remux it as MP4") as e:
         video.read_header(data)
     assert e.value.reason == "video_too_large"
+    mp4 = _clip(tmp_path / "c.mp4", frames=8)  # a frame count in the header: its frames' data is checked, in time
+    with pytest.raises(SampleError, match=r"^sample '': checking the data of the 8 frames its header gives took over "
+                                          r"-1 s at 1 frames; split the video \[video_too_large\]$"):
+        video.read_header(mp4)
+
+
+def test_a_webm_cut_short_is_found_against_its_tracks_duration_or_else_the_containers(tmp_path):
+    """WebM gives no frame count: the packets counted must reach the duration its header gives, the video
+    track's own (the ``DURATION`` tag FFmpeg and mkvmerge write) or, without one, the container's (with a second
+    more of slack: another track may run longer)."""
+    whole = _clip(tmp_path / "v.webm", frames=60, rate=Fraction(10), codec="libvpx-vp9")  # 6 s
+    untagged = whole.replace(b"DURATION", b"DURATIOX")  # the tag's name, same length: the track gives no duration
+    assert whole.count(b"DURATION") == 1 and untagged != whole
+    with av.open(io.BytesIO(untagged)) as c:
+        assert "DURATION" not in c.streams.video[0].metadata and c.duration == 6_000_000
+    for data in (whole, untagged):
+        assert read_header(data).frames == 60
+        with pytest.raises(SampleError, match=r"^sample 'w': the header gives 6\.00 s but the file holds the data of "
+                                              r"\d+ frames, [\d.]+ s \(the file was cut short: download it again\) "
+                                              r"\[unreadable_video\]$"):
+            read_header(data[: len(data) // 2], sample_id="w")
 
 
 def test_a_header_claiming_billions_of_frames_plans_in_bounded_memory():

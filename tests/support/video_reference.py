@@ -13,6 +13,9 @@ as in the package's environment.
 :func:`video_processor_outputs` and :func:`processor_outputs` run one job each; a test module with
 several references builds them with :func:`video_processor_job` / :func:`processor_job` and runs
 them all in one :func:`run_jobs` (importing transformers and torchvision takes seconds).
+:func:`save_job` writes a processor folder with the real processor's own ``save_pretrained`` (as
+transformers 5 does, or its parts' files side by side as 4.x did) and :func:`folder_job` calls
+``AutoProcessor.from_pretrained`` of a folder, so one child can write folders and then run them.
 """
 
 from __future__ import annotations
@@ -92,10 +95,40 @@ def processor_job(processor_dir: str | os.PathLike[str], processor_cls: str, vid
     if processor_cls not in VIDEO_PROCESSORS:
         raise ValueError(f"processor class {processor_cls!r}: one of {sorted(VIDEO_PROCESSORS)}")
     return {"what": "processor", "cls": processor_cls, "video_cls": VIDEO_PROCESSORS[processor_cls],
-            "dir": os.fspath(processor_dir), "settings": dict(video_settings),
-            "calls": [{"text": c["text"], "videos": [os.fspath(v) for v in c.get("videos") or []],
-                       "images": None if c.get("images") is None else [os.fspath(i) for i in c["images"]],
-                       "kwargs": dict(c.get("kwargs") or {})} for c in calls]}
+            "dir": os.fspath(processor_dir), "settings": dict(video_settings), "calls": _calls(calls)}
+
+
+#: How :func:`save_job` lays a folder out: ``"5.x"`` the processor's own ``save_pretrained`` (one
+#: ``processor_config.json``, each part's settings nested under its name); ``"4.x"`` each part's own file
+#: (``preprocessor_config.json``, ``video_preprocessor_config.json``), as transformers 4 and Hub checkpoints have them.
+LAYOUTS = ("5.x", "4.x")
+
+
+def save_job(source_dir: str | os.PathLike[str], processor_cls: str, video_settings: Mapping[str, Any],
+             folder: str | os.PathLike[str], *, layout: str = "5.x") -> dict:
+    """A job for :func:`run_jobs`: the processor class ``processor_cls`` with the tokenizer, image processor (its
+    default backend, as a user with torchvision has it), chat template and options saved in ``source_dir`` and its
+    real video processor built with ``video_settings``, written to ``folder`` in ``layout`` (:data:`LAYOUTS`)."""
+    if processor_cls not in VIDEO_PROCESSORS:
+        raise ValueError(f"processor class {processor_cls!r}: one of {sorted(VIDEO_PROCESSORS)}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout {layout!r}: one of {LAYOUTS}")
+    return {"what": "save", "cls": processor_cls, "video_cls": VIDEO_PROCESSORS[processor_cls],
+            "dir": os.fspath(source_dir), "settings": dict(video_settings), "out": os.fspath(folder),
+            "layout": layout, "calls": []}
+
+
+def folder_job(folder: str | os.PathLike[str], calls: Sequence[Mapping[str, Any]]) -> dict:
+    """A job for :func:`run_jobs`: ``AutoProcessor.from_pretrained(folder)`` (transformers reading the folder its own
+    way, video processor included), called once per call as in :func:`processor_job`. Each call's outputs also hold
+    ``video_processor``: the loaded video processor's ``to_dict()`` as JSON text."""
+    return {"what": "folder", "dir": os.fspath(folder), "calls": _calls(calls)}
+
+
+def _calls(calls: Sequence[Mapping[str, Any]]) -> list[dict]:
+    return [{"text": c["text"], "videos": [os.fspath(v) for v in c.get("videos") or []],
+             "images": None if c.get("images") is None else [os.fspath(i) for i in c["images"]],
+             "kwargs": dict(c.get("kwargs") or {})} for c in calls]
 
 
 def video_processor_outputs(kind: str, clips: Sequence[str | os.PathLike[str]],
@@ -134,7 +167,7 @@ def run_jobs(jobs: Sequence[Mapping[str, Any]], *, timeout_s: float = 600) -> li
         assert done.returncode == 0, f"the video reference failed:\n{done.stderr[-3000:]}"
         results = []
         for j, job in enumerate(jobs):
-            count = len(job["clips"]) if job["what"] == "video_processor" else len(job["calls"])
+            count = len(job["clips"] if job["what"] == "video_processor" else job["calls"])
             results.append([_load(Path(out) / f"{j}-{k}.npz") for k in range(count)])
         return results
 
@@ -159,9 +192,14 @@ def _child() -> None:
     from transformers.utils import is_torchvision_available
 
     assert is_torchvision_available(), "torchvision did not import in the video reference's process"
+    _load_tokenizers_once()
     out = Path(request["out"])
     for j, job in enumerate(request["jobs"]):
-        video_cls = getattr(transformers, job["video_cls"] if job["what"] == "processor" else job["cls"])
+        if job["what"] == "folder":
+            processor = transformers.AutoProcessor.from_pretrained(job["dir"])
+            _run_calls(processor, job, out / str(j), video_processor=json.dumps(processor.video_processor.to_dict()))
+            continue
+        video_cls = getattr(transformers, job["cls"] if job["what"] == "video_processor" else job["video_cls"])
         settings = dict(job["settings"])
         if "cap_pixels_per_frame" in getattr(video_cls, "valid_kwargs", object).__annotations__:
             settings.setdefault("cap_pixels_per_frame", False)  # explicit: its default warns it will change
@@ -177,17 +215,48 @@ def _child() -> None:
                          video_grid_thw=got["video_grid_thw"].numpy(), frames_indices=np.asarray(indices, np.int64),
                          total_num_frames=np.int64(meta.total_num_frames), fps=np.float64(meta.fps),
                          width=np.int64(meta.width), height=np.int64(meta.height))
+        elif job["what"] == "save":
+            _save(_processor(transformers, job, video_processor, backend=None), Path(job["out"]), job["layout"])
         else:
-            processor = _processor(transformers, job, video_processor)
-            for k, call in enumerate(job["calls"]):
-                decoded = [_decode(v) for v in call["videos"]]
-                kwargs: dict[str, Any] = dict(call["kwargs"])
-                if decoded:
-                    kwargs.update(videos=[f for f, _ in decoded], video_metadata=[m for _, m in decoded])
-                images = None if call["images"] is None else [_image(p) for p in call["images"]]
-                got = processor(text=[call["text"]], images=images, return_tensors="pt", **kwargs)
-                arrays = {key: value.numpy() for key, value in got.items() if isinstance(value, torch.Tensor)}
-                np.savez(out / f"{j}-{k}.npz", **arrays)
+            _run_calls(_processor(transformers, job, video_processor), job, out / str(j))
+
+
+def _run_calls(processor: Any, job: Mapping[str, Any], prefix: Path, **extra: str) -> None:
+    """Each call of ``job`` through ``processor``: every tensor it returns (and ``extra``) in ``{prefix}-{k}.npz``."""
+    import torch
+
+    for k, call in enumerate(job["calls"]):
+        decoded = [_decode(v) for v in call["videos"]]
+        kwargs: dict[str, Any] = dict(call["kwargs"])
+        if decoded:
+            kwargs.update(videos=[f for f, _ in decoded], video_metadata=[m for _, m in decoded])
+        images = None if call["images"] is None else [_image(p) for p in call["images"]]
+        got = processor(text=[call["text"]], images=images, return_tensors="pt", **kwargs)
+        arrays = {key: value.numpy() for key, value in got.items() if isinstance(value, torch.Tensor)}
+        np.savez(f"{prefix}-{k}.npz", **arrays, **{key: np.asarray(value) for key, value in extra.items()})
+
+
+def _save(processor: Any, folder: Path, layout: str) -> None:
+    """``processor`` in ``folder``: its own ``save_pretrained`` (5.x), or as transformers 4 wrote it (4.x): the
+    tokenizer's files, ``preprocessor_config.json`` and ``video_preprocessor_config.json`` (each naming the
+    processor class), ``processor_config.json`` only where the processor has options of its own, the template."""
+    if layout == "5.x":
+        processor.save_pretrained(folder)
+        return
+    cls = type(processor).__name__
+    folder.mkdir(parents=True, exist_ok=True)
+    processor.tokenizer._set_processor_class(cls)
+    processor.tokenizer.save_pretrained(folder)
+    for part, name in (("image_processor", "preprocessor_config.json"),
+                       ("video_processor", "video_preprocessor_config.json")):
+        settings = getattr(processor, part).to_dict()
+        settings["processor_class"] = cls
+        (folder / name).write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
+    options = {k: v for k, v in processor.to_dict().items()
+               if k not in ("image_processor", "video_processor", "tokenizer", "chat_template", "processor_class")}
+    if options:
+        (folder / "processor_config.json").write_text(json.dumps({**options, "processor_class": cls}, indent=2))
+    (folder / "chat_template.jinja").write_text(processor.chat_template)
 
 
 def _decode(path: str) -> tuple[np.ndarray, Any]:
@@ -213,11 +282,50 @@ def _image(path: str) -> Any:
         return image.copy()
 
 
-def _processor(transformers: Any, job: Mapping[str, Any], video_processor: Any) -> Any:
-    from transformers import AutoImageProcessor, AutoTokenizer
+#: Tokenizers loaded in the child, by their files (a 131k vocabulary takes seconds to load, or to copy).
+_TOKENIZERS: dict[tuple[str, str], Any] = {}
 
-    tokenizer = AutoTokenizer.from_pretrained(job["dir"])
-    images = AutoImageProcessor.from_pretrained(job["dir"], backend="pil")  # as in the package's environment
+
+def _tokenizer(folder: str | os.PathLike[str]) -> Any:
+    """``AutoTokenizer.from_pretrained(folder)``, loaded once per distinct ``tokenizer.json`` and
+    ``tokenizer_config.json`` (but its ``processor_class``, which ``save_pretrained`` writes) and shared by the
+    processors built on the same files (they read it; a save sets its processor class first)."""
+    import hashlib
+
+    from transformers import AutoTokenizer
+
+    files = Path(folder, "tokenizer.json"), Path(folder, "tokenizer_config.json")
+    if not all(f.is_file() for f in files):
+        return AutoTokenizer.from_pretrained(folder)
+    config = {k: v for k, v in json.loads(files[1].read_text()).items() if k != "processor_class"}
+    key = hashlib.sha256(files[0].read_bytes()).hexdigest(), json.dumps(config, sort_keys=True)
+    if key not in _TOKENIZERS:
+        _TOKENIZERS[key] = AutoTokenizer.from_pretrained(folder)
+    return _TOKENIZERS[key]
+
+
+def _load_tokenizers_once() -> None:
+    """``AutoProcessor.from_pretrained`` takes its tokenizer from :func:`_tokenizer`; the rest it reads as it does."""
+    from transformers.processing_utils import ProcessorMixin
+
+    own = ProcessorMixin._load_tokenizer_from_pretrained.__func__  # type: ignore[attr-defined]
+
+    def load(cls: Any, sub_processor_type: str, name: Any, subfolder: str = "", **kwargs: Any) -> Any:
+        if sub_processor_type == "tokenizer" and not subfolder and Path(name).is_dir():
+            return _tokenizer(name)
+        return own(cls, sub_processor_type, name, subfolder=subfolder, **kwargs)
+
+    ProcessorMixin._load_tokenizer_from_pretrained = classmethod(load)  # type: ignore[method-assign,assignment]
+
+
+def _processor(transformers: Any, job: Mapping[str, Any], video_processor: Any, *, backend: str | None = "pil") -> Any:
+    """The processor class of ``job`` from the tokenizer, image processor, template and options in its folder, with
+    ``video_processor``; images with the Pillow backend as in the package's environment (None: transformers' default
+    backend, as a user with torchvision has it)."""
+    from transformers import AutoImageProcessor
+
+    tokenizer = _tokenizer(job["dir"])
+    images = AutoImageProcessor.from_pretrained(job["dir"], **({"backend": backend} if backend else {}))
     template = Path(job["dir"], "chat_template.jinja")
     cls = getattr(transformers, job["cls"])
     # the processor's own settings (LLaVA-OneVision's num_image_tokens, ...): those its constructor names

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,8 @@ from typing import Any
 from ..errors import ManifestError
 from .pack import FORMAT
 
-__all__ = ["MANIFEST_NAME", "DROPPED_NAME", "Manifest", "ShardInfo", "read_manifest", "write_json_atomic"]
+__all__ = ["MANIFEST_NAME", "DROPPED_NAME", "Manifest", "ShardInfo", "image_token_budget", "read_manifest",
+           "write_json_atomic"]
 
 MANIFEST_NAME = "manifest.json"
 DROPPED_NAME = "dropped.jsonl"
@@ -117,6 +119,21 @@ class Manifest:
             )
         except (KeyError, TypeError) as e:
             raise ManifestError(f"manifest is missing or has a malformed field: {e}") from None
+
+
+def image_token_budget(totals: Mapping[str, Any]) -> int | None:
+    """The most image tokens one pack holds, as the batch's pixel rows are sized: ``max_image_tokens_per_pack``
+    (which counts a pack's video tokens with its images), or 0 where the dataset holds videos and no image (its
+    batches then carry no image rows). None: not recorded.
+
+    Example:
+        >>> image_token_budget({"images": 0, "videos": 4, "max_image_tokens_per_pack": 1540})
+        0
+    """
+    value = totals.get("max_image_tokens_per_pack")
+    if value is not None and totals.get("videos") and not totals.get("images"):
+        return 0
+    return None if value is None else int(value)
 
 
 def read_manifest(root: str | os.PathLike[str]) -> Manifest:

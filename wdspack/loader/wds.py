@@ -30,6 +30,7 @@ import msgpack
 import torch
 
 from ..errors import ConfigError, FormatError, WdspackError
+from ..format.manifest import image_token_budget
 from ..format.pack import Pack, decode_pack
 
 __all__ = ["DatasetInfo", "batched", "collate", "decode_packs", "read_dataset", "to_examples"]
@@ -114,7 +115,7 @@ def read_dataset(source: str | os.PathLike[str], *, storage_options: Mapping[str
         urls = tuple(_pinned_hf_url(text, u) for u in urls)
     return DatasetInfo(urls=urls, packs=tuple(s.packs for s in resolved.shards), seq_len=int(m.seq_len),
                        max_images=slots, pad_token_id=int(pad),
-                       max_image_tokens=m.totals.get("max_image_tokens_per_pack"),
+                       max_image_tokens=image_token_budget(m.totals),
                        max_samples_per_pack=m.totals.get("max_samples_per_pack"),
                        image_policy=dict(m.image_policy), display=resolved.display, max_images_per_pack=least,
                        images=sum(s.images for s in m.shards),

@@ -105,8 +105,9 @@ class VideoSide:
             processor replaces (``<|video_pad|>``).
         feature_token: ``processor -> str``: the token the video features fill (``Pack.video_tokens``
             counts it per video).
-        sampling: ``(processor, config) -> settings``: the video processor's settings, from its
-            ``video_preprocessor_config.json`` as a dict (None: the class's defaults).
+        sampling: ``(processor, config) -> settings``: the video processor's settings, from the dict
+            :func:`~wdspack.models.settings.read_settings` found (wherever transformers writes them; None:
+            the class's defaults).
         plan: ``(header, settings) -> VideoPlan``: the frames sampled, their size, grid and tokens.
         replacement: ``(processor, plan) -> str``: the text the placeholder becomes.
         pixels: ``(processor, videos, plans, *, max_pixels) -> {key: tensor}``: in the loader's workers, a

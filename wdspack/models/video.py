@@ -2,9 +2,10 @@
 their size, grid and token count, with no pixel decoded (issue #40, the planning half).
 
     video bytes ─► read_header (PyAV: frame count, or the packets counted where the header has none;
-                   │            frame rate; width, height)
-    video_preprocessor_config.json ─► QwenVideoSampling.from_config (read as a file: the processor
-                   │                  class needs torchvision, which most data-prep machines lack)
+                   │            frame rate; width, height; one demux pass finds the frames' data whole)
+    video settings (models.settings: processor_config.json's "video_processor", else
+                   │ video_preprocessor_config.json, else the image processor's; read as files: the
+                   │ class needs torchvision) ─► QwenVideoSampling.from_config
                    ▼
     plan_qwen2_vl / plan_qwen3_vl ─► VideoPlan(indices, height, width, grid (t, h, w), tokens,
                                                second_per_grid_t, timestamps)
@@ -26,8 +27,9 @@ import io
 import json
 import math
 import os
+import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -38,8 +40,8 @@ from ..errors import ConfigError, SampleError
 
 __all__ = ["MAX_FRAME_PIXELS", "MAX_PLAN_FRAMES", "MAX_VIDEO_PIXELS", "QWEN3_VL_VIDEO", "LlavaVideoSampling",
            "QwenVideoSampling", "VideoHeader", "VideoPlan", "VideoSettings", "check_decode_size",
-           "plan_llava_onevision", "plan_qwen2_vl", "plan_qwen3_vl", "qwen3_vl_prompt", "read_header", "smart_resize",
-           "video_config"]
+           "check_planned_frames", "plan_llava_onevision", "plan_qwen2_vl", "plan_qwen3_vl", "qwen3_vl_prompt",
+           "read_header", "smart_resize", "video_config"]
 
 #: The most pixels a video frame may have (width × height, from the header): the images' decompression-bomb guard.
 MAX_FRAME_PIXELS = 64_000_000
@@ -69,15 +71,20 @@ class VideoHeader:
 
 def read_header(data: bytes | str | os.PathLike[str], *, sample_id: str = "",
                 max_pixels: int = MAX_FRAME_PIXELS) -> VideoHeader:
-    """The first video stream's frame count, rate and size, from the container (no frame decoded).
+    """The first video stream's frame count, rate and size, from the container, once the file is found
+    to hold those frames' data (no frame decoded).
 
-    A container whose header holds no frame count (WebM/Matroska) has its video packets counted: one
-    pass over the demuxed packets, no decoding. Nothing is allocated per frame the header claims.
+    One pass over the demuxed video packets, nothing decoded, finds the frames whose data is whole in the
+    file: where the header gives a frame count, that many must be there; where it gives none
+    (WebM/Matroska), the packets are counted and must reach the duration the header gives. Nothing is
+    allocated per frame the header claims.
 
     Raises:
         SampleError: ``unreadable_video`` when the bytes are not a video PyAV can open (or hold no video
-            stream); ``video_too_large`` when a frame has more than ``max_pixels`` pixels (a hostile header),
-            or counting the frames goes past :data:`MAX_COUNTED_FRAMES` or :data:`MAX_COUNT_SECONDS`.
+            stream), or hold the data of fewer frames than the header gives (a file cut short, as by an
+            interrupted download); ``video_too_large`` when a frame has more than ``max_pixels`` pixels (a
+            hostile header), or the pass goes past :data:`MAX_COUNT_SECONDS` (or, counting, past
+            :data:`MAX_COUNTED_FRAMES`).
     """
     try:
         import av
@@ -88,18 +95,18 @@ def read_header(data: bytes | str | os.PathLike[str], *, sample_id: str = "",
         with av.open(source) as container:
             if not container.streams.video:
                 raise SampleError("unreadable_video", "the container holds no video stream", sample_id)
+            _refuse_still_image(container.format.name, sample_id)
             stream = container.streams.video[0]
             rate = stream.average_rate or stream.guessed_rate or stream.base_rate
-            frames = int(stream.frames or 0)
-            if frames <= 0:  # WebM/Matroska: no count in the header; count the stream's packets
-                frames = _count_packets(container, stream, sample_id)
+            claimed = int(stream.frames or 0)  # 0: WebM/Matroska give no count; the packets are counted
             width, height = int(stream.codec_context.width), int(stream.codec_context.height)
+            held = _count_packets(container, stream, sample_id, claimed=claimed)
+            seconds = None if claimed > 0 else _header_seconds(container, stream)
     except SampleError:
         raise
     except Exception as e:  # PyAV raises its own error types for damaged or unknown containers
-        message = " ".join(str(e).replace(": '<none>'", "").split())  # '<none>': PyAV's name for in-memory bytes
-        raise SampleError("unreadable_video", f"cannot read the video's header ({type(e).__name__}: {message})",
-                          sample_id) from None
+        raise SampleError("unreadable_video", f"cannot read the video's header ({_av_error(e)})", sample_id) from None
+    frames = claimed if claimed > 0 else held.frames
     if not rate or frames <= 0 or width <= 0 or height <= 0:
         raise SampleError("unreadable_video", f"the header gives {frames} frames at {rate} fps of {width}x{height}",
                           sample_id)
@@ -107,23 +114,137 @@ def read_header(data: bytes | str | os.PathLike[str], *, sample_id: str = "",
         raise SampleError("video_too_large", f"the header gives {width}x{height} = {width * height} pixels a frame > "
                           f"the limit {max_pixels} (a decompression-bomb guard); downscale the video (or raise "
                           "SampleConfig.max_image_pixels)", sample_id)
+    _check_held(held, claimed=claimed, seconds=seconds, fps=float(rate), sample_id=sample_id)
     return VideoHeader(frames=frames, fps=float(rate), width=width, height=height)
 
 
-def _count_packets(container: Any, stream: Any, sample_id: str) -> int:
-    """The stream's video packets (one a frame; nothing decoded), within :data:`MAX_COUNTED_FRAMES` and
-    :data:`MAX_COUNT_SECONDS`."""
-    start, count = time.monotonic(), 0
-    for packet in container.demux(stream):
-        count += bool(packet.size)
-        if count > MAX_COUNTED_FRAMES:
-            raise SampleError("video_too_large", f"over {MAX_COUNTED_FRAMES:,} frames counted (its container gives no "
-                              "count); split the video into shorter clips", sample_id)
-        if time.monotonic() - start > MAX_COUNT_SECONDS:
-            raise SampleError("video_too_large", f"counting its frames (its container gives no count) took over "
-                              f"{MAX_COUNT_SECONDS:g} s at {count:,} frames; split the video or remux it as MP4",
-                              sample_id)
-    return count
+def check_planned_frames(data: bytes | str | os.PathLike[str], frames: Sequence[int], *,
+                         sample_id: str = "") -> VideoHeader:
+    """The video's header, once the file is found to hold the data of every frame in ``frames`` (a pack's
+    plan): :func:`read_header`'s check, then the plan's last frame against the frames held. What
+    ``wdspack verify`` runs on each packed video; no pixel limit (the pack job applied its own).
+
+    Raises:
+        SampleError: as :func:`read_header`; ``unreadable_video`` when the plan names a frame past those.
+
+    Example:
+        >>> check_planned_frames("clip.mp4", (0, 15, 30, 45), sample_id="a")  # doctest: +SKIP
+        VideoHeader(frames=90, fps=30.0, width=64, height=48)
+    """
+    header = read_header(data, sample_id=sample_id, max_pixels=sys.maxsize)
+    last = max(frames, default=-1)
+    if last >= header.frames:
+        raise SampleError("unreadable_video", f"the plan names frame {last} but the file holds the data of "
+                          f"{header.frames} frames (the video is not the one planned, or was cut short: pack the "
+                          "sample again from a whole copy)", sample_id)
+    return header
+
+
+@dataclass(frozen=True)
+class _Held:
+    """What one pass over a video's packets found of its frames' data in the file."""
+
+    frames: int  #: packets whose data is whole (a frame each)
+    cut: str  #: how the data stops before the end ("" where it does not)
+    end: float | None  #: seconds at which the last whole packet ends (counted containers only; None: not known)
+
+
+def _refuse_still_image(format_name: str, sample_id: str) -> None:
+    """A still image under a video's name (a JPEG saved as ``.mp4``): FFmpeg reads it as a one-frame stream of
+    its image demuxers (``image2``, ``jpeg_pipe``, ``png_pipe``, ...), which no video processor takes as a video."""
+    if format_name == "image2" or format_name.endswith("_pipe"):
+        kind = format_name.removesuffix("_pipe").upper() if format_name != "image2" else "still"
+        raise SampleError("unreadable_video", f"not a video: the file is a {kind} image (FFmpeg reads it as "
+                          f"{format_name!r}); list it under the record's images, or give the video file", sample_id)
+
+
+def _count_packets(container: Any, stream: Any, sample_id: str, *, claimed: int = 0) -> _Held:
+    """The stream's video packets whose data is whole (one a frame; nothing decoded), up to the ``claimed``
+    frames where the header gives a count, within :data:`MAX_COUNT_SECONDS` (and, counting, within
+    :data:`MAX_COUNTED_FRAMES`). A packet cut short (PyAV marks it corrupt) or a demuxing error ends the pass."""
+    start, count, cut = time.monotonic(), 0, ""
+    first: int | None = None
+    last: int | None = None
+    try:
+        for packet in container.demux(stream):
+            if not packet.size:  # the flush packet at the end of the data
+                continue
+            if packet.is_corrupt:  # the demuxer read fewer bytes than the packet has: the file stops inside it
+                cut = "a frame's data stops short"
+                break
+            count += 1
+            if claimed <= 0:  # where the data ends, against the duration the header gives
+                at = packet.pts if packet.pts is not None else packet.dts
+                if at is not None:
+                    first = at if first is None else min(first, at)
+                    last = max(last if last is not None else at, at + (packet.duration or 0))
+            elif count >= claimed:  # every frame the header gives is there
+                break
+            if count > MAX_COUNTED_FRAMES and claimed <= 0:  # a count stops the pass at itself
+                raise SampleError("video_too_large", f"over {MAX_COUNTED_FRAMES:,} frames counted (its container "
+                                  "gives no count); split the video into shorter clips", sample_id)
+            if time.monotonic() - start > MAX_COUNT_SECONDS:
+                what = f"checking the data of the {claimed:,} frames its header gives" if claimed > 0 else \
+                    "counting its frames (its container gives no count)"
+                raise SampleError("video_too_large", f"{what} took over {MAX_COUNT_SECONDS:g} s at {count:,} frames; "
+                                  "split the video" + (" or remux it as MP4" if claimed <= 0 else ""), sample_id)
+    except SampleError:
+        raise
+    except Exception as e:  # PyAV's error for data it cannot read: the frames' data ends here
+        cut = f"reading on fails with {_av_error(e)}"
+    end = None
+    if last is not None and first is not None and stream.time_base:
+        end = float((last - min(first, 0)) * stream.time_base)  # a negative start counts towards the span
+    return _Held(frames=count, cut=cut, end=end)
+
+
+def _header_seconds(container: Any, stream: Any) -> tuple[float, bool] | None:
+    """The video's duration as its header gives it, in seconds, and whether that is the video track's own
+    (Matroska's ``DURATION`` tag, the stream's duration) or the whole container's (its longest track's)."""
+    for key, value in stream.metadata.items():
+        if key.upper().startswith("DURATION"):  # Matroska: "00:00:20.000000000" (FFmpeg, mkvmerge)
+            hours, _, rest = str(value).partition(":")
+            minutes, _, secs = rest.partition(":")
+            try:
+                return int(hours) * 3600 + int(minutes) * 60 + float(secs), True
+            except ValueError:
+                break
+    if stream.duration and stream.time_base:
+        return float(stream.duration * stream.time_base), True
+    if container.duration:
+        return container.duration / 1_000_000, False  # microseconds (FFmpeg's AV_TIME_BASE)
+    return None
+
+
+def _check_held(held: _Held, *, claimed: int, seconds: tuple[float, bool] | None, fps: float,
+                sample_id: str) -> None:
+    """Raise ``unreadable_video`` where the file holds the data of fewer frames than its header gives: with
+    a count, fewer whole packets; without one, a packet cut short, or packets ending over two frames and
+    half a second before the header's duration (a second more where that duration is the container's: another
+    track may run longer). The slack keeps a last frame shown longer than the rest from reading as a cut."""
+    damaged = held.cut.startswith("reading")  # a demuxing error, not a packet cut short
+    fix = f"the file {'is damaged or' if damaged else 'was'} cut short: download it again"
+    if claimed > 0:
+        if held.frames >= claimed:
+            return
+        if not held.cut:  # every packet the sample table lists is whole: the count or the data is short
+            fix = "the file was cut short, or its header is wrong: download it again"
+        raise SampleError("unreadable_video", f"the header gives {claimed} frames but the file holds the data of "
+                          f"{held.frames}{f', then {held.cut}' if damaged else ''} ({fix})", sample_id)
+    if held.cut:
+        raise SampleError("unreadable_video", f"the file holds the data of {held.frames} frames, then {held.cut} "
+                          f"({fix})", sample_id)
+    if seconds is not None and held.end is not None:
+        total, own = seconds
+        if held.end < total - 2 / fps - (0.5 if own else 1.5):
+            raise SampleError("unreadable_video", f"the header gives {total:.2f} s but the file holds the data of "
+                              f"{held.frames} frames, {held.end:.2f} s ({fix})", sample_id)
+
+
+def _av_error(e: Exception) -> str:
+    """PyAV's error in one line, without its name for in-memory bytes (``'<none>'``)."""
+    message = " ".join(str(e).replace(": '<none>'", "").split())
+    return f"{type(e).__name__}: {message}"
 
 
 @dataclass(frozen=True)
@@ -145,28 +266,92 @@ class QwenVideoSampling:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any] | str | os.PathLike[str],
-                    base: QwenVideoSampling | None = None) -> QwenVideoSampling:
-        """From a ``video_preprocessor_config.json`` (a path, a folder holding it, or its dict); what
-        it leaves out keeps ``base``'s value (default: Qwen2-VL's class defaults)."""
+                    base: QwenVideoSampling | None = None, *, pixels_at_top: bool = True) -> QwenVideoSampling:
+        """From the video processor's settings (a dict; a ``video_preprocessor_config.json`` or a processor folder,
+        read as :func:`~wdspack.models.settings.read_settings` does); what they leave out keeps ``base``'s value
+        (default: Qwen2-VL's class defaults).
+
+        The pixel bounds are ``size``'s, in either spelling (``shortest_edge``/``longest_edge``, or 4.x's
+        ``min_pixels``/``max_pixels``); a ``size`` replaces the class's whole, as the class does. ``pixels_at_top``:
+        top-level ``min_pixels``/``max_pixels`` override it (``Qwen2VLVideoProcessor``; ``Qwen3VLVideoProcessor``
+        ignores them).
+
+        Raises:
+            ConfigError: a setting of the wrong type, or a ``size`` without both bounds.
+
+        Example:
+            >>> QwenVideoSampling.from_config({"fps": 2.0, "do_sample_frames": True,
+            ...                                "size": {"shortest_edge": 6272, "longest_edge": 50176}}).max_pixels
+            50176
+        """
         if not isinstance(config, Mapping):
             path = Path(config)
             if path.is_dir():
-                path = path / "video_preprocessor_config.json"
+                from .settings import read_settings
+
+                found = read_settings(path, "video_processor").values
+                return replace(base or cls()) if found is None else cls.from_config(found, base,
+                                                                                    pixels_at_top=pixels_at_top)
             try:
                 config = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError) as e:
                 raise ConfigError(f"cannot read the video processor's settings from {path}: {e}") from None
+            if not isinstance(config, Mapping):
+                raise ConfigError(f"{path} holds a JSON {type(config).__name__}, not the video processor's settings")
         assert isinstance(config, Mapping)
-        size = config.get("size") or {}
+        base = base or cls()
         out: dict[str, Any] = {}
-        for key in ("do_sample_frames", "fps", "num_frames", "min_frames", "max_frames", "patch_size",
-                    "temporal_patch_size", "merge_size", "cap_pixels_per_frame", "max_video_tokens"):
+        for key in ("do_sample_frames", "cap_pixels_per_frame"):
             if config.get(key) is not None:
-                out[key] = config[key]
-        pixels = {"min_pixels": config.get("min_pixels", size.get("shortest_edge")),
-                  "max_pixels": config.get("max_pixels", size.get("longest_edge"))}
-        out.update({k: int(v) for k, v in pixels.items() if v is not None})
-        return replace(base or cls(), **out)
+                out[key] = _flag(config, key)
+        if config.get("fps") is not None:
+            out["fps"] = _number(config, "fps")
+        for key in ("num_frames", "min_frames", "max_frames", "patch_size", "temporal_patch_size", "merge_size",
+                    "max_video_tokens"):
+            if config.get(key) is not None:
+                out[key] = _whole(config, key, least=0 if key == "min_frames" else 1)
+        bounds = {"min_pixels": base.min_pixels, "max_pixels": base.max_pixels}
+        size = config.get("size")
+        if size is not None:
+            if not isinstance(size, Mapping):
+                raise ConfigError(f"the video processor's size {size!r} is not a mapping; give "
+                                  "{'shortest_edge': MIN_PIXELS, 'longest_edge': MAX_PIXELS}")
+            bounds = {"min_pixels": _first(size, "shortest_edge", "min_pixels"),
+                      "max_pixels": _first(size, "longest_edge", "max_pixels")}
+        if pixels_at_top:  # Qwen2VLVideoProcessor.__init__: min_pixels / max_pixels over size
+            bounds.update({k: config[k] for k in bounds if config.get(k) is not None})
+        for key, edge in (("min_pixels", "shortest_edge"), ("max_pixels", "longest_edge")):
+            if bounds[key] is None:
+                raise ConfigError(f"the video processor's size {dict(size or {})} has no {edge} (or {key}), which "
+                                  f"it needs; give both: {{'shortest_edge': MIN_PIXELS, 'longest_edge': MAX_PIXELS}}")
+            out[key] = _whole(bounds, key, least=1, name=f"size {edge}")
+        return replace(base, **out)
+
+
+def _flag(config: Mapping[str, Any], key: str) -> bool:
+    value = config[key]
+    if not isinstance(value, bool):
+        raise ConfigError(f"the video processor's {key} {value!r} is not true or false; fix its settings")
+    return value
+
+
+def _number(config: Mapping[str, Any], key: str) -> float:
+    value = config[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(f"the video processor's {key} {value!r} is not a positive number; fix its settings")
+    return float(value)
+
+
+def _whole(config: Mapping[str, Any], key: str, *, least: int, name: str = "") -> int:
+    value = config[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < least:
+        raise ConfigError(f"the video processor's {name or key} {value!r} is not a whole number >= {least}; fix its "
+                          "settings")
+    return int(value)
+
+
+def _first(size: Mapping[str, Any], *keys: str) -> Any:
+    return next((size[k] for k in keys if size.get(k) is not None), None)
 
 
 @dataclass(frozen=True)
@@ -207,35 +392,24 @@ class VideoSettings:
         if self.max_frames is not None:
             out.update(max_frames=int(self.max_frames))
         if self.max_pixels is not None:
+            factor = getattr(s, "patch_size", 0) * getattr(s, "merge_size", 0)
+            if int(self.max_pixels) < factor * factor:
+                raise ConfigError(f"--video-max-pixels {self.max_pixels} is less than one {factor}x{factor} block of "
+                                  f"merged patches, the smallest a frame is resized to; give at least "
+                                  f"{factor * factor}")
             out.update(max_pixels=int(self.max_pixels), min_pixels=min(s.min_pixels, int(self.max_pixels)))
         return replace(s, **out)
 
 
 def video_config(spec: Any, processor: Any = None) -> dict[str, Any] | None:
-    """The video processor's settings of a processor: its ``video_processor`` where it loaded one,
-    else the ``video_preprocessor_config.json`` in its folder (or in the local Hugging Face cache for
-    a model name): read as a file, since the class needs torchvision. None: none found (the family's
-    class defaults apply)."""
-    vp = getattr(processor, "video_processor", None)
-    if vp is not None and hasattr(vp, "to_dict"):
-        return dict(vp.to_dict())
-    if not isinstance(spec, (str, os.PathLike)):
-        return None
-    path = Path(spec) / "video_preprocessor_config.json"
-    if not path.is_file():
-        try:
-            from huggingface_hub import try_to_load_from_cache
+    """The video processor's settings of a processor: its ``video_processor`` where it loaded one, else
+    wherever transformers reads them in its folder (or in the local Hugging Face cache for a model name):
+    ``processor_config.json``'s ``video_processor``, ``video_preprocessor_config.json``, or the image
+    processor's ``preprocessor_config.json`` (:func:`~wdspack.models.settings.read_settings`), read as files
+    since the class needs torchvision. None: none found (the family's class defaults apply)."""
+    from .settings import read_settings
 
-            found = try_to_load_from_cache(os.fspath(spec), "video_preprocessor_config.json")
-        except Exception:  # not a repo id, or no cache
-            return None
-        if not isinstance(found, str):
-            return None
-        path = Path(found)
-    try:
-        return dict(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"cannot read the video processor's settings from {path}: {e}") from None
+    return read_settings(spec, "video_processor", processor).values
 
 
 @dataclass(frozen=True)
@@ -454,8 +628,12 @@ class LlavaVideoSampling:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], *, num_image_tokens: int) -> LlavaVideoSampling:
-        """From a ``video_preprocessor_config.json`` as a dict (or the image processor's, which transformers
+        """From the video processor's settings as a dict (or the image processor's, which transformers
         falls back to) and the processor's ``num_image_tokens``.
+
+        Raises:
+            ConfigError: a setting of the wrong type, a size that is not a height and width, a crop, or
+                another resampling than bicubic.
 
         Example:
             >>> s = LlavaVideoSampling.from_config({"size": {"height": 32, "width": 32}}, num_image_tokens=16)
@@ -463,19 +641,22 @@ class LlavaVideoSampling:
             (32, 4)
         """
         size = config.get("size") or {"height": cls.height, "width": cls.width}  # the class's 384 × 384
-        if not (size.get("height") and size.get("width")):
-            raise ConfigError(f"the LLaVA-OneVision video processor's size {dict(size)} is not a height and width; "
+        if not isinstance(size, Mapping) or not (size.get("height") and size.get("width")):
+            raise ConfigError(f"the LLaVA-OneVision video processor's size {size!r} is not a height and width; "
                               "its frames must be the vision tower's square size (e.g. {'height': 384, 'width': 384})")
         if config.get("do_center_crop"):
             raise ConfigError("the LLaVA-OneVision video processor crops its frames (do_center_crop): not supported; "
-                              "set do_center_crop to false in its video_preprocessor_config.json")
+                              "set do_center_crop to false in its settings")
         if config.get("resample") not in (None, 3):  # PIL's BICUBIC: the resize wdspack does
             raise ConfigError(f"the LLaVA-OneVision video processor resamples with {config['resample']!r}; only "
                               "bicubic (3), its default, is supported")
         pooled = math.ceil(int(math.sqrt(num_image_tokens)) / 2)
-        return cls(do_sample_frames=bool(config.get("do_sample_frames") or False), fps=config.get("fps"),
-                   num_frames=config.get("num_frames"), height=int(size["height"]), width=int(size["width"]),
-                   tokens_per_frame=pooled * pooled)
+        return cls(do_sample_frames=_flag(config, "do_sample_frames") if config.get("do_sample_frames") is not None
+                   else False,
+                   fps=_number(config, "fps") if config.get("fps") is not None else None,
+                   num_frames=_whole(config, "num_frames", least=1) if config.get("num_frames") is not None else None,
+                   height=_whole(size, "height", least=1, name="size height"),
+                   width=_whole(size, "width", least=1, name="size width"), tokens_per_frame=pooled * pooled)
 
 
 def plan_llava_onevision(header: VideoHeader, s: LlavaVideoSampling) -> VideoPlan:

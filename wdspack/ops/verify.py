@@ -6,6 +6,8 @@ Checks, each problem reported as one line:
 - every member is a pack ``{key}.mp`` (the loader's rule too: anything else is damage, which it
   skips with a warning or raises on), with a key unique in the dataset, decodes, satisfies the
   format's invariants and both budgets, and the per-shard counts match the manifest;
+- every video in a pack holds the data of the frames its plan names (a demux pass, nothing decoded:
+  a clip cut short, packed before the pack job checked it or damaged since, is named with its sample);
 - no sample id is in two packs or both packed and dropped; the totals add up;
 - the pack index (``pack_index.npy``), when the manifest names one, matches its digest and every
   pack's offset and costs;
@@ -24,11 +26,12 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import FormatError, WdspackError
+from ..errors import FormatError, SampleError, WdspackError
 from ..format.dataset import open_dataset
-from ..format.pack import decode_pack
+from ..format.pack import Pack, decode_pack
 from ..format.pack_index import COLUMNS, pack_row, read_index
 from ..format.tar import FOREIGN_RULE
+from ..models.video import check_planned_frames
 
 __all__ = ["verify_dataset"]
 
@@ -81,6 +84,7 @@ def verify_dataset(dataset: str, *, sources: Sequence[str] | None = None,
                         except FormatError as e:
                             problems.append(f"{shard.name}: pack {key}: {e}")
                             continue
+                        problems.extend(f"{shard.name}: pack {key}: {line}" for line in _check_videos(pack))
                         rows[-1] = pack_row(m.offset, pack)
                         packed.update(pack.sample_ids)
                         counts.update(packs=1, samples=pack.num_samples, tokens=pack.num_tokens,
@@ -119,6 +123,19 @@ def verify_dataset(dataset: str, *, sources: Sequence[str] | None = None,
     if sources:
         problems.extend(_check_sources(sources, image_root, set(packed), {sid for sid, _ in dropped}))
     return problems
+
+
+def _check_videos(pack: Pack) -> list[str]:
+    """A line per video whose file does not hold the data of the frames its plan names."""
+    lines, seen = [], Counter[int]()
+    for data, owner, plan in zip(pack.videos, pack.video_sample, pack.video_plans):
+        sid, k = pack.sample_ids[owner], seen[owner]  # video k of its sample, as the pack job names it
+        seen[owner] += 1
+        try:
+            check_planned_frames(data, plan.frames, sample_id=sid)
+        except SampleError as e:
+            lines.append(f"sample {sid!r}: video {k}: {e.detail} [{e.reason}]")
+    return lines
 
 
 def _check_sources(sources, image_root, packed: set[str], dropped: set[str]) -> list[str]:

@@ -237,13 +237,24 @@ class PackSummary:
             f"packs    {self.packs}  fill {self.fill_ratio:.2%}  tokens {self.tokens}  images {self.images}"
             + (f"  videos {self.videos}" if self.videos else ""),
             *([f"budget   {self.budget.line()}"] if self.budget is not None and self.budget.packs else []),
-            *([f"images   {_policy_text(self.image_policy)}"] if self.image_policy else []),
-            *([f"videos   {_video_text(self.image_policy)}"] if self.videos and self.image_policy else []),
+            *self._media_lines(),
             *([f"plan     {self.plan}"] if self.plan else []),
             f"shards   {self.shards}  {_human_bytes(self.bytes)}  in {self.output}",
-            f"time     {self.seconds:.1f} s  ({rate:.0f} samples/s)"
+            f"time     {self.seconds:.1f} s  ({_rate(rate)} samples/s)"
             + (f"  resumed: {self.resumed_shards} shards kept" if self.resumed_shards else ""),
         ]
+
+    def _media_lines(self) -> list[str]:
+        """How image tokens were counted, and the videos' settings; a job of videos alone (no image packed)
+        names its processor on the videos line and prints no images line."""
+        policy = self.image_policy
+        if not policy:
+            return []
+        if not self.videos:
+            return [f"images   {_policy_text(policy)}"]
+        if self.images or not policy.get("family"):
+            return [f"images   {_policy_text(policy)}", f"videos   {_video_text(policy)}"]
+        return [f"videos   processor {policy['family']} ({policy.get('processor_class')}), {_video_text(policy)}"]
 
     def _carried_lines(self) -> list[str]:
         """A reshard's drops in two: inherited from the source dataset, and its own (new budgets)."""
@@ -271,6 +282,16 @@ def _reasons(by_reason: dict[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(by_reason.items())) or "none"
 
 
+def _rate(per_second: float) -> str:
+    """``1234``, ``56``, or two significant digits under 10 (a small job is not "1 samples/s").
+
+    Example:
+        >>> _rate(1234.5), _rate(0.588), _rate(4.04)
+        ('1234', '0.59', '4')
+    """
+    return f"{per_second:.0f}" if per_second >= 10 else f"{per_second:.2g}"
+
+
 def _policy_text(policy: dict[str, Any]) -> str:
     """``fixed 64 tokens each`` or ``processor qwen2_5_vl (Qwen2_5_VLProcessor), tokens from each image's size``."""
     if policy.get("kind") == "fixed":
@@ -278,19 +299,49 @@ def _policy_text(policy: dict[str, Any]) -> str:
     if policy.get("kind") == "none":
         return "none: text only (no --tokens-per-image)"
     if policy.get("family"):
-        return f"processor {policy['family']} ({policy.get('processor_class')}), tokens from each image's size"
+        text = f"processor {policy['family']} ({policy.get('processor_class')}), tokens from each image's size"
+        image = policy.get("image") or {}  # absent from datasets packed before wdspack recorded it
+        if image.get("settings_from"):
+            size = ", ".join(f"{k} {v}" for k, v in sorted((image.get("size") or {}).items(), key=_size_order))
+            text += f"; settings{f' (size {size})' if size else ''} from {image['settings_from']}"
+        return text
     return f"image processor {policy.get('name')}, tokens from each image's size"
 
 
 def _video_text(policy: dict[str, Any]) -> str:
-    """``frames at 2 fps (4 to 768 a video), at most 602112 pixels each, tokens from each video's header``."""
+    """``frames at 2 fps (4 to 16 a video), 6272 to 50176 pixels each, tokens from each video's header; settings
+    from processor_config.json``, and the user's settings over them where given."""
     v = policy.get("video") or {}
     if v.get("do_sample_frames"):
         rate = f"{v['num_frames']} frames a video" if v.get("num_frames") else \
             f"frames at {v.get('fps'):g} fps ({v.get('min_frames')} to {v.get('max_frames')} a video)"
     else:
         rate = "every frame"
-    return f"{rate}, at most {v.get('max_pixels')} pixels each, tokens from each video's header"
+    if v.get("height") and v.get("width"):  # one size for every frame (LLaVA-OneVision)
+        pixels = f"each resized to {v['height']}x{v['width']}"
+    elif v.get("min_pixels"):
+        pixels = f"{v['min_pixels']} to {v.get('max_pixels')} pixels each"
+    else:
+        pixels = f"at most {v.get('max_pixels')} pixels each"
+    text = f"{rate}, {pixels}, tokens from each video's header"
+    if v.get("settings_from"):  # absent from datasets packed before wdspack recorded it
+        text += f"; settings from {v['settings_from']}"
+        over = [f"{_FLAGS.get(k, k)} {w:g}" for k, w in (v.get("overrides") or {}).items()]
+        if over:
+            text += ", " + (" and ".join(over) if len(over) < 3 else ", ".join(over[:-1]) + " and " + over[-1]) \
+                + " over them"
+    return text
+
+
+def _size_order(item: tuple[str, Any]) -> tuple[int, str]:
+    """The bounds first, the lower one before the upper one (``shortest_edge 3136, longest_edge 50176``)."""
+    first = ("shortest_edge", "longest_edge", "height", "width")
+    return (first.index(item[0]) if item[0] in first else len(first), item[0])
+
+
+#: The pack flag of each of VideoSettings' fields (the summary names what the user set by the flag they know).
+_FLAGS = {"fps": "--video-fps", "max_frames": "--video-max-frames", "max_pixels": "--video-max-pixels",
+          "num_frames": "--video-num-frames"}
 
 
 def _human_bytes(n: float) -> str:

@@ -64,7 +64,7 @@ from ..format.pack import decode_pack, encode_pack
 from ..format.pack_index import INDEX_NAME, build_index, encode_index, index_entry, member_offsets
 from ..format.tar import ShardWriter, shard_name
 from ..storage.location import Location
-from .config import PackConfig, PackSummary
+from .config import PackConfig, PackSummary, _video_text
 from .executors import (
     ProgressLog,
     check_executor,
@@ -201,14 +201,15 @@ def run_job(out: Location, fingerprint: str, measure: Callable[..., Any], tasks:
             describe: Callable[[], dict[str, Any]], sources: Sequence[str], provenance: dict[str, Any],
             resume: bool, progress: bool, start: float, carried: Sequence[Dropped] = (),
             samples_read: int | None = None, source_names: Sequence[str] = (),
-            records_read: int | None = None) -> PackSummary:
+            records_read: int | None = None, reshard: bool = False) -> PackSummary:
     """Spool samples with ``measure(*task, work)``, then plan, write shards and the manifest.
 
     Shared by :func:`pack_dataset` (tasks read and tokenize source partitions) and
     :func:`wdspack.packer.reshard.reshard_dataset` (tasks split existing packs back into samples).
     ``carried`` are drops inherited from an earlier job; ``samples_read`` and ``records_read`` override
-    the counts (the records: a document cut into pieces is one record of several samples).
-    ``source_names[i]`` names the source of task ``i`` (ids two sources share are prefixed with it).
+    the counts (the records: a document cut into pieces is one record of several samples); ``reshard``: the
+    tasks split a packed dataset (its drops are answered as a reshard's). ``source_names[i]`` names the source
+    of task ``i`` (ids two sources share are prefixed with it).
 
     Everything that can be checked without reading the records is checked before the output is
     touched: the executor, the output folder's state (before anything loads), and ``describe()``, which
@@ -230,10 +231,11 @@ def run_job(out: Location, fingerprint: str, measure: Callable[..., Any], tasks:
                 return _run_partitioned(out, work, measure, tasks, config, info=info, sources=sources,
                                         provenance=provenance, progress=progress, start=start, carried=carried,
                                         samples_read=samples_read, source_names=source_names,
-                                        records_read=records_read)
+                                        records_read=records_read, reshard=reshard)
             return _run_global(out, work, measure, tasks, config, info=info, sources=sources,
                                provenance=provenance, progress=progress, start=start, carried=carried,
-                               samples_read=samples_read, source_names=source_names, records_read=records_read)
+                               samples_read=samples_read, source_names=source_names, records_read=records_read,
+                               reshard=reshard)
     except WdspackError as e:  # deterministic: the same command fails the same way; its fix is another command
         mark_failed(work, fingerprint, e)
         raise
@@ -242,12 +244,13 @@ def run_job(out: Location, fingerprint: str, measure: Callable[..., Any], tasks:
 def _run_global(out: Location, work: Location, measure: Callable[..., Any], tasks: list[tuple],
                 config: PackConfig, *, info: dict[str, Any], sources: Sequence[str],
                 provenance: dict[str, Any], progress: bool, start: float, carried: Sequence[Dropped],
-                samples_read: int | None, source_names: Sequence[str], records_read: int | None) -> PackSummary:
+                samples_read: int | None, source_names: Sequence[str], records_read: int | None,
+                reshard: bool) -> PackSummary:
     """:func:`run_job` with one global plan: measure, select, plan, write, manifest."""
     measured = _measure(measure, tasks, work, config, progress=progress)
     info = measured.describe or info
     table = select_samples(measured, config, source_names=source_names)
-    check_drops(out, measured, table, config, carried=carried)
+    check_drops(out, measured, table, config, carried=carried, reshard=reshard)
     plan = plan_selected(table, config)
     shard_plans = assign_shards(plan, table, config, token_itemsize=_itemsize(info))
     infos, offsets, kept = _write_shards(shard_plans, table, work, out, info, config, progress=progress)
@@ -273,7 +276,7 @@ def _run_partitioned(out: Location, work: Location, measure: Callable[..., Any],
                      config: PackConfig, *, info: dict[str, Any], sources: Sequence[str],
                      provenance: dict[str, Any], progress: bool, start: float, carried: Sequence[Dropped],
                      samples_read: int | None, source_names: Sequence[str],
-                     records_read: int | None) -> PackSummary:
+                     records_read: int | None, reshard: bool) -> PackSummary:
     """:func:`run_job` with ``plan_group_partitions``: measure, then plan and write in groups
     (:mod:`.partitioned`); the driver holds per-group and per-shard state only."""
     _spool(measure, tasks, work, config, progress=progress)
@@ -287,7 +290,7 @@ def _run_partitioned(out: Location, work: Location, measure: Callable[..., Any],
 
     def check(new: list[Dropped], records: int, packed: int) -> None:
         check_drops(out, Measured(dropped=new, records=records), {"dropped": [], "keep": np.ones(packed, bool)},
-                    config, carried=carried)
+                    config, carried=carried, reshard=reshard)
 
     result, records, n_dropped, entry = plan_partitioned(
         out, work, len(tasks), config, token_dtype=info["tokenizer"]["token_dtype"], run=run, carried=carried,
@@ -408,7 +411,8 @@ def _measure_partition(i: int, partition: Partition, sample_config: SampleConfig
                 spool.drop(d)
                 continue
             for s in samples:
-                over = _whole_document_over_budget(item, s, seq_len=seq_len, max_images=max_images)
+                over = _whole_document_over_budget(item, s, seq_len=seq_len, max_images=max_images) \
+                    or _video_chat_over_budget(builder, s, seq_len=seq_len)
                 if over is not None:
                     _on_drop(over, on_error)
                     spool.drop(over)
@@ -445,6 +449,20 @@ def _whole_document_over_budget(record: Any, sample: Any, *, seq_len: int, max_i
         return Dropped(sample.sample_id, "too_many_images", f"{sample.image_count} images > max_images "
                        f"{max_images}; raise --max-images or pass --split-long-documents to cut it into pieces")
     return None
+
+
+def _video_chat_over_budget(builder: Any, sample: Any, *, seq_len: int) -> Dropped | None:
+    """A sample whose videos take it over ``seq_len``, dropped here because its fix is also the video
+    sampling: the message names the levers and the processor's video settings it was planned with."""
+    if not getattr(sample, "videos", ()) or sample.token_count <= seq_len:
+        return None
+    policy = builder.describe()["image_policy"]
+    levers = "--video-num-frames" if (policy.get("video") or {}).get("num_frames") and \
+        "max_frames" not in (policy.get("video") or {}) else "--video-fps, --video-max-frames, --video-max-pixels"
+    count = len(sample.videos)
+    return Dropped(sample.sample_id, "too_long", f"{sample.token_count} tokens > seq_len {seq_len}, "
+                   f"{sum(sample.video_tokens)} of them for its {count} video{'s' if count > 1 else ''}; raise "
+                   f"--seq-len, or sample fewer or smaller frames ({levers}); planned with {_video_text(policy)}")
 
 
 def _on_drop(d: Dropped, on_error: str) -> None:

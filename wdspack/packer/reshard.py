@@ -60,7 +60,7 @@ def reshard_dataset(source: str, output: str | Path, *, config: PackConfig, resu
     summary = run_job(Location(output), fingerprint, _split_shard, tasks, config, describe=lambda: describe,
                       sources=manifest.sources, provenance=provenance, resume=resume, progress=progress,
                       start=start, carried=carried, samples_read=totals["samples_read"],
-                      records_read=totals.get("records_read", totals["samples_read"]))
+                      records_read=totals.get("records_read", totals["samples_read"]), reshard=True)
     return dataclasses.replace(summary, carried_by_reason=dict(sorted(Counter(d.reason for d in carried).items())))
 
 

@@ -44,7 +44,8 @@ import numpy as np
 
 from ..errors import ConfigError, SampleError
 from ..format.pack import token_dtype_for
-from ..models.video import VideoPlan, VideoSettings, video_config
+from ..models.settings import read_settings
+from ..models.video import VideoPlan, VideoSettings
 from .expand import build_expanded, plan_videos
 from .fastpath import ChatRenderer, TextEncoder, span_mask
 from .imagecheck import check_image, downscale
@@ -203,15 +204,37 @@ class SampleBuilder:
         self.tool_support = self._template_renders_tools()
 
     def _init_video(self) -> None:
-        """The family's video side, with the processor's video settings and the user's over them."""
+        """The family's video side, with the processor's video settings (read where transformers reads them: a
+        file that does not parse, or settings it cannot use, stop the job here, before anything packs) and the
+        user's over them; what the manifest records of the image and video settings and where they were read."""
         side = self.family.video if self.family is not None else None
         self.video_side, self.video_token, self.video_sampling = side, None, None
         self.video_token_id: int | None = None
+        #: the manifest's image_policy "image" and the "video" additions: the settings used and their source
+        self.settings_used: dict[str, dict[str, Any]] = {}
+        if self.family is None:
+            return
+        spec = self.config.processor
+        image = read_settings(spec, "image_processor", self.processor)
+        size = (image.values or {}).get("size")
+        self.settings_used["image"] = {**({"size": dict(size)} if isinstance(size, dict) else {}),
+                                       "settings_from": image.source}
         if side is None:
             return
         self.video_token = side.placeholder(self.processor)
-        base = side.sampling(self.processor, video_config(self.config.processor, self.processor))
-        self.video_sampling = (self.config.video or VideoSettings()).apply(base)
+        found = read_settings(spec, "video_processor", self.processor)
+        try:
+            base = side.sampling(self.processor, found.values)
+        except ConfigError as e:
+            raise (ConfigError(f"{found.where}: {e}") if found.values is not None else e) from None
+        user = self.config.video or VideoSettings()
+        self.video_sampling = user.apply(base)
+        source = found.source
+        if found.values is None and isinstance(spec, (str, os.PathLike)):  # said in the summary, never silently
+            source += (f" ({os.fspath(spec)} has no video_processor in processor_config.json, no "
+                       "video_preprocessor_config.json, no preprocessor_config.json)")
+        overrides = {k: v for k, v in dataclasses.asdict(user).items() if v is not None}
+        self.settings_used["video"] = {"settings_from": source, **({"overrides": overrides} if overrides else {})}
         self.video_token_id = self._token_id(side.feature_token(self.processor))
 
     def _token_id(self, feature: str | None) -> int | None:
@@ -299,9 +322,11 @@ class SampleBuilder:
         if self.family is not None:
             policy = {"kind": "processor", "name": self.name, "family": self.family.name,
                       "processor_class": type(self.processor).__name__}
+            if "image" in self.settings_used:  # the image processor's size and where its settings were read
+                policy["image"] = self.settings_used["image"]
             if self.video_sampling is not None:  # the manifest keeps it where the dataset holds videos
                 policy["video"] = {"token": self.video_token, "token_id": self.video_token_id,
-                                   **dataclasses.asdict(self.video_sampling)}
+                                   **dataclasses.asdict(self.video_sampling), **self.settings_used["video"]}
         elif isinstance(self.config.tokens_per_image, int):
             policy = {"kind": "fixed", "tokens_per_image": self.config.tokens_per_image}
         elif self.config.tokens_per_image is None:  # text only: a record with an image stopped the job

@@ -119,12 +119,13 @@ def select_samples(m: Measured, config: PackConfig, *, source_names: Sequence[st
 
 
 def check_drops(out: Location, m: Measured, table: dict[str, Any], config: PackConfig, *,
-                 carried: Sequence[Dropped]) -> None:
+                 carried: Sequence[Dropped], reshard: bool = False) -> None:
     """Fail a job that packs nothing or drops more than its tolerance, after writing ``dropped.jsonl``.
 
     Drops inherited from an earlier job (``carried``, reshard) were accepted there and do not count.
     The work folder is kept: the same command with ``--resume`` and a higher ``--max-drop-fraction``
-    plans and writes from the samples already tokenized.
+    plans and writes from the samples already tokenized. ``reshard``: the samples came from a packed
+    dataset, and only the new budgets can drop them: the message speaks of those.
     """
     new = m.dropped + table["dropped"]
     total, packed = m.records, int(table["keep"].sum())
@@ -147,16 +148,17 @@ def check_drops(out: Location, m: Measured, table: dict[str, Any], config: PackC
              for reason, n in top]
     if len(counts) > _DROP_EXAMPLES:
         lines.append(f"  ... and {len(counts) - _DROP_EXAMPLES} more reasons")
+    if reshard:
+        raise TooManyDropsError("\n".join([_reshard_head(len(new), total, packed, limit, listing), *lines,
+                                            _reshard_fix(packed, fraction)]))
     if not packed:
         head = f"nothing was packed: all {total} samples read were dropped (listed in {listing}):"
-        fix = ("fix the inputs: a layout wdspack does not read (see the Sources table, "
-               "docs/guides/pack.md#sources), a wrong --image-root, or a --seq-len / --max-images too small for "
-               "every sample")
+        fix = f"fix the inputs: {_causes(counts, every=True)}"
     else:
         accept = min(1.0, math.ceil(fraction * 100) / 100)
         head = (f"{len(new)} of {total} samples read ({fraction:.1%}) were dropped, over the tolerance "
                 f"--max-drop-fraction {limit:g}; nothing was written but {listing}:")
-        fix = (f"fix the inputs (a wrong --image-root? a layout wdspack does not read?), or accept these drops: "
+        fix = (f"fix the inputs ({_causes(counts)}?), or accept these drops: "
                f"run the same command with --resume --max-drop-fraction {accept:g} (the tokenized samples are kept)")
         if counts["duplicate_id"]:  # never accepted by a tolerance: each one is a record lost
             fix = (f"{counts['duplicate_id']} records reuse the id of an earlier record of their own source "
@@ -165,6 +167,42 @@ def check_drops(out: Location, m: Measured, table: dict[str, Any], config: PackC
                    "needs no fix: each is packed as '{source}/{id}'. Then pack again into a new --output"
                    + (" (and fix the inputs of the other drops)" if len(counts) > 1 else ""))
     raise TooManyDropsError("\n".join([head, *lines, fix]))
+
+
+def _reshard_head(dropped: int, total: int, packed: int, limit: float | None, listing: str) -> str:
+    if not packed:
+        return f"nothing was resharded: all {total} samples are over the new budgets (listed in {listing}):"
+    return (f"{dropped} of {total} samples ({dropped / total:.1%}) are over the new budgets, over the tolerance "
+            f"--max-drop-fraction {limit:g}; nothing was written but {listing}:")
+
+
+def _reshard_fix(packed: int, fraction: float) -> str:
+    fix = "reshard with a larger --seq-len (or --max-images) to keep them"
+    if not packed:
+        return fix
+    return (f"{fix}, or accept these drops: run the same command with --resume --max-drop-fraction "
+            f"{min(1.0, math.ceil(fraction * 100) / 100):g}")
+
+
+#: What each drop reason says of the inputs, as the fix of a job that dropped too much names it.
+_CAUSES = (
+    ({"malformed_record", "unknown_role", "empty_conversation", "no_assistant_turn", "placeholder_mismatch",
+      "unmaskable_turn"}, "a layout wdspack does not read (see the Sources table, docs/guides/pack.md#sources)"),
+    ({"missing_image", "image_path_escape", "missing_video", "video_path_escape"}, "a wrong --image-root"),
+    ({"unreadable_image", "image_too_large", "unreadable_video", "video_too_short", "video_too_large"},
+     "media files that are damaged or not what their records say (dropped.jsonl names each)"),
+    ({"unsupported_media"}, "records with media wdspack does not pack yet (leave them out of this job)"),
+    ({"too_long", "too_many_images"}, "a --seq-len / --max-images too small for {every} sample"),
+)
+
+
+def _causes(counts: Counter, *, every: bool = False) -> str:
+    """The likely causes of these drops, from their reasons (``a wrong --image-root, or ...``)."""
+    found = [text.format(every="every" if every else "the") for reasons, text in _CAUSES
+             if any(counts[r] for r in reasons)]
+    if not found:
+        found = [text.format(every="every" if every else "the") for _, text in _CAUSES[:2]]
+    return found[0] if len(found) == 1 else ", ".join(found[:-1]) + ", or " + found[-1]
 
 
 def plan_selected(table: dict[str, Any], config: PackConfig) -> list[np.ndarray]:

@@ -31,7 +31,7 @@ import numpy as np
 
 from ...errors import ConfigError
 from ...format.dataset import ResolvedSource, ShardRef
-from ...format.manifest import MANIFEST_NAME, Manifest
+from ...format.manifest import MANIFEST_NAME, Manifest, image_token_budget
 from ...format.pack_index import COLUMNS
 from ...storage.urls import dirname_url, is_url, join_url
 
@@ -549,7 +549,7 @@ def combined_source(mixture: Mixture, sources: Sequence[ResolvedSource], max_ima
     for key in ("packs", "tokens", "images", "samples_packed"):
         totals[key] = sum(int(m.totals.get(key) or 0) for m in ms)
     for key in ("max_samples_per_pack", "max_images_per_pack", "max_image_tokens_per_pack"):
-        known = [m.totals.get(key) for m in ms]
+        known = [image_token_budget(m.totals) if key == "max_image_tokens_per_pack" else m.totals.get(key) for m in ms]
         if all(v is not None for v in known):
             totals[key] = max(int(v or 0) for v in known)
     if any(m.totals.get("videos") for m in ms):  # a source with videos: the batch's video keys, sized for the largest

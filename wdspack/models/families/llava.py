@@ -170,7 +170,9 @@ def _onevision_pad(out: Mapping[str, torch.Tensor], processor: Any, budgets: Bud
         _check_tokens(processor, out, image_tokens)
     real = _fit(out.get("pixel_values") if k else None, (k, max_patches(ip), 3, h, w), torch.float32)
     sizes = _fit(out.get("image_sizes") if k else None, (M, 2), torch.int64)
-    return {"pixel_values": Rows(real, M), "image_sizes": sizes}  # pixels: the batch pads each pack to M slots
+    video_only = bool(budgets.max_video_tokens) and budgets.max_image_tokens == 0  # no image slot to pad
+    # pixels: the batch pads each pack to M slots
+    return {"pixel_values": Rows(real, 0 if video_only else M), "image_sizes": sizes}
 
 
 def images_per_sample(batch: Mapping[str, Any]) -> torch.Tensor:
@@ -218,12 +220,14 @@ def _tokens_per_frame(processor: Any) -> int:
 
 
 def _video_sampling(processor: Any, config: Mapping[str, Any] | None) -> LlavaVideoSampling:
-    """The video processor's settings; without a ``video_preprocessor_config.json`` transformers builds it from
-    the image processor's settings, and so does this. Its frames must be the image tiles' size (the tower's)."""
+    """The video processor's settings (``config``: as :func:`~wdspack.models.settings.read_settings` finds them, the
+    image processor's file where a folder has no video settings, as transformers reads it); None (a processor in
+    memory without its video processor): the image processor's tile size. Its frames must be the image tiles' size
+    (the tower's)."""
     ip = processor.image_processor
     side = _output_side(ip, square_input=True)
     _tokens_per_frame(processor)  # a processor without num_image_tokens: said here, before any video
-    s = LlavaVideoSampling.from_config(config or {"size": {"height": side[0], "width": side[1]}},
+    s = LlavaVideoSampling.from_config({"size": {"height": side[0], "width": side[1]}} if config is None else config,
                                        num_image_tokens=int(processor.num_image_tokens))
     if (s.height, s.width) != side:
         raise ConfigError(f"the video processor resizes frames to {s.height}x{s.width} but the image tiles are "

@@ -19,6 +19,8 @@ The loader's ``position_ids`` is ``[4, B, L]``: row 0 is the batch contract's re
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -32,7 +34,10 @@ from ..video import QWEN3_VL_VIDEO, QwenVideoSampling, plan_qwen2_vl, plan_qwen3
 from ..video_pixels import row_normalizer
 from ..vision_meta import precomputed_vision_kwargs
 
-__all__ = ["QWEN2_5_VL", "QWEN2_VIDEO", "QWEN2_VL", "QWEN3_VIDEO", "mrope_positions", "qwen3_token_rows"]
+__all__ = ["PUBLISHED_TOKENS_PER_SECOND", "QWEN2_5_VL", "QWEN2_VIDEO", "QWEN2_VL", "QWEN3_VIDEO", "mrope_positions",
+           "qwen3_token_rows", "tokens_per_second"]
+
+logger = logging.getLogger(__name__)
 
 
 def _replacements(processor: Any, sizes: Sequence[tuple[int, int]]) -> list[str]:
@@ -99,8 +104,8 @@ def mrope_positions(input_ids: torch.Tensor, seq_lens: Sequence[int], grids: tor
     Text tokens count on from the largest position so far; an image's (or a video's) tokens sit on a
     ``t × h/merge × w/merge`` grid starting at the next position, and text after it continues at
     ``start + max(h, w) / merge``. A video's temporal patch ``k`` sits at ``start + k`` (Qwen2-VL's
-    rule; Qwen2.5-VL's scaled time is applied with the model's ``tokens_per_second``, in
-    ``model_kwargs``). Padding after the sub-samples counts ``0, 1, 2, …``.
+    rule; Qwen2.5-VL's token rows add its scaled time, ``tokens_per_second``). Padding after the
+    sub-samples counts ``0, 1, 2, …``.
     """
     L = input_ids.shape[0]
     lens = np.asarray(seq_lens, dtype=np.int64)
@@ -159,8 +164,10 @@ def _frame_grids(grids: torch.Tensor) -> torch.Tensor:
 
 def _token_rows_for(split_frames: bool, scaled_time: bool):
     """The family's ``token_rows``: 3-D positions and token types (1 image, 2 video). ``split_frames``:
-    Qwen3-VL's one grid per temporal patch; ``scaled_time``: Qwen2.5-VL, whose temporal positions
-    ``model_kwargs`` scales (rows ``video_time_patch`` and ``video_seconds`` carry what it needs)."""
+    Qwen3-VL's one grid per temporal patch; ``scaled_time``: Qwen2.5-VL, whose video tokens' time axis is
+    ``start + trunc(k · tokens_per_second · second_per_grid_t)`` (:func:`tokens_per_second`); rows
+    ``video_time_patch``, ``video_seconds`` and ``video_time_shift`` let ``model_kwargs`` move it to a model
+    whose ``tokens_per_second`` differs."""
 
     def token_rows(input_ids: torch.Tensor, seq_lens: Sequence[int], pixels: Mapping[str, torch.Tensor],
                    processor: Any) -> dict[str, torch.Tensor]:
@@ -187,7 +194,9 @@ def _token_rows_for(split_frames: bool, scaled_time: bool):
             time_patch[is_video] = k
             per_token = torch.zeros(input_ids.shape, dtype=torch.float32)
             per_token[is_video] = torch.repeat_interleave(seconds, videos.prod(dim=1) // merge ** 2)
-            out.update(video_time_patch=time_patch, video_seconds=per_token)
+            shift = _time_shift(time_patch, per_token, tokens_per_second(processor)[0])
+            rope[0] += shift  # the model's own time axis: the batch's positions are get_rope_index's
+            out.update(video_time_patch=time_patch, video_seconds=per_token, video_time_shift=shift)
         return out
 
     return token_rows
@@ -214,25 +223,67 @@ def _model_kwargs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]:
     if "video_mask" in batch and bool(batch["video_mask"].any()):
         kwargs["pixel_values_videos"] = take_rows(batch["pixel_values_videos"], batch["video_patch_mask"])
         kwargs["video_grid_thw"] = take_rows(batch["video_grid_thw"], batch["video_mask"])
-        if "video_time_patch" in batch:
-            kwargs["position_ids"] = _scaled_time(batch, model)
+        if "video_time_shift" in batch:
+            kwargs["position_ids"] = _rescaled_time(batch, model)
     return kwargs
 
 
-def _scaled_time(batch: Mapping[str, Any], model: Any) -> torch.Tensor:
-    """Qwen2.5-VL's temporal positions of video tokens: ``start + trunc(k · tokens_per_second ·
-    second_per_grid_t)`` for temporal patch ``k``, in float32 as ``get_rope_index`` computes them (the
-    loader's rows hold ``start + k``)."""
+def _time_shift(k: torch.Tensor, seconds: torch.Tensor, per_second: float) -> torch.Tensor:
+    """Qwen2.5-VL's video time axis over Qwen2-VL's: ``trunc(k · tokens_per_second · second_per_grid_t) - k``
+    for temporal patch ``k``, in float32 as ``get_rope_index`` computes it (0 off the video tokens)."""
+    interval = per_second * seconds.to(torch.float32)
+    return (k.to(torch.float32) * interval).long() - k
+
+
+def _rescaled_time(batch: Mapping[str, Any], model: Any) -> torch.Tensor:
+    """``position_ids`` for ``model``: the batch's as they are where the model's ``tokens_per_second`` is the
+    one the loader found; else each video token's time moved to the model's value."""
     per_second = getattr(model.config.vision_config, "tokens_per_second", None)
     if per_second is None:
         raise ConfigError(f"{type(model).__name__}'s vision config has no tokens_per_second, which Qwen2.5-VL's "
                           "video positions need; load a Qwen2.5-VL model")
-    k, seconds = batch["video_time_patch"], batch["video_seconds"]
-    interval = per_second * seconds.to(torch.float32)
-    shift = (k.to(torch.float32) * interval).long() - k
+    shift = _time_shift(batch["video_time_patch"], batch["video_seconds"], per_second)
+    applied = batch["video_time_shift"]
+    if torch.equal(shift, applied.to(shift.device)):
+        return batch["position_ids"]
     position_ids = batch["position_ids"].clone()
-    position_ids[1] += shift.to(position_ids.device)
+    position_ids[1] += (shift - applied).to(position_ids.device)
     return position_ids
+
+
+#: Every published Qwen2.5-VL checkpoint's ``vision_config.tokens_per_second`` (transformers' class default is 4).
+PUBLISHED_TOKENS_PER_SECOND = 2
+
+
+def tokens_per_second(processor: Any) -> tuple[float, str]:
+    """Qwen2.5-VL's ``vision_config.tokens_per_second`` and where it was read: the model's ``config.json`` beside
+    the processor (its folder, or the cached model its tokenizer was loaded from, as on the Hub), else
+    :data:`PUBLISHED_TOKENS_PER_SECOND`, said once in the log (``wdspack.model_inputs`` moves the times to
+    the model's own value either way)."""
+    name = str(getattr(getattr(processor, "tokenizer", None), "name_or_path", "") or "")
+    return _tokens_per_second(name)
+
+
+@functools.lru_cache(maxsize=16)
+def _tokens_per_second(name: str) -> tuple[float, str]:
+    from ..processors import _read_json
+
+    try:
+        config = _read_json(name, "config.json") if name else {}
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read {name}/config.json for Qwen2.5-VL's tokens_per_second: {e}") from None
+    vision = config.get("vision_config") or {}
+    value = vision.get("tokens_per_second") if isinstance(vision, Mapping) else None
+    if value is not None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ConfigError(f"{name}/config.json: vision_config.tokens_per_second {value!r} is not a positive "
+                              "number; fix the model's config")
+        return float(value), f"{name}/config.json"
+    logger.warning("Qwen2.5-VL video positions: no config.json with vision_config.tokens_per_second beside the "
+                   "processor %r; the batch's position_ids use %d (every published checkpoint's); put the model's "
+                   "config.json in the processor's folder for its own (wdspack.model_inputs applies the model's)",
+                   name or "(in memory)", PUBLISHED_TOKENS_PER_SECOND)
+    return float(PUBLISHED_TOKENS_PER_SECOND), "the published checkpoints' default"
 
 
 def _video_pixels(processor: Any, videos: Sequence[bytes], plans: Sequence[Any], *,
@@ -295,11 +346,16 @@ def _video_token(processor: Any) -> str:
 
 
 def _qwen2_sampling(processor: Any, config: Mapping[str, Any] | None) -> QwenVideoSampling:
-    return QwenVideoSampling.from_config(config) if config else QwenVideoSampling()
+    """``Qwen2VLVideoProcessor``'s settings (None: its class defaults); top-level ``min_pixels``/``max_pixels``
+    over ``size``, as its ``__init__`` takes them."""
+    return QwenVideoSampling() if config is None else QwenVideoSampling.from_config(config)
 
 
 def _qwen3_sampling(processor: Any, config: Mapping[str, Any] | None) -> QwenVideoSampling:
-    return QwenVideoSampling.from_config(config, base=QWEN3_VL_VIDEO) if config else QWEN3_VL_VIDEO
+    """``Qwen3VLVideoProcessor``'s settings (None: its class defaults); ``size`` alone bounds the pixels (the
+    class ignores top-level ``min_pixels``/``max_pixels``)."""
+    return QWEN3_VL_VIDEO if config is None else QwenVideoSampling.from_config(config, base=QWEN3_VL_VIDEO,
+                                                                               pixels_at_top=False)
 
 
 #: Qwen2-VL, Qwen2.5-VL: ``<|video_pad|>`` repeated once per video token (``t·h·w / merge²``).
