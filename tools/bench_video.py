@@ -342,11 +342,19 @@ def write_video_chats(folder: Path, clips: Sequence[tuple[str, bytes]], chats: i
 
 
 def tiny_processor(folder: Path) -> Path:
-    """The tiny Qwen2.5-VL processor (``examples/tiny_vlm``: the real classes, the tekken tokenizer), saved."""
+    """The tiny Qwen2.5-VL processor (``examples/tiny_vlm``: the real classes, the tekken tokenizer), saved with
+    :data:`QWEN25_VL_VIDEO` as its ``video_preprocessor_config.json`` (the pack job reads it as transformers does)."""
     from examples.tiny_vlm import qwen2_5_vl
     from wdspack.models import save_processor
 
-    return save_processor(qwen2_5_vl.processor(folder / "tok"), folder / "processor")
+    out = save_processor(qwen2_5_vl.processor(folder / "tok"), folder / "processor")
+    v = QWEN25_VL_VIDEO
+    (out / "video_preprocessor_config.json").write_text(json.dumps({
+        "video_processor_type": "Qwen2VLVideoProcessor", "do_sample_frames": v.do_sample_frames, "fps": v.fps,
+        "min_frames": v.min_frames, "max_frames": v.max_frames, "patch_size": v.patch_size,
+        "temporal_patch_size": v.temporal_patch_size, "merge_size": v.merge_size,
+        "size": {"shortest_edge": v.min_pixels, "longest_edge": v.max_pixels}}, indent=2) + "\n")
+    return out
 
 
 def video_sample_config(processor: Path) -> Any:

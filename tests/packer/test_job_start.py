@@ -234,7 +234,8 @@ _LINE = re.compile(r"^wdspack (measure|write): [\d,]+(/~?[\d,]+)? (record|sample
 
 
 def test_progress_lines_when_stderr_is_not_a_terminal(demo_data, tekken_dir, tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("WDSPACK_PROGRESS_INTERVAL", "0.05")
+    # a tick every 5 ms: a measure stage that is quick (a tokenizer already loaded in this process) still gets one
+    monkeypatch.setenv("WDSPACK_PROGRESS_INTERVAL", "0.005")
     assert main(_argv(demo_data, tekken_dir, tmp_path / "ds", "--shard-packs", "1")) == 0  # no --quiet
     captured = capsys.readouterr()
     lines = captured.err.splitlines()
