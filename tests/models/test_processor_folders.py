@@ -302,3 +302,21 @@ def test_the_summary_lines_of_older_datasets_and_of_the_users_settings():
     assert "videos   8 frames a video, each resized to 384x384, tokens from each video's header; settings from " \
            "video_preprocessor_config.json" in PackSummary(**base, image_policy={"kind": "processor",
                                                                                   "video": llava}).lines()
+
+
+@pytest.mark.parametrize("key", [(name, layout) for name in FAMILIES for layout in LAYOUTS]
+                         + [("qwen2_5_vl", "hub")], ids="-".join)
+def test_the_videos_stream_pixel_for_pixel_as_the_processor_makes_them(built, key):
+    """Streamed with the same folder as the loader's processor, every video's rows are the ones
+    ``AutoProcessor.from_pretrained(folder)`` makes of it, bit for bit, in pack order."""
+    import numpy as np
+    import torch
+
+    folder, dataset, _, refs = built[key]
+    (batch,) = h.loader_batches(dataset, str(folder))
+    order = [sid for ids in h.pack_sample_ids(dataset) for sid in ids]
+    want = [refs[sid]["pixel_values_videos"] for sid in order if "pixel_values_videos" in refs[sid]]
+    real = batch["video_patch_mask"] if "video_patch_mask" in batch else batch["video_frame_mask"]
+    got = batch["pixel_values_videos"][real]
+    assert len(want) >= 4 and torch.equal(got, torch.from_numpy(np.concatenate([w.reshape(-1, *got.shape[1:])
+                                                                                for w in want])))
