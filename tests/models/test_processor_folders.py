@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import vlm_harness as h
-from tests.support.video_chats import ROWS, clip, typed
+from tests.support.video_chats import ROWS, clip, source_folder, typed
 from tests.support.video_reference import LAYOUTS, folder_job, run_jobs, save_job
 from wdspack.cli import main
 from wdspack.errors import ConfigError
@@ -88,14 +88,8 @@ def built(tmp_path_factory):
     """Per (family, layout): the folder, its packed dataset, the summary printed, and per sample what
     ``AutoProcessor.from_pretrained(folder)`` made of it (and the video processor it loaded)."""
     root = tmp_path_factory.mktemp("folders")
-    src = root / "src"
-    (src / "clips").mkdir(parents=True)
-    (src / "images").mkdir()
-    clip(src / "clips" / "a.mp4", codec="h264", rate=Fraction(10), frames=12, width=66, height=50)
-    clip(src / "clips" / "b.mp4", codec="h264", rate=Fraction(30000, 1001), frames=9, width=40, height=30)
-    clip(src / "clips" / "c.webm", codec="libvpx-vp9", rate=Fraction(24), frames=8, width=64, height=36)
+    src = source_folder(root)
     clip(src / "clips" / "long.mp4", codec="h264", rate=Fraction(10), frames=60, width=34, height=26)
-    (src / "images" / "p.png").write_bytes(h._png((60, 44), seed=3))
     chats = src / "chats.jsonl"
     chats.write_text("".join(json.dumps({"id": sid, **row}) + "\n" for sid, row in ROWS_HERE.items()))
     folders, jobs, calls = {}, [], {}

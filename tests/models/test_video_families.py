@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import json
-from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ import torch
 
 import wdspack
 from tests.support import vlm_harness as h
-from tests.support.video_chats import ROWS, clip, one_by_one, typed
+from tests.support.video_chats import ROWS, one_by_one, source_folder, typed
 from tests.support.video_reference import processor_job, run_jobs
 from wdspack.models import save_processor
 from wdspack.models.video import VideoSettings
@@ -44,13 +43,7 @@ def built(tmp_path_factory):
     import importlib
 
     root = tmp_path_factory.mktemp("video")
-    src = root / "src"
-    (src / "clips").mkdir(parents=True)
-    (src / "images").mkdir()
-    clip(src / "clips" / "a.mp4", codec="h264", rate=Fraction(10), frames=12, width=66, height=50)
-    clip(src / "clips" / "b.mp4", codec="h264", rate=Fraction(30000, 1001), frames=9, width=40, height=30)
-    clip(src / "clips" / "c.webm", codec="libvpx-vp9", rate=Fraction(24), frames=8, width=64, height=36)
-    (src / "images" / "p.png").write_bytes(h._png((60, 44), seed=3))
+    src = source_folder(root)
     (src / "chats.jsonl").write_text("".join(json.dumps({"id": sid, **row}) + "\n" for sid, row in ROWS.items()))
     out, jobs = {}, []
     for name, (module, cls, model_cls, pixels) in FAMILIES.items():

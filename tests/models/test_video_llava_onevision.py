@@ -19,7 +19,7 @@ import torch
 
 import wdspack
 from tests.support import vlm_harness as h
-from tests.support.video_chats import ROWS, clip, one_by_one, typed
+from tests.support.video_chats import ROWS, clip, one_by_one, source_folder, typed
 from tests.support.video_reference import processor_job, run_jobs
 from wdspack.errors import ConfigError, SampleError
 from wdspack.loader.batch.model import ModelBatcher
@@ -49,14 +49,8 @@ def built(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("video-onevision")
     processor = llava.processor(root / "tok", kind="llava_onevision", tile=TILE)
-    src = root / "src"
-    (src / "clips").mkdir(parents=True)
-    (src / "images").mkdir()
-    clip(src / "clips" / "a.mp4", codec="h264", rate=Fraction(10), frames=12, width=66, height=50)
-    clip(src / "clips" / "b.mp4", codec="h264", rate=Fraction(30000, 1001), frames=9, width=40, height=30)
-    clip(src / "clips" / "c.webm", codec="libvpx-vp9", rate=Fraction(24), frames=8, width=64, height=36)
+    src = source_folder(root)
     clip(src / "clips" / "short.mp4", codec="h264", rate=Fraction(10), frames=3, width=32, height=32)
-    (src / "images" / "p.png").write_bytes(h._png((60, 44), seed=3))
     rows = {**ROWS, **TWO}
     (src / "chats.jsonl").write_text("".join(json.dumps({"id": sid, **row}) + "\n" for sid, row in rows.items()))
     folder = save_processor(processor, root / "processor")

@@ -27,7 +27,7 @@ import wdspack
 from wdspack import cli
 from wdspack.errors import SampleError
 from wdspack.format.pack import MAX_VIDEO_FRAMES
-from wdspack.models import save_processor, video
+from wdspack.models import save_processor, video, video_header
 from wdspack.models import video_pixels as vp
 from wdspack.models.video import (
     MAX_PLAN_FRAMES,
@@ -209,7 +209,7 @@ def _pack(src: Path, processor: Path, source: str, out: Path, *, check_data: boo
     with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said), pytest.MonkeyPatch.context() as mp:
         mp.setattr(video, "MAX_VIDEO_PIXELS", DECODE_PIXELS)
         if not check_data:
-            mp.setattr(video, "_check_held", lambda *args, **kwargs: None)
+            mp.setattr(video_header, "_check_held", lambda *args, **kwargs: None)
         code = cli.main(["pack", str(src / source), "--output", str(out), "--processor", str(processor),
                          "--image-root", str(src), "--video-fps", str(FPS), "--video-max-frames", str(MAX_FRAMES),
                          "--video-max-pixels", str(PIXELS), "--seq-len", str(SEQ_LEN), "--max-drop-fraction", "1"])
@@ -428,13 +428,13 @@ def test_counting_a_webms_frames_is_bounded_in_frames_and_seconds(tmp_path, monk
     pass (its frames' data checked) stops at its header's count and is bounded in time the same way."""
     data = _clip(tmp_path / "c.mkv", frames=8)  # Matroska, as WebM: no frame count in the header
     assert video.read_header(data).frames == 8
-    monkeypatch.setattr(video, "MAX_COUNTED_FRAMES", 7)
+    monkeypatch.setattr(video_header, "MAX_COUNTED_FRAMES", 7)
     with pytest.raises(SampleError, match=r"^sample 's': over 7 frames counted \(its container gives no count\); "
                                           r"split the video into shorter clips \[video_too_large\]$"):
         video.read_header(data, sample_id="s")
-    monkeypatch.setattr(video, "MAX_COUNTED_FRAMES", 8)
+    monkeypatch.setattr(video_header, "MAX_COUNTED_FRAMES", 8)
     assert video.read_header(data).frames == 8
-    monkeypatch.setattr(video, "MAX_COUNT_SECONDS", -1.0)
+    monkeypatch.setattr(video_header, "MAX_COUNT_SECONDS", -1.0)
     with pytest.raises(SampleError, match=r"took over -1 s at 1 frames; split the video or remux it as MP4") as e:
         video.read_header(data)
     assert e.value.reason == "video_too_large"

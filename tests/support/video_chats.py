@@ -12,7 +12,7 @@ import torch
 
 from tests.support import vlm_harness as h
 
-__all__ = ["ROWS", "clip", "one_by_one", "typed"]
+__all__ = ["ROWS", "clip", "one_by_one", "source_folder", "typed"]
 
 #: id -> (record as written, in LLaMA-Factory's or LLaVA-Video's layout; its turns as typed parts for the reference)
 ROWS = {
@@ -49,6 +49,19 @@ def clip(path: Path, *, codec: str, rate: Fraction, frames: int, width: int, hei
         for packet in stream.encode():
             out.mux(packet)
     return path
+
+
+def source_folder(root: Path) -> Path:
+    """``root/src`` with the clips and the picture :data:`ROWS` name (``clips/a.mp4``, ``b.mp4`` at 29.97 fps,
+    ``c.webm`` with no frame count in its header, ``images/p.png``)."""
+    src = root / "src"
+    (src / "clips").mkdir(parents=True)
+    (src / "images").mkdir()
+    clip(src / "clips" / "a.mp4", codec="h264", rate=Fraction(10), frames=12, width=66, height=50)
+    clip(src / "clips" / "b.mp4", codec="h264", rate=Fraction(30000, 1001), frames=9, width=40, height=30)
+    clip(src / "clips" / "c.webm", codec="libvpx-vp9", rate=Fraction(24), frames=8, width=64, height=36)
+    (src / "images" / "p.png").write_bytes(h._png((60, 44), seed=3))
+    return src
 
 
 def typed(row: dict) -> list[dict]:

@@ -27,10 +27,11 @@ from .batch.buffers import PixelBuffers
 from .batch.collate import META_KEY
 from .batch.collate_fn import LoaderCollate, check_pixel_dtype, resolve_max_segments
 from .batch.packed_with import check_packed_with
-from .dataset import PackedDataset, report_stats
+from .dataset import PackedDataset
 from .mixture.spec import Mixture
 from .options import Balance, ReadOptions
 from .resume import LoaderPosition, LoaderState, restore, save_state
+from .stats import report_stats
 
 __all__ = ["PackedLoader", "make_loader"]
 
@@ -199,7 +200,7 @@ class PackedLoader:
     @property
     def stats(self) -> dict[str, int]:
         """Counters summed over workers and epochs: corrupt_packs, dropped_samples, truncated_shards, ignored_members,
-        retries, ...; and per source and reason the dropped samples (:func:`~.dataset.dropped_key`)."""
+        retries, ...; and per source and reason the dropped samples (:func:`~.stats.dropped_key`)."""
         total = Counter(self._stats_base)
         for c in self._stats_live.values():
             total.update(c)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ..errors import ConfigError, FormatError, WdspackError
+from ..errors import ConfigError, WdspackError
 from ..format.dataset import ResolvedSource, read_pack_index, resolve_source
 from ..format.manifest import image_token_budget
 from ..format.tar import Handler
@@ -39,20 +39,14 @@ from .mixture.sources import MixedSources
 from .mixture.spec import Mixture, default_name, is_mixture_spec
 from .options import Balance, ReadOptions
 from .plan import REMAINDER_POLICIES, EpochPlan, plan_epoch, plan_remainder, slot_order
-from .read import OnDrop, Round, read_slot
+from .read import Round, read_slot
 from .stages import lap_source, reorder
+from .stats import LOAD_DROP_REASONS, STAT_KEYS, dropped_key, make_handler, make_on_drop, report_stats
 
 __all__ = ["LOAD_DROP_REASONS", "PackedDataset", "STAT_KEYS", "dropped_key", "report_stats"]
 
 logger = logging.getLogger(__name__)
 
-#: Counters every slot keeps; ``dataset.stats`` / ``loader.stats`` sum them. ``dropped_samples``: sub-samples dropped
-#: from their pack at load time (an image or video that does not decode), also counted per source and reason
-#: (:func:`dropped_key`).
-STAT_KEYS = ("corrupt_packs", "dropped_samples", "truncated_shards", "ignored_members", "retries", "requests",
-             "bytes_read")
-#: Why a sub-sample is dropped at load time: the pack job's names for the same failures (``DROP_REASONS``).
-LOAD_DROP_REASONS = ("unreadable_image", "image_too_large", "unreadable_video")
 #: Private per-example key that carries a slot's position to :class:`~wdspack.loader.PackedLoader`.
 _META_HEAD = ("worker", "epoch", "lap", "emitted", "yielded")
 MAX_WORKERS = 256
@@ -528,53 +522,6 @@ class PackedDataset(IterableDataset):
                 raise WdspackError(f"slot {slot} (rank {self.rank}) read a whole pass over its {size} packs and none "
                                    "was readable (see the warnings above); the dataset is damaged")
             lap, emitted = lap + 1, 0
-
-
-def make_handler(on_corrupt: str, stats: Counter) -> Handler:
-    """The stages' error handler: count ``kind``, then warn (``"skip"``) or raise (``"raise"``)."""
-
-    def handler(kind: str, error: Exception) -> None:
-        stats[kind] += 1
-        if on_corrupt == "raise":
-            raise error
-        logger.warning("%s; skipped (%s: %d so far; on_corrupt='raise' stops instead)", error, kind, stats[kind])
-
-    return handler
-
-
-def make_on_drop(on_corrupt: str, stats: Counter, names: Sequence[str]) -> OnDrop:
-    """What a slot does with a sub-sample whose image or video does not decode: count it (``dropped_samples``,
-    and per source and reason), then warn in one line and let the pack's other sub-samples train (``"skip"``),
-    or raise (``"raise"``)."""
-
-    def on_drop(where: str, source: int, sample_id: str, reason: str, error: Exception) -> None:
-        stats["dropped_samples"] += 1
-        stats[dropped_key(names[source], reason)] += 1
-        if on_corrupt == "raise":
-            raise FormatError(f"{where}: {type(error).__name__}: {error}")
-        named = str(error) if str(error).startswith(f"sample {sample_id!r}") else f"sample {sample_id!r}: {error}"
-        logger.warning("%s: %s; dropped from its pack (%s), whose other samples train (dropped_samples: %d so far; "
-                       "on_corrupt='raise' stops instead)", where, named, reason, stats["dropped_samples"])
-
-    return on_drop
-
-
-def dropped_key(source: str, reason: str) -> str:
-    """The stats key counting the sub-samples of ``source`` dropped at load time for ``reason``.
-
-    Example:
-        >>> dropped_key("llava", "unreadable_video")
-        'dropped_samples/llava/unreadable_video'
-    """
-    return f"dropped_samples/{source}/{reason}"
-
-
-def report_stats(total: Mapping[str, int]) -> dict[str, int]:
-    """Summed counters as ``stats`` reports them: every :data:`STAT_KEYS` entry, then each non-zero
-    :func:`dropped_key` count."""
-    report = {k: int(total.get(k, 0)) for k in STAT_KEYS}
-    report.update({k: int(v) for k, v in sorted(total.items()) if k.startswith("dropped_samples/") and v})
-    return report
 
 
 def check_tokenizer(source: ResolvedSource, expected: str | Mapping[str, Any]) -> None:
