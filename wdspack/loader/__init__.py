@@ -8,7 +8,8 @@
 
 The modules: :mod:`.plan` — packs split over slots, the shuffle order; :mod:`.balance` — the same
 dealt by cost; :mod:`.options` — ReadOptions, Balance; :mod:`.stages` — the generator stages;
-:mod:`.read` — the one read loop of a slot (one dataset: its laps; a mixture: its schedules);
+:mod:`.read` — the one read loop of a slot (one dataset: its laps; a mixture: its schedules); :mod:`.stats` — the
+slot's counters, its corrupt-pack handler and load-time drops;
 :mod:`.dataset` — PackedDataset; :mod:`.dataloader` — make_loader, PackedLoader; :mod:`.resume` —
 the loader's state and its kinds of restore; :mod:`.elastic` — a layout's rest after an elastic
 resume; :mod:`.wds` — the same batches as webdataset stages. :mod:`.mixture` — :mod:`.mixture.spec`,
