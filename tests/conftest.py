@@ -42,7 +42,7 @@ INTEGRATION = (
     "models/test_compile",  # decoder layers under torch.compile over a packed epoch, real models
     "models/test_processor_mode",  # processor mode end to end
     "models/test_load_processor",  # processors saved and loaded
-    "models/test_video",  # videos encoded with PyAV; transformers' video code in a process of its own
+    "media/test_video_plan",  # videos encoded with PyAV; transformers' video code in a process of its own
     "models/test_video_families",  # Qwen-VL videos against their real processors (a child), float64
     "models/test_video_llava_onevision",  # LLaVA-OneVision video against its real processor (a child), float64
     "models/test_processor_folders",  # folders written by the real processors (a child), packed by the CLI

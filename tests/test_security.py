@@ -21,7 +21,7 @@ from wdspack.errors import FormatError, OutputError, SampleError
 from wdspack.format.manifest import read_manifest
 from wdspack.format.pack import Pack, encode_pack
 from wdspack.loader import PackedDataset
-from wdspack.loader.batch.images import ImageTooLargeError, decode_image, make_image_transform
+from wdspack.media.image.pixels import ImageTooLargeError, decode_image, make_image_transform
 from wdspack.ops.verify import verify_dataset
 
 PACKAGE = Path(__file__).resolve().parents[1] / "wdspack"

@@ -79,7 +79,7 @@ from wdspack import plan_packs
 from wdspack.format.manifest import Manifest, write_json_atomic
 from wdspack.format.pack import Pack, encode_pack
 from wdspack.format.tar import ShardWriter, shard_name
-from wdspack.loader.batch.images import make_image_transform
+from wdspack.media.image.pixels import make_image_transform
 from wdspack.ops.index import index_dataset
 
 IMAGE_TOKENS, SIZE, MAX_IMAGES, PAD_ID, IMAGE_TOKEN_ID = 64, 224, 16, 11, 10

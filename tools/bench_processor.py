@@ -99,7 +99,7 @@ def _raw_images(dataset: Path, processor) -> tuple[float, int]:
     import tarfile
 
     from wdspack.format.pack import decode_pack
-    from wdspack.loader.batch.images import decode_image
+    from wdspack.media.image.pixels import decode_image
 
     images = []
     for shard in sorted(dataset.glob("*.tar")):

@@ -38,7 +38,7 @@ every ratio compares figures of the same run.
    item 3 (CPU: the loader's workers and the main process). Then one epoch in this process under cProfile:
    ``ModelBatcher.pack_parts`` and its steps (``profile_1w``).
 
-wdspack's decode and resize are ``wdspack.models.video_pixels.decode_frames`` / ``resize_frames``;
+wdspack's decode and resize are ``wdspack.media.video.pixels.decode_frames`` / ``resize_frames``;
 where that module is missing, a local equivalent stands in and ``decoder`` says so.
 """
 
@@ -65,7 +65,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from wdspack.models.video import QwenVideoSampling, VideoPlan, plan_qwen2_vl, read_header
+from wdspack.media.video.plan import QwenVideoSampling, VideoPlan, plan_qwen2_vl, read_header
 
 #: Qwen2.5-VL's published ``video_preprocessor_config.json``: 2 frames a second, 128-768 patches of 28 px
 QWEN25_VL_VIDEO = QwenVideoSampling(do_sample_frames=True, fps=2.0, min_pixels=128 * 28 * 28, max_pixels=768 * 28 * 28)
@@ -128,11 +128,11 @@ def make_clip(kind: str, *, seconds: float, fps: int, width: int, height: int, s
 def pixel_functions() -> tuple[Callable[..., np.ndarray], Callable[..., torch.Tensor], str]:
     """wdspack's ``decode_frames`` and ``resize_frames``, and where they came from."""
     try:
-        from wdspack.models.video_pixels import decode_frames, resize_frames
+        from wdspack.media.video.pixels import decode_frames, resize_frames
     except ImportError:
         # the baseline's own steps stand in (the same frames, the same resize kernel)
-        return pyav_decode, _resize_view, "local PyAV equivalent (wdspack.models.video_pixels missing)"
-    return decode_frames, resize_frames, "wdspack.models.video_pixels"
+        return pyav_decode, _resize_view, "local PyAV equivalent (wdspack.media.video.pixels missing)"
+    return decode_frames, resize_frames, "wdspack.media.video.pixels"
 
 
 def wdspack_worker(data: bytes, plan: VideoPlan) -> torch.Tensor:
@@ -359,7 +359,7 @@ def tiny_processor(folder: Path) -> Path:
 
 def video_sample_config(processor: Path) -> Any:
     """The pack job's settings here: the processor folder, videos at 2 frames a second (``--video-fps 2``)."""
-    from wdspack.models.video import VideoSettings
+    from wdspack.media.video.plan import VideoSettings
     from wdspack.packer.samples import SampleConfig
 
     return SampleConfig(processor=str(processor), video=VideoSettings(fps=2.0))
@@ -556,10 +556,10 @@ def profile_loader(dataset: Path, processor: Path) -> dict:
         return round(sum(v[3] for k, v in stats.items() if (k[2] == name and where in k[0])
                          or (k[0] == "~" and name in k[2] and where in k[2])) * 1000, 1)
 
-    steps = {"pack_parts": ms("pack_parts", "batch/model.py"), "decode_frames": ms("_decode_frames", "video_pixels"),
-             "resize_frames": ms("resize_frames", "video_pixels"),
-             "qwen_video_patches": ms("qwen_video_patches", "video_pixels"),
-             "normalize_video_rows": ms("normalize_video_rows", "video_pixels"),
+    steps = {"pack_parts": ms("pack_parts", "batch/model.py"), "decode_frames": ms("_decode_frames", "video/pixels"),
+             "resize_frames": ms("resize_frames", "video/pixels"),
+             "qwen_video_patches": ms("qwen_video_patches", "video/pixels"),
+             "normalize_video_rows": ms("normalize_video_rows", "video/pixels"),
              "pad_videos": ms("_pad_videos", "qwen_vl"),
              "collate": ms("collate", "batch/model.py"), "join_rows": ms("_join_rows", "batch/model.py"),
              "to_ndarray": ms("to_ndarray", "av."), "interpolate": ms("interpolate", "torch/nn/functional")}

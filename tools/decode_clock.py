@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from wdspack.loader.batch.images import ImageTransform
+from wdspack.media.image.pixels import ImageTransform
 
 #: Per slot: CPU seconds in ``decode_resized``, wall seconds in it, images it returned.
 _FIELDS = 3

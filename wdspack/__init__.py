@@ -39,9 +39,9 @@ if typing.TYPE_CHECKING:  # the names _LAZY loads on first use, as type checkers
     from .loader import PackedDataset, make_loader
     from .loader.batch.buffers import normalize_pixels
     from .loader.batch.collate import collate_packs, pack_to_example
-    from .loader.batch.images import make_image_transform
     from .loader.mixture.spec import Mixture, MixtureSource
     from .loader.options import Balance, ReadOptions
+    from .media.image.pixels import make_image_transform
     from .models import load_processor, model_inputs
     from .models.varlen import use_varlen_attention
     from .ops.inspect import dataset_stats
@@ -69,7 +69,7 @@ _LAZY = {
     "PackedDataset": "loader", "make_loader": "loader", "ReadOptions": "loader.options", "Balance": "loader.options",
     "Mixture": "loader.mixture.spec", "MixtureSource": "loader.mixture.spec",
     "pack_to_example": "loader.batch.collate", "collate_packs": "loader.batch.collate",
-    "make_image_transform": "loader.batch.images", "normalize_pixels": "loader.batch.buffers",
+    "make_image_transform": "media.image.pixels", "normalize_pixels": "loader.batch.buffers",
     "model_inputs": "models", "load_processor": "models", "use_varlen_attention": "models.varlen",
     "num_items_in_batch": "train.loss", "num_samples_in_batch": "train.loss", "sample_mean_loss": "train.loss",
     "token_losses": "train.loss",

@@ -204,7 +204,7 @@ def _add_pack(sub) -> None:
     p.add_argument("--image-root", help="folder (or URL) image paths are relative to, for the sources without "
                                         "their own (SOURCE::ROOT or a meta file's); default: each source's folder")
     p.add_argument("--max-image-side", type=int, help="downscale larger images to this longest side at pack time")
-    # ---- videos (with --processor of a family that has a video path): wdspack.models.video
+    # ---- videos (with --processor of a family that has a video path): wdspack.media.video.plan
     p.add_argument("--video-fps", type=float, metavar="FPS",
                    help="sample video frames at this rate (default: the processor's video settings)")
     p.add_argument("--video-num-frames", type=int, metavar="N",
@@ -297,9 +297,9 @@ def _run_pack(args: argparse.Namespace) -> int:
 
 
 def _video_settings(args: argparse.Namespace) -> Any:
-    """``--video-fps/--video-max-frames/--video-max-pixels`` as :class:`~wdspack.models.video.VideoSettings`
+    """``--video-fps/--video-max-frames/--video-max-pixels`` as :class:`~wdspack.media.video.plan.VideoSettings`
     (None when none is given)."""
-    from .models.video import VideoSettings
+    from .media.video.plan import VideoSettings
 
     given = {"fps": args.video_fps, "max_frames": args.video_max_frames, "max_pixels": args.video_max_pixels,
              "num_frames": args.video_num_frames}

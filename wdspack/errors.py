@@ -12,9 +12,9 @@ The tree::
     ├── FormatError              bytes that do not follow pack format v1
     │   ├── NewerFormatError     a pack written by a newer wdspack: upgrade, it is not corrupt
     │   ├── ShardError           (format.tar) a tar member header that is cut or garbled
-    │   ├── ImageDecodeError     (loader: images) an image in a pack that does not decode
+    │   ├── ImageDecodeError     (media.image.pixels) an image in a pack that does not decode
     │   │   └── ImageTooLargeError
-    │   └── VideoDecodeError     (models.video_pixels) a video in a pack that does not decode, or not in bounds
+    │   └── VideoDecodeError     (media.video.pixels) a video in a pack that does not decode, or not in bounds
     ├── ManifestError            a manifest that is missing, unreadable or inconsistent
     ├── OutputError              the output folder cannot be written, or a resume does not match
     └── TooManyDropsError        a pack job dropped more than its tolerance, or packed nothing

@@ -30,11 +30,12 @@ from tests.support.bad_input import png
 from tests.support.synthetic import IMAGE_TOKEN_ID, TOKENIZER, TOKENS_PER_IMAGE, tiny_image
 from wdspack import cli
 from wdspack.format.manifest import MANIFEST_NAME, Manifest, read_manifest, write_json_atomic
-from wdspack.format.pack import Pack, VideoPlanRecord, decode_pack, drop_sample, encode_pack, validate_pack
+from wdspack.format.pack import Pack, decode_pack, drop_sample, encode_pack, validate_pack
 from wdspack.format.pack_index import COLUMNS, INDEX_NAME, encode_index, index_entry, pack_row
 from wdspack.format.tar import ShardWriter, shard_name
 from wdspack.loader.batch.collate import IGNORE_INDEX
-from wdspack.loader.batch.images import make_image_transform
+from wdspack.media.image.pixels import make_image_transform
+from wdspack.media.video.record import VideoPlanRecord
 from wdspack.packer.spool import assemble_pack
 
 SEQ_LEN, MAX_IMAGES = 64, 3

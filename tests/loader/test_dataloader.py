@@ -25,7 +25,7 @@ from wdspack import loader as loader_mod
 from wdspack.errors import ConfigError, FormatError, ManifestError
 from wdspack.format.manifest import MANIFEST_NAME, read_manifest
 from wdspack.loader import PackedDataset, make_loader, plan_epoch, shuffle_order
-from wdspack.loader.batch.images import make_image_transform
+from wdspack.media.image.pixels import make_image_transform
 
 ROOT = Path(__file__).resolve().parents[2]
 

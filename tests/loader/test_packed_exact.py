@@ -29,7 +29,7 @@ from PIL import Image
 
 from wdspack.format.pack import Pack
 from wdspack.loader.batch.collate import collate_packs, pack_to_example
-from wdspack.loader.batch.images import make_image_transform
+from wdspack.media.image.pixels import make_image_transform
 
 IMG, PAD, V, D, HEADS = 10, 0, 48, 16, 2
 L, M, S = 24, 3, 8  # seq_len, max_images, image side

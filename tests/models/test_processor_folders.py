@@ -26,9 +26,9 @@ from tests.support.video_chats import ROWS, clip, source_folder, typed
 from tests.support.video_reference import LAYOUTS, folder_job, run_jobs, save_job
 from wdspack.cli import main
 from wdspack.errors import ConfigError
+from wdspack.media.settings import read_settings
+from wdspack.media.video.plan import QWEN3_VL_VIDEO, QwenVideoSampling
 from wdspack.models import save_processor
-from wdspack.models.settings import read_settings
-from wdspack.models.video import QWEN3_VL_VIDEO, QwenVideoSampling
 
 av = pytest.importorskip("av")
 

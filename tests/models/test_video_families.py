@@ -21,8 +21,8 @@ import wdspack
 from tests.support import vlm_harness as h
 from tests.support.video_chats import ROWS, one_by_one, source_folder, typed
 from tests.support.video_reference import processor_job, run_jobs
+from wdspack.media.video.plan import VideoSettings
 from wdspack.models import save_processor
-from wdspack.models.video import VideoSettings
 from wdspack.packer.config import PackConfig
 from wdspack.packer.job import pack_dataset
 from wdspack.packer.samples import SampleConfig

@@ -23,9 +23,9 @@ from tests.support.video_chats import ROWS, clip, one_by_one, source_folder, typ
 from tests.support.video_reference import processor_job, run_jobs
 from wdspack.errors import ConfigError, SampleError
 from wdspack.loader.batch.model import ModelBatcher
+from wdspack.media.video.plan import VideoSettings, read_header
 from wdspack.models import save_processor
 from wdspack.models.families.llava import LLAVA_ONEVISION
-from wdspack.models.video import VideoSettings, read_header
 from wdspack.packer.config import PackConfig
 from wdspack.packer.expand import plan_record
 from wdspack.packer.job import pack_dataset

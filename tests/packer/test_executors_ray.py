@@ -82,8 +82,8 @@ def test_ray_packs_video_chats_as_the_local_executor(ray_cluster, tmp_path):
     from its header as the local executor does, and the shards are byte for byte the same."""
     from examples.make_demo_data import generate_videos
     from examples.tiny_vlm import qwen2_5_vl
+    from wdspack.media.video.plan import VideoSettings
     from wdspack.models import save_processor
-    from wdspack.models.video import VideoSettings
     from wdspack.packer.samples import SampleConfig
 
     generate_videos(tmp_path / "data", clips=8, seed=1)

@@ -14,8 +14,8 @@ import pytest
 
 from tests.support import vlm_harness as h
 from wdspack.errors import Dropped
+from wdspack.media.video.plan import VideoSettings
 from wdspack.models import save_processor
-from wdspack.models.video import VideoSettings
 from wdspack.packer.samples import SampleBuilder, SampleConfig
 from wdspack.packer.sources import iter_records, list_partitions
 

@@ -26,10 +26,10 @@ import pytest
 import wdspack
 from wdspack import cli
 from wdspack.errors import SampleError
-from wdspack.format.pack import MAX_VIDEO_FRAMES
-from wdspack.models import save_processor, video, video_header
-from wdspack.models import video_pixels as vp
-from wdspack.models.video import (
+from wdspack.media.video import header as video_header
+from wdspack.media.video import pixels as vp
+from wdspack.media.video import plan as video
+from wdspack.media.video.plan import (
     MAX_PLAN_FRAMES,
     QwenVideoSampling,
     VideoHeader,
@@ -37,6 +37,8 @@ from wdspack.models.video import (
     plan_qwen3_vl,
     read_header,
 )
+from wdspack.media.video.record import MAX_VIDEO_FRAMES
+from wdspack.models import save_processor
 from wdspack.ops.verify import verify_dataset
 from wdspack.packer.config import PackConfig, RunOptions
 from wdspack.packer.job import pack_dataset
@@ -490,7 +492,8 @@ def test_an_untrusted_pack_cannot_make_the_loader_allocate_for_its_video(change,
     resized; 0 seconds per temporal patch (LLaVA-OneVision's plans, which have no time axis) is valid."""
     from dataclasses import replace
 
-    from wdspack.format.pack import Pack, VideoPlanRecord, decode_pack, encode_pack, validate_pack
+    from wdspack.format.pack import Pack, decode_pack, encode_pack, validate_pack
+    from wdspack.media.video.record import VideoPlanRecord
 
     plan = VideoPlanRecord(tuple(range(0, 16, 2)), (56, 84), (4, 4, 6), 0.5)
     good = Pack(np.arange(64, dtype=np.uint32), np.ones(64, np.uint8), (64,), ("v",), videos=(b"\0" * 16,),

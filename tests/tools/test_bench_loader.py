@@ -44,7 +44,7 @@ def test_samples_that_fit_no_row_are_left_out_of_every_loader_alike(capsys):
 
 def test_the_decode_clock_sums_decoding_and_takes_itself_away():
     from tools.decode_clock import DecodeClock, since
-    from wdspack.loader.batch.images import ImageTransform, make_image_transform
+    from wdspack.media.image.pixels import ImageTransform, make_image_transform
 
     jpeg = _tool()._photo_like(np.random.default_rng(0))
     transform, original = make_image_transform(size=32), ImageTransform.decode_resized

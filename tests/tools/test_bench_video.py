@@ -63,8 +63,8 @@ def test_small_run_compares_workers_side_by_side_on_the_same_pixels(small):
         rates = workers[n]["wdspack_frames_per_s"] / workers[n]["pyav_frames_per_s"]  # rounded to 0.1 frames/s
         assert workers[n]["of_pyav"] == pytest.approx(rates, rel=0.01) and workers[n]["of_pyav_runs"]
         assert workers[n]["of_pyav_cpu"] == workers[n]["of_pyav_cpu_runs"][0] > 0  # one round
-    assert small["decoder"] in ("wdspack.models.video_pixels",
-                                "local PyAV equivalent (wdspack.models.video_pixels missing)")
+    assert small["decoder"] in ("wdspack.media.video.pixels",
+                                "local PyAV equivalent (wdspack.media.video.pixels missing)")
 
 
 def test_stored_frames_read_back_bit_identical():

@@ -7,11 +7,10 @@ A pack holds several sub-samples back to back, unpadded::
     seq_lens    [8, 6]               sample_ids ["a", "b"]
     images      [<jpeg bytes>]       image_sample [0]        image_tokens [2]
 
-A pack with videos carries four more keys (written only then, so image and text packs keep their
-bytes; a v1 reader that does not know them ignores them): ``videos`` (each video file's bytes as in
-the source), ``video_sample``, ``video_tokens`` and ``video_plans``, the frames the model's video
-processor samples and what they become (:class:`VideoPlanRecord`), planned at pack time from the
-container's header.
+Every media kind (:data:`wdspack.media.KINDS`) has the same keys: ``{plural}`` (each item's bytes as in the
+source), ``{name}_sample`` and ``{name}_tokens``, and ``{name}_plans`` for a kind planned at pack time (a video's
+frames, size and grid). The image keys are in every pack; another kind's only in packs that hold one (so image
+and text packs keep their bytes; a v1 reader that does not know them ignores them).
 
 :func:`encode_pack` and :func:`decode_pack` are mirrors; the golden shard in ``tests/``
 pins the exact bytes.
@@ -19,82 +18,84 @@ pins the exact bytes.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import msgpack
 import numpy as np
 
 from ..errors import FormatError, NewerFormatError
+from ..media import KINDS, Media, MediaKind
 
-__all__ = ["FORMAT", "MAX_PACK_BYTES", "MAX_VIDEO_FRAMES", "Pack", "VideoPlanRecord", "decode_pack", "drop_sample",
-           "encode_pack", "token_dtype_for", "validate_pack"]
+__all__ = ["FORMAT", "MAX_PACK_BYTES", "Media", "Pack", "decode_pack", "drop_sample", "encode_pack",
+           "token_dtype_for", "validate_pack"]
 
 FORMAT = "wdspack/1"
 _TOKEN_DTYPES = ("<u2", "<u4")
 _KEYS = ("format", "token_dtype", "input_ids", "loss_mask", "seq_lens", "sample_ids",
-         "images", "image_sample", "image_tokens")
+         *(key for kind in KINDS if kind.always_stored for key in kind.keys))
 # Bounds for untrusted bytes: a pack never needs more than this.
 MAX_PACK_BYTES = 1 << 31
 _MAX_ITEMS = 1 << 22
-_VIDEO_KEYS = ("videos", "video_sample", "video_tokens", "video_plans")
-#: The most frames one video's plan may name: what the loader will decode for it (a guard on untrusted packs).
-MAX_VIDEO_FRAMES = 4096
-_MAX_SIDE = 1 << 15
-#: The most pixels one video's planned frames hold once resized (frames × height × width): a guard on untrusted packs.
-_MAX_VIDEO_PIXELS = 1 << 31
+#: The legacy attribute names of a kind's fields (``pack.images``, ``pack.video_plans``): its pack keys.
+_FIELD_OF = {key: (kind.name, part) for kind in KINDS
+             for key, part in zip(kind.keys, ("data", "sample", "tokens", "plans"))}
 
 
-@dataclass(frozen=True, slots=True)
-class VideoPlanRecord:
-    """What a pack stores of one video's plan: the ``frames`` to decode (indices in decoding order),
-    the ``size`` ``(height, width)`` they are resized to, the vision ``grid`` ``(t, h, w)`` in patches,
-    and the seconds one temporal patch spans (``second_per_grid_t``, Qwen2.5-VL's positions).
+@dataclass(frozen=True, slots=True, init=False)
+class Pack:
+    """One pack: sub-samples concatenated without padding (see the module docstring), and its ``media`` by
+    kind (every kind of :data:`~wdspack.media.KINDS`, empty where the pack holds none).
+
+    A kind's fields also read, and construct, by their pack keys: ``pack.images``, ``pack.video_tokens``,
+    ``Pack(..., images=(png,), image_sample=(0,), image_tokens=(4,))`` (or, after ``sample_ids``, by position in
+    the keys' order).
 
     Example:
-        >>> VideoPlanRecord((0, 15, 30, 45), (56, 84), (2, 4, 6), 1.0).grid
-        (2, 4, 6)
+        >>> p = Pack(np.array([1, 2]), np.array([0, 1]), (2,), ("a",), images=(b"png",), image_sample=(0,),
+        ...          image_tokens=(1,))
+        >>> p.media["image"].tokens, p.images, p.count("video")
+        ((1,), (b'png',), 0)
     """
-
-    frames: tuple[int, ...]
-    size: tuple[int, int]
-    grid: tuple[int, int, int]
-    second_per_grid_t: float
-
-    def to_msgpack(self) -> dict:
-        return {"frames": [int(i) for i in self.frames], "size": [int(v) for v in self.size],
-                "grid": [int(v) for v in self.grid], "second_per_grid_t": float(self.second_per_grid_t)}
-
-    @classmethod
-    def from_msgpack(cls, d: object) -> VideoPlanRecord:
-        if not isinstance(d, dict) or set(d) != {"frames", "size", "grid", "second_per_grid_t"}:
-            raise TypeError(f"a video plan must be a map of frames, size, grid, second_per_grid_t, got {d!r:.80}")
-        frames, size, grid, spg = d["frames"], d["size"], d["grid"], d["second_per_grid_t"]
-        if not (isinstance(frames, list) and isinstance(size, list) and isinstance(grid, list)):
-            raise TypeError("a video plan's frames, size and grid must be lists")
-        if not isinstance(spg, float):
-            raise TypeError(f"a video plan's second_per_grid_t must be a float, got {type(spg).__name__}")
-        if len(size) != 2 or len(grid) != 3:
-            raise TypeError(f"a video plan's size {size!r:.40} needs 2 values and its grid {grid!r:.40} 3")
-        return cls(tuple(_as_int(i) for i in frames), (_as_int(size[0]), _as_int(size[1])),
-                   (_as_int(grid[0]), _as_int(grid[1]), _as_int(grid[2])), spg)
-
-
-@dataclass(frozen=True, slots=True)
-class Pack:
-    """One pack: sub-samples concatenated without padding (see the module docstring)."""
 
     input_ids: np.ndarray  # 1-D unsigned ints
     loss_mask: np.ndarray  # 1-D uint8, same length
     seq_lens: tuple[int, ...]
     sample_ids: tuple[str, ...]
-    images: tuple[bytes, ...] = ()
-    image_sample: tuple[int, ...] = ()
-    image_tokens: tuple[int, ...] = ()
-    videos: tuple[bytes, ...] = ()
-    video_sample: tuple[int, ...] = ()
-    video_tokens: tuple[int, ...] = ()
-    video_plans: tuple[VideoPlanRecord, ...] = ()
+    media: Mapping[str, Media] = field(default_factory=dict)
+
+    def __init__(self, input_ids: np.ndarray, loss_mask: np.ndarray, seq_lens: tuple[int, ...],
+                 sample_ids: tuple[str, ...], *by_position: Any, media: Mapping[str, Media] | None = None,
+                 **by_key: Any) -> None:
+        if len(by_position) > len(_FIELD_OF):
+            raise TypeError(f"Pack() takes at most {4 + len(_FIELD_OF)} positional arguments")
+        by_key.update(zip(_FIELD_OF, by_position))  # the v1 keys' order: images, image_sample, ...
+        unknown = sorted(set(by_key) - set(_FIELD_OF))
+        if unknown:
+            raise TypeError(f"Pack() got unexpected keyword arguments {unknown}; a kind's fields are "
+                            f"{sorted(_FIELD_OF)}")
+        given = dict(media or {})
+        parts: dict[str, dict[str, Any]] = {}
+        for key, value in by_key.items():
+            name, part = _FIELD_OF[key]
+            parts.setdefault(name, {})[part] = tuple(value)
+        media = {kind.name: replace(given.get(kind.name, Media()), **parts.get(kind.name, {})) for kind in KINDS}
+        for name, value in (("input_ids", input_ids), ("loss_mask", loss_mask), ("seq_lens", seq_lens),
+                            ("sample_ids", sample_ids), ("media", media)):
+            object.__setattr__(self, name, value)
+
+    def __getattr__(self, key: str) -> Any:  # a kind's field by its pack key (pack.images, pack.video_plans)
+        if key in _FIELD_OF:
+            name, part = _FIELD_OF[key]
+            return getattr(self.media[name], part)
+        if key.startswith("num_") and key[4:] in _FIELD_OF and _FIELD_OF[key[4:]][1] == "data":
+            return len(self.media[_FIELD_OF[key[4:]][0]])
+        raise AttributeError(f"'Pack' object has no attribute {key!r}")
+
+    def count(self, kind: str) -> int:
+        """How many items of ``kind`` the pack holds."""
+        return len(self.media[kind])
 
     @property
     def num_tokens(self) -> int:
@@ -104,19 +105,11 @@ class Pack:
     def num_samples(self) -> int:
         return len(self.seq_lens)
 
-    @property
-    def num_images(self) -> int:
-        return len(self.images)
-
-    @property
-    def num_videos(self) -> int:
-        return len(self.videos)
-
 
 def drop_sample(pack: Pack, index: int) -> Pack:
     """``pack`` without its sub-sample ``index``: the pack the other sub-samples make on their own, in their order.
 
-    Its tokens, loss mask, length and id go, and its images and videos with their per-media fields; the
+    Its tokens, loss mask, length and id go, and its media of every kind with their per-item fields; the
     media of later sub-samples name their owner one lower; every other field is kept. Dropping the last
     sub-sample leaves a pack of none (no tokens, no media), which is valid.
 
@@ -132,23 +125,12 @@ def drop_sample(pack: Pack, index: int) -> Pack:
     start = sum(pack.seq_lens[:index])
     keep = np.ones(pack.num_tokens, bool)
     keep[start:start + pack.seq_lens[index]] = False
-    images = [k for k, owner in enumerate(pack.image_sample) if owner != index]
-    videos = [k for k, owner in enumerate(pack.video_sample) if owner != index]
-
-    def owners(of: tuple[int, ...], kept: list[int]) -> tuple[int, ...]:
-        return tuple(of[k] - int(of[k] > index) for k in kept)
-
-    def pick(values: tuple, kept: list[int]) -> tuple:
-        return tuple(values[k] for k in kept)
-
+    media = {name: items.keep([k for k, owner in enumerate(items.sample) if owner != index], dropped=index)
+             for name, items in pack.media.items()}
     return replace(
         pack, input_ids=pack.input_ids[keep], loss_mask=pack.loss_mask[keep],
         seq_lens=pack.seq_lens[:index] + pack.seq_lens[index + 1:],
-        sample_ids=pack.sample_ids[:index] + pack.sample_ids[index + 1:],
-        images=pick(pack.images, images), image_sample=owners(pack.image_sample, images),
-        image_tokens=pick(pack.image_tokens, images), videos=pick(pack.videos, videos),
-        video_sample=owners(pack.video_sample, videos), video_tokens=pick(pack.video_tokens, videos),
-        video_plans=pick(pack.video_plans, videos))
+        sample_ids=pack.sample_ids[:index] + pack.sample_ids[index + 1:], media=media)
 
 
 def token_dtype_for(vocab_size: int) -> str:
@@ -182,14 +164,11 @@ def encode_pack(pack: Pack, *, token_dtype: str) -> bytes:
         "loss_mask": np.asarray(pack.loss_mask, dtype=np.uint8).tobytes(),
         "seq_lens": [int(n) for n in pack.seq_lens],
         "sample_ids": [str(s) for s in pack.sample_ids],
-        "images": [bytes(b) for b in pack.images],
-        "image_sample": [int(i) for i in pack.image_sample],
-        "image_tokens": [int(n) for n in pack.image_tokens],
     }
-    if pack.videos:  # only then: packs without video keep the bytes they always had
-        record.update({"videos": [bytes(b) for b in pack.videos], "video_sample": [int(i) for i in pack.video_sample],
-                       "video_tokens": [int(n) for n in pack.video_tokens],
-                       "video_plans": [p.to_msgpack() for p in pack.video_plans]})
+    for kind in KINDS:  # a kind not always stored only when the pack holds one: other packs keep their bytes
+        items = pack.media[kind.name]
+        if kind.always_stored or items.data:
+            record.update(_encode_media(kind, items))
     return msgpack.packb(record, use_bin_type=True)
 
 
@@ -233,10 +212,7 @@ def decode_pack(data: bytes, *, seq_len: int | None = None, max_images: int | No
             loss_mask=np.frombuffer(_as_bytes(record["loss_mask"]), dtype=np.uint8),
             seq_lens=tuple(_as_int(n) for n in record["seq_lens"]),
             sample_ids=tuple(_as_str(s) for s in record["sample_ids"]),
-            images=tuple(_as_bytes(b) for b in record["images"]),
-            image_sample=tuple(_as_int(i) for i in record["image_sample"]),
-            image_tokens=tuple(_as_int(n) for n in record["image_tokens"]),
-            **_video_fields(record),
+            media={kind.name: _decode_media(kind, record) for kind in KINDS},
         )
     except (TypeError, ValueError) as e:
         raise FormatError(f"pack has a field of the wrong type: {e}") from None
@@ -253,62 +229,57 @@ def validate_pack(pack: Pack, *, seq_len: int | None = None, max_images: int | N
         raise FormatError(f"{len(pack.sample_ids)} sample_ids for {len(pack.seq_lens)} seq_lens")
     if any(s <= 0 for s in pack.seq_lens) or sum(pack.seq_lens) != n:
         raise FormatError(f"seq_lens {list(pack.seq_lens)[:8]}... do not sum to the {n} tokens")
-    if not (len(pack.images) == len(pack.image_sample) == len(pack.image_tokens)):
-        raise FormatError(f"{len(pack.images)} images, {len(pack.image_sample)} image_sample, "
-                          f"{len(pack.image_tokens)} image_tokens: the three must agree")
-    if any(not 0 <= i < len(pack.seq_lens) for i in pack.image_sample):
-        raise FormatError(f"image_sample {list(pack.image_sample)} names a sub-sample outside "
-                          f"0..{len(pack.seq_lens) - 1}")
-    if list(pack.image_sample) != sorted(pack.image_sample):
-        raise FormatError(f"image_sample {list(pack.image_sample)} is not in token order")
-    if any(t < 0 for t in pack.image_tokens):
-        raise FormatError(f"negative image_tokens {list(pack.image_tokens)}")
-    if pack.videos or pack.video_sample or pack.video_tokens or pack.video_plans:
-        _validate_videos(pack)
+    for kind in KINDS:
+        _validate_media(kind, pack.media[kind.name], len(pack.seq_lens), n)
     if pack.loss_mask.size and int(pack.loss_mask.max()) > 1:
         raise FormatError("loss_mask holds values other than 0 and 1")
     if seq_len is not None and n > seq_len:
         raise FormatError(f"pack has {n} tokens > seq_len {seq_len}")
-    if max_images is not None and len(pack.images) > max_images:
-        raise FormatError(f"pack has {len(pack.images)} images > max_images {max_images}")
+    images = pack.count("image")
+    if max_images is not None and images > max_images:
+        raise FormatError(f"pack has {images} images > max_images {max_images}")
 
 
-def _video_fields(record: dict) -> dict:
-    """The optional video keys of a decoded pack (all four, or none)."""
-    present = [k for k in _VIDEO_KEYS if k in record]
+def _encode_media(kind: MediaKind, items: Media) -> dict[str, Any]:
+    out: dict[str, Any] = {kind.plural: [bytes(b) for b in items.data],
+                           f"{kind.name}_sample": [int(i) for i in items.sample],
+                           f"{kind.name}_tokens": [int(n) for n in items.tokens]}
+    if kind.plan_record is not None:
+        out[f"{kind.name}_plans"] = [p.to_msgpack() for p in items.plans]
+    return out
+
+
+def _decode_media(kind: MediaKind, record: dict) -> Media:
+    """A kind's items of a decoded pack: its keys all present, or (a kind not always stored) none."""
+    present = [k for k in kind.keys if k in record]
     if not present:
-        return {}
-    if len(present) != len(_VIDEO_KEYS):
-        raise TypeError(f"a pack with {present} must have all of {list(_VIDEO_KEYS)}")
-    return {"videos": tuple(_as_bytes(b) for b in record["videos"]),
-            "video_sample": tuple(_as_int(i) for i in record["video_sample"]),
-            "video_tokens": tuple(_as_int(n) for n in record["video_tokens"]),
-            "video_plans": tuple(VideoPlanRecord.from_msgpack(p) for p in record["video_plans"])}
+        return Media()
+    if len(present) != len(kind.keys):
+        raise TypeError(f"a pack with {present} must have all of {list(kind.keys)}")
+    plans = record.get(f"{kind.name}_plans", ())
+    return Media(tuple(_as_bytes(b) for b in record[kind.plural]),
+                 tuple(_as_int(i) for i in record[f"{kind.name}_sample"]),
+                 tuple(_as_int(n) for n in record[f"{kind.name}_tokens"]),
+                 tuple(kind.plan_record.from_msgpack(p) for p in plans))
 
 
-def _validate_videos(pack: Pack) -> None:
-    n = len(pack.videos)
-    if not (n == len(pack.video_sample) == len(pack.video_tokens) == len(pack.video_plans)):
-        raise FormatError(f"{n} videos, {len(pack.video_sample)} video_sample, {len(pack.video_tokens)} video_tokens, "
-                          f"{len(pack.video_plans)} video_plans: the four must agree")
-    if any(not 0 <= i < len(pack.seq_lens) for i in pack.video_sample) \
-            or list(pack.video_sample) != sorted(pack.video_sample):
-        raise FormatError(f"video_sample {list(pack.video_sample)} is not in token order within "
-                          f"0..{len(pack.seq_lens) - 1}")
-    for k, (plan, tokens) in enumerate(zip(pack.video_plans, pack.video_tokens)):
-        frames = plan.frames
-        if not frames or len(frames) > MAX_VIDEO_FRAMES or min(frames) < 0 or list(frames) != sorted(frames):
-            raise FormatError(f"video {k}'s plan names {len(frames)} frames {list(frames)[:8]}...; a plan names "
-                              f"1 to {MAX_VIDEO_FRAMES} frames in order")
-        if not all(0 < v <= _MAX_SIDE for v in plan.size) or not all(0 < v <= _MAX_SIDE for v in plan.grid):
-            raise FormatError(f"video {k}'s plan has size {plan.size} and grid {plan.grid}; both must be positive")
-        if len(frames) * plan.size[0] * plan.size[1] > _MAX_VIDEO_PIXELS:  # what the loader resizes them to
-            raise FormatError(f"video {k}'s plan resizes {len(frames)} frames to {plan.size[1]}x{plan.size[0]}: over "
-                              f"{_MAX_VIDEO_PIXELS} pixels a video")
-        if tokens < 0 or not 0 <= plan.second_per_grid_t < math.inf:  # 0: a family without time (LLaVA-OneVision)
-            raise FormatError(f"video {k} has {tokens} tokens and {plan.second_per_grid_t} seconds per temporal patch")
-    if sum(pack.video_tokens) > len(pack.input_ids):
-        raise FormatError(f"the videos take {sum(pack.video_tokens)} tokens of a pack of {len(pack.input_ids)}")
+def _validate_media(kind: MediaKind, items: Media, num_samples: int, num_tokens: int) -> None:
+    lengths = [len(items.data), len(items.sample), len(items.tokens)]
+    if kind.plan_record is not None:
+        lengths.append(len(items.plans))
+    elif items.plans:
+        raise FormatError(f"{len(items.plans)} {kind.name}_plans for a kind without plans")
+    if len(set(lengths)) > 1:
+        named = ", ".join(f"{n} {key}" for n, key in zip(lengths, kind.keys))
+        raise FormatError(f"{named}: the {('three', 'four')[len(lengths) - 3]} must agree")
+    if any(not 0 <= i < num_samples for i in items.sample):
+        raise FormatError(f"{kind.name}_sample {list(items.sample)} names a sub-sample outside 0..{num_samples - 1}")
+    if list(items.sample) != sorted(items.sample):
+        raise FormatError(f"{kind.name}_sample {list(items.sample)} is not in token order")
+    if any(t < 0 for t in items.tokens):
+        raise FormatError(f"negative {kind.name}_tokens {list(items.tokens)}")
+    if items.data and kind.check is not None:
+        kind.check(items, num_tokens)
 
 
 def _is_newer(fmt: str) -> bool:

@@ -15,7 +15,7 @@ the loader's state and its kinds of restore; :mod:`.elastic` — a layout's rest
 resume; :mod:`.wds` — the same batches as webdataset stages. :mod:`.mixture` — :mod:`.mixture.spec`,
 :mod:`.mixture.streams`, :mod:`.mixture.merge`, :mod:`.mixture.cursors`, :mod:`.mixture.rest`,
 :mod:`.mixture.continuation`, :mod:`.mixture.sources`, :mod:`.mixture.read`. :mod:`.batch` —
-:mod:`.batch.budgets`, :mod:`.batch.collate`, :mod:`.batch.text`, :mod:`.batch.images`,
+:mod:`.batch.budgets`, :mod:`.batch.collate`, :mod:`.batch.text`,
 :mod:`.batch.model`, :mod:`.batch.buffers`, :mod:`.batch.collate_fn`, :mod:`.batch.packed_with`.
 It reads through :mod:`wdspack.format` and :mod:`wdspack.storage` and never imports the packer
 (docs/architecture.md tells why each piece is as it is).

@@ -79,7 +79,7 @@ class PackedDataset(IterableDataset):
         on_corrupt: ``"skip"`` (count, warn, go on) or ``"raise"`` for corrupt packs, truncated shards and
             sub-samples whose image or video does not decode (skipped: dropped from their pack, whose other
             sub-samples are served; ``stats["dropped_samples"]``).
-        image_transform: bytes → tensors (``wdspack.loader.batch.images.make_image_transform``); picklable.
+        image_transform: bytes → tensors (``wdspack.media.image.pixels.make_image_transform``); picklable.
             Without it (or ``processor``) an image dataset streams no pixels: the loader warns once,
             and refuses a dataset packed with a processor (its batches are useless without them).
         text_only: stream an image dataset's text without pixels on purpose (no warning, no

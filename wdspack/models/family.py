@@ -97,7 +97,7 @@ def default_pixels(processor: Any, images: Sequence[Any]) -> dict[str, torch.Ten
 
 @dataclass(frozen=True, slots=True)
 class VideoSide:
-    """How a family's videos become text at pack time (:mod:`wdspack.models.video` plans them from the
+    """How a family's videos become text at pack time (:mod:`wdspack.media.video.plan` plans them from the
     container's header; no frame is decoded).
 
     Attributes:
@@ -106,7 +106,7 @@ class VideoSide:
         feature_token: ``processor -> str``: the token the video features fill (``Pack.video_tokens``
             counts it per video).
         sampling: ``(processor, config) -> settings``: the video processor's settings, from the dict
-            :func:`~wdspack.models.settings.read_settings` found (wherever transformers writes them; None:
+            :func:`~wdspack.media.settings.read_settings` found (wherever transformers writes them; None:
             the class's defaults).
         plan: ``(header, settings) -> VideoPlan``: the frames sampled, their size, grid and tokens.
         replacement: ``(processor, plan) -> str``: the text the placeholder becomes.

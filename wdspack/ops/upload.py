@@ -241,7 +241,7 @@ def load_example(source: str | Path) -> dict[str, Any]:
         [('batch_size', '8'), ('image_transform', 'wdspack.make_image_transform(size=224)')]
     """
     from ..loader import make_loader
-    from ..loader.batch.images import make_image_transform
+    from ..media.image.pixels import make_image_transform
 
     manifest = read_manifest(source)
     policy, images = manifest.image_policy, manifest.totals.get("images") or sum(s.images for s in manifest.shards)

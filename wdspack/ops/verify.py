@@ -31,7 +31,7 @@ from ..format.dataset import open_dataset
 from ..format.pack import Pack, decode_pack
 from ..format.pack_index import COLUMNS, pack_row, read_index
 from ..format.tar import FOREIGN_RULE
-from ..models.video_header import check_planned_frames
+from ..media.video.header import check_planned_frames
 
 __all__ = ["verify_dataset"]
 

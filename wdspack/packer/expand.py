@@ -1,5 +1,5 @@
 """Processor mode's text: each image and video placeholder expanded as the model's processor expands it,
-and each video planned from its container's header (:mod:`wdspack.models.video`); split out of
+and each video planned from its container's header (:mod:`wdspack.media.video.plan`); split out of
 :class:`~.samples.SampleBuilder`, whose state these functions read (``b``).
 
     rendered   ...<|vision_start|><|image_pad|><|vision_end|>...<|vision_start|><|video_pad|><|vision_end|>...
@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, SampleError
-from ..format.pack import VideoPlanRecord
-from ..models.video import VideoPlan, check_decode_size, read_header
+from ..media.image.check import error_text as _error_text
+from ..media.video.plan import VideoPlan, check_decode_size, read_header
+from ..media.video.record import VideoPlanRecord
 from .fastpath import span_mask
-from .imagecheck import error_text as _error_text
 from .tokenized import Sample
 
 __all__ = ["build_expanded", "plan_record", "plan_videos"]
@@ -92,7 +92,7 @@ def build_expanded(b: Any, sid: str, text: str, spans: list[tuple[int, int]], im
 
 
 def plan_videos(b: Any, videos: tuple[bytes, ...], sid: str, names: tuple[str, ...] = ()) -> tuple[VideoPlan, ...]:
-    """Each video's plan, from its container's header alone (:mod:`wdspack.models.video`)."""
+    """Each video's plan, from its container's header alone (:mod:`wdspack.media.video.plan`)."""
     if b.video_side is None or b.video_sampling is None:
         have = ", ".join(f.name for f in _video_families())
         why = (f"the {b.family.name} family has no video path" if b.family is not None

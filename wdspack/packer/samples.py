@@ -44,12 +44,12 @@ import numpy as np
 
 from ..errors import ConfigError, SampleError
 from ..format.pack import token_dtype_for
-from ..models.settings import read_settings
-from ..models.video import VideoPlan, VideoSettings
+from ..media.image.check import check_image, downscale
+from ..media.image.check import error_text as _error_text
+from ..media.settings import read_settings
+from ..media.video.plan import VideoPlan, VideoSettings
 from .expand import build_expanded, plan_videos
 from .fastpath import ChatRenderer, TextEncoder, span_mask
-from .imagecheck import check_image, downscale
-from .imagecheck import error_text as _error_text
 from .loading import (
     check_template_syntax,
     default_image_token,
@@ -98,7 +98,7 @@ class SampleConfig:
         processor: the model's processor (a folder, a cached model name or the object): its
             tokenizer, chat template and image layout, token for token.
         pretrain: how captions and documents are laid out (:class:`~wdspack.packer.text.PretrainConfig`).
-        video: the video sampling over the processor's own (:class:`~wdspack.models.video.VideoSettings`:
+        video: the video sampling over the processor's own (:class:`~wdspack.media.video.plan.VideoSettings`:
             fps, max frames, max pixels); videos need a ``processor`` whose family has a video path.
 
     Example:
@@ -134,7 +134,7 @@ class SampleConfig:
         if self.chat_template is not None:
             check_template_syntax(self.chat_template, "chat_template")
         if self.video is not None and not isinstance(self.video, VideoSettings):
-            raise ConfigError(f"video={self.video!r}: pass a wdspack.models.video.VideoSettings")
+            raise ConfigError(f"video={self.video!r}: pass a wdspack.media.video.plan.VideoSettings")
 
 
 def _tokens_per_image(value: Any, processor: Any) -> Any:

@@ -20,7 +20,8 @@ import msgpack
 import numpy as np
 
 from ..errors import Dropped
-from ..format.pack import Pack, VideoPlanRecord
+from ..format.pack import Pack
+from ..media.video.record import VideoPlanRecord
 from ..storage.location import Location
 
 __all__ = ["SpoolReader", "SpoolWriter", "assemble_pack", "bin_name", "meta_name", "read_meta"]

@@ -100,7 +100,7 @@ class _Part:
     image_tokens: int = 0
     text: str = ""
     offsets: np.ndarray | None = None
-    #: a video caption's video: its bytes, feature tokens and plan (:mod:`wdspack.models.video`)
+    #: a video caption's video: its bytes, feature tokens and plan (:mod:`wdspack.media.video.plan`)
     video: bytes | None = None
     video_tokens: int = 0
     plan: Any = None

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..format.pack import VideoPlanRecord
+from ..media.video.record import VideoPlanRecord
 
 __all__ = ["Sample"]
 

@@ -137,7 +137,7 @@ def test_a_loader_passes_each_buffers_descriptor_once_and_drops_its_mappings_wit
 
     from tests.support.synthetic import write_dataset
     from wdspack.loader import make_loader
-    from wdspack.loader.batch.images import make_image_transform
+    from wdspack.media.image.pixels import make_image_transform
 
     write_dataset(tmp_path, shards=2, packs_per_shard=12, max_images=3, seed=2)
     passed, detach = [], resource_sharer.DupFd.detach  # what receiving a descriptor calls, in the main process

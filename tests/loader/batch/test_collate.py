@@ -21,7 +21,7 @@ from wdspack.loader.batch.buffers import (
     write_pixel_slots,
 )
 from wdspack.loader.batch.collate import IGNORE_INDEX, collate_packs, pack_to_example
-from wdspack.loader.batch.images import ImageDecodeError, make_image_transform
+from wdspack.media.image.pixels import ImageDecodeError, make_image_transform
 
 IMG = 10
 

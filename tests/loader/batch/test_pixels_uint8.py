@@ -19,7 +19,7 @@ from wdspack.errors import ConfigError
 from wdspack.format.pack import decode_pack
 from wdspack.loader import make_loader
 from wdspack.loader.batch.buffers import PixelBuffers, _release
-from wdspack.loader.batch.images import CLIP_MEAN, CLIP_STD, make_image_transform
+from wdspack.media.image.pixels import CLIP_MEAN, CLIP_STD, make_image_transform
 
 
 @pytest.fixture(scope="module")

@@ -96,7 +96,7 @@ def test_the_loaders_workers_batch_the_text_as_the_reference_does(pictures, opti
     all give the same batches, pixels included."""
     from wdspack.loader import make_loader
     from wdspack.loader.batch import buffers
-    from wdspack.loader.batch.images import make_image_transform
+    from wdspack.media.image.pixels import make_image_transform
 
     def batches(**kw):
         loader = make_loader(pictures, batch_size=2, num_workers=2, seed=3, pin_memory=False,

@@ -27,7 +27,7 @@ from .collate import SOURCE_KEY, check_budgets, collate_packs, naming_sample, pa
 from .text import text_batch
 
 if TYPE_CHECKING:
-    from .images import ImageTransform
+    from ...media.image.pixels import ImageTransform
 
 __all__ = ["MODEL_KEY", "PIXELS_KEY", "PIXEL_DTYPES", "DecodedImages", "PixelBuffers", "Shipment", "TakePixels",
            "collate_staged", "decode_pack_images", "fresh_pixels", "new_shared", "normalize_pixels", "staged_example",
@@ -116,7 +116,7 @@ def staged_example(pack: Pack, *, seq_len: int, max_images: int, pad_token_id: i
     transform or none, the example holds the pack itself (:data:`TEXT_KEY`) instead of its text tensors, and
     :func:`collate_staged` writes the whole batch's text in one pass (:func:`~.text.text_batch`).
     """
-    from .images import ImageTransform
+    from ...media.image.pixels import ImageTransform
 
     if batcher is not None:
         parts: dict[str, Any] = pack_to_example(pack, seq_len=seq_len, max_images=max_images, pad_token_id=pad_token_id)
@@ -212,7 +212,7 @@ def normalize_pixels(batch: Mapping[str, Any], source: Any, *, device: torch.dev
     Args:
         batch: a batch from the loader (not changed).
         source: the :class:`~wdspack.loader.PackedLoader` (or :class:`~wdspack.loader.PackedDataset`,
-            or the :class:`~wdspack.loader.batch.images.ImageTransform`) that made the batch: its image
+            or the :class:`~wdspack.media.image.pixels.ImageTransform`) that made the batch: its image
             transform, or in processor mode its processor, gives the mean, std and rescale factor.
         device: where to normalise (``"cuda"``); default where ``pixel_values`` are.
         dtype: the floating dtype of the result (``torch.bfloat16`` for a bf16 vision tower).
@@ -224,7 +224,7 @@ def normalize_pixels(batch: Mapping[str, Any], source: Any, *, device: torch.dev
         >>> for batch in loader:  # doctest: +SKIP
         ...     batch = wdspack.normalize_pixels(batch, loader, device="cuda", dtype=torch.bfloat16)
     """
-    from .images import ImageTransform
+    from ...media.image.pixels import ImageTransform
 
     if "pixel_values" not in batch:
         raise ConfigError(f"the batch has no pixel_values (keys {sorted(batch)}); normalize_pixels is for a batch "

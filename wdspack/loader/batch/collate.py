@@ -28,7 +28,7 @@ from ...errors import ConfigError, FormatError
 from ...format.pack import Pack
 
 if TYPE_CHECKING:
-    from .images import PatchLayout
+    from ...media.image.pixels import PatchLayout
 
 __all__ = ["IGNORE_INDEX", "META_KEY", "SOURCE_KEY", "collate_packs", "failed_sample", "naming_sample",
            "pack_to_example"]
@@ -56,7 +56,7 @@ def pack_to_example(pack: Pack, *, seq_len: int, max_images: int, pad_token_id: 
         max_images: ``M``, the image slots; empty slots are zero.
         pad_token_id: the id written into padding.
         image_transform: encoded images → one tensor entry per image (see
-            :func:`wdspack.loader.batch.images.make_image_transform`); padded here to ``M`` slots (or, for the
+            :func:`wdspack.media.image.pixels.make_image_transform`); padded here to ``M`` slots (or, for the
             flattened-patch layout, to the transform's ``patch_rows(L, M)`` rows).
         pad_images: False leaves one-entry-per-image tensors at the real images' count ``[k, ...]``;
             :func:`collate_packs` then pads them straight into the ``[B·M, ...]`` batch tensor,
@@ -340,8 +340,8 @@ def _images_to_slots(pack: Pack, transform: Callable[[Sequence[bytes]], dict[str
 
 @contextmanager
 def naming_sample(pack: Pack) -> Iterator[None]:
-    """Re-raise an :class:`~wdspack.loader.batch.images.ImageDecodeError` with the owner sub-sample's id in front."""
-    from .images import ImageDecodeError
+    """Re-raise an :class:`~wdspack.media.image.pixels.ImageDecodeError` with the owner sub-sample's id in front."""
+    from ...media.image.pixels import ImageDecodeError
 
     try:
         yield
@@ -355,8 +355,8 @@ def failed_sample(pack: Pack, error: Exception) -> tuple[int, str] | None:
     """``(sub-sample, reason)`` when ``error`` is an image's or a video's decoding failure that names its medium
     (``index``) in ``pack``: the sub-sample that owns it and a drop reason (``unreadable_image``,
     ``image_too_large``, ``unreadable_video``); None for anything else (the pack itself is bad)."""
-    from ...models.video_pixels import VideoDecodeError
-    from .images import ImageDecodeError, ImageTooLargeError
+    from ...media.image.pixels import ImageDecodeError, ImageTooLargeError
+    from ...media.video.pixels import VideoDecodeError
 
     k = getattr(error, "index", None)
     if not isinstance(k, int) or k < 0:
@@ -372,7 +372,7 @@ def _pad_patches(pack: Pack, got: dict[str, torch.Tensor], transform: PatchLayou
                  max_images: int) -> dict[str, torch.Tensor]:
     """Flattened-patch layout: ``pixel_values`` [P, D] → [R, D] + ``patch_mask``; grids → [M, 3].
 
-    Reads :class:`~wdspack.loader.batch.images.PatchLayout` from the transform; without it, merge size 1 and
+    Reads :class:`~wdspack.media.image.pixels.PatchLayout` from the transform; without it, merge size 1 and
     ``seq_len`` rows.
     """
     pv, grid = got["pixel_values"], got["image_grid_thw"]

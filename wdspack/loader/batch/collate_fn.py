@@ -30,7 +30,7 @@ def check_pixel_dtype(value: Any, dataset: PackedDataset) -> str:
     """``pixel_dtype`` as its name; uint8 only where the pixels can travel as the resized bytes: the built-in
     transform's two halves, or a processor whose family says so (``Family.uint8_pixels``). Sets the dataset's
     batcher to it."""
-    from .images import ImageTransform
+    from ...media.image.pixels import ImageTransform
 
     name = str(value).removeprefix("torch.")
     if name not in PIXEL_DTYPES:

@@ -16,9 +16,9 @@ from typing import Any
 import torch
 
 from ...errors import ConfigError
+from ...media.image.pixels import DEFAULT_MAX_PIXELS, ImageDecodeError, decode_image
 from ...models.family import Budgets, Rows
 from .buffers import fresh_pixels
-from .images import DEFAULT_MAX_PIXELS, ImageDecodeError, decode_image
 
 #: ``(shape, key) -> (tensor, dirty)``: where the loader wants a batch's pixel rows under ``key`` written.
 Take = Callable[[tuple[int, ...], str], tuple[torch.Tensor, "list[int] | None"]]
@@ -125,7 +125,7 @@ class ModelBatcher:
     def normalize_videos(self, pixels: torch.Tensor) -> torch.Tensor:
         """uint8 ``pixel_values_videos`` rows → float32 as the video processor normalises them (its fused
         ``(x - mean/rescale) / (std/rescale)``, bit for bit on the CPU), on their device."""
-        from ...models.video_pixels import normalize_video_rows
+        from ...media.video.pixels import normalize_video_rows
 
         ip = self.processor.image_processor
         return normalize_video_rows(pixels, mean=ip.image_mean, std=ip.image_std,
@@ -170,7 +170,7 @@ class ModelBatcher:
 
     def _videos(self, pack: Any, video: Any) -> dict[str, Any]:
         """The pack's videos through the family's video side; a video that does not decode names its sample."""
-        from ...models.video_pixels import VideoDecodeError
+        from ...media.video.pixels import VideoDecodeError
 
         try:
             return video.pixels(self.processor, pack.videos, pack.video_plans, max_pixels=self.max_pixels)

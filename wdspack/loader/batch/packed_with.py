@@ -92,7 +92,7 @@ def check_packed_with(dataset: Any) -> None:
 def _check_transform(dataset: Any, m: Any, display: str) -> None:
     """A dataset packed with a model's processor, read through the built-in resize-to-a-square transform:
     its image tokens were laid out for the processor's pixels, which that transform does not make."""
-    from .images import ImageTransform
+    from ...media.image.pixels import ImageTransform
 
     policy, transform = m.image_policy, dataset.image_transform
     if not (policy.get("family") and isinstance(transform, ImageTransform) and transform.processor is None):

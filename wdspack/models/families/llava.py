@@ -41,9 +41,9 @@ import numpy as np
 import torch
 
 from ...errors import ConfigError, FormatError
+from ...media.video.pixels import row_normalizer
+from ...media.video.plan import LlavaVideoSampling, plan_llava_onevision
 from ..family import Budgets, Family, Rows, VideoSide, take_rows
-from ..video import LlavaVideoSampling, plan_llava_onevision
-from ..video_pixels import row_normalizer
 
 __all__ = ["LLAVA", "LLAVA_ONEVISION"]
 
@@ -220,7 +220,7 @@ def _tokens_per_frame(processor: Any) -> int:
 
 
 def _video_sampling(processor: Any, config: Mapping[str, Any] | None) -> LlavaVideoSampling:
-    """The video processor's settings (``config``: as :func:`~wdspack.models.settings.read_settings` finds them, the
+    """The video processor's settings (``config``: as :func:`~wdspack.media.settings.read_settings` finds them, the
     image processor's file where a folder has no video settings, as transformers reads it); None (a processor in
     memory without its video processor): the image processor's tile size. Its frames must be the image tiles' size
     (the tower's)."""
@@ -246,7 +246,7 @@ def _video_pixels(processor: Any, videos: Sequence[bytes], plans: Sequence[Any],
     """A pack's videos as uint8 ``[n, 3, S, S]`` frame blocks (only the planned frames decoded and resized as
     ``LlavaOnevisionVideoProcessor`` does on CPU; normalised by :func:`_pad_videos`' ``finish`` where they land)
     and their frame counts."""
-    from ..video_pixels import decode_frames, resize_frames
+    from ...media.video.pixels import decode_frames, resize_frames
 
     blocks = [resize_frames(decode_frames(data, plan.frames, max_pixels=max_pixels, index=k), *plan.size)
               for k, (data, plan) in enumerate(zip(videos, plans))]

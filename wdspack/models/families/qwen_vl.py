@@ -29,9 +29,9 @@ import numpy as np
 import torch
 
 from ...errors import ConfigError, FormatError
+from ...media.video.pixels import row_normalizer
+from ...media.video.plan import QWEN3_VL_VIDEO, QwenVideoSampling, plan_qwen2_vl, plan_qwen3_vl, qwen3_vl_prompt
 from ..family import Budgets, Family, Rows, VideoSide, run_image_processor, take_rows
-from ..video import QWEN3_VL_VIDEO, QwenVideoSampling, plan_qwen2_vl, plan_qwen3_vl, qwen3_vl_prompt
-from ..video_pixels import row_normalizer
 from ..vision_meta import precomputed_vision_kwargs
 
 __all__ = ["PUBLISHED_TOKENS_PER_SECOND", "QWEN2_5_VL", "QWEN2_VIDEO", "QWEN2_VL", "QWEN3_VIDEO", "mrope_positions",
@@ -291,7 +291,7 @@ def _video_pixels(processor: Any, videos: Sequence[bytes], plans: Sequence[Any],
     """A pack's videos as uint8 ``pixel_values_videos`` row blocks (one per video: only its planned frames
     decoded, resized and patchified as the processor's video processor does; normalised by
     :func:`_pad_videos`' ``finish`` where they land), ``video_grid_thw`` and ``second_per_grid_ts``."""
-    from ..video_pixels import decode_frames, qwen_video_patches, resize_frames
+    from ...media.video.pixels import decode_frames, qwen_video_patches, resize_frames
 
     ip = processor.image_processor
     blocks = []

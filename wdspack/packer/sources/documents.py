@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ...errors import SampleError
-from .images import load_image
+from ...media.source import load_image
 
 __all__ = ["DOCUMENT_COLUMNS", "IMAGE", "VIDEO", "Segment", "TextRecord", "build_document", "is_document"]
 

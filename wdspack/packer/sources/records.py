@@ -74,7 +74,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import SampleError
-from .images import image_name, load_image
+from ...media.source import image_name, load_image
+from ...media.video.source import load_video, video_name
 from .media import MEDIA_FIELDS, MEDIA_PART_TYPES, check_media_fields, check_media_placeholders, media_part_error
 from .placement import (
     BARE,
@@ -87,7 +88,6 @@ from .placement import (
     split_video_placeholders,
 )
 from .toolcalls import Turn, json_value, link_tool_calls, tool_calls, tools_of
-from .videos import load_video, video_name
 
 __all__ = ["COLUMNS", "MEDIA_FIELDS", "ROLE_ALIASES", "Record", "TEXT_COLUMNS", "build_record", "sample_id_of"]
 

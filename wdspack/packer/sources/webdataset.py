@@ -42,11 +42,11 @@ from dataclasses import dataclass, field
 
 from ...errors import Dropped, SampleError, SourceError
 from ...format.tar import ShardError, tar_entries
+from ...media.video import source as videos
+from ...media.video.source import VIDEO_EXTENSIONS
 from ...storage.local import FileStream
 from ...storage.location import open_input
-from . import videos
 from .documents import IMAGE, VIDEO, Segment, TextRecord
-from .videos import VIDEO_EXTENSIONS
 
 __all__ = ["CAPTION_EXTENSIONS", "IMAGE_EXTENSIONS", "VIDEO_EXTENSIONS", "read_captions", "scan_groups",
            "split_member_name"]

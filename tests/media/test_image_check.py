@@ -17,8 +17,8 @@ import pytest
 from PIL import Image, ImageDraw
 
 from wdspack.errors import SampleError
-from wdspack.packer import imagecheck
-from wdspack.packer.imagecheck import check_image
+from wdspack.media.image import check as imagecheck
+from wdspack.media.image.check import check_image
 
 KINDS = ("base", "gray", "cmyk", "progressive", "444", "restart")
 

@@ -90,7 +90,7 @@ def open_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
         >>> buf = io.BytesIO(); Image.new("RGB", (300, 200)).save(buf, format="PNG")
         >>> open_image(buf.getvalue(), max_pixels=10_000)
         Traceback (most recent call last):
-        wdspack.loader.batch.images.ImageTooLargeError: image of 300x200 = 60000 pixels exceeds the limit of 10000 ...
+        wdspack.media.image.pixels.ImageTooLargeError: image of 300x200 = 60000 pixels exceeds the limit of 10000 ...
     """
     allowed = None if formats is None else _available(formats)
     try:

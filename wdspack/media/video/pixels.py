@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import ConfigError, FormatError
-from .video_header import _NO_AV, MAX_VIDEO_PIXELS
+from ...errors import ConfigError, FormatError
+from .header import _NO_AV, MAX_VIDEO_PIXELS
 
 __all__ = ["MAX_DECODE_SECONDS", "MAX_VIDEO_PIXELS", "VideoDecodeError", "decode_frames", "normalize_video_rows",
            "normalize_video_rows_", "qwen_video_patches", "resize_frames", "row_normalizer"]

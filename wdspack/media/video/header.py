@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError, SampleError
+from ...errors import ConfigError, SampleError
+from .record import MAX_VIDEO_FRAMES
 
 __all__ = ["MAX_COUNTED_FRAMES", "MAX_COUNT_SECONDS", "MAX_FRAME_PIXELS", "MAX_PLAN_FRAMES", "MAX_VIDEO_PIXELS",
            "VideoHeader", "check_planned_frames", "read_header"]
@@ -24,9 +25,8 @@ MAX_FRAME_PIXELS = 64_000_000
 #: The most pixels one video's decoded frames may hold together (frames × width × height, 3 bytes each as RGB): a
 #: memory bound per video, above the Qwen processors' defaults on 1080p (768 frames × 1920 × 1080 = 1.6e9).
 MAX_VIDEO_PIXELS = 1 << 31
-#: The most frames a plan may name: what a pack stores and the loader decodes per video (as
-#: ``wdspack.format.pack.MAX_VIDEO_FRAMES``, which this layer cannot import).
-MAX_PLAN_FRAMES = 4096
+#: The most frames a plan may name: what a pack stores and the loader decodes per video.
+MAX_PLAN_FRAMES = MAX_VIDEO_FRAMES
 #: Where a container has no frame count (WebM/Matroska) the probe counts the video packets: at most this many
 #: (ten hours at 60 fps) and for at most this many seconds; a video past either is ``video_too_large``.
 MAX_COUNTED_FRAMES = 2_160_000

@@ -22,9 +22,9 @@ import os
 import posixpath
 from typing import Any
 
-from ...errors import SampleError
-from ...storage.fsspec import filesystem
-from ...storage.urls import is_url
+from ..errors import SampleError
+from ..storage.fsspec import filesystem
+from ..storage.urls import is_url
 
 __all__ = ["image_name", "load_image", "load_media", "resolve_image_path"]
 

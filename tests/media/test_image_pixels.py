@@ -16,7 +16,7 @@ from PIL import Image
 from wdspack.errors import ConfigError, FormatError
 from wdspack.format.pack import Pack
 from wdspack.loader.batch.collate import pack_to_example
-from wdspack.loader.batch.images import (
+from wdspack.media.image.pixels import (
     CLIP_MEAN,
     CLIP_STD,
     ImageDecodeError,

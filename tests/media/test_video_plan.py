@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from wdspack.errors import SampleError
-from wdspack.models.video import QwenVideoSampling, VideoHeader, plan_qwen2_vl, read_header
+from wdspack.media.video.plan import QwenVideoSampling, VideoHeader, plan_qwen2_vl, read_header
 
 av = pytest.importorskip("av")
 
@@ -114,7 +114,7 @@ def _cases2(clips) -> list:
 
 
 def _cases3(clips) -> list:
-    from wdspack.models.video import QWEN3_VL_VIDEO
+    from wdspack.media.video.plan import QWEN3_VL_VIDEO
 
     headers = [read_header(clips["mp4"]), read_header(clips["webm"]),
                VideoHeader(frames=600, fps=29.97, width=640, height=360),
@@ -200,7 +200,7 @@ def _references(cases2: list, cases3: list) -> tuple[list, list]:
 
 
 def test_qwen3_vl_plans_frames_size_and_timestamps_as_its_processor(clips, references):
-    from wdspack.models.video import plan_qwen3_vl, qwen3_vl_prompt
+    from wdspack.media.video.plan import plan_qwen3_vl, qwen3_vl_prompt
 
     cases = _cases3(clips)
     refused = 0

@@ -18,21 +18,21 @@ import torch
 
 from tests.support.video_reference import processor_job, run_jobs, video_processor_job
 from wdspack.errors import FormatError, SampleError
-from wdspack.models import video_pixels
-from wdspack.models.video import (
+from wdspack.media.video import pixels as video_pixels
+from wdspack.media.video.pixels import (
+    VideoDecodeError,
+    decode_frames,
+    normalize_video_rows,
+    qwen_video_patches,
+    resize_frames,
+)
+from wdspack.media.video.plan import (
     QWEN3_VL_VIDEO,
     QwenVideoSampling,
     plan_qwen2_vl,
     plan_qwen3_vl,
     qwen3_vl_prompt,
     read_header,
-)
-from wdspack.models.video_pixels import (
-    VideoDecodeError,
-    decode_frames,
-    normalize_video_rows,
-    qwen_video_patches,
-    resize_frames,
 )
 
 av = pytest.importorskip("av")

@@ -39,7 +39,7 @@ from typing import Any
 
 from PIL import Image
 
-from ..errors import SampleError
+from ...errors import SampleError
 
 __all__ = ["check_image", "downscale", "error_text"]
 

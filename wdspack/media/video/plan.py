@@ -3,7 +3,7 @@ their size, grid and token count, with no pixel decoded (issue #40, the planning
 
     video bytes ─► read_header (PyAV: frame count, or the packets counted where the header has none;
                    │            frame rate; width, height; one demux pass finds the frames' data whole)
-    video settings (models.settings: processor_config.json's "video_processor", else
+    video settings (media.settings: processor_config.json's "video_processor", else
                    │ video_preprocessor_config.json, else the image processor's; read as files: the
                    │ class needs torchvision) ─► QwenVideoSampling.from_config
                    ▼
@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, SampleError
-from .video_header import (  # noqa: F401  (the header's names, where they were first imported from)
+from ...errors import ConfigError, SampleError
+from .header import (  # noqa: F401  (the header's names, where they were first imported from)
     MAX_COUNT_SECONDS,
     MAX_COUNTED_FRAMES,
     MAX_FRAME_PIXELS,
@@ -71,7 +71,7 @@ class QwenVideoSampling:
     def from_config(cls, config: Mapping[str, Any] | str | os.PathLike[str],
                     base: QwenVideoSampling | None = None, *, pixels_at_top: bool = True) -> QwenVideoSampling:
         """From the video processor's settings (a dict; a ``video_preprocessor_config.json`` or a processor folder,
-        read as :func:`~wdspack.models.settings.read_settings` does); what they leave out keeps ``base``'s value
+        read as :func:`~wdspack.media.settings.read_settings` does); what they leave out keeps ``base``'s value
         (default: Qwen2-VL's class defaults).
 
         The pixel bounds are ``size``'s, in either spelling (``shortest_edge``/``longest_edge``, or 4.x's
@@ -90,7 +90,7 @@ class QwenVideoSampling:
         if not isinstance(config, Mapping):
             path = Path(config)
             if path.is_dir():
-                from .settings import read_settings
+                from ..settings import read_settings
 
                 found = read_settings(path, "video_processor").values
                 return replace(base or cls()) if found is None else cls.from_config(found, base,

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import SampleError
-from .images import image_name, load_media
+from ..source import image_name, load_media
 
 __all__ = ["MAX_VIDEO_BYTES", "VIDEO_EXTENSIONS", "load_video", "video_name"]
 

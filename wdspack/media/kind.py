@@ -1,0 +1,98 @@
+"""The media-kind protocol: what one kind of media (images, videos, ...) declares, and a pack's items of a kind.
+
+Each kind lives in its own room (``wdspack/media/<kind>/``) and declares itself once as a :class:`MediaKind`;
+the packer, the loader, the pack format and the tools loop over :data:`wdspack.media.KINDS` and ask::
+
+    record  --fields, part_types, load-->  bytes  --probe/plan (family side)-->  tokens  --stored-->  pack
+    pack    --Media(data, sample, tokens, plans)-->  loader  --decode (family side)-->  batch keys
+
+What a family does with a kind (placeholder, replacement text, pixels, padding) is the family's side for it
+(:class:`wdspack.models.family.Family`); what a kind is, is here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Media", "MediaKind"]
+
+
+@dataclass(frozen=True, slots=True)
+class Media:
+    """One kind's items in a pack, in token order: each item's bytes as stored in the source (``data``), the
+    sub-sample that owns it (``sample``), the feature tokens it fills (``tokens``) and, for a kind planned at
+    pack time, its plan record (``plans``; empty for a kind without plans).
+
+    Example:
+        >>> m = Media((b"png",), (0,), (4,))
+        >>> len(m), m.tokens
+        (1, (4,))
+    """
+
+    data: tuple[bytes, ...] = ()
+    sample: tuple[int, ...] = ()
+    tokens: tuple[int, ...] = ()
+    plans: tuple[Any, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def keep(self, kept: list[int], *, dropped: int | None = None) -> Media:
+        """The items at ``kept``; with ``dropped``, owners after that sub-sample are named one lower."""
+        sample = tuple(self.sample[k] - int(dropped is not None and self.sample[k] > dropped) for k in kept)
+        return Media(tuple(self.data[k] for k in kept), sample, tuple(self.tokens[k] for k in kept),
+                     tuple(self.plans[k] for k in kept) if self.plans else ())
+
+
+@dataclass(frozen=True, slots=True)
+class MediaKind:
+    """One kind of media, as the package's shared code sees it (a declaration, as a family is).
+
+    Attributes:
+        name: the singular (``"video"``): the pack's ``{name}_sample``/``{name}_tokens`` keys, the chat
+            part type, the drop reasons' suffix (``missing_{name}``).
+        plural: the pack's bytes key and the record's list (``"videos"``).
+        record_fields: the keys a record lists the kind under, in the order they are tried.
+        part_types: the chat content part types that carry one item (``{"type": "video_url", ...}``).
+        ref_keys: where such a part holds its reference, in the order they are tried.
+        extensions: the WebDataset member extensions of the kind (``clip.mp4``).
+        settings_part: the processor part whose settings plan it (``read_settings(spec, part)``).
+        load: ``(ref, root, *, absolute_ok) -> bytes``: the item a reference stands for, read under the root.
+        describe: ``ref -> str``: how a drop detail names an item (its path, ``""`` for inline bytes).
+        always_stored: the kind's keys are in every v1 pack (images); otherwise only in packs that hold one,
+            so packs without the kind keep their bytes.
+        plan_record: the record type of one item's stored plan (``to_msgpack``/``from_msgpack``); None: the
+            kind stores no plan (the ``{name}_plans`` key is not written).
+        check: ``(media, num_tokens) -> None``: the kind's own invariants on an untrusted pack's items,
+            raising :class:`~wdspack.errors.FormatError` (bounds on what the loader will allocate).
+        budget: the manifest key whose value bounds the kind per pack (``max_images``), or ``""``.
+        drop_reasons: the drop reasons of the kind at pack time (their meaning: :data:`~wdspack.errors.DROP_REASONS`).
+        load_drop_reasons: those a sample can also be dropped for at load time, when an item does not decode.
+        decode_errors: ``() -> tuple of exception types``: what decoding an item in the loader raises for a
+            bad item (the loader then drops its sample, not the pack).
+    """
+
+    name: str
+    plural: str
+    record_fields: tuple[str, ...]
+    part_types: tuple[str, ...]
+    ref_keys: tuple[str, ...]
+    extensions: tuple[str, ...]
+    settings_part: str
+    load: Callable[..., bytes]
+    describe: Callable[[Any], str]
+    always_stored: bool = False
+    plan_record: Any = None
+    check: Callable[[Media, int], None] | None = None
+    budget: str = ""
+    drop_reasons: tuple[str, ...] = ()
+    load_drop_reasons: tuple[str, ...] = ()
+    decode_errors: Callable[[], tuple[type[BaseException], ...]] = tuple
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The pack keys of the kind, in the order they are written."""
+        plans = (f"{self.name}_plans",) if self.plan_record is not None else ()
+        return (self.plural, f"{self.name}_sample", f"{self.name}_tokens", *plans)
