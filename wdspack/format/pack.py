@@ -26,7 +26,7 @@ import msgpack
 import numpy as np
 
 from ..errors import FormatError, NewerFormatError
-from ..media import KINDS, Media, MediaKind
+from ..media import KINDS, Media, MediaKind, by_kind, read_spelled, spelled
 
 __all__ = ["FORMAT", "MAX_PACK_BYTES", "Media", "Pack", "decode_pack", "drop_sample", "encode_pack",
            "token_dtype_for", "validate_pack"]
@@ -38,9 +38,8 @@ _KEYS = ("format", "token_dtype", "input_ids", "loss_mask", "seq_lens", "sample_
 # Bounds for untrusted bytes: a pack never needs more than this.
 MAX_PACK_BYTES = 1 << 31
 _MAX_ITEMS = 1 << 22
-#: The legacy attribute names of a kind's fields (``pack.images``, ``pack.video_plans``): its pack keys.
-_FIELD_OF = {key: (kind.name, part) for kind in KINDS
-             for key, part in zip(kind.keys, ("data", "sample", "tokens", "plans"))}
+#: A kind's fields by their pack keys (``pack.images``, ``pack.video_plans``): the v1 spelling.
+_FIELD_OF = spelled("data", "sample", "tokens", "plans")
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -71,27 +70,13 @@ class Pack:
         if len(by_position) > len(_FIELD_OF):
             raise TypeError(f"Pack() takes at most {4 + len(_FIELD_OF)} positional arguments")
         by_key.update(zip(_FIELD_OF, by_position))  # the v1 keys' order: images, image_sample, ...
-        unknown = sorted(set(by_key) - set(_FIELD_OF))
-        if unknown:
-            raise TypeError(f"Pack() got unexpected keyword arguments {unknown}; a kind's fields are "
-                            f"{sorted(_FIELD_OF)}")
-        given = dict(media or {})
-        parts: dict[str, dict[str, Any]] = {}
-        for key, value in by_key.items():
-            name, part = _FIELD_OF[key]
-            parts.setdefault(name, {})[part] = tuple(value)
-        media = {kind.name: replace(given.get(kind.name, Media()), **parts.get(kind.name, {})) for kind in KINDS}
+        media = by_kind(media, _FIELD_OF, by_key, owner="Pack")
         for name, value in (("input_ids", input_ids), ("loss_mask", loss_mask), ("seq_lens", seq_lens),
                             ("sample_ids", sample_ids), ("media", media)):
             object.__setattr__(self, name, value)
 
     def __getattr__(self, key: str) -> Any:  # a kind's field by its pack key (pack.images, pack.video_plans)
-        if key in _FIELD_OF:
-            name, part = _FIELD_OF[key]
-            return getattr(self.media[name], part)
-        if key.startswith("num_") and key[4:] in _FIELD_OF and _FIELD_OF[key[4:]][1] == "data":
-            return len(self.media[_FIELD_OF[key[4:]][0]])
-        raise AttributeError(f"'Pack' object has no attribute {key!r}")
+        return read_spelled(self, key, _FIELD_OF)
 
     def count(self, kind: str) -> int:
         """How many items of ``kind`` the pack holds."""

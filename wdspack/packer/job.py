@@ -445,8 +445,8 @@ def _whole_document_over_budget(record: Any, sample: Any, *, seq_len: int, max_i
     if sample.token_count > seq_len:
         return Dropped(sample.sample_id, "too_long", f"{sample.token_count} tokens > seq_len {seq_len}; raise "
                        "--seq-len or pass --split-long-documents to cut it into pieces")
-    if max_images is not None and sample.image_count > max_images:
-        return Dropped(sample.sample_id, "too_many_images", f"{sample.image_count} images > max_images "
+    if max_images is not None and sample.media_count > max_images:
+        return Dropped(sample.sample_id, "too_many_images", f"{sample.media_count} images > max_images "
                        f"{max_images}; raise --max-images or pass --split-long-documents to cut it into pieces")
     return None
 
