@@ -11,84 +11,104 @@ and each video planned from its container's header (:mod:`wdspack.media.video.pl
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..errors import ConfigError, SampleError
+from ..media import Media
 from ..media.image.check import error_text as _error_text
 from ..media.video.plan import VideoPlan, check_decode_size, read_header
 from ..media.video.record import VideoPlanRecord
 from .fastpath import span_mask
 from .tokenized import Sample
 
-__all__ = ["build_expanded", "plan_record", "plan_videos"]
+__all__ = ["Prepared", "build_expanded", "image_part", "plan_record", "plan_videos", "video_part"]
 
 
-def build_expanded(b: Any, sid: str, text: str, spans: list[tuple[int, int]], images: list[bytes],
-                    sizes: list, videos: tuple[bytes, ...] = (), plans: tuple[VideoPlan, ...] = ()) -> Sample:
+class Prepared(NamedTuple):
+    """One kind's items of a chat, probed from their headers, as the family's side for the kind expands them."""
+
+    kind: str  #: the kind's name (``"video"``), for messages
+    holder: str  #: the placeholder the chat template renders per item
+    token_id: int | None  #: the feature token each item's replacement fills
+    data: tuple[bytes, ...]  #: each item's bytes, as the pack stores them
+    texts: Callable[[], list[str]]  #: each item's replacement text (the processor's own)
+    planned: tuple[tuple[int, str], ...] = ()  #: per item, the tokens its plan gives and the plan shown; () unplanned
+    plans: tuple[Any, ...] = ()  #: what the pack stores of each item's plan
+
+
+def build_expanded(b: Any, sid: str, text: str, spans: list[tuple[int, int]], parts: Sequence[Prepared]) -> Sample:
     """Processor mode: expand each placeholder in the text as the processor does, then tokenize.
-    Images and videos are replaced in the order their placeholders appear, each from its own list."""
-    ph = b.image_token
-    assert ph is not None and b.family is not None  # processor mode: the family's placeholder
-    found = [(m.start(), ph) for m in re.finditer(re.escape(ph), text)]
-    if len(found) != len(images):
-        raise SampleError("placeholder_mismatch", f"{len(found)} image placeholders {ph!r} in the rendered text "
-                          f"for {len(images)} images", sid)
-    try:
-        reps = b.family.replacements(b.processor, sizes) if images else []
-    except ConfigError:
-        raise  # the processor's settings, not this sample: every sample would fail the same way
-    except Exception as e:  # the processor's own code refusing a size
-        raise SampleError("unreadable_image", f"the processor cannot lay out images of sizes {sizes}: "
-                          f"{_error_text(e)}", sid) from None
-    slots = list(zip(found, reps))
-    if videos:
-        assert b.video_side is not None and b.video_token is not None  # _plan_videos checked
-        vph = b.video_token
-        seen = [(m.start(), vph) for m in re.finditer(re.escape(vph), text)]
-        if len(seen) != len(videos):
-            raise SampleError("placeholder_mismatch", f"{len(seen)} video placeholders {vph!r} in the rendered "
-                              f"text for {len(videos)} videos", sid)
-        slots += zip(seen, (b.video_side.replacement(b.processor, plan) for plan in plans))
-        slots.sort(key=lambda slot: slot[0][0])
+    The items of every kind are replaced in the order their placeholders appear, each kind from its own list."""
+    assert b.family is not None  # processor mode
+    slots: list[tuple[int, int, str]] = []  # (where, part, replacement), in the order they appear
+    for n, part in enumerate(parts):
+        found = [m.start() for m in re.finditer(re.escape(part.holder), text)]
+        if len(found) != len(part.data):
+            raise SampleError("placeholder_mismatch", f"{len(found)} {part.kind} placeholders {part.holder!r} in the "
+                              f"rendered text for {len(part.data)} {part.kind}s", sid)
+        slots += zip(found, [n] * len(found), part.texts() if part.data else [])
+    slots.sort(key=lambda slot: slot[0])
     pieces, regions, last, shift = [], [], 0, 0
-    for (at, holder), rep in slots:
+    for at, n, rep in slots:
+        holder = parts[n].holder
         pieces += [text[last:at], rep]
-        regions.append((holder, at + shift, at + shift + len(rep)))
+        regions.append((n, at + shift, at + shift + len(rep)))
         shift += len(rep) - len(holder)
         last = at + len(holder)
     pieces.append(text[last:])
     expanded = "".join(pieces)
 
     def moved(p: int) -> int:  # where character p of the rendered text lands in the expanded one
-        return p + sum(len(r) - len(h) for (at, h), r in slots if at + len(h) <= p)
+        return p + sum(len(rep) - len(parts[n].holder) for at, n, rep in slots if at + len(parts[n].holder) <= p)
 
     bos = b.tokenizer.bos_token
     ids, offsets = b._encoder(expanded, add_special_tokens=not (bos and expanded.startswith(bos)))
     mask = span_mask(offsets, [(moved(start), moved(end)) for start, end in spans])
     real = offsets[:, 1] > offsets[:, 0]
-    feature = {ph: ids == b.image_token_id}
-    if videos:
-        feature[b.video_token] = ids == b.video_token_id
-    counts: list[int] = []
-    video_counts: list[int] = []
-    for holder, start, end in regions:
+    feature = [ids == part.token_id for part in parts]
+    counts: list[list[int]] = [[] for _ in parts]
+    for n, start, end in regions:
         inside = (offsets[:, 0] >= start) & (offsets[:, 1] <= end) & real
         mask[inside] = 0
-        (counts if holder == ph else video_counts).append(int((inside & feature[holder]).sum()))
-    for token, each, what in ((ph, counts, "image"), (b.video_token or "", video_counts, "video")):
-        if token in feature and sum(each) != int(feature[token].sum()):
-            raise SampleError("placeholder_mismatch", f"the text holds {int(feature[token].sum()) - sum(each)} "
-                              f"{what} tokens {token!r} of its own besides the {len(each)} {what}s'", sid)
-    for k, (plan, taken) in enumerate(zip(plans, video_counts)):
-        if taken != plan.tokens:
-            raise SampleError("placeholder_mismatch", f"video {k} takes {taken} tokens in the text but its plan "
-                              f"{plan.grid} gives {plan.tokens}", sid)
+        counts[n].append(int((inside & feature[n]).sum()))
+    for part, each, own in zip(parts, counts, feature):
+        if sum(each) != int(own.sum()):
+            raise SampleError("placeholder_mismatch", f"the text holds {int(own.sum()) - sum(each)} {part.kind} tokens "
+                              f"{part.holder!r} of its own besides the {len(each)} {part.kind}s'", sid)
+        for k, ((tokens, shown), taken) in enumerate(zip(part.planned, each)):
+            if taken != tokens:
+                raise SampleError("placeholder_mismatch", f"{part.kind} {k} takes {taken} tokens in the text but its "
+                                  f"plan {shown} gives {tokens}", sid)
     if not mask.any():
         raise SampleError("no_assistant_turn", "no token is a training target after templating", sid)
-    return Sample(sid, ids.astype(np.uint32), mask, tuple(images), tuple(counts), tuple(videos),
-                  tuple(video_counts), tuple(plan_record(plan) for plan in plans))
+    media = {part.kind: Media(part.data, (), tuple(each), part.plans) for part, each in zip(parts, counts)}
+    return Sample(sid, ids.astype(np.uint32), mask, media=media)
+
+
+def image_part(b: Any, sid: str, images: Sequence[bytes], sizes: list) -> Prepared:
+    """A chat's images as the family expands them: from their ``(height, width)`` (header sizes, no pixels)."""
+
+    def texts() -> list[str]:
+        try:
+            return b.family.replacements(b.processor, sizes)
+        except ConfigError:
+            raise  # the processor's settings, not this sample: every sample would fail the same way
+        except Exception as e:  # the processor's own code refusing a size
+            raise SampleError("unreadable_image", f"the processor cannot lay out images of sizes {sizes}: "
+                              f"{_error_text(e)}", sid) from None
+
+    return Prepared("image", b.image_token, b.image_token_id, tuple(images), texts)
+
+
+def video_part(b: Any, sid: str, videos: tuple[bytes, ...], plans: tuple[VideoPlan, ...]) -> Prepared:
+    """A chat's videos as the family expands them: from each one's plan (made from its header)."""
+    assert b.video_side is not None and b.video_token is not None  # plan_videos checked
+    return Prepared("video", b.video_token, b.video_token_id, tuple(videos),
+                    lambda: [b.video_side.replacement(b.processor, plan) for plan in plans],
+                    tuple((plan.tokens, str(plan.grid)) for plan in plans), tuple(plan_record(plan) for plan in plans))
 
 
 def plan_videos(b: Any, videos: tuple[bytes, ...], sid: str, names: tuple[str, ...] = ()) -> tuple[VideoPlan, ...]:

@@ -35,7 +35,7 @@ import dataclasses
 import hashlib
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, NamedTuple, Protocol, cast
@@ -44,11 +44,12 @@ import numpy as np
 
 from ..errors import ConfigError, SampleError
 from ..format.pack import token_dtype_for
+from ..media import KINDS
 from ..media.image.check import check_image, downscale
 from ..media.image.check import error_text as _error_text
 from ..media.settings import read_settings
 from ..media.video.plan import VideoPlan, VideoSettings
-from .expand import build_expanded, plan_videos
+from .expand import Prepared, build_expanded, image_part, plan_videos, video_part
 from .fastpath import ChatRenderer, TextEncoder, span_mask
 from .loading import (
     check_template_syntax,
@@ -155,12 +156,11 @@ class _Chat(NamedTuple):
     """A chat record rendered, before tokenizing (:meth:`SampleBuilder.build_chats`)."""
 
     sid: str
-    images: list[bytes]
-    counts: list[Any]
+    #: each kind's items (the images always; another kind where the chat has some), checked or planned from
+    #: their headers: the bytes, and per item what it expands from (a token count, a size, a plan)
+    media: dict[str, tuple[tuple[bytes, ...], tuple[Any, ...]]]
     text: str
     spans: list[tuple[int, int]]
-    videos: tuple[bytes, ...] = ()
-    plans: tuple[VideoPlan, ...] = ()
 
 
 @lru_cache(maxsize=4)
@@ -198,6 +198,10 @@ class SampleBuilder:
         self._renderer, self._encoder = ChatRenderer(self.tokenizer, self.template), TextEncoder(self.tokenizer)
         self.feature_token, self.image_token_id = feature, self._token_id(feature)
         self._init_video()
+        #: per kind, how a chat's items are checked or planned from their headers, and how they expand
+        self._probe: dict[str, Callable[..., tuple[tuple[bytes, ...], tuple[Any, ...]]]] = {
+            "image": self._prepare_images, "video": self._plan_videos}
+        self._part: dict[str, Callable[..., Prepared]] = {"image": image_part, "video": video_part}
         self._one = OneRender(self._apply, self._message, self._renderer.marked)
         self.typed_images = self._template_renders_typed_images()
         self.typed_videos = self.typed_images and self._template_renders_typed_videos()
@@ -288,9 +292,11 @@ class SampleBuilder:
         if not self.template:
             raise ConfigError(f"{self.name!r} has no chat template, which chat records need; pass --chat-template FILE")
         sid = record.sample_id
-        images, counts = self._prepare_images(record.images, sid, getattr(record, "image_names", ()))
-        videos = tuple(getattr(record, "videos", ()))
-        plans = self._plan_videos(videos, sid, getattr(record, "video_names", ())) if videos else ()
+        media = {}
+        for kind in KINDS:  # the images always: a stray image placeholder is a mismatch even without images
+            items = tuple(getattr(record, kind.plural, ()))
+            if items or kind.always_stored:
+                media[kind.name] = self._probe[kind.name](items, sid, tuple(getattr(record, f"{kind.name}_names", ())))
         messages = [self._message(m) for m in record.messages]
         if not messages:
             raise SampleError("empty_conversation", "the conversation has no turns", sid)
@@ -299,16 +305,17 @@ class SampleBuilder:
         tools = [dict(t) for t in getattr(record, "tools", ())] or None
         self._check_tool_support(messages, tools, sid)
         text, spans = self._render(messages, sid, tools=tools)
-        return _Chat(sid, images, counts, text, spans, videos, plans)
+        return _Chat(sid, media, text, spans)
 
     def _finish_chat(self, chat: _Chat, encoded: tuple[np.ndarray, np.ndarray] | None = None) -> Sample:
         if self.family is not None:
-            return self._build_expanded(chat.sid, chat.text, chat.spans, chat.images, chat.counts, chat.videos,
-                                        chat.plans)
+            parts = [self._part[name](self, chat.sid, data, probes) for name, (data, probes) in chat.media.items()]
+            return build_expanded(self, chat.sid, chat.text, chat.spans, parts)
         ids, offsets = encoded if encoded is not None else self._encode(chat.text)
         if ids.size == 0:
             raise SampleError("empty_conversation", "nothing left after templating", chat.sid)
-        return self._expand(chat.sid, ids, span_mask(offsets, chat.spans), chat.images, chat.counts)
+        images, counts = chat.media["image"]  # without a family, images are the only kind (videos need one)
+        return self._expand(chat.sid, ids, span_mask(offsets, chat.spans), list(images), list(counts))
 
     def _encode(self, text: str) -> tuple[np.ndarray, np.ndarray]:
         """Token ids and character offsets of ``text``, no special tokens added."""
@@ -512,14 +519,14 @@ class SampleBuilder:
     # ---- images ----------------------------------------------------------------------------
 
     def _prepare_images(self, images: tuple[bytes, ...], sid: str,
-                        names: tuple[str, ...] = ()) -> tuple[list[bytes], list[Any]]:
+                        names: tuple[str, ...] = ()) -> tuple[tuple[bytes, ...], tuple[Any, ...]]:
         """The checked images, and per image its token count, or ``(h, w)`` for a family to expand."""
         out, counts = [], []
         for k, data in enumerate(images):
             data, (w, h) = self._check_image(data, sid, k, names[k] if k < len(names) else "")
             out.append(data)
             counts.append(self._tokens_for(w, h, sid))
-        return out, counts
+        return tuple(out), tuple(counts)
 
     def _check_image(self, data: bytes, sid: str, k: int, name: str = "") -> tuple[bytes, tuple[int, int]]:
         which = f"image {k} ({name!r})" if name else f"image {k}"  # the file, so the user can find it
@@ -554,14 +561,10 @@ class SampleBuilder:
         return Sample(sid, ids.astype(np.uint32), mask, tuple(images), tuple(int(c) for c in counts))
 
 
-    def _build_expanded(self, sid: str, text: str, spans: list[tuple[int, int]], images: list[bytes],
-                        sizes: list, videos: tuple[bytes, ...] = (), plans: tuple[VideoPlan, ...] = ()) -> Sample:
-        """Processor mode: :func:`~.expand.build_expanded`."""
-        return build_expanded(self, sid, text, spans, images, sizes, videos, plans)
-
-    def _plan_videos(self, videos: tuple[bytes, ...], sid: str, names: tuple[str, ...] = ()) -> tuple[VideoPlan, ...]:
-        """Each video's plan from its header: :func:`~.expand.plan_videos`."""
-        return plan_videos(self, videos, sid, names)
+    def _plan_videos(self, videos: tuple[bytes, ...], sid: str,
+                     names: tuple[str, ...] = ()) -> tuple[tuple[bytes, ...], tuple[VideoPlan, ...]]:
+        """The videos, and each one's plan from its header: :func:`~.expand.plan_videos`."""
+        return videos, plan_videos(self, videos, sid, names)
 
 
 #: Stands for an assistant turn's words when locating the turn (a private-use character: in no real text).

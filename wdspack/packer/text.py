@@ -122,7 +122,7 @@ class TextBuilder(Protocol):
     def build(self, record: Any) -> Sample: ...
 
     def _prepare_images(self, images: tuple[bytes, ...], sid: str,
-                        names: tuple[str, ...] = ()) -> tuple[list[bytes], list[Any]]: ...
+                        names: tuple[str, ...] = ()) -> tuple[tuple[bytes, ...], tuple[Any, ...]]: ...
 
     def _encode(self, text: str) -> tuple[np.ndarray, np.ndarray]: ...  # ids and offsets, no special tokens
 
@@ -256,7 +256,7 @@ def _parts(builder: TextBuilder, record: TextRecord, config: PretrainConfig, *, 
 
 def _video_spans(builder: Any, videos: tuple[bytes, ...], sid: str) -> list[tuple[np.ndarray, int, Any]]:
     """Each video's token ids (the processor's replacement text), its feature tokens and its plan."""
-    plans = builder._plan_videos(videos, sid)  # unsupported_media without a family's video path
+    _, plans = builder._plan_videos(videos, sid)  # unsupported_media without a family's video path
     out = []
     for plan in plans:
         ids = np.asarray(builder.tokenizer(builder.video_side.replacement(builder.processor, plan),
@@ -295,7 +295,8 @@ def _split_fields(template: str) -> list[str]:
     return out
 
 
-def _image_spans(builder: TextBuilder, images: list[bytes], counts: list, sid: str) -> list[tuple[np.ndarray, int]]:
+def _image_spans(builder: TextBuilder, images: Sequence[bytes], counts: Sequence,
+                 sid: str) -> list[tuple[np.ndarray, int]]:
     """Each image's token ids and its count of feature tokens, under the builder's image policy."""
     if builder.family is None:
         return [(np.full(int(c), builder.image_token_id, np.int64), int(c)) for c in counts]
