@@ -134,19 +134,19 @@ def info_row(info: ShardInfo) -> list[Any]:
 
 
 def record_shard(work: Location, info: ShardInfo, offsets: Sequence[int]) -> None:
-    """``shards/{name}``: a shard's manifest entry and its packs' offsets as its writer counted them, written
+    """``shards/{name}.info``: a shard's manifest entry and its packs' offsets as its writer counted them, written
     before the shard takes its final name (:meth:`~wdspack.format.tar.ShardWriter.close`), so a resumed job
     knows every shard it finds from what it wrote, without reading the shard again."""
-    work.write_atomic(f"shards/{info.name}", msgpack.packb([info_row(info), [int(o) for o in offsets]],
+    work.write_atomic(f"shards/{info.name}.info", msgpack.packb([info_row(info), [int(o) for o in offsets]],
                                                            use_bin_type=True))
 
 
 def recorded_shards(work: Location) -> set[str]:
     """The shards whose entries :func:`record_shard` wrote."""
-    return work.listdir("shards")
+    return {name.removesuffix(".info") for name in work.listdir("shards") if name.endswith(".info")}
 
 
 def read_shard(work: Location, name: str) -> tuple[ShardInfo, list[int]]:
     """The entry and offsets :func:`record_shard` wrote for shard ``name``."""
-    row, offsets = msgpack.unpackb(work.read_bytes("shards", name), raw=False)
+    row, offsets = msgpack.unpackb(work.read_bytes("shards", f"{name}.info"), raw=False)
     return ShardInfo(*row), offsets
