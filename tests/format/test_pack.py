@@ -148,7 +148,7 @@ def test_garbage_is_a_format_error(blob):
 def test_writer_renames_only_when_complete(tmp_path):
     path = tmp_path / "train-000000.tar"
     w = ShardWriter(path)
-    w.add("000000000000", b"abc", samples=1, tokens=3, images=0)
+    w.add("000000000000", b"abc", samples=1, tokens=3, media={"image": 0})
     assert not path.exists() and (tmp_path / ".train-000000.tar.tmp").exists()
     info = w.close()
     assert path.exists() and not (tmp_path / ".train-000000.tar.tmp").exists()
@@ -159,6 +159,6 @@ def test_writer_renames_only_when_complete(tmp_path):
 def test_writer_abort_leaves_nothing(tmp_path):
     path = tmp_path / "train-000001.tar"
     with pytest.raises(RuntimeError), ShardWriter(path) as w:
-        w.add("k", b"abc", samples=1, tokens=3, images=0)
+        w.add("k", b"abc", samples=1, tokens=3, media={"image": 0})
         raise RuntimeError("disk full")
     assert list(tmp_path.iterdir()) == []

@@ -126,7 +126,7 @@ def _spool_ids(out: Location, ids_per_part: list[list[str]], lens: list[list[int
     for i, (ids, ns) in enumerate(zip(ids_per_part, lens)):
         with SpoolWriter(str(work), i) as w:
             for sid, n in zip(ids, ns):
-                w.add(sid, tokens[:n], mask[:n], [], [])
+                w.add(sid, tokens[:n], mask[:n])
             for sid in (drops or {}).get(i, []):
                 w.drop(Dropped(sid, "unreadable_image", "image 0 cannot be decoded"))
             w.finish(DESCRIBE)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ManifestError
+from ..media import KINDS
 from .pack import FORMAT
 
 __all__ = ["MANIFEST_NAME", "DROPPED_NAME", "Manifest", "ShardInfo", "image_token_budget", "read_manifest",
@@ -88,9 +89,10 @@ class Manifest:
 
     def to_json(self) -> str:
         d = asdict(self)
-        for shard in d["shards"]:  # a dataset without video keeps the manifest it always had
-            if not shard["videos"]:
-                del shard["videos"], shard["max_video_tokens"]
+        for shard in d["shards"]:  # a dataset without a kind not in every pack keeps the manifest it always had
+            for kind in KINDS:
+                if not kind.always_stored and not shard[kind.plural]:
+                    del shard[kind.plural], shard[f"max_{kind.name}_tokens"]
         order = ["format", "wdspack_version", "split", "seq_len", "max_images", "algorithm", "seed",
                  "tokenizer", "image_policy", "sources", "provenance", "totals", "dropped_file", "pack_index", "shards"]
         return json.dumps({k: d[k] for k in order if k != "pack_index" or d[k]}, indent=1, sort_keys=False,

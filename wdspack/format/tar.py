@@ -18,10 +18,11 @@ import io
 import os
 import tarfile
 from collections import Counter
-from collections.abc import Callable, Container, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Container, Iterator, Mapping
+from dataclasses import dataclass, fields
 
 from ..errors import FormatError
+from ..media import KINDS
 from ..storage.location import Location
 from .manifest import ShardInfo
 from .pack import MAX_PACK_BYTES
@@ -54,7 +55,8 @@ class ShardWriter:
 
     Example:
         >>> w = ShardWriter("/tmp/out/train-000000.tar")  # doctest: +SKIP
-        >>> w.add("000000000000", b"...", samples=3, tokens=4000, images=2); info = w.close()  # doctest: +SKIP
+        >>> w.add("000000000000", b"...", samples=3, tokens=4000, media={"image": 2})  # doctest: +SKIP
+        >>> info = w.close()  # doctest: +SKIP
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -68,13 +70,23 @@ class ShardWriter:
         # SIM115: the writer holds the tar open until close() or abort()
         self._tar = tarfile.open(fileobj=_HashingWriter(self._file, self._hash), mode="w",  # noqa: SIM115
                                  format=tarfile.USTAR_FORMAT)
-        self._packs = self._samples = self._tokens = self._images = self._videos = self._video_tokens = 0
+        self._packs = self._samples = self._tokens = 0
+        self._count: Counter[str] = Counter()  # items of each kind
+        self._most: Counter[str] = Counter()  # the most tokens of each kind in one pack
         #: where each pack's tar header starts in the shard (the pack index records it)
         self.offsets: list[int] = []
 
-    def add(self, key: str, data: bytes, *, samples: int, tokens: int, images: int, videos: int = 0,
-            video_tokens: int = 0) -> None:
-        """Append the pack ``{key}.mp`` (``video_tokens``: its videos' tokens, for the shard's largest)."""
+    def add(self, key: str, data: bytes, *, samples: int, tokens: int, media: Mapping[str, int] | None = None,
+            media_tokens: Mapping[str, int] | None = None, **by_key: int) -> None:
+        """Append the pack ``{key}.mp``: ``media`` its items of each kind (``{"image": 2}``), ``media_tokens``
+        their tokens (for the shard's most in one pack). Also by their pack keys: ``images=2``,
+        ``video_tokens=...``."""
+        counts, most = dict(media or {}), dict(media_tokens or {})
+        for name, value in by_key.items():
+            kind, part = _COUNT_OF.get(name, ("", ""))
+            if not kind:
+                raise TypeError(f"ShardWriter.add() got an unexpected keyword argument {name!r}")
+            (counts if part == "count" else most)[kind] = value
         info = tarfile.TarInfo(f"{key}.mp")
         info.size = len(data)
         info.mtime = _MTIME
@@ -86,22 +98,25 @@ class ShardWriter:
         self._packs += 1
         self._samples += samples
         self._tokens += tokens
-        self._images += images
-        self._videos += videos
-        self._video_tokens = max(self._video_tokens, video_tokens)
+        self._count.update(counts)
+        for kind, n in most.items():
+            self._most[kind] = max(self._most[kind], n)
 
-    def close(self) -> ShardInfo:
-        """Finish the tar, fsync, rename to the final name; return the manifest entry."""
+    def close(self, *, record: Callable[[ShardInfo], None] | None = None) -> ShardInfo:
+        """Finish the tar, fsync, rename to the final name; return the manifest entry. ``record(info)`` runs
+        before the rename: whoever keeps the entry has it for every shard under its final name."""
         self._tar.close()
         if not self._folder.remote:
             self._file.flush()
             os.fsync(self._file.fileno())
         size = self._file.tell()
         self._file.close()
+        info = ShardInfo(name=self.name, packs=self._packs, samples=self._samples, tokens=self._tokens,
+                         bytes=size, sha256=self._hash.hexdigest(), **_media_fields(self._count, self._most))
+        if record is not None:
+            record(info)
         self._folder.commit(self._tmp, self.name)
-        return ShardInfo(name=self.name, packs=self._packs, samples=self._samples, tokens=self._tokens,
-                         images=self._images, bytes=size, sha256=self._hash.hexdigest(), videos=self._videos,
-                         max_video_tokens=self._video_tokens)
+        return info
 
     def abort(self) -> None:
         """Drop the unfinished temp file."""
@@ -116,6 +131,24 @@ class ShardWriter:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
             self.abort()
+
+
+#: ShardWriter.add's counts by their pack keys: ``images`` -> ("image", "count"), ``video_tokens`` -> ("video",
+#: "tokens").
+_COUNT_OF = {**{kind.plural: (kind.name, "count") for kind in KINDS},
+             **{f"{kind.name}_tokens": (kind.name, "tokens") for kind in KINDS}}
+_INFO_FIELDS = {f.name for f in fields(ShardInfo)}
+
+
+def _media_fields(count: Mapping[str, int], most: Mapping[str, int]) -> dict[str, int]:
+    """A shard's media as :class:`ShardInfo` lists them: each kind's items (``images``) and, where the entry
+    has the field, the most tokens of the kind in one pack (``max_{name}_tokens``)."""
+    out = {}
+    for kind in KINDS:
+        out[kind.plural] = count.get(kind.name, 0)
+        if f"max_{kind.name}_tokens" in _INFO_FIELDS:
+            out[f"max_{kind.name}_tokens"] = most.get(kind.name, 0)
+    return out
 
 
 class _HashingWriter(io.RawIOBase):

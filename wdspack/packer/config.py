@@ -157,17 +157,18 @@ class BudgetUse:
                 f"({self.shortest} tokens) but no sample was left that fit; more short samples would fill them")
 
 
-def budget_use(tokens: np.ndarray, images: np.ndarray, *, seq_len: int, max_images: int | None,
+def budget_use(tokens: np.ndarray, media: np.ndarray, *, seq_len: int, max_images: int | None,
                shortest: int) -> BudgetUse:
-    """Count which budget closed each pack, from the packs' tokens and images (the pack index has both).
+    """Count which budget closed each pack, from the packs' tokens and media items of every kind (what
+    ``max_images`` counts; the pack index has both, its ``images`` column counting the media).
 
     Example:
         >>> budget_use(np.array([100, 40]), np.array([0, 4]), seq_len=100, max_images=4, shortest=10).image_full
         1
     """
-    tokens, images = np.asarray(tokens, np.int64), np.asarray(images, np.int64)
+    tokens, media = np.asarray(tokens, np.int64), np.asarray(media, np.int64)
     token_full = seq_len - tokens < shortest
-    image_full = ~token_full & (images >= max_images) if max_images else np.zeros_like(token_full)
+    image_full = ~token_full & (media >= max_images) if max_images else np.zeros_like(token_full)
     packs = int(tokens.size)
     return BudgetUse(packs=packs, token_full=int(token_full.sum()), image_full=int(image_full.sum()),
                      open=packs - int(token_full.sum()) - int(image_full.sum()),
@@ -183,11 +184,11 @@ def dataset_budget_use(manifest: Any, index: np.ndarray) -> BudgetUse:
     """
     from ..format.pack_index import COLUMNS
 
-    tokens, images, samples = (index[:, COLUMNS.index(c)] for c in ("tokens", "images", "samples"))
+    tokens, media, samples = (index[:, COLUMNS.index(c)] for c in ("tokens", "images", "samples"))
     shortest = manifest.totals.get("min_sample_tokens")
     if shortest is None:
         shortest = int((tokens // np.maximum(samples, 1)).min()) if len(tokens) else 0
-    return budget_use(tokens, images, seq_len=manifest.seq_len, max_images=manifest.max_images, shortest=shortest)
+    return budget_use(tokens, media, seq_len=manifest.seq_len, max_images=manifest.max_images, shortest=shortest)
 
 
 @dataclass(frozen=True, slots=True)

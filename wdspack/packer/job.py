@@ -42,13 +42,11 @@ with the sample count (``tests/packer/test_driver_memory.py``). Left to choose (
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import logging
 import os
 import sys
-import tarfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -60,8 +58,8 @@ import numpy as np
 
 from ..errors import Dropped, SampleError, WdspackError, suggest_keywords
 from ..format.manifest import DROPPED_NAME, MANIFEST_NAME, Manifest, ShardInfo
-from ..format.pack import decode_pack, encode_pack
-from ..format.pack_index import INDEX_NAME, build_index, encode_index, index_entry, member_offsets
+from ..format.pack import encode_pack
+from ..format.pack_index import INDEX_NAME, build_index, encode_index, index_entry
 from ..format.tar import ShardWriter, shard_name
 from ..storage.location import Location
 from .config import PackConfig, PackSummary, _video_text
@@ -75,13 +73,30 @@ from .executors import (
     run_tasks,
     shared_pool,
 )
-from .output import WORK_DIR, check_output, fingerprint, mark_failed, prepare_output
+from .output import (
+    WORK_DIR,
+    check_output,
+    fingerprint,
+    mark_failed,
+    prepare_output,
+    read_shard,
+    record_shard,
+    recorded_shards,
+)
 from .partitioned import choose_plan_groups, plan_groups_above, plan_partitioned
 from .precheck import precheck
 from .samples import SampleConfig, get_builder
-from .selection import Measured, assign_shards, check_drops, plan_selected, select_samples, write_dropped
+from .selection import (
+    Measured,
+    assign_shards,
+    check_drops,
+    index_table,
+    plan_selected,
+    select_samples,
+    write_dropped,
+)
 from .sources import Partition, Source, TextRecord, iter_records, list_partitions
-from .spool import SpoolReader, SpoolWriter, assemble_pack, meta_name, read_meta
+from .spool import SpoolReader, SpoolWriter, assemble_pack, meta_name, pack_counts, read_meta
 from .summary import build_manifest, finish, records_behind, summary_of
 from .text import build_samples
 
@@ -254,7 +269,7 @@ def _run_global(out: Location, work: Location, measure: Callable[..., Any], task
     plan = plan_selected(table, config)
     shard_plans = assign_shards(plan, table, config, token_itemsize=_itemsize(info))
     infos, offsets, kept = _write_shards(shard_plans, table, work, out, info, config, progress=progress)
-    index = encode_index(build_index(shard_plans, offsets, table))
+    index = encode_index(build_index(shard_plans, offsets, index_table(table)))
     out.write_atomic(INDEX_NAME, index)
 
     dropped = list(carried) + measured.dropped + table["dropped"]
@@ -266,8 +281,8 @@ def _run_global(out: Location, work: Location, measure: Callable[..., Any], task
                                records_read=records_behind(measured.source_records, samples_read, records_read),
                                min_sample_tokens=int(kept_tokens.min()) if kept_tokens.size else None,
                                max_samples_per_pack=max((len(p) for p in plan), default=0),
-                               max_images_per_pack=max((int(table["images"][p].sum()) for p in plan), default=0),
-                               max_image_tokens_per_pack=max((int(table["image_tokens"][p].sum()) for p in plan),
+                               max_media_per_pack=max((int(table["media"][p].sum()) for p in plan), default=0),
+                               max_media_tokens_per_pack=max((int(table["media_tokens"][p].sum()) for p in plan),
                                                              default=0))
     return finish(out, manifest, start=start, resumed_shards=kept)
 
@@ -301,8 +316,8 @@ def _run_partitioned(out: Location, work: Location, measure: Callable[..., Any],
                                pack_index=entry, max_samples_per_pack=result.max_samples_per_pack,
                                records_read=records_behind(result.source_records, samples_read, records_read),
                                min_sample_tokens=result.min_sample_tokens,
-                               max_images_per_pack=result.max_images_per_pack,
-                               max_image_tokens_per_pack=result.max_image_tokens_per_pack,
+                               max_media_per_pack=result.max_media_per_pack,
+                               max_media_tokens_per_pack=result.max_media_tokens_per_pack,
                                dropped_counts=(n_dropped, dict(sorted(dropped_counts.items()))))
     return finish(out, manifest, start=start)
 
@@ -372,9 +387,9 @@ def _measure(fn: Callable[..., Any], tasks: list[tuple], work: Location, config:
         n = len(meta["ids"])
         m.ids.extend(meta["ids"])
         m.tokens.append(np.frombuffer(meta["tokens"], np.int64))
-        m.images.append(np.frombuffer(meta["images"], np.int64))
-        m.image_bytes.append(np.frombuffer(meta["image_bytes"], np.int64))
-        m.image_tokens.append(np.frombuffer(meta["image_tokens"], np.int64))
+        m.media.append(np.frombuffer(meta["media"], np.int64))
+        m.media_bytes.append(np.frombuffer(meta["media_bytes"], np.int64))
+        m.media_tokens.append(np.frombuffer(meta["media_tokens"], np.int64))
         m.targets.append(np.frombuffer(meta["targets"], np.int64))
         m.offset.append(np.frombuffer(meta["offsets"], np.int64))
         m.length.append(np.frombuffer(meta["lengths"], np.int64))
@@ -417,8 +432,7 @@ def _measure_partition(i: int, partition: Partition, sample_config: SampleConfig
                     _on_drop(over, on_error)
                     spool.drop(over)
                     continue
-                spool.add(s.sample_id, s.input_ids, s.loss_mask, s.images, s.image_tokens, s.videos, s.video_tokens,
-                          s.video_plans)
+                spool.add(s.sample_id, s.input_ids, s.loss_mask, s.media)
         spool.source_records = records
         spool.finish(builder.describe())
     return i
@@ -454,14 +468,15 @@ def _whole_document_over_budget(record: Any, sample: Any, *, seq_len: int, max_i
 def _video_chat_over_budget(builder: Any, sample: Any, *, seq_len: int) -> Dropped | None:
     """A sample whose videos take it over ``seq_len``, dropped here because its fix is also the video
     sampling: the message names the levers and the processor's video settings it was planned with."""
-    if not getattr(sample, "videos", ()) or sample.token_count <= seq_len:
+    videos = sample.media["video"]
+    if not videos or sample.token_count <= seq_len:
         return None
     policy = builder.describe()["image_policy"]
     levers = "--video-num-frames" if (policy.get("video") or {}).get("num_frames") and \
         "max_frames" not in (policy.get("video") or {}) else "--video-fps, --video-max-frames, --video-max-pixels"
-    count = len(sample.videos)
+    count = len(videos)
     return Dropped(sample.sample_id, "too_long", f"{sample.token_count} tokens > seq_len {seq_len}, "
-                   f"{sum(sample.video_tokens)} of them for its {count} video{'s' if count > 1 else ''}; raise "
+                   f"{sum(videos.tokens)} of them for its {count} video{'s' if count > 1 else ''}; raise "
                    f"--seq-len, or sample fewer or smaller frames ({levers}); planned with {_video_text(policy)}")
 
 
@@ -487,10 +502,12 @@ def _write_shards(shard_plans, table, work: Location, out: Location, describe, c
     offsets: dict[int, list[int]] = {}
     todo = []
     present = out.listdir("")  # one listing, not a request per shard
-    for j, packs in enumerate(shard_plans):
+    work.makedirs("shards")
+    recorded = recorded_shards(work)
+    for j in range(len(shard_plans)):
         name = shard_name(config.split, j)
-        if name in present:  # renamed into place only when complete, and the plan is the same
-            infos[j], offsets[j] = _info_of_existing(out, name, packs, table)
+        if name in present and name in recorded:  # recorded, then renamed into place when complete; the same plan
+            infos[j], offsets[j] = read_shard(work, name)
         else:
             todo.append((j, out.join(name)))
     kept = len(infos)
@@ -514,38 +531,11 @@ def _write_shard(j: int, refs, work: str, path: str, token_dtype: str) -> tuple[
                 sample[0] = ref[3]  # the id the job gave it (the spool holds the source's own)
             pack = assemble_pack(samples)
             writer.add(f"{j:06d}{k:06d}", encode_pack(pack, token_dtype=token_dtype),
-                       samples=pack.num_samples, tokens=pack.num_tokens, images=pack.num_images,
-                       videos=pack.num_videos, video_tokens=sum(pack.video_tokens))
+                       samples=pack.num_samples, tokens=pack.num_tokens, **pack_counts(pack))
             report(pack.num_samples)
-        return j, writer.close(), writer.offsets
-
-
-def _info_of_existing(out: Location, name: str, packs, table) -> tuple[ShardInfo, list[int]]:
-    h = hashlib.sha256()
-    with out.open_read(name) as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    with out.open_read(name) as f:
-        offsets = member_offsets(f, where=str(out.join(name)))
-    idx = np.concatenate(packs)
-    videos = _videos_of(out, name)
-    info = ShardInfo(name=name, packs=len(packs), samples=int(idx.size),
-                     tokens=int(table["tokens"][idx].sum()), images=int(table["images"][idx].sum()) - videos[0],
-                     bytes=out.size(name), sha256=h.hexdigest(), videos=videos[0], max_video_tokens=videos[1])
-    return info, offsets
-
-
-def _videos_of(out: Location, name: str) -> tuple[int, int]:
-    """A written shard's videos and the most video tokens in one pack (its packs read back: a resumed job
-    keeps what the manifest says of them)."""
-    count = most = 0
-    with out.open_read(name) as f, tarfile.open(fileobj=f, mode="r|") as tar:
-        for member in tar:
-            data = tar.extractfile(member) if member.isfile() else None
-            if data is not None:
-                pack = decode_pack(data.read())
-                count, most = count + pack.num_videos, max(most, sum(pack.video_tokens))
-    return count, most
+        # what it wrote, kept in the work folder before the shard takes its name: a resumed job reads it back
+        info = writer.close(record=lambda info: record_shard(Location(work), info, writer.offsets))
+        return j, info, writer.offsets
 
 
 # ---------------------------------------------------------------------------------------------

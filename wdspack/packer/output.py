@@ -15,18 +15,21 @@ import hashlib
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, astuple
 from typing import Any
+
+import msgpack
 
 from .._version import __version__
 from ..errors import OutputError
-from ..format.manifest import DROPPED_NAME, MANIFEST_NAME
+from ..format.manifest import DROPPED_NAME, MANIFEST_NAME, ShardInfo
 from ..storage.location import Location, stat_tag
 from .config import PackConfig
 from .samples import SampleConfig
 from .sources import Partition
 
-__all__ = ["WORK_DIR", "check_output", "fingerprint", "mark_failed", "prepare_output"]
+__all__ = ["WORK_DIR", "check_output", "fingerprint", "info_row", "mark_failed", "prepare_output", "read_shard",
+           "record_shard", "recorded_shards"]
 
 logger = logging.getLogger(__name__)
 
@@ -123,3 +126,27 @@ def _wrote_anything(out: Location, work: Location) -> bool:
     last) or anything in the output besides the work folder (shards, ``dropped.jsonl``)."""
     return (any(name.endswith(".meta") for name in work.listdir("spool"))
             or bool(out.listdir("") - {WORK_DIR}))
+
+
+def info_row(info: ShardInfo) -> list[Any]:
+    """A shard's manifest entry as the work folder keeps it: its fields in order (``ShardInfo(*row)``)."""
+    return list(astuple(info))
+
+
+def record_shard(work: Location, info: ShardInfo, offsets: Sequence[int]) -> None:
+    """``shards/{name}.info``: a shard's manifest entry and its packs' offsets as its writer counted them, written
+    before the shard takes its final name (:meth:`~wdspack.format.tar.ShardWriter.close`), so a resumed job
+    knows every shard it finds from what it wrote, without reading the shard again."""
+    work.write_atomic(f"shards/{info.name}.info", msgpack.packb([info_row(info), [int(o) for o in offsets]],
+                                                           use_bin_type=True))
+
+
+def recorded_shards(work: Location) -> set[str]:
+    """The shards whose entries :func:`record_shard` wrote."""
+    return {name.removesuffix(".info") for name in work.listdir("shards") if name.endswith(".info")}
+
+
+def read_shard(work: Location, name: str) -> tuple[ShardInfo, list[int]]:
+    """The entry and offsets :func:`record_shard` wrote for shard ``name``."""
+    row, offsets = msgpack.unpackb(work.read_bytes("shards", f"{name}.info"), raw=False)
+    return ShardInfo(*row), offsets

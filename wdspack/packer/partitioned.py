@@ -49,14 +49,16 @@ import numpy as np
 from ..errors import ConfigError, Dropped, SampleError
 from ..format.manifest import DROPPED_NAME, ShardInfo
 from ..format.pack import encode_pack
-from ..format.pack_index import COLUMNS, INDEX_NAME, build_index
+from ..format.pack_index import COLUMNS as INDEX_COLUMNS
+from ..format.pack_index import INDEX_NAME, build_index
 from ..format.tar import ShardWriter
 from ..storage.location import Location
 from .config import PackConfig
 from .executors import report
-from .selection import assign_shards, plan_selected
+from .output import info_row
+from .selection import assign_shards, index_table, plan_selected
 from .sources.meta import collision_key, namespaced
-from .spool import SpoolReader, assemble_pack, read_meta
+from .spool import COLUMNS, SpoolReader, assemble_pack, pack_counts, read_meta
 
 __all__ = ["BUCKETS", "GROUP_RECORDS", "PLAN_GROUPS_ABOVE", "GroupResult", "choose_plan_groups", "group_shard_name",
            "plan_groups_above", "plan_partitioned"]
@@ -68,7 +70,6 @@ BUCKETS = 64
 PLAN_GROUPS_ABOVE = 10_000_000
 #: The records of a group chosen by size: fill stays within 0.1 % of the global plan from 100 k.
 GROUP_RECORDS = 200_000
-_COLUMNS = ("tokens", "images", "image_bytes", "image_tokens", "targets", "offsets", "lengths")
 
 
 def group_shard_name(split: str, group: int, shard: int) -> str:
@@ -87,8 +88,9 @@ class GroupResult:
 
     shards: tuple[ShardInfo, ...]
     max_samples_per_pack: int
-    max_images_per_pack: int
-    max_image_tokens_per_pack: int
+    #: the most media items of every kind in one pack (what ``max_images`` counts), and their tokens
+    max_media_per_pack: int
+    max_media_tokens_per_pack: int
     #: the source records the samples came from (a document cut into pieces is one)
     source_records: int = 0
     #: the shortest packed sample's tokens (None: no sample, or a group written before it was recorded)
@@ -224,12 +226,12 @@ def _group_table(loc: Location, parts: Sequence[int], seq_len: int,
         renames.update(((p, r), sid) for p, r, sid in dup["renames"] if first <= p <= last)
     source_of = _read_sources(loc)
     ids: list[str] = []
-    cols: dict[str, list[np.ndarray]] = {c: [] for c in (*_COLUMNS, "part")}
+    cols: dict[str, list[np.ndarray]] = {c: [] for c in (*COLUMNS, "part")}
     dropped: list[Dropped] = []
     for i in parts:
         meta = read_meta(loc, i)
         ids.extend(renames.get((i, r), sid) for r, sid in enumerate(meta["ids"]))
-        for c in _COLUMNS:
+        for c in COLUMNS:
             cols[c].append(np.frombuffer(meta[c], np.int64))
         cols["part"].append(np.full(len(meta["ids"]), i, np.int64))
         dropped.extend(Dropped(renames.get((i, -1 - k), d[0]), *d[1:]) for k, d in enumerate(meta["dropped"]))
@@ -247,13 +249,13 @@ def _group_table(loc: Location, parts: Sequence[int], seq_len: int,
             keep[j] = False
             dropped.append(Dropped(sid, "too_long", f"{int(cat['tokens'][j])} tokens > seq_len {seq_len}; "
                                    "raise --seq-len to keep it"))
-        elif max_images is not None and cat["images"][j] > max_images:
+        elif max_images is not None and cat["media"][j] > max_images:
             keep[j] = False
-            dropped.append(Dropped(sid, "too_many_images", f"{int(cat['images'][j])} images > max_images "
+            dropped.append(Dropped(sid, "too_many_images", f"{int(cat['media'][j])} images > max_images "
                                    f"{max_images}; raise --max-images to keep it"))
-    table = {"ids": ids, "tokens": cat["tokens"], "images": cat["images"], "part": cat["part"],
-             "offset": cat["offsets"], "length": cat["lengths"], "image_bytes": cat["image_bytes"],
-             "image_tokens": cat["image_tokens"], "targets": cat["targets"], "keep": keep}
+    table = {"ids": ids, "tokens": cat["tokens"], "media": cat["media"], "part": cat["part"],
+             "offset": cat["offsets"], "length": cat["lengths"], "media_bytes": cat["media_bytes"],
+             "media_tokens": cat["media_tokens"], "targets": cat["targets"], "keep": keep}
     return table, dropped
 
 
@@ -289,12 +291,11 @@ def _plan_task(g: int, parts: Sequence[int], work: str, out: str, config: PackCo
                         sample[0] = table["ids"][j]
                     p = assemble_pack(samples)
                     writer.add(f"{g:06d}{s:04d}{k:06d}", encode_pack(p, token_dtype=token_dtype),
-                               samples=p.num_samples, tokens=p.num_tokens, images=p.num_images,
-                               videos=p.num_videos, video_tokens=sum(p.video_tokens))
+                               samples=p.num_samples, tokens=p.num_tokens, **pack_counts(p))
                     report(p.num_samples)
                 infos.append(writer.close())
                 offsets.append(writer.offsets)
-    index = build_index(shard_plans, offsets, table)
+    index = build_index(shard_plans, offsets, index_table(table))
     records = source_records = 0
     for i in parts:
         meta = read_meta(loc, i)
@@ -303,17 +304,12 @@ def _plan_task(g: int, parts: Sequence[int], work: str, out: str, config: PackCo
     kept = table["tokens"][table["keep"]]
     result = {"records": records, "source_records": source_records,
               "min_sample_tokens": int(kept.min()) if kept.size else None,
-              "shards": [_info_json(i) for i in infos], "index": index.astype("<i8").tobytes(),
+              "shards": [info_row(i) for i in infos], "index": index.astype("<i8").tobytes(),
               "max": [max((len(p) for p in plan), default=0),
-                      max((int(table["images"][p].sum()) for p in plan), default=0),
-                      max((int(table["image_tokens"][p].sum()) for p in plan), default=0)]}
+                      max((int(table["media"][p].sum()) for p in plan), default=0),
+                      max((int(table["media_tokens"][p].sum()) for p in plan), default=0)]}
     loc.write_atomic(f"plan/done-{g:06d}", msgpack.packb(result, use_bin_type=True))
     return g
-
-
-def _info_json(info: ShardInfo) -> list[Any]:
-    return [info.name, info.packs, info.samples, info.tokens, info.images, info.bytes, info.sha256, info.videos,
-            info.max_video_tokens]
 
 
 def _iter_drops(work: Location, groups: int) -> Iterator[Dropped]:
@@ -384,19 +380,19 @@ def plan_partitioned(out: Location, work: Location, parts: int, config: PackConf
         records += done["records"]
         source_records += done.get("source_records", done["records"])  # a group written before the key
         shortest += [done["min_sample_tokens"]] if done.get("min_sample_tokens") is not None else []
-        packs += len(done["index"]) // (8 * len(COLUMNS))
+        packs += len(done["index"]) // (8 * len(INDEX_COLUMNS))
     digest = hashlib.sha256()
     with out.open_write(f".{INDEX_NAME}.tmp") as f:  # the .npy header, then each group's rows
         head = io.BytesIO()
         np.lib.format.write_array_header_1_0(head, {"descr": "<i8", "fortran_order": False,
-                                                    "shape": (packs, len(COLUMNS))})
+                                                    "shape": (packs, len(INDEX_COLUMNS))})
         size = 0
         for data in itertools.chain([head.getvalue()], (_read_done(work, g)["index"] for g in range(len(groups)))):
             digest.update(data)
             f.write(data)
             size += len(data)
     out.commit(f".{INDEX_NAME}.tmp", INDEX_NAME)
-    entry = {"file": INDEX_NAME, "columns": list(COLUMNS), "bytes": size, "sha256": digest.hexdigest()}
+    entry = {"file": INDEX_NAME, "columns": list(INDEX_COLUMNS), "bytes": size, "sha256": digest.hexdigest()}
     result = GroupResult(tuple(shards), maxima[0], maxima[1], maxima[2], source_records=source_records,
                          min_sample_tokens=min(shortest) if shortest else None)
     return result, records, drops, entry

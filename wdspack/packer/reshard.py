@@ -78,13 +78,10 @@ def _split_shard(i: int, url: str, describe: dict, work: str) -> int:
                 pack = decode_pack(data.read())
                 bounds = np.cumsum((0,) + pack.seq_lens)
                 for k, sid in enumerate(pack.sample_ids):
-                    owned = [j for j, owner in enumerate(pack.image_sample) if owner == k]
-                    films = [j for j, owner in enumerate(pack.video_sample) if owner == k]
+                    owned = {name: items.keep([j for j, owner in enumerate(items.sample) if owner == k])
+                             for name, items in pack.media.items()}
                     span = slice(int(bounds[k]), int(bounds[k + 1]))
-                    spool.add(sid, pack.input_ids[span], pack.loss_mask[span],
-                              [pack.images[j] for j in owned], [pack.image_tokens[j] for j in owned],
-                              [pack.videos[j] for j in films], [pack.video_tokens[j] for j in films],
-                              [pack.video_plans[j] for j in films])
+                    spool.add(sid, pack.input_ids[span], pack.loss_mask[span], owned)
         spool.finish(describe)
     return i
 

@@ -21,12 +21,14 @@ import numpy as np
 
 from ..errors import Dropped, SampleError, TooManyDropsError
 from ..format.manifest import DROPPED_NAME
+from ..media import KINDS
 from ..storage.location import Location
 from .config import PackConfig
 from .planner import plan_packs
 from .sources.meta import collision_key, namespaced
 
-__all__ = ["Measured", "assign_shards", "check_drops", "plan_selected", "select_samples", "write_dropped"]
+__all__ = ["Measured", "assign_shards", "check_drops", "index_table", "plan_selected", "select_samples",
+           "write_dropped"]
 
 _PACK_OVERHEAD = 64  # msgpack framing per pack, bytes (for shard size estimates)
 _SAMPLE_OVERHEAD = 48  # per sub-sample: its id, length and image lists
@@ -39,12 +41,13 @@ class Measured:
 
     ids: list[str] = field(default_factory=list)
     tokens: list[np.ndarray] = field(default_factory=list)
-    images: list[np.ndarray] = field(default_factory=list)
+    #: each sample's media items of every kind (what ``max_images`` counts), their bytes and their tokens
+    media: list[np.ndarray] = field(default_factory=list)
     part: list[np.ndarray] = field(default_factory=list)
     offset: list[np.ndarray] = field(default_factory=list)
     length: list[np.ndarray] = field(default_factory=list)
-    image_bytes: list[np.ndarray] = field(default_factory=list)
-    image_tokens: list[np.ndarray] = field(default_factory=list)
+    media_bytes: list[np.ndarray] = field(default_factory=list)
+    media_tokens: list[np.ndarray] = field(default_factory=list)
     targets: list[np.ndarray] = field(default_factory=list)
     dropped: list[Dropped] = field(default_factory=list)
     dropped_part: list[int] = field(default_factory=list)  # the task each drop came from
@@ -82,7 +85,7 @@ def select_samples(m: Measured, config: PackConfig, *, source_names: Sequence[st
     """Concatenate the arrays, name ids that collide across sources by their source, drop
     duplicates and samples over a budget (with reasons)."""
     cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64)  # noqa: E731
-    tok, img, part = cat(m.tokens), cat(m.images), cat(m.part)
+    tok, media, part = cat(m.tokens), cat(m.media), cat(m.part)
     _namespace(m, part, source_names)
     several = len(set(source_names)) > 1
     keep = np.ones(tok.size, bool)
@@ -101,19 +104,19 @@ def select_samples(m: Measured, config: PackConfig, *, source_names: Sequence[st
             keep[j] = False
             dropped.append(Dropped(sid, "too_long", f"{int(tok[j])} tokens > seq_len {config.seq_len}; "
                                    "raise --seq-len to keep it"))
-        elif config.max_images is not None and img[j] > config.max_images:
+        elif config.max_images is not None and media[j] > config.max_images:
             keep[j] = False
-            dropped.append(Dropped(sid, "too_many_images", f"{int(img[j])} images > max_images "
+            dropped.append(Dropped(sid, "too_many_images", f"{int(media[j])} images > max_images "
                                    f"{config.max_images}; raise --max-images to keep it"))
     if config.on_error == "raise" and dropped:
         d = dropped[0]
         # a duplicate is fixed in the ids: dropping it would lose a record silently
         skip = "" if d.reason == "duplicate_id" else " (or pass --on-error skip)"
         raise SampleError(d.reason, f"{d.detail}{skip}", sample_id=d.sample_id)
-    table = {"ids": m.ids, "tokens": tok, "images": img, "part": part, "offset": cat(m.offset),
-             "length": cat(m.length), "image_bytes": cat(m.image_bytes), "image_tokens": cat(m.image_tokens),
+    table = {"ids": m.ids, "tokens": tok, "media": media, "part": part, "offset": cat(m.offset),
+             "length": cat(m.length), "media_bytes": cat(m.media_bytes), "media_tokens": cat(m.media_tokens),
              "targets": cat(m.targets), "keep": keep, "dropped": dropped}
-    for column in (m.tokens, m.images, m.part, m.offset, m.length, m.image_bytes, m.image_tokens, m.targets):
+    for column in (m.tokens, m.media, m.part, m.offset, m.length, m.media_bytes, m.media_tokens, m.targets):
         column.clear()  # the per-partition pieces: the table holds them now, once
     return table
 
@@ -184,13 +187,17 @@ def _reshard_fix(packed: int, fraction: float) -> str:
             f"{min(1.0, math.ceil(fraction * 100) / 100):g}")
 
 
+#: The media drop reasons of a file not found under the root (``missing_image``, ``video_path_escape``), and of
+#: a file found that is not what its record says (``unreadable_video``), every kind's.
+_ROOT_REASONS = {r for kind in KINDS for r in kind.drop_reasons if r.startswith("missing_") or r.endswith("_escape")}
+_FILE_REASONS = {r for kind in KINDS for r in kind.drop_reasons
+                 if r not in _ROOT_REASONS and not r.startswith("too_many_")}
 #: What each drop reason says of the inputs, as the fix of a job that dropped too much names it.
 _CAUSES = (
     ({"malformed_record", "unknown_role", "empty_conversation", "no_assistant_turn", "placeholder_mismatch",
       "unmaskable_turn"}, "a layout wdspack does not read (see the Sources table, docs/guides/pack.md#sources)"),
-    ({"missing_image", "image_path_escape", "missing_video", "video_path_escape"}, "a wrong --image-root"),
-    ({"unreadable_image", "image_too_large", "unreadable_video", "video_too_short", "video_too_large"},
-     "media files that are damaged or not what their records say (dropped.jsonl names each)"),
+    (_ROOT_REASONS, "a wrong --image-root"),
+    (_FILE_REASONS, "media files that are damaged or not what their records say (dropped.jsonl names each)"),
     ({"unsupported_media"}, "records with media wdspack does not pack yet (leave them out of this job)"),
     ({"too_long", "too_many_images"}, "a --seq-len / --max-images too small for {every} sample"),
 )
@@ -208,7 +215,7 @@ def _causes(counts: Counter, *, every: bool = False) -> str:
 def plan_selected(table: dict[str, Any], config: PackConfig) -> list[np.ndarray]:
     """Packs as arrays of sample indices (into the table), in a seeded shuffled order."""
     keep = np.flatnonzero(table["keep"])
-    packs = plan_packs(table["tokens"][keep], table["images"][keep], seq_len=config.seq_len,
+    packs = plan_packs(table["tokens"][keep], table["media"][keep], seq_len=config.seq_len,
                        max_images=config.max_images, algorithm=config.algorithm, seed=config.seed)
     # Shuffle packs so each shard mixes long and short samples (planners emit them sorted).
     order = np.random.default_rng(config.seed).permutation(len(packs))
@@ -222,7 +229,7 @@ def assign_shards(plan, table, config: PackConfig, *, token_itemsize: int) -> li
     size = 0
     for pack in plan:
         est = (_PACK_OVERHEAD + int(table["tokens"][pack].sum()) * (token_itemsize + 1)
-               + int(table["image_bytes"][pack].sum()) + _SAMPLE_OVERHEAD * pack.size)
+               + int(table["media_bytes"][pack].sum()) + _SAMPLE_OVERHEAD * pack.size)
         full_bytes = current and size + est > config.shard_max_bytes
         full_packs = config.shard_max_packs is not None and len(current) >= config.shard_max_packs
         if full_bytes or full_packs:
@@ -233,6 +240,13 @@ def assign_shards(plan, table, config: PackConfig, *, token_itemsize: int) -> li
     if current:
         shards.append(current)
     return shards
+
+
+def index_table(table: dict[str, Any]) -> dict[str, Any]:
+    """The table's columns as :func:`~wdspack.format.pack_index.build_index` reads them: the pack index's
+    ``images`` and ``image_tokens`` columns count the media of every kind (what ``max_images`` counts)."""
+    return {"tokens": table["tokens"], "images": table["media"], "image_tokens": table["media_tokens"],
+            "targets": table["targets"]}
 
 
 def write_dropped(out: Location, dropped: Iterable[Dropped]) -> None:

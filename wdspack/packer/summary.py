@@ -17,6 +17,7 @@ from .._version import __version__
 from ..errors import Dropped
 from ..format.manifest import MANIFEST_NAME, Manifest
 from ..format.pack_index import decode_index
+from ..media import KINDS
 from ..storage.location import Location
 from .config import BudgetUse, PackConfig, PackSummary, dataset_budget_use
 from .output import WORK_DIR
@@ -26,9 +27,12 @@ __all__ = ["build_manifest", "finish", "records_behind", "summary_of"]
 
 def build_manifest(sources, config: PackConfig, describe, infos, records: int, dropped: list[Dropped],
                     extra: dict[str, Any], *, pack_index: dict[str, Any], max_samples_per_pack: int,
-                    max_images_per_pack: int, max_image_tokens_per_pack: int,
+                    max_media_per_pack: int, max_media_tokens_per_pack: int,
                     dropped_counts: tuple[int, dict[str, int]] | None = None, records_read: int | None = None,
                     min_sample_tokens: int | None = None) -> Manifest:
+    """The manifest of a job's shards (``infos``). ``max_media_per_pack``: the most media items of every kind
+    in one pack (what ``max_images`` bounds; the manifest's ``max_images_per_pack``), ``max_media_tokens_per_pack``
+    their tokens (its ``max_image_tokens_per_pack``)."""
     packs = sum(i.packs for i in infos)
     tokens = sum(i.tokens for i in infos)
     n_dropped, by_reason = dropped_counts or (len(dropped), dict(sorted(Counter(d.reason for d in dropped).items())))
@@ -41,14 +45,17 @@ def build_manifest(sources, config: PackConfig, describe, infos, records: int, d
         # the loader sizes cu_seqlens from it (static shapes): B × (this + 1) segments at most
         "max_samples_per_pack": max_samples_per_pack,
         # the loader's image slots when packed without --max-images (max_images None): no limit, no waste
-        "max_images_per_pack": max_images_per_pack,
+        "max_images_per_pack": max_media_per_pack,
         # model-ready loaders size their pixel tensors from it (static shapes, no more than needed)
-        "max_image_tokens_per_pack": max_image_tokens_per_pack,
+        "max_image_tokens_per_pack": max_media_tokens_per_pack,
     }
-    videos = sum(i.videos for i in infos)
-    if videos:  # what the loader sizes pixel_values_videos from (static shapes); absent: no video keys
-        totals["videos"] = videos
-        totals["max_video_tokens_per_pack"] = max(i.max_video_tokens for i in infos)
+    held = set()  # the kinds not in every pack that the dataset holds
+    for kind in KINDS:
+        count = 0 if kind.always_stored else sum(getattr(i, kind.plural) for i in infos)
+        if count:  # what the loader sizes the kind's pixels from (static shapes); absent: no keys of the kind
+            held.add(kind.name)
+            totals[kind.plural] = count
+            totals[kind.budget] = max(getattr(i, f"max_{kind.name}_tokens") for i in infos)
     if records_read is not None and records_read != records:  # documents cut into pieces: records < samples
         totals["records_read"] = records_read
     if min_sample_tokens is not None:  # what `budget` lines measure "full of tokens" against
@@ -56,8 +63,9 @@ def build_manifest(sources, config: PackConfig, describe, infos, records: int, d
     provenance = {"shard_max_bytes": config.shard_max_bytes, "shard_max_packs": config.shard_max_packs,
                   "on_error": config.on_error, **extra}
     policy = describe["image_policy"]
-    if not videos and "video" in policy:  # the video settings a dataset without video never used
-        policy = {k: v for k, v in policy.items() if k != "video"}
+    unused = {kind.name for kind in KINDS if not kind.always_stored} - held
+    if unused & set(policy):  # the settings of a kind the dataset does not hold, never used
+        policy = {k: v for k, v in policy.items() if k not in unused}
     return Manifest(
         seq_len=config.seq_len, max_images=config.max_images, algorithm=config.algorithm, seed=config.seed,
         tokenizer=describe["tokenizer"], image_policy=policy, shards=tuple(infos),
