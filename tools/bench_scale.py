@@ -81,7 +81,7 @@ class StageTimer:
             self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - t
             if key == "select":
                 keep = result["keep"]
-                self.arrays = {"tokens": result["tokens"][keep], "images": result["images"][keep]}
+                self.arrays = {"tokens": result["tokens"][keep], "media": result["media"][keep]}
             return result
 
         setattr(job, name, timed)
@@ -121,7 +121,7 @@ def plan_seconds_at(arrays: dict[str, np.ndarray], n: int, seed: int = 0) -> flo
     """bfd planning time for ``n`` samples resampled from the measured (tokens, images)."""
     rng = np.random.default_rng(seed)
     pick = rng.integers(0, arrays["tokens"].size, n)
-    tokens, images = arrays["tokens"][pick], arrays["images"][pick]
+    tokens, images = arrays["tokens"][pick], arrays["media"][pick]
     plan_packs(tokens[:1000], images[:1000], seq_len=SEQ_LEN, max_images=MAX_IMAGES, algorithm="bfd")  # JIT
     t = time.perf_counter()
     plan_packs(tokens, images, seq_len=SEQ_LEN, max_images=MAX_IMAGES, algorithm="bfd", seed=seed)
