@@ -195,7 +195,7 @@ def sample_id_of(row: Mapping[str, Any], fallback: str) -> str:
 
 
 def build_record(row: Any, *, sample_id: str, image_root: str, absolute_images: bool = False) -> Record:
-    """Normalize one raw record and read its images and videos.
+    """Normalize one raw record and read its media (each kind's items).
 
     Args:
         row: the record as parsed (a dict).
@@ -445,11 +445,11 @@ def _tool_text(content: Any, i: int) -> str:
                       "the result as a string")
 
 
-# ---- content and images ---------------------------------------------------------------------
+# ---- content and media ----------------------------------------------------------------------
 
 
 def _parts(content: Any, i: int) -> list[tuple[str, Any]]:
-    """A turn's content as ``("text", str)``, ``("image", ref or BARE)`` and ``("video", ref or BARE)`` items."""
+    """A turn's content as ``("text", str)`` items and, for each media item, ``(kind name, ref or BARE)``."""
     if isinstance(content, str):
         return _split_placeholders(content)
     if isinstance(content, (list, tuple)):
@@ -463,7 +463,7 @@ def _split_placeholders(text: str) -> list[tuple[str, Any]]:
     out: list[tuple[str, Any]] = []
     for k, piece in enumerate(pieces):
         if k:
-            out.append(("image", BARE))
+            out.append((IMAGE.name, BARE))
         if piece:
             out.append(("text", piece))
     return out
