@@ -226,8 +226,9 @@ def build_record(row: Any, *, sample_id: str, image_root: str, absolute_images: 
         check_media_fields(row)
         turns = _with_system(row, _raw_turns(row))
         check_media_placeholders(turns)
-        for kind in KINDS:  # <image> was split as the turns were read, anywhere; the others' in prompts only
-            turns = turns if kind is IMAGE else split_prompt_placeholders(turns, kind)
+        for kind in KINDS:
+            if kind is not IMAGE:  # <image> was split where the turns were read, in any turn; the others' in prompts
+                turns = split_prompt_placeholders(turns, kind)
         named = named_images(row)  # MiniCPM-V's image dict: the named images are placed, the list is empty
         if named is not None:
             turns = place_named(turns, named)
@@ -486,12 +487,12 @@ def _typed_part(part: Any, i: int) -> list[tuple[str, Any]]:
             raise SampleError("malformed_record", f"turn {i} has a text part without a 'text' (or 'value') "
                               f"string: {_short(part)}")
         return [("text", text)] if text else []
-    media = next((k for k in KINDS if kind in k.part_types), None)
-    if media is not None:
-        ref = _first(part, *media.ref_keys)
+    of = next((k for k in KINDS if kind in k.part_types), None)
+    if of is not None:
+        ref = _first(part, *of.ref_keys)
         if isinstance(ref, Mapping) and all(v is None for v in ref.values()):
             ref = None  # an Arrow struct column with every field null: no inline item, a bare part
-        return [(media.name, BARE if ref is None else ref)]
+        return [(of.name, BARE if ref is None else ref)]
     if kind in MEDIA_PART_TYPES:
         raise media_part_error(kind, i)
     accepted = (*_TEXT_PART_TYPES, *(t for k in KINDS for t in k.part_types))

@@ -194,8 +194,8 @@ def _add_member(group: _Group, ext: str, f, m: _Member) -> None:
     """Read a member only when it is a kind's item (the image, the video) or a caption; every other member
     stays unread."""
     kind: MediaKind | None = next((k for k in KINDS if ext in k.extensions), None)
-    if kind is VIDEO and (m.size == 0 or m.size > videos.MAX_VIDEO_BYTES):  # the video kind's own bound, by size
-        limit = videos.MAX_VIDEO_BYTES
+    limit = videos.MAX_VIDEO_BYTES
+    if kind is VIDEO and (m.size == 0 or m.size > limit):  # the video kind's own check, from the header alone
         what = "empty (0 bytes)" if m.size == 0 else f"{m.size:,} bytes, over the {limit:,}-byte limit"
         group.problem = group.problem or SampleError(
             "unreadable_video", f"video member {group.key}.{ext} is {what}; re-encode it or drop the sample")
@@ -239,7 +239,7 @@ def _to_record(group: _Group, name: str) -> TextRecord | Dropped:
         segments: tuple[Segment, ...] = tuple(SEGMENT_OF[kind.name] for kind in reversed(KINDS)
                                               if group.media[kind.name])
         return TextRecord(sid, "caption", (*segments, caption),
-                          media={name: tuple(data for _, data in found) for name, found in group.media.items()})
+                          media={kind: tuple(data for _, data in found) for kind, found in group.media.items()})
     except SampleError as e:
         return Dropped(sid, e.reason, e.detail)
 
