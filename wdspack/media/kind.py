@@ -57,6 +57,7 @@ class MediaKind:
         record_fields: the keys a record lists the kind under, in the order they are tried.
         part_types: the chat content part types that carry one item (``{"type": "video_url", ...}``).
         ref_keys: where such a part holds its reference, in the order they are tried.
+        placeholder: the text that stands for one item in a record's text (``<video>``).
         extensions: the WebDataset member extensions of the kind (``clip.mp4``).
         settings_part: the processor part whose settings plan it (``read_settings(spec, part)``).
         load: ``(ref, root, *, absolute_ok) -> bytes``: the item a reference stands for, read under the root.
@@ -90,6 +91,7 @@ class MediaKind:
     drop_reasons: tuple[str, ...] = ()
     load_drop_reasons: tuple[str, ...] = ()
     decode_errors: Callable[[], tuple[type[BaseException], ...]] = tuple
+    placeholder: str = ""
 
     @property
     def keys(self) -> tuple[str, ...]:

@@ -25,7 +25,8 @@ from PIL import Image
 
 from tests.support.pretrain import write_tar
 from wdspack.errors import DROP_REASONS, Dropped, SampleError
-from wdspack.packer.sources import Record, TextRecord, iter_records, list_partitions, videos
+from wdspack.media.video import source as videos
+from wdspack.packer.sources import Record, TextRecord, iter_records, list_partitions
 from wdspack.packer.sources.documents import IMAGE, VIDEO
 
 av = pytest.importorskip("av")

@@ -35,4 +35,4 @@ IMAGE = MediaKind(
     extensions=("jpg", "jpeg", "png", "webp"), settings_part="image_processor", load=_load, describe=_describe,
     always_stored=True, budget="max_images",
     drop_reasons=("missing_image", "image_path_escape", "unreadable_image", "image_too_large", "too_many_images"),
-    load_drop_reasons=("unreadable_image", "image_too_large"), decode_errors=_decode_errors)
+    load_drop_reasons=("unreadable_image", "image_too_large"), decode_errors=_decode_errors, placeholder="<image>")

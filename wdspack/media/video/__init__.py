@@ -38,4 +38,4 @@ VIDEO = MediaKind(
     extensions=("mp4", "webm", "mkv", "mov", "avi"), settings_part="video_processor", load=_load,
     describe=_describe, plan_record=VideoPlanRecord, check=check_videos, budget="max_video_tokens_per_pack",
     drop_reasons=("missing_video", "video_path_escape", "unreadable_video", "video_too_short", "video_too_large"),
-    load_drop_reasons=("unreadable_video",), decode_errors=_decode_errors)
+    load_drop_reasons=("unreadable_video",), decode_errors=_decode_errors, placeholder="<video>")

@@ -8,7 +8,7 @@
     Partition(path, kind, start, stop, first_row, image_root, name)   picklable, cheap
         │ iter_records (in a worker)
         ▼
-    Record(sample_id, messages, images)  or  Dropped(sample_id, reason, detail)
+    Record(sample_id, messages, media)  or  Dropped(sample_id, reason, detail)
 
 Formats: LLaVA/ShareGPT ``conversations`` and OpenAI/Hugging Face ``messages`` in JSON (a list
 of records) or JSONL; Parquet files and ``datasets`` ``save_to_disk`` folders whose rows hold

@@ -21,8 +21,8 @@ Example::
 
 Captions (image + caption pairs from WebDataset shards, :mod:`.webdataset`) are TextRecords of
 kind ``"caption"``: segments ``(IMAGE, caption)``, ``(VIDEO, caption)`` for a video sample, or
-``(VIDEO, IMAGE, caption)`` for one with both. Each :data:`VIDEO` segment takes the next entry of
-``videos`` (the file's bytes, undecoded).
+``(VIDEO, IMAGE, caption)`` for one with both. Each media kind has its segment (:data:`SEGMENT_OF`),
+which takes the record's next item of that kind (a video: the file's bytes, undecoded).
 """
 
 from __future__ import annotations
@@ -32,9 +32,12 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ...errors import SampleError
-from ...media.source import load_image
+from ...media import IMAGE as IMAGE_KIND
+from ...media import KINDS
+from ...media import VIDEO as VIDEO_KIND
 
-__all__ = ["DOCUMENT_COLUMNS", "IMAGE", "VIDEO", "Segment", "TextRecord", "build_document", "is_document"]
+__all__ = ["DOCUMENT_COLUMNS", "IMAGE", "SEGMENT_OF", "VIDEO", "Segment", "TextRecord", "build_document",
+           "is_document"]
 
 #: Columns read for documents besides the chat ones (``texts``, ``images``, ``id``).
 DOCUMENT_COLUMNS = ("text",)
@@ -59,17 +62,23 @@ class _Video:
 VIDEO: Final = _Video()
 #: A segment: a text, :data:`IMAGE` or :data:`VIDEO`.
 Segment = str | None | _Video
+#: The segment that stands for the record's next item of each kind, by kind.
+SEGMENT_OF: dict[str, Segment] = {IMAGE_KIND.name: IMAGE, VIDEO_KIND.name: VIDEO}
+#: A kind's items of a text record by their v1 spelling (``images``, ``videos``), in the v1 positional order.
+_FIELD_OF = {kind.plural: kind.name for kind in KINDS}
 _CHAT_FIELDS = ("messages", "conversations", "instruction")  # a chat, or Alpaca (whose rows may carry a `text` too)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class TextRecord:
-    """A pre-training record: text segments and images in document order.
+    """A pre-training record: text segments and media in document order, its ``media`` by kind (every kind
+    of :data:`~wdspack.media.KINDS`, empty where it has none; a video file's bytes undecoded, as stored).
 
     ``kind`` is ``"document"`` (loss on every text token) or ``"caption"`` (segments
     ``(IMAGE, caption)``: the caption layout decides the prompt, loss on the caption only).
-    Each :data:`IMAGE` segment takes the next entry of ``images``, each :data:`VIDEO` segment the
-    next entry of ``videos``.
+    Each kind's segment (:data:`SEGMENT_OF`: :data:`IMAGE`, :data:`VIDEO`) takes the record's next item of
+    that kind. A kind's items also read, and construct, by their v1 spelling: ``r.images``,
+    ``TextRecord(sid, kind, segments, images=..., videos=...)`` (or by position in that order).
 
     Example:
         >>> r = TextRecord("doc.jsonl:0", "document", ("A cat.", IMAGE, "It sleeps."), (b"...",))
@@ -82,9 +91,29 @@ class TextRecord:
     sample_id: str
     kind: str
     segments: tuple[Segment, ...]
-    images: tuple[bytes, ...] = ()
-    #: the video files' bytes, undecoded, as stored
-    videos: tuple[bytes, ...] = ()
+    media: Mapping[str, tuple[bytes, ...]]
+
+    def __init__(self, sample_id: str, kind: str, segments: tuple[Segment, ...], *by_position: Any,
+                 media: Mapping[str, tuple[bytes, ...]] | None = None, **by_key: Any) -> None:
+        if len(by_position) > len(_FIELD_OF):
+            raise TypeError(f"TextRecord() takes at most {3 + len(_FIELD_OF)} positional arguments")
+        for key, value in zip(_FIELD_OF, by_position):
+            if key in by_key:
+                raise TypeError(f"TextRecord() got multiple values for argument {key!r}")
+            by_key[key] = value
+        unknown = sorted(set(by_key) - set(_FIELD_OF))
+        if unknown:
+            raise TypeError(f"TextRecord() got unexpected keyword arguments {unknown}; a kind's items are "
+                            f"{sorted(_FIELD_OF)}")
+        have = {**(media or {}), **{_FIELD_OF[key]: value for key, value in by_key.items()}}
+        for name, value in (("sample_id", sample_id), ("kind", kind), ("segments", segments),
+                            ("media", {k.name: tuple(have.get(k.name, ())) for k in KINDS})):
+            object.__setattr__(self, name, value)
+
+    def __getattr__(self, key: str) -> Any:  # a kind's items by their v1 spelling (record.images)
+        if key in _FIELD_OF:
+            return self.media[_FIELD_OF[key]]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {key!r}")
 
 
 def is_document(row: Any) -> bool:
@@ -127,8 +156,9 @@ def build_document(row: Mapping[str, Any], *, sample_id: str, image_root: str) -
         if not any(s and s.strip() for s in segments if s is not IMAGE):
             raise SampleError("empty_conversation", f"the document has no text ({len(refs)} image(s) and "
                               "empty or missing texts); there is nothing to train on, remove the record")
-        images = tuple(load_image(ref, image_root) for ref in refs)
-        return TextRecord(sample_id, "document", tuple(segments), images)
+        # the interleaved layout is OBELICS': images are its only media
+        images = tuple(IMAGE_KIND.load(ref, image_root) for ref in refs)
+        return TextRecord(sample_id, "document", tuple(segments), media={IMAGE_KIND.name: images})
     except SampleError as e:
         raise SampleError(e.reason, e.detail, sample_id=sample_id) from None
 

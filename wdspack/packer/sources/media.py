@@ -1,4 +1,4 @@
-"""Media wdspack does not pack yet: audio and grounding objects (videos are read: :mod:`.videos`).
+"""Media wdspack does not pack yet: audio and grounding objects (videos are read: :mod:`wdspack.media.video.source`).
 
 A record with a non-empty ``audios``, ``audio`` or ``objects`` field (ms-swift, LLaMA-Factory),
 an ``<audio>`` placeholder in a prompt, or an audio content part is dropped as

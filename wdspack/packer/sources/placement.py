@@ -1,7 +1,7 @@
-"""Where a record's images and videos go: each placeholder (``<image>``, ``<video>``, MiniCPM-V's
-``<image_NN>``) or bare typed part takes the next entry of the record's own list; without any, the
-media go first in the first user turn (the LLaVA convention). Split out of :mod:`.records`, which
-reads the turns; the rules are in its module docstring.
+"""Where a record's media go: each placeholder (``<image>``, ``<video>``, MiniCPM-V's ``<image_NN>``) or
+bare typed part takes the next entry of the record's own list of that kind; without any, the kind's items
+go first in the first user turn (the LLaVA convention). Split out of :mod:`.records`, which reads the
+turns; the rules are in its module docstring.
 """
 
 from __future__ import annotations
@@ -11,20 +11,22 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...errors import SampleError
+from ...media import IMAGE, MediaKind
 from .toolcalls import Turn
 
-__all__ = ["BARE", "NAMED_RE", "PLACEHOLDER", "VIDEO_PLACEHOLDER", "VIDEO_PLACEHOLDER_RE", "bare_slots", "media_list",
-           "named_images", "place", "place_named", "split_video_placeholders"]
+__all__ = ["BARE", "NAMED_RE", "PLACEHOLDER", "bare_slots", "media_list", "named_images", "place", "place_named",
+           "split_prompt_placeholders"]
 
-PLACEHOLDER = "<image>"
-VIDEO_PLACEHOLDER = "<video>"
-VIDEO_PLACEHOLDER_RE = re.compile(re.escape(VIDEO_PLACEHOLDER))
+PLACEHOLDER = IMAGE.placeholder  # "<image>": split wherever it is written (the other kinds': in prompts)
 NAMED_RE = re.compile(r"<image_(\d+)>")  # MiniCPM-V: "<image_00>", keys of the record's image dict
-#: An image (video) slot that takes the next entry of the record's image (video) list.
+#: A slot of a kind that takes the next entry of the record's list of that kind.
 BARE = object()
 
 
 # ---- MiniCPM-V's named images ------------------------------------------------------------------
+
+
+# MiniCPM-V's named placeholders are the image kind's alone: its ``image`` field may be such a dict.
 
 
 def named_images(row: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -68,7 +70,7 @@ def place_named(turns: list[Turn], named: dict[str, Any]) -> list[Turn]:
         out.append((role, new, extra))
     if not used:
         order = sorted(named, key=lambda k: int(k[len("<image_"):-1]))  # keys matched NAMED_RE
-        return place(out, [named[k] for k in order], "image")
+        return place(out, [named[k] for k in order], IMAGE)
     unused = sorted(set(named) - used)
     if unused:
         raise SampleError("placeholder_mismatch", f"the 'image' dict has {unused[:8]} that no turn names; "
@@ -77,28 +79,28 @@ def place_named(turns: list[Turn], named: dict[str, Any]) -> list[Turn]:
     return out
 
 
-def split_video_placeholders(turns: list[Turn]) -> list[Turn]:
-    """Each ``<video>`` in a prompt (user or system turn) becomes a bare video slot; in answers and
+def split_prompt_placeholders(turns: list[Turn], kind: MediaKind) -> list[Turn]:
+    """Each of ``kind``'s placeholders in a prompt (user or system turn) becomes a bare slot; in answers and
     tool results it is text (an HTML ``<video>`` tag in a coding answer)."""
     out: list[Turn] = []
     for role, parts, extra in turns:
         if role in ("user", "system"):
             new: list[tuple[str, Any]] = []
-            for kind, value in parts:
-                if kind != "text" or VIDEO_PLACEHOLDER not in value:
-                    new.append((kind, value))
+            for what, value in parts:
+                if what != "text" or not kind.placeholder or kind.placeholder not in value:
+                    new.append((what, value))
                     continue
-                for k, piece in enumerate(VIDEO_PLACEHOLDER_RE.split(value)):
-                    new += [("video", BARE)] if k else []
+                for k, piece in enumerate(value.split(kind.placeholder)):
+                    new += [(kind.name, BARE)] if k else []
                     new += [("text", piece)] if piece else []
             parts = new
         out.append((role, parts, extra))
     return out
 
 
-def media_list(row: Mapping[str, Any], keys: tuple[str, str], what: str) -> list:
-    """The record's list of images (``images``/``image``) or videos (``videos``/``video``)."""
-    for key in keys:
+def media_list(row: Mapping[str, Any], kind: MediaKind) -> list:
+    """The record's list of ``kind`` (the first of its fields that is set: ``images``, then ``image``)."""
+    for key in kind.record_fields:
         value = row.get(key)
         if value is None:
             continue
@@ -106,39 +108,41 @@ def media_list(row: Mapping[str, Any], keys: tuple[str, str], what: str) -> list
             for k, v in enumerate(value):
                 if v is None:
                     raise SampleError("malformed_record", f"{key}[{k}] is null; remove it from the list "
-                                      f"(and its placeholder) or give the {what}")
+                                      f"(and its placeholder) or give the {kind.name}")
             return list(value)
         if isinstance(value, (str, bytes, bytearray, Mapping)):
             return [value]
         raise SampleError("malformed_record", f"field {key!r} is {type(value).__name__} {_short(value)}; "
-                          f"give a path, a list of paths, or {what} bytes")
+                          f"give a path, a list of paths, or {kind.name} bytes")
     return []
 
 
-def bare_slots(turns: list[Turn], kind: str) -> int:
-    return sum(1 for _, parts, _ in turns for k, value in parts if k == kind and value is BARE)
+def bare_slots(turns: list[Turn], kind: MediaKind) -> int:
+    """How many slots of ``kind`` wait for the next entry of the record's list."""
+    return sum(1 for _, parts, _ in turns for what, value in parts if what == kind.name and value is BARE)
 
 
-def place(turns: list[Turn], pool: list, kind: str, *, llava_video: bool = False) -> list[Turn]:
+def place(turns: list[Turn], pool: list, kind: MediaKind, *, llava_video: bool = False) -> list[Turn]:
     """Fill the bare ``kind`` slots from ``pool`` in order; with no slot, put the pool at the start
-    of the first user turn (before what is already there)."""
+    of the first user turn (before what is already there). ``llava_video``: the slots are ``<image>``
+    placeholders that stand for videos (LLaVA-Video's convention; named in the error)."""
     slots = bare_slots(turns, kind)
     if slots == 0 and pool:
         at = next((k for k, (role, _, _) in enumerate(turns) if role == "user"),
                   next((k for k, (role, _, _) in enumerate(turns) if role != "system"), 0))
         role, parts, extra = turns[at]
         turns = list(turns)
-        turns[at] = (role, [(kind, ref) for ref in pool] + parts, extra)
+        turns[at] = (role, [(kind.name, ref) for ref in pool] + parts, extra)
         return turns
     if slots != len(pool):
+        name = kind.name
         written = (f"{PLACEHOLDER!r} standing for a video: the record has videos and no images, LLaVA-Video's "
-                   "convention" if llava_video else
-                   f"{VIDEO_PLACEHOLDER if kind == 'video' else PLACEHOLDER!r} or bare {kind} parts")
-        raise SampleError("placeholder_mismatch", f"the record has {slots} {kind} placeholder(s) ({written}) but "
-                          f"{len(pool)} {kind}(s); make the counts match, or remove every placeholder to put the "
-                          f"{kind}s before the first user turn")
+                   "convention" if llava_video else f"{kind.placeholder!r} or bare {name} parts")
+        raise SampleError("placeholder_mismatch", f"the record has {slots} {name} placeholder(s) ({written}) but "
+                          f"{len(pool)} {name}(s); make the counts match, or remove every placeholder to put the "
+                          f"{name}s before the first user turn")
     refs = iter(pool)
-    return [(role, [(k, next(refs) if k == kind and value is BARE else value) for k, value in parts], extra)
+    return [(role, [(k, next(refs) if k == kind.name and value is BARE else value) for k, value in parts], extra)
             for role, parts, extra in turns]
 
 

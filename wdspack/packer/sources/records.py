@@ -74,8 +74,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import SampleError
-from ...media.source import image_name, load_image
-from ...media.video.source import load_video, video_name
+from ...media import IMAGE, KINDS, VIDEO, MediaKind
 from .media import MEDIA_FIELDS, MEDIA_PART_TYPES, check_media_fields, check_media_placeholders, media_part_error
 from .placement import (
     BARE,
@@ -85,7 +84,7 @@ from .placement import (
     named_images,
     place,
     place_named,
-    split_video_placeholders,
+    split_prompt_placeholders,
 )
 from .toolcalls import Turn, json_value, link_tool_calls, tool_calls, tools_of
 
@@ -95,7 +94,7 @@ __all__ = ["COLUMNS", "MEDIA_FIELDS", "ROLE_ALIASES", "Record", "TEXT_COLUMNS", 
 TEXT_COLUMNS = ("messages", "conversations", "conversation", "texts", "prompt", "query", "instruction")
 #: Every field that is read; other fields (and Parquet/Arrow columns) are ignored.
 COLUMNS = ("id", *TEXT_COLUMNS, "completion", "response", "input", "output", "history", "system", "tools",
-           "images", "image", "videos", "video", *MEDIA_FIELDS)
+           *(key for kind in KINDS for key in kind.record_fields), *MEDIA_FIELDS)
 
 #: Accepted spellings of each role (compared case-insensitively).
 ROLE_ALIASES: dict[str, str] = {
@@ -107,36 +106,70 @@ ROLE_ALIASES: dict[str, str] = {
     "tool": "tool", "observation": "tool", "function": "tool", "ipython": "tool",
 }
 _PLACEHOLDER_RE = re.compile(re.escape(PLACEHOLDER))  # the newline after it stays in the text
-_IMAGE_PART_TYPES = ("image", "image_url", "input_image")
-_VIDEO_PART_TYPES = ("video", "video_url", "input_video")
 _TEXT_PART_TYPES = ("text", "input_text")
 _CALL_PART_TYPES = ("tool_call", "tool_calls")  # LLaMA-Factory v1: {"type": "tool_call", "value": "{JSON}"}
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One conversation read from a source, before tokenization.
+#: A kind's fields of a record by their v1 spelling: ``images`` is ``media["image"]``, ``image_names``
+#: is ``media_names["image"]`` (and so for every kind).
+_FIELD_OF = {key: (kind.name, part) for kind in KINDS
+             for key, part in ((kind.plural, "media"), (f"{kind.name}_names", "media_names"))}
+#: v1's positional order after ``messages`` (frozen: a later kind's fields are keywords only).
+_V1_POSITIONS = (IMAGE.plural, "tools", f"{IMAGE.name}_names", VIDEO.plural, f"{VIDEO.name}_names")
 
-    ``images[k]`` belongs to the ``k``-th ``{"type": "image"}`` part, counting through the
-    messages in order; ``videos[k]`` to the ``k``-th ``{"type": "video"}`` part.
+
+@dataclass(frozen=True, slots=True, init=False)
+class Record:
+    """One conversation read from a source, before tokenization, with its ``media`` by kind (every kind of
+    :data:`~wdspack.media.KINDS`, empty where it has none).
+
+    ``media["image"][k]`` belongs to the ``k``-th ``{"type": "image"}`` part, counting through the messages
+    in order, and so for every kind. A kind's fields also read, and construct, by their v1 spelling:
+    ``r.images``, ``r.video_names``, ``Record(sid, messages, images=(png,))`` (``images`` also by position).
 
     Example:
         >>> r = Record("chat.jsonl:0", ({"role": "user", "content": [{"type": "text", "text": "Hi"}]},), ())
-        >>> r.messages[0]["content"][0]["text"], r.images
-        ('Hi', ())
+        >>> r.messages[0]["content"][0]["text"], r.images, r.media["video"]
+        ('Hi', (), ())
     """
 
     sample_id: str
     messages: tuple[dict, ...]
-    images: tuple[bytes, ...]
+    #: each kind's items, as stored (a video file's bytes undecoded), in the order of their parts
+    media: Mapping[str, tuple[bytes, ...]]
     #: function definitions the conversation may call (``{"type": "function", "function": {...}}``)
     tools: tuple[dict, ...] = ()
-    #: each image's path as the record names it (``""`` for inline bytes), for drop details only
-    image_names: tuple[str, ...] = field(default=(), compare=False)
-    #: the video files' bytes, undecoded, as stored
-    videos: tuple[bytes, ...] = ()
-    #: each video's path as the record names it (``""`` for inline bytes), for drop details only
-    video_names: tuple[str, ...] = field(default=(), compare=False)
+    #: each item's path as the record names it (``""`` for inline bytes), by kind, for drop details only
+    media_names: Mapping[str, tuple[str, ...]] = field(default_factory=dict, compare=False)
+
+    def __init__(self, sample_id: str, messages: tuple[dict, ...], *by_position: Any,
+                 media: Mapping[str, tuple[bytes, ...]] | None = None,
+                 media_names: Mapping[str, tuple[str, ...]] | None = None, **by_key: Any) -> None:
+        if len(by_position) > len(_V1_POSITIONS):
+            raise TypeError(f"Record() takes at most {2 + len(_V1_POSITIONS)} positional arguments")
+        for key, value in zip(_V1_POSITIONS, by_position):
+            if key in by_key:
+                raise TypeError(f"Record() got multiple values for argument {key!r}")
+            by_key[key] = value
+        tools = by_key.pop("tools", ())
+        unknown = sorted(set(by_key) - set(_FIELD_OF))
+        if unknown:
+            raise TypeError(f"Record() got unexpected keyword arguments {unknown}; a kind's fields are "
+                            f"{sorted(_FIELD_OF)}")
+        parts: dict[str, dict[str, Any]] = {"media": dict(media or {}), "media_names": dict(media_names or {})}
+        for key, value in by_key.items():
+            name, part = _FIELD_OF[key]
+            parts[part][name] = value
+        for name, value in (("sample_id", sample_id), ("messages", messages), ("tools", tools),
+                            *((part, {kind.name: tuple(have.get(kind.name, ())) for kind in KINDS})
+                              for part, have in parts.items())):
+            object.__setattr__(self, name, value)
+
+    def __getattr__(self, key: str) -> Any:  # a kind's field by its v1 spelling (record.images)
+        if key in _FIELD_OF:
+            name, part = _FIELD_OF[key]
+            return getattr(self, part)[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {key!r}")
 
 
 def sample_id_of(row: Mapping[str, Any], fallback: str) -> str:
@@ -162,7 +195,7 @@ def sample_id_of(row: Mapping[str, Any], fallback: str) -> str:
 
 
 def build_record(row: Any, *, sample_id: str, image_root: str, absolute_images: bool = False) -> Record:
-    """Normalize one raw record and read its images and videos.
+    """Normalize one raw record and read its media (each kind's items).
 
     Args:
         row: the record as parsed (a dict).
@@ -193,19 +226,22 @@ def build_record(row: Any, *, sample_id: str, image_root: str, absolute_images: 
         check_media_fields(row)
         turns = _with_system(row, _raw_turns(row))
         check_media_placeholders(turns)
-        turns = split_video_placeholders(turns)
-        named = named_images(row)
+        for kind in KINDS:
+            if kind is not IMAGE:  # <image> was split where the turns were read, in any turn; the others' in prompts
+                turns = split_prompt_placeholders(turns, kind)
+        named = named_images(row)  # MiniCPM-V's image dict: the named images are placed, the list is empty
         if named is not None:
-            turns, pool = place_named(turns, named), []
-        else:
-            pool = media_list(row, ("images", "image"), "image")
-        videos = media_list(row, ("videos", "video"), "video")
-        llava_video = bool(videos) and not pool and named is None and not bare_slots(turns, "video")
-        if llava_video:  # LLaVA-Video writes <image> for the video
-            turns = [(role, [("video", v) if k == "image" and v is BARE else (k, v) for k, v in parts], extra)
+            turns = place_named(turns, named)
+        pools = {kind.name: [] if kind is IMAGE and named is not None else media_list(row, kind) for kind in KINDS}
+        # LLaVA-Video writes <image> for its video (a trait of the video kind alone)
+        llava_video = bool(pools[VIDEO.name]) and not pools[IMAGE.name] and named is None \
+            and not bare_slots(turns, VIDEO)
+        if llava_video:
+            turns = [(role, [(VIDEO.name, v) if k == IMAGE.name and v is BARE else (k, v) for k, v in parts], extra)
                      for role, parts, extra in turns]
-        _check_turns(turns, pool or videos)
-        turns = place(place(turns, pool, "image"), videos, "video", llava_video=llava_video)
+        _check_turns(turns, any(pools.values()))
+        for kind in KINDS:  # each kind prepends the items it puts first: the later kinds come before
+            turns = place(turns, pools[kind.name], kind, llava_video=llava_video and kind is VIDEO)
         turns = link_tool_calls(turns, sample_id)
         return _finish(turns, sample_id, image_root, tools_of(row), absolute_images)
     except SampleError as e:
@@ -410,11 +446,11 @@ def _tool_text(content: Any, i: int) -> str:
                       "the result as a string")
 
 
-# ---- content and images ---------------------------------------------------------------------
+# ---- content and media ----------------------------------------------------------------------
 
 
 def _parts(content: Any, i: int) -> list[tuple[str, Any]]:
-    """A turn's content as ``("text", str)``, ``("image", ref or BARE)`` and ``("video", ref or BARE)`` items."""
+    """A turn's content as ``("text", str)`` items and, for each media item, ``(kind name, ref or BARE)``."""
     if isinstance(content, str):
         return _split_placeholders(content)
     if isinstance(content, (list, tuple)):
@@ -428,7 +464,7 @@ def _split_placeholders(text: str) -> list[tuple[str, Any]]:
     out: list[tuple[str, Any]] = []
     for k, piece in enumerate(pieces):
         if k:
-            out.append(("image", BARE))
+            out.append((IMAGE.name, BARE))
         if piece:
             out.append(("text", piece))
     return out
@@ -443,38 +479,33 @@ def _typed_part(part: Any, i: int) -> list[tuple[str, Any]]:
     kind = part.get("type")
     if kind is None and isinstance(part.get("text"), str):
         kind = "text"
-    elif kind is None and _first(part, "image", "image_url") is not None:
-        kind = "image"
-    elif kind is None and _first(part, "video", "video_url") is not None:
-        kind = "video"
+    elif kind is None:  # an untyped part holding a kind's own key (``image``, ``image_url``) is that kind's
+        kind = next((k.name for k in KINDS if _first(part, k.name, f"{k.name}_url") is not None), None)
     if kind in _TEXT_PART_TYPES:
         text = part.get("text") if part.get("text") is not None else part.get("value")  # LLaMA-Factory v1: value
         if not isinstance(text, str):
             raise SampleError("malformed_record", f"turn {i} has a text part without a 'text' (or 'value') "
                               f"string: {_short(part)}")
         return [("text", text)] if text else []
-    if kind in _IMAGE_PART_TYPES:
-        ref = _first(part, "image", "image_url", "path", "url", "value")
+    of = next((k for k in KINDS if kind in k.part_types), None)
+    if of is not None:
+        ref = _first(part, *of.ref_keys)
         if isinstance(ref, Mapping) and all(v is None for v in ref.values()):
-            ref = None  # an Arrow struct column with every field null: no inline image
-        return [("image", BARE if ref is None else ref)]
-    if kind in _VIDEO_PART_TYPES:
-        ref = _first(part, "video", "video_url", "input_video", "path", "url", "value")
-        if isinstance(ref, Mapping) and all(v is None for v in ref.values()):
-            ref = None  # as for images: an all-null struct is a bare part
-        return [("video", BARE if ref is None else ref)]
+            ref = None  # an Arrow struct column with every field null: no inline item, a bare part
+        return [(of.name, BARE if ref is None else ref)]
     if kind in MEDIA_PART_TYPES:
         raise media_part_error(kind, i)
+    accepted = (*_TEXT_PART_TYPES, *(t for k in KINDS for t in k.part_types))
     raise SampleError("malformed_record", f"turn {i} has a content part of type {kind!r}; accepted types "
-                      f"are {', '.join(_TEXT_PART_TYPES + _IMAGE_PART_TYPES + _VIDEO_PART_TYPES)} (and tool_call in "
-                      "assistant turns)")
+                      f"are {', '.join(accepted)} (and tool_call in assistant turns)")
 
 
-def _check_turns(turns: list[Turn], pool: list) -> None:
+def _check_turns(turns: list[Turn], listed: bool) -> None:
+    """``listed``: the record lists media (an item is something to train on, though no turn places it)."""
     if not turns:
         raise SampleError("empty_conversation", "the conversation has no turns; remove the record")
     blank = all(kind == "text" and not value.strip() for _, parts, _ in turns for kind, value in parts)
-    if blank and not pool and not any(extra.get("tool_calls") for _, _, extra in turns):
+    if blank and not listed and not any(extra.get("tool_calls") for _, _, extra in turns):
         raise SampleError("empty_conversation", f"all {len(turns)} turns are empty (no text, no image)")
     if not any(role == "assistant" for role, _, _ in turns):
         raise SampleError("no_assistant_turn", f"none of the {len(turns)} turns is an assistant turn, so "
@@ -484,26 +515,22 @@ def _check_turns(turns: list[Turn], pool: list) -> None:
 def _finish(turns: list[Turn], sample_id: str, image_root: str, tools: tuple[dict, ...],
             absolute_images: bool) -> Record:
     messages: list[dict] = []
-    images: list[bytes] = []
-    names: list[str] = []
-    videos: list[bytes] = []
-    video_names: list[str] = []
+    kinds: dict[str, MediaKind] = {kind.name: kind for kind in KINDS}
+    media: dict[str, list[bytes]] = {name: [] for name in kinds}
+    names: dict[str, list[str]] = {name: [] for name in kinds}
     for role, parts, extra in turns:
         content: list[dict] = []
-        for kind, value in parts:
-            if kind == "image":
-                images.append(load_image(value, image_root, absolute_ok=absolute_images))
-                names.append(image_name(value))
-                content.append({"type": "image"})
-            elif kind == "video":
-                videos.append(load_video(value, image_root, absolute_ok=absolute_images))
-                video_names.append(video_name(value))
-                content.append({"type": "video"})
-            else:
+        for what, value in parts:
+            kind = kinds.get(what)
+            if kind is None:
                 content.append({"type": "text", "text": value})
+                continue
+            media[what].append(kind.load(value, image_root, absolute_ok=absolute_images))
+            names[what].append(kind.describe(value))
+            content.append({"type": what})
         messages.append({"role": role, "content": content or [{"type": "text", "text": ""}], **extra})
-    return Record(sample_id=sample_id, messages=tuple(messages), images=tuple(images), tools=tools,
-                  image_names=tuple(names), videos=tuple(videos), video_names=tuple(video_names))
+    return Record(sample_id, tuple(messages), tools=tools, media={k: tuple(v) for k, v in media.items()},
+                  media_names={k: tuple(v) for k, v in names.items()})
 
 
 def _short(value: Any, limit: int = 60) -> str:

@@ -13,7 +13,7 @@ The rule for each sample's members:
 ``jpg jpeg png webp``         the image: at most one (two or more: ``malformed_record``); its
                               bytes are kept as they are
 ``mp4 webm mkv mov avi``      the video: at most one, bytes as stored (empty or over
-                              :data:`~.videos.MAX_VIDEO_BYTES`: ``unreadable_video``, not read);
+                              :data:`~wdspack.media.video.source.MAX_VIDEO_BYTES`: ``unreadable_video``, not read);
                               a sample needs an image or a video (neither: ``missing_image``)
 ``txt``                       the caption, UTF-8 text (stripped of surrounding whitespace)
 ``json``                      the caption when there is no ``txt``: its ``caption`` field, else
@@ -42,16 +42,14 @@ from dataclasses import dataclass, field
 
 from ...errors import Dropped, SampleError, SourceError
 from ...format.tar import ShardError, tar_entries
+from ...media import KINDS, VIDEO, MediaKind
 from ...media.video import source as videos
-from ...media.video.source import VIDEO_EXTENSIONS
 from ...storage.local import FileStream
 from ...storage.location import open_input
-from .documents import IMAGE, VIDEO, Segment, TextRecord
+from .documents import SEGMENT_OF, Segment, TextRecord
 
-__all__ = ["CAPTION_EXTENSIONS", "IMAGE_EXTENSIONS", "VIDEO_EXTENSIONS", "read_captions", "scan_groups",
-           "split_member_name"]
+__all__ = ["CAPTION_EXTENSIONS", "read_captions", "scan_groups", "split_member_name"]
 
-IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 CAPTION_EXTENSIONS = ("txt", "json")
 _CAPTION_FIELDS = ("caption", "text")
 _KEY_RE = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")  # webdataset's base_plus_ext
@@ -137,8 +135,8 @@ class _HeaderDamage(tarfile.ReadError):
 @dataclass(slots=True)
 class _Group:
     key: str
-    images: list[tuple[str, bytes]] = field(default_factory=list)
-    videos: list[tuple[str, bytes]] = field(default_factory=list)
+    #: each kind's members, ``(extension, bytes)``
+    media: dict[str, list[tuple[str, bytes]]] = field(default_factory=lambda: {kind.name: [] for kind in KINDS})
     problem: SampleError | None = None  # a video member found unreadable from its header alone
     captions: dict[str, bytes] = field(default_factory=dict)
     others: list[str] = field(default_factory=list)
@@ -193,18 +191,17 @@ def read_captions(path: str, *, start: int, stop: int, first_row: int,
 
 
 def _add_member(group: _Group, ext: str, f, m: _Member) -> None:
-    """Read a member only when it is the image, the video or a caption; every other member stays unread."""
-    if ext in IMAGE_EXTENSIONS:
-        group.images.append((ext, _read(f, m)))
-    elif ext in VIDEO_EXTENSIONS:
-        limit = videos.MAX_VIDEO_BYTES
-        if m.size == 0 or m.size > limit:
-            what = "empty (0 bytes)" if m.size == 0 else f"{m.size:,} bytes, over the {limit:,}-byte limit"
-            group.problem = group.problem or SampleError(
-                "unreadable_video", f"video member {group.key}.{ext} is {what}; re-encode it or drop the sample")
-            group.videos.append((ext, b""))  # counted, never read
-        else:
-            group.videos.append((ext, _read(f, m)))
+    """Read a member only when it is a kind's item (the image, the video) or a caption; every other member
+    stays unread."""
+    kind: MediaKind | None = next((k for k in KINDS if ext in k.extensions), None)
+    limit = videos.MAX_VIDEO_BYTES
+    if kind is VIDEO and (m.size == 0 or m.size > limit):  # the video kind's own check, from the header alone
+        what = "empty (0 bytes)" if m.size == 0 else f"{m.size:,} bytes, over the {limit:,}-byte limit"
+        group.problem = group.problem or SampleError(
+            "unreadable_video", f"video member {group.key}.{ext} is {what}; re-encode it or drop the sample")
+        group.media[kind.name].append((ext, b""))  # counted, never read
+    elif kind is not None:
+        group.media[kind.name].append((ext, _read(f, m)))
     elif ext in CAPTION_EXTENSIONS and ext not in group.captions:
         group.captions[ext] = _read(f, m)
     else:
@@ -222,12 +219,13 @@ def _read(f, m: _Member) -> bytes:
 def _to_record(group: _Group, name: str) -> TextRecord | Dropped:
     sid = f"{name}:{group.key}"
     try:
-        if not group.images and not group.videos:
+        if not any(group.media.values()):
             members = sorted(group.captions) + group.others
-            raise SampleError("missing_image", f"sample {group.key!r} has no image or video member (.jpg/.jpeg/"
-                              f".png/.webp, .mp4/.webm/.mkv/.mov/.avi; its members: {members}); drop it from the "
-                              "shard or add the image")
-        for what, found in (("image", group.images), ("video", group.videos)):
+            kinds = " or ".join(kind.name for kind in KINDS)
+            extensions = ", ".join("/".join(f".{e}" for e in kind.extensions) for kind in KINDS)
+            raise SampleError("missing_image", f"sample {group.key!r} has no {kinds} member ({extensions}; its "
+                              f"members: {members}); drop it from the shard or add the image")
+        for what, found in group.media.items():
             if len(found) > 1:
                 raise SampleError("malformed_record", f"sample {group.key!r} has {len(found)} {what} members "
                                   f"({[e for e, _ in found]}); a caption sample has at most one {what}")
@@ -237,9 +235,11 @@ def _to_record(group: _Group, name: str) -> TextRecord | Dropped:
         if not caption:
             raise SampleError("empty_conversation", f"sample {group.key!r} has an empty caption; there is "
                               "nothing to train on, remove it")
-        segments: tuple[Segment, ...] = ((VIDEO,) if group.videos else ()) + ((IMAGE,) if group.images else ())
-        return TextRecord(sid, "caption", (*segments, caption), tuple(data for _, data in group.images),
-                          tuple(data for _, data in group.videos))
+        # each kind's segment, the later kinds first (v1: a video before the image)
+        segments: tuple[Segment, ...] = tuple(SEGMENT_OF[kind.name] for kind in reversed(KINDS)
+                                              if group.media[kind.name])
+        return TextRecord(sid, "caption", (*segments, caption),
+                          media={kind: tuple(data for _, data in found) for kind, found in group.media.items()})
     except SampleError as e:
         return Dropped(sid, e.reason, e.detail)
 
