@@ -17,12 +17,10 @@ from typing import Any
 from ...errors import SampleError
 from ..source import image_name, load_media
 
-__all__ = ["MAX_VIDEO_BYTES", "VIDEO_EXTENSIONS", "load_video", "video_name"]
+__all__ = ["MAX_VIDEO_BYTES", "load_video", "video_name"]
 
 #: The largest video file read, in bytes; a larger one is dropped as ``unreadable_video`` unread.
 MAX_VIDEO_BYTES = 2 << 30
-#: File extensions of video members in WebDataset shards (and of video files generally).
-VIDEO_EXTENSIONS = ("mp4", "webm", "mkv", "mov", "avi")
 
 
 def load_video(ref: Any, image_root: str, *, absolute_ok: bool = False) -> bytes:
