@@ -126,9 +126,9 @@ def verify_dataset(dataset: str, *, sources: Sequence[str] | None = None,
     return problems
 
 
-#: ``(data, plan, *, sample_id) -> None``, raising :class:`SampleError`: a planned kind's check that an item's
+#: ``(data, plan, *, sample_id)``, raising :class:`SampleError`: a planned kind's check that an item's
 #: file holds what its plan names (a video's frames: a demux pass, nothing decoded).
-_PLAN_CHECKS: dict[str, Callable[..., None]] = {
+_PLAN_CHECKS: dict[str, Callable[..., object]] = {
     VIDEO.name: lambda data, plan, *, sample_id: check_planned_frames(data, plan.frames, sample_id=sample_id)}
 
 

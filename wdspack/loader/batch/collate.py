@@ -354,7 +354,8 @@ def naming_sample(pack: Pack) -> Iterator[None]:
         who = f"sample {pack.sample_ids[owner]!r}: "
         if str(e).startswith(who):
             raise
-        raise type(e)(f"{who}{e}", index=e.index) from None  # type: ignore[attr-defined]
+        k = e.index  # type: ignore[attr-defined]  # a kind's decode error carries its medium's index
+        raise type(e)(f"{who}{e}", index=k) from None  # type: ignore[call-arg]
 
 
 def failed_sample(pack: Pack, error: Exception) -> tuple[int, str] | None:
