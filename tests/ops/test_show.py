@@ -78,13 +78,14 @@ def test_show_pages_packs_and_samples(demo_packed, capsys):
 def test_render_tokens_marks(first_pack, tekken):
     _, pack = first_pack
     ids, mask = _sample(pack, 0)
-    plain = render_tokens(tekken, ids, mask, image_token_id=10)
-    coloured = render_tokens(tekken, ids, mask, image_token_id=10, marks=COLOR)
+    plain = render_tokens(tekken, ids, mask, token_ids={"image": 10})
+    coloured = render_tokens(tekken, ids, mask, token_ids={"image": 10}, marks=COLOR)
     assert plain.count(PLAIN[0]) == coloured.count(COLOR[0]) >= 1
     assert coloured.replace(COLOR[0], PLAIN[0]).replace(COLOR[1], PLAIN[1]) == plain
-    assert render_tokens(tekken, [10, 10, 10], [0, 0, 0], image_token_id=10) == "<image×3>"
+    assert render_tokens(tekken, [10, 10, 10], [0, 0, 0], token_ids={"image": 10}) == "<image×3>"
     # adjacent images, one marker each when their counts are given
-    assert render_tokens(tekken, [10] * 4, [0] * 4, image_token_id=10, image_tokens=[2, 2]) == "<image×2><image×2>"
+    assert (render_tokens(tekken, [10] * 4, [0] * 4, token_ids={"image": 10}, media_tokens={"image": [2, 2]})
+            == "<image×2><image×2>")
 
 
 def test_a_tokenizer_that_is_not_here_is_one_line_naming_the_fix(demo_packed, tmp_path, capsys):

@@ -26,12 +26,11 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ..errors import ConfigError, WdspackError
 from ..format.dataset import ResolvedSource, read_pack_index, resolve_source
-from ..format.manifest import image_token_budget
 from ..format.tar import Handler
 from ..storage.streams import open_stream
 from ..storage.urls import is_remote
 from .balance import RUNS, TARGET_WAITING, choose_run, plan_epoch_balanced, waiting
-from .batch.budgets import check_pixels, dataset_budgets
+from .batch.budgets import check_pixels, dataset_budgets, media_token_budgets
 from .batch.collate import META_KEY
 from .elastic import SharedBasis, consumed_packs
 from .mixture.read import slot_rounds
@@ -436,8 +435,7 @@ class PackedDataset(IterableDataset):
 
         totals = self.manifest.totals if self.manifest is not None else {}
         batcher = ModelBatcher(processor, seq_len=self.seq_len, max_images=self.max_images,
-                               max_image_tokens=image_token_budget(totals),
-                               max_video_tokens=totals.get("max_video_tokens_per_pack"))
+                               media_tokens=media_token_budgets(totals))
         policy = self.manifest.image_policy if self.manifest is not None else {}
         packed_for = policy.get("family")
         if packed_for is not None and packed_for != batcher.family.name:

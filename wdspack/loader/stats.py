@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 
 from ..errors import FormatError
 from ..format.tar import Handler
+from ..media import KINDS
 from .read import OnDrop
 
 __all__ = ["LOAD_DROP_REASONS", "STAT_KEYS", "dropped_key", "make_handler", "make_on_drop", "report_stats"]
@@ -16,12 +17,14 @@ __all__ = ["LOAD_DROP_REASONS", "STAT_KEYS", "dropped_key", "make_handler", "mak
 logger = logging.getLogger("wdspack.loader.dataset")  # the name the loader's warnings always had
 
 #: Counters every slot keeps; ``dataset.stats`` / ``loader.stats`` sum them. ``dropped_samples``: sub-samples dropped
-#: from their pack at load time (an image or video that does not decode), also counted per source and reason
+#: from their pack at load time (a medium of any kind that does not decode), also counted per source and reason
 #: (:func:`dropped_key`).
 STAT_KEYS = ("corrupt_packs", "dropped_samples", "truncated_shards", "ignored_members", "retries", "requests",
              "bytes_read")
-#: Why a sub-sample is dropped at load time: the pack job's names for the same failures (``DROP_REASONS``).
-LOAD_DROP_REASONS = ("unreadable_image", "image_too_large", "unreadable_video")
+#: Why a sub-sample is dropped at load time, each kind's in turn: the pack job's names for the same failures
+#: (``DROP_REASONS``).
+LOAD_DROP_REASONS = tuple(reason for kind in KINDS for reason in kind.load_drop_reasons)
+
 
 def make_handler(on_corrupt: str, stats: Counter) -> Handler:
     """The stages' error handler: count ``kind``, then warn (``"skip"``) or raise (``"raise"``)."""
@@ -36,7 +39,7 @@ def make_handler(on_corrupt: str, stats: Counter) -> Handler:
 
 
 def make_on_drop(on_corrupt: str, stats: Counter, names: Sequence[str]) -> OnDrop:
-    """What a slot does with a sub-sample whose image or video does not decode: count it (``dropped_samples``,
+    """What a slot does with a sub-sample whose medium (of any kind) does not decode: count it (``dropped_samples``,
     and per source and reason), then warn in one line and let the pack's other sub-samples train (``"skip"``),
     or raise (``"raise"``)."""
 

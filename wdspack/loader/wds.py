@@ -30,8 +30,8 @@ import msgpack
 import torch
 
 from ..errors import ConfigError, FormatError, WdspackError
-from ..format.manifest import image_token_budget
 from ..format.pack import Pack, decode_pack
+from ..media import IMAGE, KINDS
 
 __all__ = ["DatasetInfo", "batched", "collate", "decode_packs", "read_dataset", "to_examples"]
 
@@ -52,7 +52,10 @@ class DatasetInfo:
     the commit the revision pointed to (webdataset's own ``hf://`` opener reads them).
     ``max_images`` is the image slots of each example: the manifest's ``max_images``, or for a
     dataset packed without an image limit the images of its fullest pack (``max_images_per_pack``,
-    the fewest slots any stage may be given); ``images`` counts the dataset's images.
+    the fewest slots any stage may be given). ``media`` counts the dataset's items of each kind and
+    ``media_tokens`` holds, per kind, the most of its tokens one pack holds
+    (:func:`~.batch.budgets.media_token_budgets`); a kind's entries also read as ``info.images``,
+    ``info.videos`` (its count) and ``info.max_image_tokens``, ``info.max_video_tokens`` (its tokens).
     """
 
     urls: tuple[str, ...]
@@ -60,14 +63,24 @@ class DatasetInfo:
     seq_len: int
     max_images: int
     pad_token_id: int
-    max_image_tokens: int | None = None
     max_samples_per_pack: int | None = None
     image_policy: Mapping[str, Any] = field(default_factory=dict)
     display: str = ""
     max_images_per_pack: int | None = None
-    images: int = 0
-    #: the most video tokens in one pack (0: the dataset holds no video)
-    max_video_tokens: int = 0
+    #: the dataset's items of each kind (``{"image": 120, "video": 0}``)
+    media: Mapping[str, int] = field(default_factory=dict)
+    #: per kind, the most of its tokens in one pack (the images' None: not recorded; another kind's 0: none)
+    media_tokens: Mapping[str, int | None] = field(default_factory=dict)
+
+    def __getattr__(self, key: str) -> Any:  # a kind's entries by name: info.images, info.max_video_tokens
+        if key in ("media", "media_tokens"):  # not set yet (unpickling): not a kind's entry
+            raise AttributeError(key)
+        for kind in KINDS:
+            if key == kind.plural:
+                return int(self.media.get(kind.name, 0))
+            if key == f"max_{kind.name}_tokens":
+                return self.media_tokens.get(kind.name, None if kind is IMAGE else 0)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {key!r}")
 
     @property
     def num_packs(self) -> int:
@@ -94,7 +107,7 @@ def read_dataset(source: str | os.PathLike[str], *, storage_options: Mapping[str
         ('packed/train-000000.tar', 4096, 16, 0)
     """
     from ..format.dataset import resolve_source
-    from .batch.budgets import image_budget
+    from .batch.budgets import image_budget, media_token_budgets
     from .mixture.spec import is_mixture_spec
 
     if is_mixture_spec(source):
@@ -115,11 +128,10 @@ def read_dataset(source: str | os.PathLike[str], *, storage_options: Mapping[str
         urls = tuple(_pinned_hf_url(text, u) for u in urls)
     return DatasetInfo(urls=urls, packs=tuple(s.packs for s in resolved.shards), seq_len=int(m.seq_len),
                        max_images=slots, pad_token_id=int(pad),
-                       max_image_tokens=image_token_budget(m.totals),
                        max_samples_per_pack=m.totals.get("max_samples_per_pack"),
                        image_policy=dict(m.image_policy), display=resolved.display, max_images_per_pack=least,
-                       images=sum(s.images for s in m.shards),
-                       max_video_tokens=int(m.totals.get("max_video_tokens_per_pack") or 0))
+                       media={kind.name: sum(getattr(s, kind.plural) for s in m.shards) for kind in KINDS},
+                       media_tokens=media_token_budgets(m.totals))
 
 
 def decode_packs(dataset: DatasetInfo | None = None, *, seq_len: int | None = None, max_images: int | None = None,
@@ -185,10 +197,10 @@ def to_examples(dataset: DatasetInfo | None = None, *, seq_len: int | None = Non
     if processor is not None:
         from .batch.model import ModelBatcher
 
-        if max_image_tokens is None and dataset is not None:
-            max_image_tokens = dataset.max_image_tokens
-        batcher = ModelBatcher(processor, seq_len=L, max_images=M, max_image_tokens=max_image_tokens,
-                               max_video_tokens=dataset.max_video_tokens if dataset is not None else 0)
+        tokens = dict(dataset.media_tokens) if dataset is not None else {}
+        if max_image_tokens is not None:
+            tokens[IMAGE.name] = max_image_tokens
+        batcher = ModelBatcher(processor, seq_len=L, max_images=M, media_tokens=tokens)
         packed_for = dataset.image_policy.get("family") if dataset is not None else None
         if dataset is not None and packed_for is not None and packed_for != batcher.family.name:
             raise ConfigError(f"{dataset.display} was packed with a {packed_for} processor; this processor is "

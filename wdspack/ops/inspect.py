@@ -20,9 +20,13 @@ import numpy as np
 from ..errors import ConfigError
 from ..format.dataset import iter_dataset_packs, open_dataset
 from ..format.manifest import Manifest
+from ..media import IMAGE, KINDS, Media, MediaKind
 from ..packer.config import dataset_budget_use, read_text
 
 __all__ = ["dataset_stats", "format_stats", "is_mixture", "naive_padding_waste", "plot_stats"]
+
+#: The kinds only some packs hold (videos): the manifest counts them where there are any.
+_SOMETIMES = tuple(kind for kind in KINDS if not kind.always_stored)
 
 
 def naive_padding_waste(lengths: np.ndarray, *, batch_size: int = 8, seed: int = 0) -> float:
@@ -93,9 +97,10 @@ def dataset_stats(source: str, *, deep: bool = False, batch_size: int = 8,
     }
     if "records_read" in t:  # documents cut into pieces: fewer records than samples
         stats["records_read"] = t["records_read"]
-    if t.get("videos"):  # a dataset with videos: how many, and the most video tokens one pack holds
-        stats["videos"] = int(t["videos"])
-        stats["max_video_tokens_per_pack"] = int(t.get("max_video_tokens_per_pack") or 0)
+    for kind in _SOMETIMES:  # a kind that some packs hold (videos): how many, and the most of its tokens one pack holds
+        if t.get(kind.plural):
+            stats[kind.plural] = int(t[kind.plural])
+            stats[kind.budget] = int(t.get(kind.budget) or 0)
     if manifest.pack_index:
         from ..format.pack_index import read_index
 
@@ -113,32 +118,26 @@ def dataset_stats(source: str, *, deep: bool = False, batch_size: int = 8,
         return stats
     tokens: list[int] = []
     samples: list[int] = []
-    images: list[int] = []
     lengths: list[int] = []
-    videos: list[int] = []
-    frames: list[int] = []
-    video_tokens: list[int] = []
+    columns: dict[str, dict[str, list[int]]] = {kind.name: {} for kind in KINDS}
     for _, pack in iter_dataset_packs(manifest, root):
         tokens.append(pack.num_tokens)
         samples.append(pack.num_samples)
-        images.append(pack.num_images)
         lengths.extend(pack.seq_lens)
-        videos.append(pack.num_videos)
-        frames.append(sum(len(plan.frames) for plan in pack.video_plans))
-        video_tokens.append(sum(pack.video_tokens))
+        for kind in KINDS:
+            for key, value in _per_pack(kind, pack.media[kind.name]).items():
+                columns[kind.name].setdefault(key, []).append(value)
     lens = np.asarray(lengths, np.int64)
-    stats["per_pack"] = {
-        "tokens": _describe(np.asarray(tokens)), "samples": _describe(np.asarray(samples)),
-        "images": _describe(np.asarray(images)),
-    }
-    if any(videos):  # the videos, the frames the loader decodes and the tokens they take, per pack
-        stats["per_pack"].update(videos=_describe(np.asarray(videos)), frames=_describe(np.asarray(frames)),
-                                 video_tokens=_describe(np.asarray(video_tokens)))
+    stats["per_pack"] = {"tokens": _describe(np.asarray(tokens)), "samples": _describe(np.asarray(samples))}
+    for kind in KINDS:  # a kind in every pack always; another (videos, their frames, their tokens) where a pack has one
+        per_pack = columns[kind.name] or {kind.plural: []}  # no packs: none of it
+        if kind.always_stored or any(per_pack[kind.plural]):
+            stats["per_pack"].update({key: _describe(np.asarray(v)) for key, v in per_pack.items()})
     stats["per_sample_tokens"] = _describe(lens)
     stats["padding_waste"] = 1.0 - t["fill_ratio"]
     stats["naive_padding_waste"] = naive_padding_waste(lens, batch_size=batch_size)
     stats["naive_batch_size"] = batch_size
-    stats["_arrays"] = {"tokens": tokens, "samples": samples, "images": images}
+    stats["_arrays"] = {"tokens": tokens, "samples": samples, "images": columns[IMAGE.name].get(IMAGE.plural, [])}
     return stats
 
 
@@ -166,6 +165,17 @@ def _balance_stats(manifest: Manifest, root: str, ranks: int) -> dict[str, Any]:
     return out
 
 
+def _per_pack(kind: MediaKind, items: Media) -> dict[str, int]:
+    """One pack's numbers of a kind, as ``--deep`` describes them: its items; for a kind planned at pack time,
+    the frames the loader decodes; for a kind not in every pack, the tokens they take."""
+    out = {kind.plural: len(items)}
+    if kind.plan_record is not None:
+        out["frames"] = sum(len(plan.frames) for plan in items.plans)
+    if not kind.always_stored:
+        out[f"{kind.name}_tokens"] = sum(items.tokens)
+    return out
+
+
 def _describe(x: np.ndarray) -> dict[str, float]:
     if x.size == 0:
         return {"min": 0, "mean": 0.0, "max": 0, "p50": 0.0, "p90": 0.0, "p99": 0.0}
@@ -190,8 +200,8 @@ def format_stats(stats: dict[str, Any]) -> list[str]:
         f"samples   {stats['samples']} packed of {read_text(stats['samples_read'], stats.get('records_read'))} "
         f"read; dropped: {dropped}",
         f"tokens    {stats['tokens']}  images {stats['images']}  fill {stats['fill_ratio']:.2%}"
-        + (f"  videos {stats['videos']} (at most {stats['max_video_tokens_per_pack']} video tokens a pack)"
-           if stats.get("videos") else ""),
+        + "".join(f"  {kind.plural} {stats[kind.plural]} (at most {stats[kind.budget]} {kind.name} tokens a pack)"
+                  for kind in _SOMETIMES if stats.get(kind.plural)),
         *([f"budget    {stats['budget']['line']}"] if stats.get("budget", {}).get("line") else []),
         f"samples per pack  mean {stats['mean_samples_per_pack']:.2f}",
     ]
@@ -206,10 +216,7 @@ def format_stats(stats: dict[str, Any]) -> list[str]:
                      f"balance   {b['ranks']} ranks, 1 pack per rank per step, default cost model: the slowest rank "
                      f"costs {b['shuffle_buffer']:.3f}× the mean; with balance='cost' {b['balanced']:.3f}×")
     if "per_pack" in stats:
-        for key in ("tokens", "samples", "images", "videos", "frames", "video_tokens"):
-            if key not in stats["per_pack"]:
-                continue
-            d = stats["per_pack"][key]
+        for key, d in stats["per_pack"].items():
             lines.append(f"{key + '/pack':<13} min {d['min']}  mean {d['mean']:.1f}  p50 {d['p50']:.0f}  "
                          f"p90 {d['p90']:.0f}  p99 {d['p99']:.0f}  max {d['max']}")
         lines.append(f"padding   packed {stats['padding_waste']:.1%} of tokens; a pad-to-longest loader "

@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import os
 import tarfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -25,6 +25,7 @@ from ..errors import ConfigError
 from ..format.dataset import open_dataset
 from ..format.manifest import Manifest
 from ..format.pack import Pack, decode_pack
+from ..media import KINDS, MediaKind
 
 __all__ = ["COLOR", "PLAIN", "load_tokenizer", "render_tokens", "show_lines"]
 
@@ -34,44 +35,57 @@ PLAIN = ("[[", "]]")
 COLOR = ("\x1b[1;32m", "\x1b[0m")
 
 
-def render_tokens(tokenizer: Any, input_ids: Any, loss_mask: Any, *, image_token_id: int | None = None,
-                  image_tokens: Sequence[int] = (), marks: tuple[str, str] = PLAIN, video_token_id: int | None = None,
-                  video_tokens: Sequence[int] = ()) -> str:
-    """One sample's tokens as text: trained runs between ``marks``, each image's placeholders as ``<image×N>``
-    (a video's as ``<video×N>``).
+def render_tokens(tokenizer: Any, input_ids: Any, loss_mask: Any, *,
+                  token_ids: Mapping[str, int | None] | None = None,
+                  media_tokens: Mapping[str, Sequence[int]] | None = None, marks: tuple[str, str] = PLAIN) -> str:
+    """One sample's tokens as text: trained runs between ``marks``, each medium's placeholders as
+    ``<{kind}×N>`` (an image's as ``<image×N>``, a video's as ``<video×N>``).
 
-    ``image_tokens``: the placeholder count of each of the sample's images, in order (the pack has
-    them), so that adjacent images read as one marker each; without them a run is one marker.
-    ``video_tokens``: the same for videos.
+    ``token_ids``: each kind's placeholder token id (``{"image": 10}``). ``media_tokens``: per kind, the
+    placeholder count of each of the sample's items, in order (the pack has them), so that adjacent items read
+    as one marker each; without them a run is one marker.
 
     Example:
-        >>> render_tokens(tok, [1, 10, 10, 5, 6], [0, 0, 0, 0, 1], image_token_id=10)  # doctest: +SKIP
+        >>> render_tokens(tok, [1, 10, 10, 5, 6], [0, 0, 0, 0, 1], token_ids={"image": 10})  # doctest: +SKIP
         '<s><image×2>Hi[[!]]'
     """
     ids = np.asarray(input_ids).tolist()
     mask = np.asarray(loss_mask).astype(bool).tolist()
-    counts = {1: [int(n) for n in image_tokens], 2: [int(n) for n in video_tokens]}
+    named: dict[int, str] = {}
+    for name, token_id in (token_ids or {}).items():
+        if token_id is not None:
+            named.setdefault(token_id, name)  # one id for two kinds: the first kind's
+    counts = {name: [int(n) for n in (media_tokens or {}).get(name, ())] for name in named.values()}
     out: list[str] = []
 
-    def kind(x: tuple[int, bool]) -> tuple[bool, int]:
-        return x[1], 1 if x[0] == image_token_id else 2 if x[0] == video_token_id else 0
+    def kind(x: tuple[int, bool]) -> tuple[bool, str]:
+        return x[1], named.get(x[0], "")
 
     for (trained, media), run in itertools.groupby(zip(ids, mask), key=kind):
         tokens = [t for t, _ in run]
-        text = _images(len(tokens), counts[media], "image" if media == 1 else "video") if media \
-            else tokenizer.decode(tokens)
+        text = _markers(len(tokens), counts[media], media) if media else tokenizer.decode(tokens)
         out.append(f"{marks[0]}{text}{marks[1]}" if trained else text)
     return "".join(out)
 
 
-def _images(n: int, counts: list[int], what: str = "image") -> str:
-    """``n`` placeholder tokens as one ``<image×k>`` per image, taking the images' counts from ``counts``."""
+def _markers(n: int, counts: list[int], what: str = "image") -> str:
+    """``n`` placeholder tokens as one ``<{what}×k>`` per item (``<image×k>``), taking the items' counts from
+    ``counts``."""
     parts = []
     while counts and 0 < counts[0] <= n:
         k = counts.pop(0)
         parts.append(f"<{what}×{k}>")
         n -= k
     return "".join(parts) + (f"<{what}×{n}>" if n or not parts else "")
+
+
+def _token_id(manifest: Manifest, kind: MediaKind) -> int | None:
+    """The placeholder token id of ``kind`` as the manifest records it: the tokenizer's ``{name}_token_id``
+    (images), else the image policy's part for the kind (``image_policy["video"]["token_id"]``)."""
+    key = f"{kind.name}_token_id"
+    if key in manifest.tokenizer:
+        return manifest.tokenizer[key]
+    return (manifest.image_policy.get(kind.name) or {}).get("token_id")
 
 
 def load_tokenizer(manifest: Manifest, tokenizer: str | os.PathLike[str] | None = None) -> Any:
@@ -172,11 +186,12 @@ def show_lines(source: str, *, packs: int = 1, pack: int = 0, tokenizer: str | o
     if pack >= total:
         raise ConfigError(f"--pack {pack}: {source} has {total} packs (0 to {total - 1})")
     tok = load_tokenizer(manifest, tokenizer)
-    image_id = manifest.tokenizer.get("image_token_id")
-    video_id = (manifest.image_policy.get("video") or {}).get("token_id")
+    token_ids = {kind.name: _token_id(manifest, kind) for kind in KINDS}
     for k, shard, p in itertools.islice(_iter_packs(manifest, root, pack), packs):
+        held = ", ".join(f"{p.count(kind.name)} {kind.plural}" for kind in KINDS
+                         if kind.always_stored or p.count(kind.name))
         yield (f"== pack {k}  ({shard}, {p.num_samples} samples, {p.num_tokens} of {manifest.seq_len} tokens, "
-               f"{p.num_images} images{f', {p.num_videos} videos' if p.num_videos else ''})")
+               f"{held})")
         bounds = [0, *itertools.accumulate(p.seq_lens)]
         for j, sid in enumerate(p.sample_ids):
             if samples and j == samples:
@@ -184,13 +199,12 @@ def show_lines(source: str, *, packs: int = 1, pack: int = 0, tokenizer: str | o
                 break
             span = slice(bounds[j], bounds[j + 1])
             ids, mask = p.input_ids[span], p.loss_mask[span]
-            owned = [int(p.image_tokens[i]) for i, owner in enumerate(p.image_sample) if owner == j]
-            films = [int(p.video_tokens[i]) for i, owner in enumerate(p.video_sample) if owner == j]
-            images = len(owned)
-            videos = f", {len(films)} video{'' if len(films) == 1 else 's'}" if films else ""
+            owned = {name: [int(n) for n, owner in zip(items.tokens, items.sample) if owner == j]
+                     for name, items in p.media.items()}
+            held = ", ".join(f"{len(owned[kind.name])} {kind.name if len(owned[kind.name]) == 1 else kind.plural}"
+                             for kind in KINDS if kind.always_stored or owned[kind.name])
             yield (f"-- sample {j + 1}/{p.num_samples}  {sid}  ({bounds[j + 1] - bounds[j]} tokens, "
-                   f"{int(np.asarray(mask).sum())} trained, {images} image{'' if images == 1 else 's'}{videos})")
-            text = render_tokens(tok, ids, mask, image_token_id=image_id, image_tokens=owned, marks=marks,
-                                 video_token_id=video_id, video_tokens=films)
+                   f"{int(np.asarray(mask).sum())} trained, {held})")
+            text = render_tokens(tok, ids, mask, token_ids=token_ids, media_tokens=owned, marks=marks)
             shown = _elide(text, max_chars, marks)
             yield shown + (COLOR[1] if shown != text and marks == COLOR else "")  # no colour left open

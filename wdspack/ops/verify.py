@@ -23,7 +23,7 @@ import io
 import json
 import tarfile
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import FormatError, SampleError, WdspackError
@@ -31,6 +31,7 @@ from ..format.dataset import open_dataset
 from ..format.pack import Pack, decode_pack
 from ..format.pack_index import COLUMNS, pack_row, read_index
 from ..format.tar import FOREIGN_RULE
+from ..media import KINDS, VIDEO
 from ..media.video.header import check_planned_frames
 
 __all__ = ["verify_dataset"]
@@ -77,18 +78,18 @@ def verify_dataset(dataset: str, *, sources: Sequence[str] | None = None,
                             pack = decode_pack(member.read())
                             if pack.num_tokens > manifest.seq_len:
                                 raise FormatError(f"{pack.num_tokens} tokens > seq_len {manifest.seq_len}")
-                            media = pack.num_images + pack.num_videos  # max_images counts both
+                            media = sum(pack.count(kind.name) for kind in KINDS)  # max_images counts every kind
                             if manifest.max_images is not None and media > manifest.max_images:
-                                raise FormatError(f"{pack.num_images} images and {pack.num_videos} videos > "
-                                                  f"max_images {manifest.max_images}")
+                                held = " and ".join(f"{pack.count(kind.name)} {kind.plural}" for kind in KINDS)
+                                raise FormatError(f"{held} > max_images {manifest.max_images}")
                         except FormatError as e:
                             problems.append(f"{shard.name}: pack {key}: {e}")
                             continue
-                        problems.extend(f"{shard.name}: pack {key}: {line}" for line in _check_videos(pack))
+                        problems.extend(f"{shard.name}: pack {key}: {line}" for line in _check_plans(pack))
                         rows[-1] = pack_row(m.offset, pack)
                         packed.update(pack.sample_ids)
                         counts.update(packs=1, samples=pack.num_samples, tokens=pack.num_tokens,
-                                      images=pack.num_images, videos=pack.num_videos)
+                                      **{kind.plural: pack.count(kind.name) for kind in KINDS})
                 hasher.drain()
         except FileNotFoundError:
             problems.append(f"{shard.name}: missing (listed in the manifest)")
@@ -101,7 +102,7 @@ def verify_dataset(dataset: str, *, sources: Sequence[str] | None = None,
         if hasher.hexdigest() != shard.sha256:
             problems.append(f"{shard.name}: sha256 {hasher.hexdigest()[:12]}… differs from the manifest's "
                             f"{shard.sha256[:12]}…")
-        for field in ("packs", "samples", "tokens", "images", "videos"):
+        for field in ("packs", "samples", "tokens", *(kind.plural for kind in KINDS)):
             if counts[field] != getattr(shard, field):
                 problems.append(f"{shard.name}: {counts[field]} {field}, manifest says {getattr(shard, field)}")
     if manifest.pack_index and not problems:  # rows line up with the index only when every shard read
@@ -125,16 +126,24 @@ def verify_dataset(dataset: str, *, sources: Sequence[str] | None = None,
     return problems
 
 
-def _check_videos(pack: Pack) -> list[str]:
-    """A line per video whose file does not hold the data of the frames its plan names."""
-    lines, seen = [], Counter[int]()
-    for data, owner, plan in zip(pack.videos, pack.video_sample, pack.video_plans):
-        sid, k = pack.sample_ids[owner], seen[owner]  # video k of its sample, as the pack job names it
-        seen[owner] += 1
-        try:
-            check_planned_frames(data, plan.frames, sample_id=sid)
-        except SampleError as e:
-            lines.append(f"sample {sid!r}: video {k}: {e.detail} [{e.reason}]")
+#: ``(data, plan, *, sample_id)``, raising :class:`SampleError`: a planned kind's check that an item's
+#: file holds what its plan names (a video's frames: a demux pass, nothing decoded).
+_PLAN_CHECKS: dict[str, Callable[..., object]] = {
+    VIDEO.name: lambda data, plan, *, sample_id: check_planned_frames(data, plan.frames, sample_id=sample_id)}
+
+
+def _check_plans(pack: Pack) -> list[str]:
+    """A line per planned item (a video) whose file does not hold the data its plan names."""
+    lines = []
+    for name, check in _PLAN_CHECKS.items():
+        items, seen = pack.media[name], Counter[int]()
+        for data, owner, plan in zip(items.data, items.sample, items.plans):
+            sid, k = pack.sample_ids[owner], seen[owner]  # item k of its sample, as the pack job names it
+            seen[owner] += 1
+            try:
+                check(data, plan, sample_id=sid)
+            except SampleError as e:
+                lines.append(f"sample {sid!r}: {name} {k}: {e.detail} [{e.reason}]")
     return lines
 
 

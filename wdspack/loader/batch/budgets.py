@@ -3,6 +3,7 @@
     manifest ─► seq_len, pad id (the dataset's) and M image slots: max_images, else the fullest pack's
                 (a caller may ask for more slots, never fewer)
     images without image_transform= / processor= ─► check_pixels: refused (processor-packed) or warned once
+    manifest totals ─► media_token_budgets: per kind, the most of its tokens one pack holds (pixel rows)
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from typing import Any
 
 from ...errors import ConfigError
 from ...format.dataset import ResolvedSource, read_pack_index
+from ...format.manifest import image_token_budget
+from ...media import IMAGE, KINDS
 
-__all__ = ["check_pixels", "dataset_budgets", "image_budget"]
+__all__ = ["check_pixels", "dataset_budgets", "image_budget", "media_token_budgets"]
 
 logger = logging.getLogger(__name__)
 
@@ -128,3 +131,16 @@ def check_pixels(display: str, image_policy: Mapping[str, Any], images: int, *, 
     logger.warning("%s holds %d images, but the loader has neither image_transform= nor processor=, so its batches "
                    "carry no pixels; pass %s, or text_only=True to stream the text alone without this warning",
                    display, images, fix)
+
+
+def media_token_budgets(totals: Mapping[str, Any]) -> dict[str, int | None]:
+    """Per kind, the most of its tokens one pack holds, as a batch's pixel rows are sized: the images'
+    :func:`~wdspack.format.manifest.image_token_budget` (None: not recorded); another kind's
+    ``max_{name}_tokens_per_pack`` (0: the dataset holds none).
+
+    Example:
+        >>> media_token_budgets({"images": 3, "max_image_tokens_per_pack": 64})
+        {'image': 64, 'video': 0}
+    """
+    return {kind.name: image_token_budget(totals) if kind is IMAGE
+            else int(totals.get(f"max_{kind.name}_tokens_per_pack") or 0) for kind in KINDS}

@@ -241,18 +241,17 @@ def normalize_pixels(batch: Mapping[str, Any], source: Any, *, device: torch.dev
         if pixels.dtype != torch.uint8 or "patch_mask" not in batch:
             raise ConfigError(f"pixel_values are {pixels.dtype} {tuple(pixels.shape)} without a patch_mask; pass the "
                               "loader that made the batch")
-        out = batcher.normalize(pixels)
-        mask = batch["patch_mask"].to(out.device, non_blocking=non_blocking).bool()
-        done = {**batch, "pixel_values": out.masked_fill_(~mask[:, None], 0.0).to(dtype)}
-        if "pixel_values_videos" in batch:  # the videos' rows, as the video processor normalises them
-            videos = batch["pixel_values_videos"]
-            videos = videos.to(device, non_blocking=non_blocking) if device is not None else videos
-            if videos.is_floating_point():
-                done["pixel_values_videos"] = videos.to(dtype)
-            else:
-                rows = batcher.normalize_videos(videos)
-                real = batch["video_patch_mask"].to(rows.device, non_blocking=non_blocking).bool()
-                done["pixel_values_videos"] = rows.masked_fill_(~real[:, None], 0.0).to(dtype)
+        done = dict(batch)
+        for key, mask_key, normalize in batcher.pixel_rows:  # each kind's rows, as its processor normalises them
+            if key not in batch:
+                continue
+            rows = batch[key].to(device, non_blocking=non_blocking) if device is not None else batch[key]
+            if rows.is_floating_point():
+                done[key] = rows.to(dtype)
+                continue
+            out = normalize(rows)
+            real = batch[mask_key].to(out.device, non_blocking=non_blocking).bool()
+            done[key] = out.masked_fill_(~real[:, None], 0.0).to(dtype)
         return done
     transform = source
     for attr in ("dataset", "image_transform"):  # a loader → its dataset → its transform

@@ -26,6 +26,7 @@ import torch
 
 from ...errors import ConfigError, FormatError
 from ...format.pack import Pack
+from ...media import KINDS, MediaKind
 
 if TYPE_CHECKING:
     from ...media.image.pixels import PatchLayout
@@ -340,32 +341,49 @@ def _images_to_slots(pack: Pack, transform: Callable[[Sequence[bytes]], dict[str
 
 @contextmanager
 def naming_sample(pack: Pack) -> Iterator[None]:
-    """Re-raise an :class:`~wdspack.media.image.pixels.ImageDecodeError` with the owner sub-sample's id in front."""
-    from ...media.image.pixels import ImageDecodeError
-
+    """Re-raise a medium's decoding error (each kind's ``decode_errors()``, e.g. an
+    :class:`~wdspack.media.image.pixels.ImageDecodeError`) with the owner sub-sample's id in front (once: an
+    error that names it already goes on as it is)."""
     try:
         yield
-    except ImageDecodeError as e:
-        k = e.index
-        who = f"sample {pack.sample_ids[pack.image_sample[k]]!r}: " if k is not None and k < pack.num_images else ""
-        raise type(e)(f"{who}{e}", index=k) from None
+    except Exception as e:
+        found = _decoding(pack, e)
+        if found is None:
+            raise
+        owner, _ = found
+        who = f"sample {pack.sample_ids[owner]!r}: "
+        if str(e).startswith(who):
+            raise
+        k = e.index  # type: ignore[attr-defined]  # a kind's decode error carries its medium's index
+        raise type(e)(f"{who}{e}", index=k) from None  # type: ignore[call-arg]
 
 
 def failed_sample(pack: Pack, error: Exception) -> tuple[int, str] | None:
-    """``(sub-sample, reason)`` when ``error`` is an image's or a video's decoding failure that names its medium
-    (``index``) in ``pack``: the sub-sample that owns it and a drop reason (``unreadable_image``,
-    ``image_too_large``, ``unreadable_video``); None for anything else (the pack itself is bad)."""
-    from ...media.image.pixels import ImageDecodeError, ImageTooLargeError
-    from ...media.video.pixels import VideoDecodeError
+    """``(sub-sample, reason)`` when ``error`` is a medium's decoding failure (of any kind) that names its
+    medium (``index``) in ``pack``: the sub-sample that owns it and a drop reason of its kind
+    (``unreadable_image``, ``image_too_large``, ``unreadable_video``); None for anything else (the pack itself
+    is bad)."""
+    return _decoding(pack, error)
 
+
+def _decoding(pack: Pack, error: BaseException) -> tuple[int, str] | None:
+    """``(owner sub-sample, load drop reason)`` of the pack's medium whose decoding ``error`` is, or None."""
     k = getattr(error, "index", None)
     if not isinstance(k, int) or k < 0:
         return None
-    if isinstance(error, ImageDecodeError) and k < pack.num_images:
-        return pack.image_sample[k], "image_too_large" if isinstance(error, ImageTooLargeError) else "unreadable_image"
-    if isinstance(error, VideoDecodeError) and k < pack.num_videos:
-        return pack.video_sample[k], "unreadable_video"
+    for kind in KINDS:
+        if isinstance(error, kind.decode_errors()) and k < pack.count(kind.name):
+            return pack.media[kind.name].sample[k], _load_reason(kind, error)
     return None
+
+
+def _load_reason(kind: MediaKind, error: BaseException) -> str:
+    """The kind's load drop reason for ``error``: the one its error type spells (``image_too_large`` for an
+    ``ImageTooLargeError``), else the kind's first (``unreadable_image``)."""
+    spelled = {"".join(part.title() for part in reason.split("_")) + "Error": reason
+               for reason in kind.load_drop_reasons}
+    return next((spelled[t.__name__] for t in type(error).__mro__ if t.__name__ in spelled),
+                kind.load_drop_reasons[0])
 
 
 def _pad_patches(pack: Pack, got: dict[str, torch.Tensor], transform: PatchLayout | Any, *, seq_len: int,

@@ -1,6 +1,8 @@
 """A model processor's keys: per pack, its pixels and the family's token rows; per batch, their concatenation.
 
-    pack.images ─► decode_image (guarded) ─► family.pixels ─► family.pad_pixels (static shapes)
+    pack.media, kind by kind ─► the family's side for the kind (:data:`_SIDES`):
+        images: decode_image (guarded) ─► family.pixels ─► family.pad_pixels (static shapes)
+        videos: family.video.pixels (the planned frames) ─► family.video.pad
     input_ids [L] ─► family.token_rows: e.g. mm_token_type_ids [L], 3-D positions [3, L]
     batch: pixel keys concatenated pack-major, token rows stacked [..., B, L] ─► family.finish_batch
 
@@ -11,11 +13,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from ...errors import ConfigError
+from ...media import KINDS, Media
 from ...media.image.pixels import DEFAULT_MAX_PIXELS, ImageDecodeError, decode_image
 from ...models.family import Budgets, Rows
 from .buffers import fresh_pixels
@@ -32,21 +35,29 @@ class ModelBatcher:
     Args:
         processor: a processor object, folder or cached model name (:func:`~wdspack.models.load_processor`).
         seq_len, max_images: the dataset's budgets (the static shapes).
-        max_image_tokens: the most image tokens in one pack of the dataset (its manifest's
-            ``max_image_tokens_per_pack``): pixel tensors are sized for it, not for ``seq_len``.
-        max_pixels: the decompression-bomb limit for decoding (images, and each video frame).
-        max_video_tokens: the most video tokens in one pack (the manifest's ``max_video_tokens_per_pack``):
-            ``pixel_values_videos`` is sized for it; None or 0 (a dataset without video): no video keys.
+        max_pixels: the decompression-bomb limit for decoding (every kind's: images, and each video frame).
+        media_tokens: per kind, the most of its tokens in one pack of the dataset
+            (:func:`~.budgets.media_token_budgets` of its manifest's totals): each kind's pixel tensors are sized
+            for it; the images' None: for ``seq_len``; another kind's None or 0 (a dataset without it): no keys
+            of the kind.
+        max_image_tokens, max_video_tokens: one kind's entry of ``media_tokens`` by itself
+            (``max_{name}_tokens=``), over it.
     """
 
-    def __init__(self, processor: Any, *, seq_len: int, max_images: int, max_image_tokens: int | None = None,
-                 max_pixels: int = DEFAULT_MAX_PIXELS, max_video_tokens: int | None = None) -> None:
+    def __init__(self, processor: Any, *, seq_len: int, max_images: int, max_pixels: int = DEFAULT_MAX_PIXELS,
+                 media_tokens: Mapping[str, int | None] | None = None, **by_kind: int | None) -> None:
         from ...models import family_for, load_processor
 
+        spelled = {f"max_{kind.name}_tokens": kind.name for kind in KINDS}
+        unknown = sorted(set(by_kind) - set(spelled))
+        if unknown:
+            raise TypeError(f"ModelBatcher() got unexpected keyword arguments {unknown}; a kind's budget is one of "
+                            f"{sorted(spelled)}")
+        tokens = {**(media_tokens or {}), **{spelled[key]: value for key, value in by_kind.items()}}
         self.processor = load_processor(processor)
         self.family = family_for(self.processor)
-        self.budgets = Budgets(int(seq_len), int(max_images),
-                               None if max_image_tokens is None else int(max_image_tokens), int(max_video_tokens or 0))
+        given = {f"max_{name}_tokens": int(value) for name, value in tokens.items() if value is not None}
+        self.budgets = Budgets(int(seq_len), int(max_images), **given)  # a kind not given: its default (none, or L)
         if self.budgets.max_video_tokens and self.family.video is None:
             raise ConfigError(f"the dataset holds videos, but the {self.family.name} family has no video path "
                               f"({type(self.processor).__name__}); load with the processor it was packed with")
@@ -76,26 +87,27 @@ class ModelBatcher:
 
         Raises:
             ImageDecodeError: an image cannot be decoded (``index`` says which).
-            VideoDecodeError: a video cannot be decoded (``index`` says which; the message names its sample).
+            VideoDecodeError: a video cannot be decoded (``index`` says which; under the loader
+                :func:`~.collate.naming_sample` names its sample).
         """
-        images = [self._decode(k, data) for k, data in enumerate(pack.images)]
-        if images and self.family.pixels_per_sample:
-            owners = list(pack.image_sample)
-            images = [[im for im, o in zip(images, owners) if o == s] for s in dict.fromkeys(owners)]
         raw = {"do_rescale": False, "do_normalize": False} if self.pixel_dtype == "uint8" else {}
-        out = self.family.pixels(self.processor, images, **raw) if images else {}
-        pixels = self.family.pad_pixels(out, self.processor, self.budgets, tuple(pack.image_tokens))
-        video = self.family.video if self.budgets.max_video_tokens else None
-        if video is not None:
-            out = {**out, **self._videos(pack, video)}
-            pixels = {**pixels, **video.pad(out, self.processor, self.budgets, tuple(pack.video_tokens))}
-        elif getattr(pack, "videos", ()):
-            raise ConfigError(f"a pack holds {len(pack.videos)} videos but the dataset's manifest lists none (no "
-                              "max_video_tokens_per_pack): it was not written by this wdspack's pack job")
-        if raw:
-            pixels = {**pixels, "pixel_values": self._as_bytes(pixels["pixel_values"])}
-            if "pixel_values_videos" in pixels:
-                pixels["pixel_values_videos"] = self._as_bytes(pixels["pixel_values_videos"])
+        out: dict[str, Any] = {}
+        pixels: dict[str, Any] = {}
+        for kind in KINDS:
+            side, items = _SIDES[kind.name], pack.media[kind.name]
+            if not side.active(self):
+                if items:
+                    raise ConfigError(f"a pack holds {len(items)} {kind.plural} but the dataset's manifest lists none "
+                                      f"(no max_{kind.name}_tokens_per_pack): it was not written by this wdspack's "
+                                      "pack job")
+                continue
+            out.update(side.outputs(self, items, raw))
+            pixels.update(side.pad(self, out, tuple(items.tokens)))
+        if raw:  # each kind's pixel rows as bytes
+            for kind in KINDS:
+                key = _SIDES[kind.name].rows_key
+                if key in pixels:
+                    pixels[key] = self._as_bytes(pixels[key])
         rows = self.family.token_rows(input_ids, pack.seq_lens, out, self.processor) if self.family.token_rows else {}
         return pixels, rows
 
@@ -130,6 +142,13 @@ class ModelBatcher:
         ip = self.processor.image_processor
         return normalize_video_rows(pixels, mean=ip.image_mean, std=ip.image_std,
                                     rescale_factor=float(ip.rescale_factor))
+
+    @property
+    def pixel_rows(self) -> tuple[tuple[str, str, Callable[[torch.Tensor], torch.Tensor]], ...]:
+        """Per kind, its pixel rows' key, the key of the mask of its real rows, and how its uint8 rows become
+        float32 (``normalize_pixels``): ``("pixel_values", "patch_mask", self.normalize)``, ...."""
+        return tuple((side.rows_key, side.mask_key, functools.partial(side.normalize, self))
+                     for side in (_SIDES[kind.name] for kind in KINDS))
 
     @staticmethod
     def padded(pixels: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -168,23 +187,60 @@ class ModelBatcher:
             batch = self.family.finish_batch(batch)
         return batch, written
 
-    def _videos(self, pack: Any, video: Any) -> dict[str, Any]:
-        """The pack's videos through the family's video side; a video that does not decode names its sample."""
-        from ...media.video.pixels import VideoDecodeError
-
-        try:
-            return video.pixels(self.processor, pack.videos, pack.video_plans, max_pixels=self.max_pixels)
-        except VideoDecodeError as e:  # its index kept: the loader drops the sub-sample that owns the video
-            k = e.index
-            owned = k is not None and 0 <= k < len(pack.videos)
-            who = f"sample {pack.sample_ids[pack.video_sample[k]]!r}: " if owned else ""
-            raise VideoDecodeError(f"{who}{e}", index=k) from None
-
     def _decode(self, k: int, data: bytes):
         try:
             return decode_image(data, max_pixels=self.max_pixels)
         except ImageDecodeError as e:
             raise type(e)(f"image {k}: {e}", index=k) from None
+
+
+class _Side(NamedTuple):
+    """What a batcher does with one kind's items of a pack, through the family's side for the kind."""
+
+    #: the :class:`Rows` key of the kind's pixels (made bytes under ``pixel_dtype="uint8"``)
+    rows_key: str
+    #: ``batcher -> bool``: whether the batch has the kind's keys
+    active: Callable[[ModelBatcher], bool]
+    #: ``(batcher, items, raw) -> {key: tensor}``: the processor's outputs for the items (``raw``: the
+    #: un-normalised pixels' settings)
+    outputs: Callable[[ModelBatcher, Media, Mapping[str, Any]], Mapping[str, Any]]
+    #: ``(batcher, outputs, tokens) -> {key: tensor or Rows}``: padded to the budgets' static shapes
+    pad: Callable[[ModelBatcher, Mapping[str, Any], tuple[int, ...]], Mapping[str, Any]]
+    #: the batch key of the mask of the kind's real pixel rows
+    mask_key: str
+    #: ``(batcher, uint8 rows) -> float32 rows``: normalised as the kind's processor does
+    normalize: Callable[[ModelBatcher, torch.Tensor], torch.Tensor]
+
+
+def _image_outputs(batcher: ModelBatcher, items: Media, raw: Mapping[str, Any]) -> Mapping[str, Any]:
+    images: list[Any] = [batcher._decode(k, data) for k, data in enumerate(items.data)]
+    if images and batcher.family.pixels_per_sample:
+        owners = list(items.sample)
+        images = [[im for im, o in zip(images, owners) if o == s] for s in dict.fromkeys(owners)]
+    return batcher.family.pixels(batcher.processor, images, **raw) if images else {}
+
+
+def _video_outputs(batcher: ModelBatcher, items: Media, raw: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The videos at their planned frames (a video that does not decode raises ``VideoDecodeError`` with its
+    ``index``; :func:`~.collate.naming_sample` names its sample)."""
+    assert batcher.family.video is not None  # active only then
+    return batcher.family.video.pixels(batcher.processor, items.data, items.plans, max_pixels=batcher.max_pixels)
+
+
+def _video_pad(batcher: ModelBatcher, out: Mapping[str, Any], tokens: tuple[int, ...]) -> Mapping[str, Any]:
+    assert batcher.family.video is not None
+    return batcher.family.video.pad(out, batcher.processor, batcher.budgets, tokens)
+
+
+#: Each kind's side, by kind name: images through the family's own ``pixels``/``pad_pixels``, videos through
+#: its ``video`` side (only when the dataset's budgets have video tokens).
+_SIDES: dict[str, _Side] = {
+    "image": _Side("pixel_values", lambda b: True, _image_outputs,
+                   lambda b, out, tokens: b.family.pad_pixels(out, b.processor, b.budgets, tokens),
+                   "patch_mask", lambda b, rows: b.normalize(rows)),
+    "video": _Side("pixel_values_videos", lambda b: bool(b.budgets.max_video_tokens) and b.family.video is not None,
+                   _video_outputs, _video_pad, "video_patch_mask", lambda b, rows: b.normalize_videos(rows)),
+}
 
 
 #: ``shape -> (tensor, dirty)``: the memory one key's rows are written into (:data:`Take` for that key).

@@ -33,6 +33,7 @@ from ...errors import ConfigError
 from ...format.dataset import ResolvedSource, ShardRef
 from ...format.manifest import MANIFEST_NAME, Manifest, image_token_budget
 from ...format.pack_index import COLUMNS
+from ...media import KINDS
 from ...storage.urls import dirname_url, is_url, join_url
 
 __all__ = ["UNITS", "Mixture", "MixtureEpoch", "MixtureSource", "check_compatible", "combined_source",
@@ -552,9 +553,10 @@ def combined_source(mixture: Mixture, sources: Sequence[ResolvedSource], max_ima
         known = [image_token_budget(m.totals) if key == "max_image_tokens_per_pack" else m.totals.get(key) for m in ms]
         if all(v is not None for v in known):
             totals[key] = max(int(v or 0) for v in known)
-    if any(m.totals.get("videos") for m in ms):  # a source with videos: the batch's video keys, sized for the largest
-        totals["videos"] = sum(int(m.totals.get("videos") or 0) for m in ms)
-        totals["max_video_tokens_per_pack"] = max(int(m.totals.get("max_video_tokens_per_pack") or 0) for m in ms)
+    for kind in KINDS:  # a kind some sources hold (videos): the batch's keys of the kind, sized for the largest
+        if not kind.always_stored and any(m.totals.get(kind.plural) for m in ms):
+            totals[kind.plural] = sum(int(m.totals.get(kind.plural) or 0) for m in ms)
+            totals[kind.budget] = max(int(m.totals.get(kind.budget) or 0) for m in ms)
     manifest = dataclasses.replace(holding, max_images=max_images, totals=totals, pack_index={},
                                    shards=tuple(s for m in ms for s in m.shards), sources=tuple(mixture.names))
     shards = tuple(ShardRef(f"{name}/{s.name}", s.url, s.packs) for name, src in zip(mixture.names, sources)
