@@ -214,7 +214,8 @@ def processor_floor(builder, path: Path) -> callable:
     items = []
     for r in records:
         _, sizes = builder._prepare_images(r.images, r.sample_id)
-        items.append(([builder._message(m) for m in r.messages], builder.family.replacements(builder.processor, sizes)))
+        reps = builder.family.image.replacements(builder.processor, sizes)
+        items.append(([builder._message(m) for m in r.messages], reps))
     tok, template, ph = builder.tokenizer, builder.template, builder.image_token
 
     def run() -> None:

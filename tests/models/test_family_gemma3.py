@@ -187,7 +187,7 @@ def test_refusals_name_the_fix(gemma):
     processor.image_processor.do_pan_and_scan = True
     try:
         with pytest.raises(ConfigError, match="pan-and-scan"):
-            GEMMA3.replacements(processor, [(40, 64)])
+            GEMMA3.image.replacements(processor, [(40, 64)])
     finally:
         processor.image_processor.do_pan_and_scan = None
     with pytest.raises(ConfigError, match="sdpa, eager"):

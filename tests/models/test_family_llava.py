@@ -112,7 +112,8 @@ def test_images_not_grouped_per_sample_are_refused(llava):
     pixels, _ = batcher.pack_parts(pack, ids)
     k = len(pack.images)
     assert pixels["image_sizes"][:k].tolist() == [list(Image.open(io.BytesIO(b)).size[::-1]) for b in pack.images]
-    batcher.family = dataclasses.replace(batcher.family, pixels_per_sample=False)
+    batcher.family = dataclasses.replace(
+        batcher.family, image=dataclasses.replace(batcher.family.image, pixels_per_sample=False))
     with pytest.raises(ConfigError, match="image tokens for these images but the pack reserved"):
         batcher.pack_parts(pack, ids)
 
@@ -217,12 +218,12 @@ def test_replacements_from_sizes_are_the_processors(processors, kind, options):
         setattr(processor, name, value)
     family = wdspack.models.family_for(processor)
     for sizes in [[s] for s in SIZES] + [SIZES[:2], SIZES[2:5]]:
-        got = [len(t) // len(processor.image_token) for t in family.replacements(processor, sizes)]
-        assert "".join(family.replacements(processor, sizes)).replace(processor.image_token, "") == ""
+        got = [len(t) // len(processor.image_token) for t in family.image.replacements(processor, sizes)]
+        assert "".join(family.image.replacements(processor, sizes)).replace(processor.image_token, "") == ""
         assert got == _processor_count(processor, sizes), sizes
     if kind == "llava_onevision":
         grids = {tuple(select_best_resolution(s, processor.image_processor.image_grid_pinpoints)) for s in SIZES}
         assert len(grids) >= 5, grids
     else:
         cls = "vision_feature_select_strategy" in options  # "full" keeps the CLS feature
-        assert family.replacements(processor, SIZES[:1])[0].count("<image>") == 16 + cls
+        assert family.image.replacements(processor, SIZES[:1])[0].count("<image>") == 16 + cls

@@ -60,9 +60,9 @@ def test_replacements_from_sizes_are_the_processors(mistral, tok_dir, settings):
             want = processor(text=["[IMG]"], images=[image], return_tensors="pt")
         except Exception:
             with pytest.raises(Exception):  # noqa: B017  (whatever the processor raised: ours refuses too)
-                MISTRAL3.replacements(processor, [(height, width)])
+                MISTRAL3.image.replacements(processor, [(height, width)])
             continue
-        (text,) = MISTRAL3.replacements(processor, [(height, width)])
+        (text,) = MISTRAL3.image.replacements(processor, [(height, width)])
         assert tok(text, add_special_tokens=False)["input_ids"] == want["input_ids"][0].tolist(), (height, width)
         assert list(resized_size(processor, height, width)) == want["image_sizes"][0].tolist(), (height, width)
 
@@ -70,7 +70,7 @@ def test_replacements_from_sizes_are_the_processors(mistral, tok_dir, settings):
 def test_layout_drawn_in_the_docstring(mistral):
     processor = mistral[0]
     row = "[IMG]" * 4
-    assert MISTRAL3.replacements(processor, [(40, 50)]) == [f"{row}[IMG_BREAK]{row}[IMG_BREAK]{row}[IMG_END]"]
+    assert MISTRAL3.image.replacements(processor, [(40, 50)]) == [f"{row}[IMG_BREAK]{row}[IMG_BREAK]{row}[IMG_END]"]
 
 
 def test_pixels_and_sizes_are_the_processors(mistral):

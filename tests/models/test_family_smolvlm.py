@@ -50,7 +50,7 @@ def test_replacements_follow_the_image_processor(smol, longest_edge, splitting):
     sizes = [(int(a), int(b)) for a, b in rng.integers(3, 400, size=(40, 2))] + [(32, 32), (33, 31), (65, 64), (1, 90)]
     images = [Image.fromarray(rng.integers(0, 256, (hh, ww, 3), dtype=np.uint8)) for hh, ww in sizes]
     real = processor.image_processor([images], return_row_col_info=True)
-    reps = family.replacements(processor, sizes)
+    reps = family.image.replacements(processor, sizes)
     for i, (size, rep) in enumerate(zip(sizes, reps)):
         assert tile_grid(processor.image_processor, *size) == (real["rows"][0][i], real["cols"][0][i]), size
         assert rep == processor.replace_image_token(real, image_idx=i), size

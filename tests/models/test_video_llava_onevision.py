@@ -145,6 +145,6 @@ def test_a_video_only_dataset_has_no_image_slots(built):
     for image_tokens, slots in ((0, 0), (40, 3)):
         batcher = ModelBatcher(processor, seq_len=SEQ_LEN, max_images=3, max_image_tokens=image_tokens,
                                max_video_tokens=2 * (FRAMES * 4 + 1))
-        pixels = LLAVA_ONEVISION.pad_pixels({}, processor, batcher.budgets, ())
+        pixels = LLAVA_ONEVISION.image.pad({}, processor, batcher.budgets, ())
         batch, _ = batcher.collate({}, [(pixels, {})])
         assert batch["pixel_values"].shape[0] == slots, image_tokens

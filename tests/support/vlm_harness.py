@@ -166,7 +166,7 @@ def check_tokens(dataset: Path, processor: Any, chats: Sequence = CHATS) -> None
     """Every sub-sample's ids are the processor's; its targets are the assistant turns' tokens."""
     subs = dataset_sub_samples(dataset)
     assert sorted(subs) == sorted(c[0] for c in chats), "every chat is packed once"
-    feature = wdspack.models.family_for(processor).feature_token(processor)
+    feature = wdspack.models.family_for(processor).image.feature_token(processor)
     feature_id = processor.tokenizer.convert_tokens_to_ids(feature)
     for chat in chats:
         ids, mask, _, tokens = subs[chat[0]]

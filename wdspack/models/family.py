@@ -13,7 +13,7 @@ Pack time (``wdspack pack --processor``), per sample::
 
 Load time (``make_loader(..., processor=...)``), per pack, in the worker::
 
-    images    ──► the processor's own image processor ──► ``pad_pixels`` to fixed shapes
+    images    ──► the processor's own image processor ──► ``image.pad`` to fixed shapes
     input_ids ──► ``token_rows``: per-token rows the model takes (token types, 3-D positions)
 
 and per batch ``finish_batch`` (e.g. ``position_ids`` ``[4, B, L]``); ``model_kwargs`` picks what
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Budgets", "Family", "Rows", "VideoSide", "default_pixels", "run_image_processor", "take_rows"]
+__all__ = ["Budgets", "Family", "ImageSide", "Rows", "VideoSide", "default_pixels", "run_image_processor", "take_rows"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +50,7 @@ class Budgets:
 
 @dataclass(frozen=True, slots=True)
 class Rows:
-    """A pixel output that the batch pads with zero rows to ``rows`` per pack (``pad_pixels`` may return
+    """A pixel output that the batch pads with zero rows to ``rows`` per pack (a side's ``pad`` may return
     it instead of a padded tensor): the loader then writes the real rows straight into the batch
     tensor, reusing its shared-memory buffers, and zeroes only rows that held data before."""
 
@@ -96,6 +96,39 @@ def default_pixels(processor: Any, images: Sequence[Any]) -> dict[str, torch.Ten
 
 
 @dataclass(frozen=True, slots=True)
+class ImageSide:
+    """How a family's images become text at pack time and pixels in the loader.
+
+    Attributes:
+        replacements: ``(processor, sizes) -> [text]``: the text each image placeholder becomes,
+            from ``(height, width)`` per image (header sizes, no pixels).
+        pad: ``(outputs, processor, budgets, image_tokens) -> {key: tensor or Rows}``: the pixel outputs of a
+            pack whose images hold ``image_tokens`` tokens each, padded to shapes that depend only on the budgets;
+            every key is concatenated pack-major in the batch (dim 0).
+        feature_token: ``processor -> str``: the token the vision features fill (``Pack.image_tokens`` counts it
+            per image).
+        placeholder: ``processor -> str``: the text the chat template renders per image.
+        pixels: ``(processor, pil_images) -> {key: tensor}``: the processor's own pixel outputs for one pack's
+            images (default: its image processor).
+        pixels_per_sample: ``pixels`` gets the pack's images as one list per sub-sample that has images
+            (``[[a], [b, c]]``, as ``apply_chat_template`` passes a batch of chats), for processors whose layout
+            depends on how many images share a sample.
+        uint8_pixels: ``pixels(processor, images, do_rescale=False, do_normalize=False)`` gives the resized pixels
+            as whole numbers 0-255, in ``pixel_values`` rows whose values are channel-major (``3 × …`` per row, as
+            flattened patches are), so the loader can ship them as bytes (``pixel_dtype="uint8"``) and normalise
+            them on the device.
+    """
+
+    replacements: Callable[[Any, Sequence[tuple[int, int]]], list[str]]
+    pad: Callable[[Mapping[str, torch.Tensor], Any, Budgets, Sequence[int]], Mapping[str, torch.Tensor | Rows]]
+    feature_token: Callable[[Any], str] = lambda processor: processor.image_token
+    placeholder: Callable[[Any], str] = lambda processor: processor.image_token
+    pixels: Callable[..., dict[str, torch.Tensor]] = default_pixels
+    pixels_per_sample: bool = False
+    uint8_pixels: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class VideoSide:
     """How a family's videos become text at pack time (:mod:`wdspack.media.video.plan` plans them from the
     container's header; no frame is decoded).
@@ -114,7 +147,7 @@ class VideoSide:
             pack's videos (bytes and stored plans) decoded at the planned frames only and laid out as the
             processor lays them out, as uint8 (resized, not normalised).
         pad: ``(outputs, processor, budgets, video_tokens) -> {key: tensor or Rows}``: ``pixels``' outputs
-            padded to shapes that depend only on the budgets (as ``Family.pad_pixels`` for images); the
+            padded to shapes that depend only on the budgets (as ``ImageSide.pad`` for images); the
             pixel rows as float32 :class:`Rows` normalised where they land (``finish``), which a
             ``pixel_dtype="uint8"`` loader ships as the bytes instead.
     """
@@ -130,61 +163,45 @@ class VideoSide:
 
 @dataclass(frozen=True, slots=True)
 class Family:
-    """One model family: how its images become tokens, pixels and positions.
+    """One model family: a side per media kind it takes (how each kind becomes tokens and pixels), and how a
+    batch becomes positions and the model's arguments.
 
     Attributes:
         name: short name (``"qwen2_5_vl"``), shown in manifests and errors.
         processors: processor class names it serves (``type(processor).__name__``).
         model_types: ``model.config.model_type`` values of the model classes it feeds.
-        replacements: ``(processor, sizes) -> [text]``: the text each image placeholder becomes,
-            from ``(height, width)`` per image (header sizes, no pixels).
-        feature_token: ``processor -> str``: the token the vision features fill
-            (``Pack.image_tokens`` counts it per image).
-        placeholder: ``processor -> str``: the text the chat template renders per image.
-        pixels: ``(processor, pil_images) -> {key: tensor}``: the processor's own pixel outputs
-            for one pack's images (default: its image processor).
-        pixels_per_sample: ``pixels`` gets the pack's images as one list per sub-sample that has
-            images (``[[a], [b, c]]``, as ``apply_chat_template`` passes a batch of chats), for
-            processors whose layout depends on how many images share a sample.
-        pad_pixels: ``(outputs, processor, budgets, image_tokens) -> {key: tensor or Rows}``: the
-            pixel outputs of a pack whose images hold ``image_tokens`` tokens each, padded to shapes
-            that depend only on the budgets; every key is concatenated pack-major in the batch (dim 0).
+        image: its images' side (:class:`ImageSide`); every family takes images.
+        model_kwargs: ``(batch, model) -> kwargs`` for ``model(**kwargs)`` (without labels; added by
+            :func:`wdspack.model_inputs`).
         token_rows: ``(input_ids [L], seq_lens, pixel_outputs, processor) -> {key: tensor [..., L]}``:
             per-token rows, stacked to ``[..., B, L]`` in the batch (``[..., 1, N]`` padding-free).
         token_keys: the keys ``token_rows`` returns.
         finish_batch: ``batch -> batch``: last per-batch rewrite (e.g. 4-row positions).
-        model_kwargs: ``(batch, model) -> kwargs`` for ``model(**kwargs)`` (without labels; added by
-            :func:`wdspack.model_inputs`).
         notes: one line for the Families table (docs/guides/models.md#families).
         aliases: short names for ``--tokens-per-image processor:NAME`` (fixed mode) that build
             ``image_processor`` from code instead of loading one.
         image_processor: builds the family's image processor with its published defaults.
-        uint8_pixels: ``pixels(processor, images, do_rescale=False, do_normalize=False)`` gives the
-            resized pixels as whole numbers 0-255, in ``pixel_values`` rows whose values are
-            channel-major (``3 × …`` per row, as flattened patches are), so the loader can ship them as
-            bytes (``pixel_dtype="uint8"``) and normalise them on the device.
         no_varlen: why varlen attention (:func:`wdspack.use_varlen_attention`) cannot express the
             family's masks, and what to use instead; empty where it can.
-        video: how its videos are planned and expanded (:class:`VideoSide`); None for a family
-            without a video path (its video records are dropped as ``unsupported_media``).
+        video: its videos' side (:class:`VideoSide`); None for a family without a video path (its video
+            records are dropped as ``unsupported_media``).
     """
 
     name: str
     processors: tuple[str, ...]
     model_types: tuple[str, ...]
-    replacements: Callable[[Any, Sequence[tuple[int, int]]], list[str]]
-    pad_pixels: Callable[[Mapping[str, torch.Tensor], Any, Budgets, Sequence[int]], Mapping[str, torch.Tensor | Rows]]
+    image: ImageSide
     model_kwargs: Callable[[Mapping[str, Any], Any], dict[str, Any]]
-    feature_token: Callable[[Any], str] = lambda processor: processor.image_token
-    placeholder: Callable[[Any], str] = lambda processor: processor.image_token
-    pixels: Callable[..., dict[str, torch.Tensor]] = default_pixels
     token_rows: Callable[..., dict[str, torch.Tensor]] | None = None
     token_keys: tuple[str, ...] = ()
     finish_batch: Callable[[dict[str, Any]], dict[str, Any]] | None = None
-    pixels_per_sample: bool = False
     notes: str = ""
     aliases: tuple[str, ...] = ()
     image_processor: Callable[[], Any] | None = None
-    uint8_pixels: bool = False
     no_varlen: str = ""
     video: VideoSide | None = None
+
+    @property
+    def sides(self) -> dict[str, ImageSide | VideoSide]:
+        """The family's side for each media kind it takes, by the kind's name."""
+        return {name: side for name, side in (("image", self.image), ("video", self.video)) if side is not None}

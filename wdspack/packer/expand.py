@@ -93,7 +93,7 @@ def image_part(b: Any, sid: str, images: Sequence[bytes], sizes: list) -> Prepar
 
     def texts() -> list[str]:
         try:
-            return b.family.replacements(b.processor, sizes)
+            return b.family.image.replacements(b.processor, sizes)
         except ConfigError:
             raise  # the processor's settings, not this sample: every sample would fail the same way
         except Exception as e:  # the processor's own code refusing a size

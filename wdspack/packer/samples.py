@@ -183,8 +183,8 @@ class SampleBuilder:
             feature: str | None
             self.tokenizer = self.processor.tokenizer
             template = config.chat_template or self.processor.chat_template or self.tokenizer.chat_template
-            self.image_token: str | None = self.family.placeholder(self.processor)
-            feature = self.family.feature_token(self.processor)
+            self.image_token: str | None = self.family.image.placeholder(self.processor)
+            feature = self.family.image.feature_token(self.processor)
         else:
             self.tokenizer = load_tokenizer(config.tokenizer)
             template = config.chat_template or getattr(self.tokenizer, "chat_template", None)

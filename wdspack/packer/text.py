@@ -301,7 +301,7 @@ def _image_spans(builder: TextBuilder, images: Sequence[bytes], counts: Sequence
     if builder.family is None:
         return [(np.full(int(c), builder.image_token_id, np.int64), int(c)) for c in counts]
     try:
-        reps = builder.family.replacements(builder.processor, counts) if images else []
+        reps = builder.family.image.replacements(builder.processor, counts) if images else []
     except ConfigError:
         raise
     except Exception as e:  # the processor refusing a size

@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 def check_pixel_dtype(value: Any, dataset: PackedDataset) -> str:
     """``pixel_dtype`` as its name; uint8 only where the pixels can travel as the resized bytes: the built-in
-    transform's two halves, or a processor whose family says so (``Family.uint8_pixels``). Sets the dataset's
+    transform's two halves, or a processor whose family says so (``ImageSide.uint8_pixels``). Sets the dataset's
     batcher to it."""
     from ...media.image.pixels import ImageTransform
 
@@ -36,7 +36,7 @@ def check_pixel_dtype(value: Any, dataset: PackedDataset) -> str:
     if name not in PIXEL_DTYPES:
         raise ConfigError(f"pixel_dtype={value!r} is not one of {sorted(PIXEL_DTYPES)}")
     batcher = dataset.model_batcher
-    if name == "uint8" and batcher is not None and not batcher.family.uint8_pixels:
+    if name == "uint8" and batcher is not None and not batcher.family.image.uint8_pixels:
         raise ConfigError(f"pixel_dtype='uint8' is not available with {type(batcher.processor).__name__} (the "
                           f"{batcher.family.name} family): its image processor lays out float pixels itself (tiles, "
                           "padding) that wdspack cannot finish on the device; pass pixel_dtype='float32' (uint8 "

@@ -1,7 +1,7 @@
 """A model processor's keys: per pack, its pixels and the family's token rows; per batch, their concatenation.
 
     pack.media, kind by kind ─► the family's side for the kind (:data:`_SIDES`):
-        images: decode_image (guarded) ─► family.pixels ─► family.pad_pixels (static shapes)
+        images: decode_image (guarded) ─► family.image.pixels ─► family.image.pad (static shapes)
         videos: family.video.pixels (the planned frames) ─► family.video.pad
     input_ids [L] ─► family.token_rows: e.g. mm_token_type_ids [L], 3-D positions [3, L]
     batch: pixel keys concatenated pack-major, token rows stacked [..., B, L] ─► family.finish_batch
@@ -62,7 +62,7 @@ class ModelBatcher:
             raise ConfigError(f"the dataset holds videos, but the {self.family.name} family has no video path "
                               f"({type(self.processor).__name__}); load with the processor it was packed with")
         self.max_pixels = int(max_pixels)
-        #: ``"uint8"``: pixels as the processor's resized bytes, un-normalised (``Family.uint8_pixels``).
+        #: ``"uint8"``: pixels as the processor's resized bytes, un-normalised (``ImageSide.uint8_pixels``).
         self.pixel_dtype = "float32"
 
     def __getstate__(self) -> dict[str, Any]:
@@ -214,10 +214,10 @@ class _Side(NamedTuple):
 
 def _image_outputs(batcher: ModelBatcher, items: Media, raw: Mapping[str, Any]) -> Mapping[str, Any]:
     images: list[Any] = [batcher._decode(k, data) for k, data in enumerate(items.data)]
-    if images and batcher.family.pixels_per_sample:
+    if images and batcher.family.image.pixels_per_sample:
         owners = list(items.sample)
         images = [[im for im, o in zip(images, owners) if o == s] for s in dict.fromkeys(owners)]
-    return batcher.family.pixels(batcher.processor, images, **raw) if images else {}
+    return batcher.family.image.pixels(batcher.processor, images, **raw) if images else {}
 
 
 def _video_outputs(batcher: ModelBatcher, items: Media, raw: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -232,11 +232,11 @@ def _video_pad(batcher: ModelBatcher, out: Mapping[str, Any], tokens: tuple[int,
     return batcher.family.video.pad(out, batcher.processor, batcher.budgets, tokens)
 
 
-#: Each kind's side, by kind name: images through the family's own ``pixels``/``pad_pixels``, videos through
+#: Each kind's side, by kind name: images through the family's image side (``pixels``/``pad``), videos through
 #: its ``video`` side (only when the dataset's budgets have video tokens).
 _SIDES: dict[str, _Side] = {
     "image": _Side("pixel_values", lambda b: True, _image_outputs,
-                   lambda b, out, tokens: b.family.pad_pixels(out, b.processor, b.budgets, tokens),
+                   lambda b, out, tokens: b.family.image.pad(out, b.processor, b.budgets, tokens),
                    "patch_mask", lambda b, rows: b.normalize(rows)),
     "video": _Side("pixel_values_videos", lambda b: bool(b.budgets.max_video_tokens) and b.family.video is not None,
                    _video_outputs, _video_pad, "video_patch_mask", lambda b, rows: b.normalize_videos(rows)),

@@ -1,7 +1,7 @@
 """Whether the loader's processor is the one the dataset was packed with, asked when the loader is built.
 
     manifest: tokenizer (image token, its id, vocab size) ──► compared with the processor's tokenizer
-    first pack with images: header sizes, image_tokens     ──► family.replacements(processor, sizes)
+    first pack with images: header sizes, image_tokens     ──► family.image.replacements(processor, sizes)
                                                                must fill as many feature tokens
 """
 
@@ -59,7 +59,7 @@ def check_packed_with(dataset: Any) -> None:
            policy.get("name") else "pass the processor whose tokenizer packed it")
     repack = "or re-pack with this one (`wdspack pack --processor ...`)"
     tok = processor.tokenizer
-    feature = family.feature_token(processor)
+    feature = family.image.feature_token(processor)
     have = {"image_token": feature, "image_token_id": tok.convert_tokens_to_ids(feature), "vocab_size": len(tok)}
     want = m.tokenizer
     diff = [f"{k}: packed {want[k]!r}, given {have[k]!r}" for k in have
@@ -75,7 +75,7 @@ def check_packed_with(dataset: Any) -> None:
         reps = []  # per sample, as packing laid them out (a family may lay a sample's images out together)
         owners = list(pack.image_sample) or [0] * len(sizes)
         for owner in dict.fromkeys(owners):
-            reps += family.replacements(processor, [z for z, o in zip(sizes, owners) if o == owner])
+            reps += family.image.replacements(processor, [z for z, o in zip(sizes, owners) if o == owner])
     except Exception as e:  # an unreadable image, or the processor refusing a size: the worker reports it
         logger.debug("cannot check the image token counts: %s", e)
         return

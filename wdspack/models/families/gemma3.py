@@ -42,7 +42,7 @@ import torch
 
 from ...errors import ConfigError
 from ..compat import call_private, private
-from ..family import Budgets, Family, take_rows
+from ..family import Budgets, Family, ImageSide, take_rows
 
 __all__ = ["GEMMA3", "packed_masks"]
 
@@ -143,8 +143,9 @@ def _model_kwargs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]:
 
 
 GEMMA3 = Family(
-    name="gemma3", processors=("Gemma3Processor",), model_types=("gemma3",), replacements=_replacements,
-    feature_token=_soft_token, placeholder=lambda processor: processor.image_token, pad_pixels=_pad_pixels,
+    name="gemma3", processors=("Gemma3Processor",), model_types=("gemma3",),
+    image=ImageSide(replacements=_replacements, feature_token=_soft_token,
+                    placeholder=lambda processor: processor.image_token, pad=_pad_pixels),
     token_rows=_token_rows, token_keys=("token_type_ids",), model_kwargs=_model_kwargs,
     notes="fixed-size pixel_values [B·M, 3, S, S]; token_type_ids; attention_mask = per-layer-type dict of "
           "packed masks (bidirectional image spans, sliding window); no pan-and-scan",

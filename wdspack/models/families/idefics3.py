@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from ...errors import ConfigError
-from ..family import Budgets, Family, Rows
+from ..family import Budgets, Family, ImageSide, Rows
 
 __all__ = ["IDEFICS3", "SMOLVLM", "tile_grid", "tile_slots"]
 
@@ -161,8 +161,8 @@ def _model_kwargs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]:
 
 def _family(name: str, processor: str, model_type: str) -> Family:
     return Family(
-        name=name, processors=(processor,), model_types=(model_type,), replacements=_replacements,
-        pixels=_pixels, pad_pixels=_pad_pixels, model_kwargs=_model_kwargs,
+        name=name, processors=(processor,), model_types=(model_type,),
+        image=ImageSide(replacements=_replacements, pixels=_pixels, pad=_pad_pixels), model_kwargs=_model_kwargs,
         notes="image tiles + pixel_attention_mask [B·T, ...] with tile_mask; <row_i_col_j>/<global-img> layout "
               "from the image size; 2-D position_ids",
     )

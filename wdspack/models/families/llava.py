@@ -43,7 +43,7 @@ import torch
 from ...errors import ConfigError, FormatError
 from ...media.video.pixels import row_normalizer
 from ...media.video.plan import LlavaVideoSampling, plan_llava_onevision
-from ..family import Budgets, Family, Rows, VideoSide, take_rows
+from ..family import Budgets, Family, ImageSide, Rows, VideoSide, take_rows
 
 __all__ = ["LLAVA", "LLAVA_ONEVISION"]
 
@@ -302,15 +302,15 @@ ONEVISION_VIDEO = VideoSide(placeholder=_video_token, feature_token=_video_token
 
 
 LLAVA = Family(
-    name="llava", processors=("LlavaProcessor",), model_types=("llava",), replacements=_llava_replacements,
-    pad_pixels=_llava_pad, model_kwargs=_llava_kwargs,
+    name="llava", processors=("LlavaProcessor",), model_types=("llava",),
+    image=ImageSide(replacements=_llava_replacements, pad=_llava_pad), model_kwargs=_llava_kwargs,
     notes="one fixed-size picture per image, (S/patch)² (+CLS) <image> tokens; pixel_values [B·M, 3, S, S]",
 )
 
 LLAVA_ONEVISION = Family(
     name="llava_onevision", processors=("LlavaOnevisionProcessor",), model_types=("llava_onevision",),
-    replacements=_onevision_replacements, pixels_per_sample=True,
-    pad_pixels=_onevision_pad, model_kwargs=_onevision_kwargs,
+    image=ImageSide(replacements=_onevision_replacements, pixels_per_sample=True, pad=_onevision_pad),
+    model_kwargs=_onevision_kwargs,
     notes="any-resolution tiles + newline features (one square tile per image when a sample has several); "
           "pixel_values [B·M, P, 3, S, S], image_sizes [B·M, 2], batch_num_images; videos: --video-num-frames n "
           "frames, n·pooled²+1 <video> tokens, pixel_values_videos [videos, n, 3, S, S]",

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from ...errors import ConfigError
-from ..family import Budgets, Family, Rows, run_image_processor, take_rows
+from ..family import Budgets, Family, ImageSide, Rows, run_image_processor, take_rows
 
 __all__ = ["MISTRAL3", "canvas", "resized_size"]
 
@@ -131,8 +131,8 @@ def _model_kwargs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]:
 
 
 MISTRAL3 = Family(
-    name="mistral3", processors=("PixtralProcessor",), model_types=("mistral3",), replacements=_replacements,
-    pixels=_pixels, pad_pixels=_pad_pixels, model_kwargs=_model_kwargs,
+    name="mistral3", processors=("PixtralProcessor",), model_types=("mistral3",),
+    image=ImageSide(replacements=_replacements, pixels=_pixels, pad=_pad_pixels), model_kwargs=_model_kwargs,
     notes="[IMG] rows ended by [IMG_BREAK] / [IMG_END]; pixel_values [B·M, 3, S, S] + image_sizes [B·M, 2]",
 )
 

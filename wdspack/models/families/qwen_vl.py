@@ -31,7 +31,7 @@ import torch
 from ...errors import ConfigError, FormatError
 from ...media.video.pixels import row_normalizer
 from ...media.video.plan import QWEN3_VL_VIDEO, QwenVideoSampling, plan_qwen2_vl, plan_qwen3_vl, qwen3_vl_prompt
-from ..family import Budgets, Family, Rows, VideoSide, run_image_processor, take_rows
+from ..family import Budgets, Family, ImageSide, Rows, VideoSide, run_image_processor, take_rows
 from ..vision_meta import precomputed_vision_kwargs
 
 __all__ = ["PUBLISHED_TOKENS_PER_SECOND", "QWEN2_5_VL", "QWEN2_VIDEO", "QWEN2_VL", "QWEN3_VIDEO", "mrope_positions",
@@ -374,8 +374,8 @@ QWEN3_VIDEO = VideoSide(
 
 def _family(name: str, processor: str, model_type: str, *, scaled_time: bool = False) -> Family:
     return Family(
-        name=name, processors=(processor,), model_types=(model_type,), replacements=_replacements,
-        pixels=_pixels, pad_pixels=_pad_pixels, uint8_pixels=True,
+        name=name, processors=(processor,), model_types=(model_type,),
+        image=ImageSide(replacements=_replacements, pixels=_pixels, pad=_pad_pixels, uint8_pixels=True),
         token_rows=_token_rows_for(split_frames=False, scaled_time=scaled_time),
         token_keys=("mrope_position_ids", "mm_token_type_ids"), finish_batch=_finish, model_kwargs=_model_kwargs,
         notes="flattened patches + image_grid_thw; position_ids [4, B, L] (text row + 3-D mRoPE rows); "
