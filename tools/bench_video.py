@@ -65,6 +65,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from wdspack.media.video import prepare as video_prepare
 from wdspack.media.video.plan import QwenVideoSampling, VideoPlan, plan_qwen2_vl, read_header
 
 #: Qwen2.5-VL's published ``video_preprocessor_config.json``: 2 frames a second, 128-768 patches of 28 px
@@ -378,7 +379,7 @@ def video_chat_floor(builder: Any, path: Path) -> tuple[Callable[[], int], int]:
     text once. Also the tokens the floor gives in all (the packed samples' count, checked by the caller)."""
     items = []
     for r in _records(path):
-        plans = builder._plan_videos(tuple(r.videos), r.sample_id)
+        _, plans = video_prepare.probe(builder, tuple(r.videos), r.sample_id)
         reps = [builder.video_side.replacement(builder.processor, p) for p in plans]
         items.append(([builder._message(m) for m in r.messages], reps))
     tok, template, holder = builder.tokenizer, builder.template, builder.video_token

@@ -13,10 +13,11 @@ from dataclasses import replace
 from typing import Any
 
 from .image import IMAGE
-from .kind import Media, MediaKind
+from .kind import Media, MediaKind, Prepared
 from .video import VIDEO
 
-__all__ = ["IMAGE", "KINDS", "VIDEO", "Media", "MediaKind", "by_kind", "kind_named", "read_spelled", "spelled"]
+__all__ = ["IMAGE", "KINDS", "VIDEO", "Media", "MediaKind", "Prepared", "by_kind", "kind_named", "read_spelled",
+           "spelled"]
 
 #: Every kind, in the order a pack stores them (format v1: images, then videos).
 KINDS: tuple[MediaKind, ...] = (IMAGE, VIDEO)

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["Media", "MediaKind"]
+__all__ = ["Media", "MediaKind", "Prepared"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +46,19 @@ class Media:
                      tuple(self.plans[k] for k in kept) if self.plans else ())
 
 
+class Prepared(NamedTuple):
+    """One kind's items of a chat, probed from their headers, as the family's side for the kind expands them
+    (what a kind's ``prepare().part`` returns; ``wdspack.packer.expand.build_expanded`` expands every kind alike)."""
+
+    kind: str  #: the kind's name (``"video"``), for messages
+    holder: str  #: the placeholder the chat template renders per item
+    token_id: int | None  #: the feature token each item's replacement fills
+    data: tuple[bytes, ...]  #: each item's bytes, as the pack stores them
+    texts: Callable[[], list[str]]  #: each item's replacement text (the processor's own)
+    planned: tuple[tuple[int, str], ...] = ()  #: per item, the tokens its plan gives and the plan shown; () unplanned
+    plans: tuple[Any, ...] = ()  #: what the pack stores of each item's plan
+
+
 @dataclass(frozen=True, slots=True)
 class MediaKind:
     """One kind of media, as the package's shared code sees it (a declaration, as a family is).
@@ -73,6 +86,11 @@ class MediaKind:
         load_drop_reasons: those a sample can also be dropped for at load time, when an item does not decode.
         decode_errors: ``() -> tuple of exception types``: what decoding an item in the loader raises for a
             bad item (the loader then drops its sample, not the pack).
+        prepare: ``() -> module``: the kind's pack-time side (its room's ``prepare`` module), imported on first
+            use, with ``setup(builder)`` (the processor's settings for the kind, read once), ``probe(builder,
+            items, sid, names) -> (data, probes)`` (each item checked or planned from its header),
+            ``part(builder, sid, data, probes) -> Prepared`` and ``policy(builder) -> dict or None`` (what the
+            manifest's ``image_policy`` records of the kind).
     """
 
     name: str
@@ -91,6 +109,7 @@ class MediaKind:
     drop_reasons: tuple[str, ...] = ()
     load_drop_reasons: tuple[str, ...] = ()
     decode_errors: Callable[[], tuple[type[BaseException], ...]] = tuple
+    prepare: Callable[[], Any] | None = None
     placeholder: str = ""
 
     @property

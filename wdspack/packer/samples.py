@@ -31,11 +31,10 @@ of ``processor.apply_chat_template(..., tokenize=True)`` with the images::
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, NamedTuple, Protocol, cast
@@ -47,9 +46,8 @@ from ..format.pack import token_dtype_for
 from ..media import KINDS
 from ..media.image.check import check_image, downscale
 from ..media.image.check import error_text as _error_text
-from ..media.settings import read_settings
-from ..media.video.plan import VideoPlan, VideoSettings
-from .expand import Prepared, build_expanded, image_part, plan_videos, video_part
+from ..media.video.plan import VideoSettings
+from .expand import build_expanded
 from .fastpath import ChatRenderer, TextEncoder, span_mask
 from .loading import (
     check_template_syntax,
@@ -197,49 +195,29 @@ class SampleBuilder:
         self.template = template or ""
         self._renderer, self._encoder = ChatRenderer(self.tokenizer, self.template), TextEncoder(self.tokenizer)
         self.feature_token, self.image_token_id = feature, self._token_id(feature)
-        self._init_video()
-        #: per kind, how a chat's items are checked or planned from their headers, and how they expand
-        self._probe: dict[str, Callable[..., tuple[tuple[bytes, ...], tuple[Any, ...]]]] = {
-            "image": self._prepare_images, "video": self._plan_videos}
-        self._part: dict[str, Callable[..., Prepared]] = {"image": image_part, "video": video_part}
+        self._setup_kinds()
         self._one = OneRender(self._apply, self._message, self._renderer.marked)
         self.typed_images = self._template_renders_typed_images()
         self.typed_videos = self.typed_images and self._template_renders_typed_videos()
         self.tool_support = self._template_renders_tools()
 
-    def _init_video(self) -> None:
-        """The family's video side, with the processor's video settings (read where transformers reads them: a
-        file that does not parse, or settings it cannot use, stop the job here, before anything packs) and the
-        user's over them; what the manifest records of the image and video settings and where they were read."""
-        side = self.family.video if self.family is not None else None
-        self.video_side, self.video_token, self.video_sampling = side, None, None
-        self.video_token_id: int | None = None
-        #: the manifest's image_policy "image" and the "video" additions: the settings used and their source
+    def _setup_kinds(self) -> None:
+        """Each kind's pack-time side set up (its room's ``prepare.setup``: the processor's settings for the kind,
+        read where transformers reads them, and the user's over them); ``settings_used`` is what the manifest
+        records of them and where they were read."""
         self.settings_used: dict[str, dict[str, Any]] = {}
-        if self.family is None:
-            return
-        spec = self.config.processor
-        image = read_settings(spec, "image_processor", self.processor)
-        size = (image.values or {}).get("size")
-        self.settings_used["image"] = {**({"size": dict(size)} if isinstance(size, dict) else {}),
-                                       "settings_from": image.source}
-        if side is None:
-            return
-        self.video_token = side.placeholder(self.processor)
-        found = read_settings(spec, "video_processor", self.processor)
-        try:
-            base = side.sampling(self.processor, found.values)
-        except ConfigError as e:
-            raise (ConfigError(f"{found.where}: {e}") if found.values is not None else e) from None
-        user = self.config.video or VideoSettings()
-        self.video_sampling = user.apply(base)
-        source = found.source
-        if found.values is None and isinstance(spec, (str, os.PathLike)):  # said in the summary, never silently
-            source += (f" ({os.fspath(spec)} has no video_processor in processor_config.json, no "
-                       "video_preprocessor_config.json, no preprocessor_config.json)")
-        overrides = {k: v for k, v in dataclasses.asdict(user).items() if v is not None}
-        self.settings_used["video"] = {"settings_from": source, **({"overrides": overrides} if overrides else {})}
-        self.video_token_id = self._token_id(side.feature_token(self.processor))
+        #: each kind's placeholder, as a chat's parts are written in the text (a kind's setup adds its own)
+        self.holders: dict[str, str] = {"image": self.image_token or ""}
+        #: per kind, its pack-time side (``wdspack.media.<kind>.prepare``)
+        self._prepare = {kind.name: kind.prepare() for kind in KINDS if kind.prepare is not None}
+        for side in self._prepare.values():
+            side.setup(self)
+
+    def families_taking(self, kind: str) -> tuple[str, ...]:
+        """The families with a side for the media kind ``kind`` (for the message when this one has none)."""
+        from ..models import known_families
+
+        return tuple(f.name for f in known_families() if kind in f.sides)
 
     def _token_id(self, feature: str | None) -> int | None:
         """The image token's id; refused unless it is one token of the vocabulary."""
@@ -296,7 +274,8 @@ class SampleBuilder:
         for kind in KINDS:  # the images always: a stray image placeholder is a mismatch even without images
             items = tuple(getattr(record, kind.plural, ()))
             if items or kind.always_stored:
-                media[kind.name] = self._probe[kind.name](items, sid, tuple(getattr(record, f"{kind.name}_names", ())))
+                names = tuple(getattr(record, f"{kind.name}_names", ()))
+                media[kind.name] = self._prepare[kind.name].probe(self, items, sid, names)
         messages = [self._message(m) for m in record.messages]
         if not messages:
             raise SampleError("empty_conversation", "the conversation has no turns", sid)
@@ -309,7 +288,8 @@ class SampleBuilder:
 
     def _finish_chat(self, chat: _Chat, encoded: tuple[np.ndarray, np.ndarray] | None = None) -> Sample:
         if self.family is not None:
-            parts = [self._part[name](self, chat.sid, data, probes) for name, (data, probes) in chat.media.items()]
+            parts = [self._prepare[name].part(self, chat.sid, data, probes)
+                     for name, (data, probes) in chat.media.items()]
             return build_expanded(self, chat.sid, chat.text, chat.spans, parts)
         ids, offsets = encoded if encoded is not None else self._encode(chat.text)
         if ids.size == 0:
@@ -329,11 +309,9 @@ class SampleBuilder:
         if self.family is not None:
             policy = {"kind": "processor", "name": self.name, "family": self.family.name,
                       "processor_class": type(self.processor).__name__}
-            if "image" in self.settings_used:  # the image processor's size and where its settings were read
-                policy["image"] = self.settings_used["image"]
-            if self.video_sampling is not None:  # the manifest keeps it where the dataset holds videos
-                policy["video"] = {"token": self.video_token, "token_id": self.video_token_id,
-                                   **dataclasses.asdict(self.video_sampling), **self.settings_used["video"]}
+            for name, side in self._prepare.items():  # each kind's settings and where they were read
+                if (used := side.policy(self)) is not None:
+                    policy[name] = used
         elif isinstance(self.config.tokens_per_image, int):
             policy = {"kind": "fixed", "tokens_per_image": self.config.tokens_per_image}
         elif self.config.tokens_per_image is None:  # text only: a record with an image stopped the job
@@ -373,7 +351,7 @@ class SampleBuilder:
         if self.typed_images and m["role"] != "tool":
             return {"role": m["role"], "content": _typed_content(parts), **extra}
         # String form: the text keeps what the source wrote around each image (LLaVA's "<image>\n").
-        holders = {"image": self.image_token or "", "video": self.video_token or ""}
+        holders = self.holders
         text = "".join(holders[p["type"]] if p.get("type") in holders else p.get("text", "") for p in parts)
         return {"role": m["role"], "content": text, **extra}
 
@@ -503,7 +481,7 @@ class SampleBuilder:
         return self._template_renders_typed("image", self.image_token)
 
     def _template_renders_typed_videos(self) -> bool:
-        return self._template_renders_typed("video", self.video_token)
+        return self._template_renders_typed("video", self.holders.get("video"))
 
     def _template_renders_typed(self, kind: str, token: str | None) -> bool:
         """Whether the template renders a bare ``{"type": kind}`` part as ``token``."""
@@ -560,11 +538,6 @@ class SampleBuilder:
             raise SampleError("no_assistant_turn", "no token is a training target after templating", sid)
         return Sample(sid, ids.astype(np.uint32), mask, tuple(images), tuple(int(c) for c in counts))
 
-
-    def _plan_videos(self, videos: tuple[bytes, ...], sid: str,
-                     names: tuple[str, ...] = ()) -> tuple[tuple[bytes, ...], tuple[VideoPlan, ...]]:
-        """The videos, and each one's plan from its header: :func:`~.expand.plan_videos`."""
-        return videos, plan_videos(self, videos, sid, names)
 
 
 #: Stands for an assistant turn's words when locating the turn (a private-use character: in no real text).

@@ -49,6 +49,7 @@ from weakref import WeakKeyDictionary
 import numpy as np
 
 from ..errors import ConfigError, SampleError
+from ..media.video import prepare as video_prepare
 from .sources.documents import IMAGE, VIDEO, Segment, TextRecord
 from .tokenized import Sample
 
@@ -256,7 +257,7 @@ def _parts(builder: TextBuilder, record: TextRecord, config: PretrainConfig, *, 
 
 def _video_spans(builder: Any, videos: tuple[bytes, ...], sid: str) -> list[tuple[np.ndarray, int, Any]]:
     """Each video's token ids (the processor's replacement text), its feature tokens and its plan."""
-    _, plans = builder._plan_videos(videos, sid)  # unsupported_media without a family's video path
+    _, plans = video_prepare.probe(builder, videos, sid)  # unsupported_media without a family's video path
     out = []
     for plan in plans:
         ids = np.asarray(builder.tokenizer(builder.video_side.replacement(builder.processor, plan),
@@ -324,10 +325,9 @@ def _assemble(sid: str, bos: list[int], parts: Sequence[_Part], eos: int | None)
     films = [(p, p.video) for p in parts if p.video is not None]
     if not films:
         return Sample(sid, ids.astype(np.uint32), mask, images, counts)
-    from .expand import plan_record
 
     return Sample(sid, ids.astype(np.uint32), mask, images, counts, tuple(v for _, v in films),
-                  tuple(p.video_tokens for p, _ in films), tuple(plan_record(p.plan) for p, _ in films))
+                  tuple(p.video_tokens for p, _ in films), tuple(video_prepare.plan_record(p.plan) for p, _ in films))
 
 
 # ---- splitting -------------------------------------------------------------------------------

@@ -28,6 +28,12 @@ def _decode_errors() -> tuple[type[BaseException], ...]:
     return (ImageDecodeError,)
 
 
+
+def _prepare() -> Any:
+    from . import prepare
+
+    return prepare
+
 #: Images: every v1 pack has their keys; ``max_images`` bounds them per pack.
 IMAGE = MediaKind(
     name="image", plural="images", record_fields=("images", "image"),
@@ -35,4 +41,5 @@ IMAGE = MediaKind(
     extensions=("jpg", "jpeg", "png", "webp"), settings_part="image_processor", load=_load, describe=_describe,
     always_stored=True, budget="max_images",
     drop_reasons=("missing_image", "image_path_escape", "unreadable_image", "image_too_large", "too_many_images"),
-    load_drop_reasons=("unreadable_image", "image_too_large"), decode_errors=_decode_errors, placeholder="<image>")
+    load_drop_reasons=("unreadable_image", "image_too_large"), decode_errors=_decode_errors, placeholder="<image>",
+    prepare=_prepare)

@@ -30,6 +30,12 @@ def _decode_errors() -> tuple[type[BaseException], ...]:
     return (VideoDecodeError,)
 
 
+
+def _prepare() -> Any:
+    from . import prepare
+
+    return prepare
+
 #: Videos: their keys are in a pack only when it holds one; ``max_video_tokens_per_pack`` bounds them.
 VIDEO = MediaKind(
     name="video", plural="videos", record_fields=("videos", "video"),
@@ -38,4 +44,5 @@ VIDEO = MediaKind(
     extensions=("mp4", "webm", "mkv", "mov", "avi"), settings_part="video_processor", load=_load,
     describe=_describe, plan_record=VideoPlanRecord, check=check_videos, budget="max_video_tokens_per_pack",
     drop_reasons=("missing_video", "video_path_escape", "unreadable_video", "video_too_short", "video_too_large"),
-    load_drop_reasons=("unreadable_video",), decode_errors=_decode_errors, placeholder="<video>")
+    load_drop_reasons=("unreadable_video",), decode_errors=_decode_errors, placeholder="<video>",
+    prepare=_prepare)

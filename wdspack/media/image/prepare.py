@@ -1,0 +1,54 @@
+"""The image kind at pack time: the image processor's settings recorded, and a chat's images expanded by the
+family's image side from their header sizes. Each image is checked from its header by the sample builder itself
+(``probe`` asks it: the same check serves a tokenizer with a fixed count per image, where there is no family).
+
+``builder`` is the pack job's sample builder (``wdspack.packer.samples.SampleBuilder``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ...errors import ConfigError, SampleError
+from ..kind import Prepared
+from ..settings import read_settings
+from .check import error_text
+
+__all__ = ["part", "policy", "probe", "setup"]
+
+
+def setup(builder: Any) -> None:
+    """What the manifest records of the image processor's settings: its size, and where they were read."""
+    if builder.family is None:
+        return
+    found = read_settings(builder.config.processor, "image_processor", builder.processor)
+    size = (found.values or {}).get("size")
+    builder.settings_used["image"] = {**({"size": dict(size)} if isinstance(size, dict) else {}),
+                                      "settings_from": found.source}
+
+
+def policy(builder: Any) -> dict[str, Any] | None:
+    """What the manifest's ``image_policy`` keeps of the images' settings (processor mode)."""
+    return builder.settings_used.get("image")
+
+
+def probe(builder: Any, images: tuple[bytes, ...], sid: str,
+          names: tuple[str, ...] = ()) -> tuple[tuple[bytes, ...], tuple[Any, ...]]:
+    """The images checked from their headers, and per image its token count or ``(height, width)``."""
+    return builder._prepare_images(images, sid, names)
+
+
+def part(builder: Any, sid: str, images: Sequence[bytes], sizes: Sequence[Any]) -> Prepared:
+    """A chat's images as the family expands them: from their ``(height, width)`` (header sizes, no pixels)."""
+
+    def texts() -> list[str]:
+        try:
+            return builder.family.image.replacements(builder.processor, list(sizes))
+        except ConfigError:
+            raise  # the processor's settings, not this sample: every sample would fail the same way
+        except Exception as e:  # the processor's own code refusing a size
+            raise SampleError("unreadable_image", f"the processor cannot lay out images of sizes {list(sizes)}: "
+                              f"{error_text(e)}", sid) from None
+
+    return Prepared("image", builder.image_token, builder.image_token_id, tuple(images), texts)
