@@ -49,8 +49,8 @@ from weakref import WeakKeyDictionary
 import numpy as np
 
 from ..errors import ConfigError, SampleError
-from ..media.video import prepare as video_prepare
-from .sources.documents import IMAGE, VIDEO, Segment, TextRecord
+from ..media import KINDS, Media, MediaKind
+from .sources.documents import IMAGE, SEGMENT_OF, VIDEO, Segment, TextRecord
 from .tokenized import Sample
 
 __all__ = ["DEFAULT_CAPTION_TEMPLATE", "PretrainConfig", "TextBuilder", "build_samples", "build_text_sample"]
@@ -93,17 +93,16 @@ class PretrainConfig:
 
 @dataclass(frozen=True, slots=True)
 class _Part:
-    """A run of tokens: text (a target or not, with its text and offsets for cutting) or one image."""
+    """A run of tokens: text (a target or not, with its text and offsets for cutting) or one media item."""
 
     ids: np.ndarray
     target: bool
-    image: bytes | None = None
-    image_tokens: int = 0
     text: str = ""
     offsets: np.ndarray | None = None
-    #: a video caption's video: its bytes, feature tokens and plan (:mod:`wdspack.media.video.plan`)
-    video: bytes | None = None
-    video_tokens: int = 0
+    #: a media item's kind (``"image"``), bytes, feature tokens and stored plan (None: the kind has none)
+    kind: str = ""
+    data: bytes | None = None
+    tokens: int = 0
     plan: Any = None
 
 
@@ -169,8 +168,8 @@ def build_samples(builder: TextBuilder, record: Any, *, seq_len: int, max_images
     bos, eos = _special_ids(builder, config)
     parts = _parts(builder, record, config, offsets=True)
     tokens = len(bos) + sum(p.ids.size for p in parts) + 1
-    images = sum(p.image is not None for p in parts)
-    if tokens <= seq_len and (max_images is None or images <= max_images):
+    media = sum(p.data is not None for p in parts)  # what max_images bounds: every kind's items
+    if tokens <= seq_len and (max_images is None or media <= max_images):
         return [_assemble(record.sample_id, bos, parts, eos)]
     pieces = _split(parts, budget=seq_len - len(bos) - 1, max_images=max_images, sid=record.sample_id)
     return [_assemble(f"{record.sample_id}#{k}", bos, piece, eos if k == len(pieces) - 1 else None)
@@ -220,30 +219,25 @@ def _token_id(builder: TextBuilder, token: str, option: str) -> int:
 def _parts(builder: TextBuilder, record: TextRecord, config: PretrainConfig, *, offsets: bool) -> list[_Part]:
     """The record's text, image and video runs in order, each text tokenized on its own."""
     sid = record.sample_id
-    if record.segments.count(IMAGE) != len(record.images):
-        raise SampleError("placeholder_mismatch", f"{record.segments.count(IMAGE)} image segments for "
-                          f"{len(record.images)} images", sid)
-    videos = tuple(getattr(record, "videos", ()))
-    if record.segments.count(VIDEO) != len(videos):
-        raise SampleError("placeholder_mismatch", f"{record.segments.count(VIDEO)} video segments for "
-                          f"{len(videos)} videos", sid)
-    images, counts = builder._prepare_images(record.images, sid)  # the checks every sample's images get
-    films = _video_spans(builder, videos, sid) if videos else []
-    layout = _layout(record, config)  # (text, IMAGE or VIDEO; target)
+    for kind in KINDS:  # every kind's count first, then each kind's items checked
+        count, have = record.segments.count(SEGMENT_OF[kind.name]), len(record.media.get(kind.name, ()))
+        if count != have:
+            raise SampleError("placeholder_mismatch", f"{count} {kind.name} segments for {have} {kind.plural}", sid)
+    items = {}  # per kind present, each item's (bytes, token ids, feature tokens, stored plan)
+    for kind in KINDS:
+        data = tuple(record.media.get(kind.name, ()))
+        if data or kind.always_stored:  # the images always: their checks (and a fixed count per image)
+            items[SEGMENT_OF[kind.name]] = (kind.name, _media_spans(builder, kind, data, sid))
+    layout = _layout(record, config)  # (text, a kind's segment; target)
     texts = [t for t, _ in layout if isinstance(t, str)]
     encoded = [builder._encode(t) for t in texts]  # each text alone: wdspack.packer.fastpath.TextEncoder
-    spans = _image_spans(builder, images, counts, sid)
-    parts, t, k, v = [], 0, 0, 0
+    parts, t, taken = [], 0, dict.fromkeys(items, 0)
     for text, target in layout:
-        if text is IMAGE:
-            ids, n = spans[k]
-            parts.append(_Part(ids, False, images[k], n))
-            k += 1
-            continue
-        if text is VIDEO:
-            ids, n, plan = films[v]
-            parts.append(_Part(ids, False, video=videos[v], video_tokens=n, plan=plan))
-            v += 1
+        if text in items:
+            name, spans = items[text]
+            item, ids, n, plan = spans[taken[text]]
+            parts.append(_Part(ids, False, kind=name, data=item, tokens=n, plan=plan))
+            taken[text] += 1
             continue
         assert isinstance(text, str)
         ids, where = encoded[t][0], (encoded[t][1] if offsets else None)
@@ -255,14 +249,24 @@ def _parts(builder: TextBuilder, record: TextRecord, config: PretrainConfig, *, 
     return parts
 
 
-def _video_spans(builder: Any, videos: tuple[bytes, ...], sid: str) -> list[tuple[np.ndarray, int, Any]]:
-    """Each video's token ids (the processor's replacement text), its feature tokens and its plan."""
-    _, plans = video_prepare.probe(builder, videos, sid)  # unsupported_media without a family's video path
+def _media_spans(builder: Any, kind: MediaKind, data: tuple[bytes, ...],
+                 sid: str) -> list[tuple[bytes, np.ndarray, int, Any]]:
+    """Each item's bytes (as checked), token ids (the processor's replacement text, or the fixed count of image
+    tokens without a family), feature tokens and stored plan: the kind's room prepares them as for a chat."""
+    if builder.family is None and kind.always_stored:  # a tokenizer and a fixed count per image
+        images, counts = builder._prepare_images(data, sid)  # the checks every sample's images get
+        return [(b, np.full(int(c), builder.image_token_id, np.int64), int(c), None) for b, c in zip(images, counts)]
+    assert kind.prepare is not None
+    side = kind.prepare()  # a kind that needs a family's side says so (unsupported_media)
+    checked, probes = side.probe(builder, data, sid)
+    if not checked:
+        return []
+    prepared = side.part(builder, sid, checked, probes)
     out = []
-    for plan in plans:
-        ids = np.asarray(builder.tokenizer(builder.video_side.replacement(builder.processor, plan),
-                                           add_special_tokens=False)["input_ids"], np.int64)
-        out.append((ids, int((ids == builder.video_token_id).sum()), plan))
+    for k, rep in enumerate(prepared.texts()):
+        ids = np.asarray(builder.tokenizer(rep, add_special_tokens=False)["input_ids"], np.int64)
+        out.append((checked[k], ids, int((ids == prepared.token_id).sum()),
+                    prepared.plans[k] if prepared.plans else None))
     return out
 
 
@@ -296,38 +300,16 @@ def _split_fields(template: str) -> list[str]:
     return out
 
 
-def _image_spans(builder: TextBuilder, images: Sequence[bytes], counts: Sequence,
-                 sid: str) -> list[tuple[np.ndarray, int]]:
-    """Each image's token ids and its count of feature tokens, under the builder's image policy."""
-    if builder.family is None:
-        return [(np.full(int(c), builder.image_token_id, np.int64), int(c)) for c in counts]
-    try:
-        reps = builder.family.image.replacements(builder.processor, counts) if images else []
-    except ConfigError:
-        raise
-    except Exception as e:  # the processor refusing a size
-        raise SampleError("unreadable_image", f"the processor cannot lay out images of sizes {counts}: {e}",
-                          sid) from None
-    out = []
-    for rep in reps:
-        ids = np.asarray(builder.tokenizer(rep, add_special_tokens=False)["input_ids"], np.int64)
-        out.append((ids, int((ids == builder.image_token_id).sum())))
-    return out
-
-
 def _assemble(sid: str, bos: list[int], parts: Sequence[_Part], eos: int | None) -> Sample:
     tail = [eos] if eos is not None else []
     ids = np.concatenate([np.asarray(bos, np.int64), *(p.ids for p in parts), np.asarray(tail, np.int64)])
     mask = np.concatenate([np.zeros(len(bos), np.uint8), *(np.full(p.ids.size, p.target, np.uint8) for p in parts),
                            np.ones(len(tail), np.uint8)])
-    images = tuple(p.image for p in parts if p.image is not None)
-    counts = tuple(p.image_tokens for p in parts if p.image is not None)
-    films = [(p, p.video) for p in parts if p.video is not None]
-    if not films:
-        return Sample(sid, ids.astype(np.uint32), mask, images, counts)
-
-    return Sample(sid, ids.astype(np.uint32), mask, images, counts, tuple(v for _, v in films),
-                  tuple(p.video_tokens for p, _ in films), tuple(video_prepare.plan_record(p.plan) for p, _ in films))
+    media = {kind.name: Media(tuple(p.data for p in parts if p.kind == kind.name and p.data is not None), (),
+                              tuple(p.tokens for p in parts if p.kind == kind.name),
+                              tuple(p.plan for p in parts if p.kind == kind.name and p.plan is not None))
+             for kind in KINDS}
+    return Sample(sid, ids.astype(np.uint32), mask, media=media)
 
 
 # ---- splitting -------------------------------------------------------------------------------
@@ -341,7 +323,7 @@ def _split(parts: list[_Part], *, budget: int, max_images: int | None, sid: str)
     """
     cost, img, level, where = [], [], [], []  # where: (part index, token index) of each atom
     for pi, p in enumerate(parts):
-        if p.image is not None:
+        if p.data is not None:  # a media item: one atom
             cost.append(p.ids.size)
             img.append(1)
             level.append(0)
@@ -416,7 +398,7 @@ def _slice(parts: list[_Part], where: list[tuple[int, int]], a: int, b: int) -> 
     last = where[b - 1]
     for pi in range(where[a][0], last[0] + 1):
         p = parts[pi]
-        if p.image is not None:
+        if p.data is not None:
             out.append(p)
             continue
         lo = where[a][1] if pi == where[a][0] else 0
