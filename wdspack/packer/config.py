@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
+from ..media.video.prepare import settings_text
 from .executors import EXECUTORS
 from .planner import ALGORITHMS
 
@@ -254,8 +255,8 @@ class PackSummary:
         if not self.videos:
             return [f"images   {_policy_text(policy)}"]
         if self.images or not policy.get("family"):
-            return [f"images   {_policy_text(policy)}", f"videos   {_video_text(policy)}"]
-        return [f"videos   processor {policy['family']} ({policy.get('processor_class')}), {_video_text(policy)}"]
+            return [f"images   {_policy_text(policy)}", f"videos   {settings_text(policy)}"]
+        return [f"videos   processor {policy['family']} ({policy.get('processor_class')}), {settings_text(policy)}"]
 
     def _carried_lines(self) -> list[str]:
         """A reshard's drops in two: inherited from the source dataset, and its own (new budgets)."""
@@ -309,40 +310,10 @@ def _policy_text(policy: dict[str, Any]) -> str:
     return f"image processor {policy.get('name')}, tokens from each image's size"
 
 
-def _video_text(policy: dict[str, Any]) -> str:
-    """``frames at 2 fps (4 to 16 a video), 6272 to 50176 pixels each, tokens from each video's header; settings
-    from processor_config.json``, and the user's settings over them where given."""
-    v = policy.get("video") or {}
-    if v.get("do_sample_frames"):
-        rate = f"{v['num_frames']} frames a video" if v.get("num_frames") else \
-            f"frames at {v.get('fps'):g} fps ({v.get('min_frames')} to {v.get('max_frames')} a video)"
-    else:
-        rate = "every frame"
-    if v.get("height") and v.get("width"):  # one size for every frame (LLaVA-OneVision)
-        pixels = f"each resized to {v['height']}x{v['width']}"
-    elif v.get("min_pixels"):
-        pixels = f"{v['min_pixels']} to {v.get('max_pixels')} pixels each"
-    else:
-        pixels = f"at most {v.get('max_pixels')} pixels each"
-    text = f"{rate}, {pixels}, tokens from each video's header"
-    if v.get("settings_from"):  # absent from datasets packed before wdspack recorded it
-        text += f"; settings from {v['settings_from']}"
-        over = [f"{_FLAGS.get(k, k)} {w:g}" for k, w in (v.get("overrides") or {}).items()]
-        if over:
-            text += ", " + (" and ".join(over) if len(over) < 3 else ", ".join(over[:-1]) + " and " + over[-1]) \
-                + " over them"
-    return text
-
-
 def _size_order(item: tuple[str, Any]) -> tuple[int, str]:
     """The bounds first, the lower one before the upper one (``shortest_edge 3136, longest_edge 50176``)."""
     first = ("shortest_edge", "longest_edge", "height", "width")
     return (first.index(item[0]) if item[0] in first else len(first), item[0])
-
-
-#: The pack flag of each of VideoSettings' fields (the summary names what the user set by the flag they know).
-_FLAGS = {"fps": "--video-fps", "max_frames": "--video-max-frames", "max_pixels": "--video-max-pixels",
-          "num_frames": "--video-num-frames"}
 
 
 def _human_bytes(n: float) -> str:

@@ -61,8 +61,9 @@ from ..format.manifest import DROPPED_NAME, MANIFEST_NAME, Manifest, ShardInfo
 from ..format.pack import encode_pack
 from ..format.pack_index import INDEX_NAME, build_index, encode_index, index_entry
 from ..format.tar import ShardWriter, shard_name
+from ..media import KINDS
 from ..storage.location import Location
-from .config import PackConfig, PackSummary, _video_text
+from .config import PackConfig, PackSummary
 from .executors import (
     ProgressLog,
     check_executor,
@@ -427,7 +428,7 @@ def _measure_partition(i: int, partition: Partition, sample_config: SampleConfig
                 continue
             for s in samples:
                 over = _whole_document_over_budget(item, s, seq_len=seq_len, max_images=max_images) \
-                    or _video_chat_over_budget(builder, s, seq_len=seq_len)
+                    or _kind_over_budget(builder, s, seq_len=seq_len)
                 if over is not None:
                     _on_drop(over, on_error)
                     spool.drop(over)
@@ -465,19 +466,13 @@ def _whole_document_over_budget(record: Any, sample: Any, *, seq_len: int, max_i
     return None
 
 
-def _video_chat_over_budget(builder: Any, sample: Any, *, seq_len: int) -> Dropped | None:
-    """A sample whose videos take it over ``seq_len``, dropped here because its fix is also the video
-    sampling: the message names the levers and the processor's video settings it was planned with."""
-    videos = sample.media["video"]
-    if not videos or sample.token_count <= seq_len:
-        return None
-    policy = builder.describe()["image_policy"]
-    levers = "--video-num-frames" if (policy.get("video") or {}).get("num_frames") and \
-        "max_frames" not in (policy.get("video") or {}) else "--video-fps, --video-max-frames, --video-max-pixels"
-    count = len(videos)
-    return Dropped(sample.sample_id, "too_long", f"{sample.token_count} tokens > seq_len {seq_len}, "
-                   f"{sum(videos.tokens)} of them for its {count} video{'s' if count > 1 else ''}; raise "
-                   f"--seq-len, or sample fewer or smaller frames ({levers}); planned with {_video_text(policy)}")
+def _kind_over_budget(builder: Any, sample: Any, *, seq_len: int) -> Dropped | None:
+    """A sample over ``seq_len`` for a kind whose fix is also its own settings (a video's sampling): dropped here,
+    with the levers and the settings it was planned with (each kind's ``prepare.over_budget``)."""
+    for kind in KINDS:
+        if kind.prepare is not None and (why := kind.prepare().over_budget(builder, sample, seq_len=seq_len)):
+            return Dropped(sample.sample_id, "too_long", why)
+    return None
 
 
 def _on_drop(d: Dropped, on_error: str) -> None:

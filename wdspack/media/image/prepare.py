@@ -15,7 +15,7 @@ from ..kind import Prepared
 from ..settings import read_settings
 from .check import error_text
 
-__all__ = ["part", "policy", "probe", "setup"]
+__all__ = ["over_budget", "part", "policy", "probe", "setup"]
 
 
 def setup(builder: Any) -> None:
@@ -31,6 +31,11 @@ def setup(builder: Any) -> None:
 def policy(builder: Any) -> dict[str, Any] | None:
     """What the manifest's ``image_policy`` keeps of the images' settings (processor mode)."""
     return builder.settings_used.get("image")
+
+
+def over_budget(builder: Any, sample: Any, *, seq_len: int) -> str | None:
+    """None: a sample over ``seq_len`` for its images is dropped with the job's own message (``too_long``)."""
+    return None
 
 
 def probe(builder: Any, images: tuple[bytes, ...], sid: str,

@@ -19,7 +19,7 @@ from .header import read_header
 from .plan import VideoPlan, VideoSettings, check_decode_size
 from .record import VideoPlanRecord
 
-__all__ = ["part", "plan_record", "policy", "probe", "setup"]
+__all__ = ["over_budget", "part", "plan_record", "policy", "probe", "settings_text", "setup"]
 
 
 def setup(builder: Any) -> None:
@@ -93,3 +93,48 @@ def plan_record(plan: VideoPlan) -> VideoPlanRecord:
     """What a pack stores of a video's plan (:class:`~.record.VideoPlanRecord`)."""
     return VideoPlanRecord(frames=plan.indices, size=(plan.height, plan.width), grid=plan.grid,
                            second_per_grid_t=plan.second_per_grid_t)
+
+
+def over_budget(builder: Any, sample: Any, *, seq_len: int) -> str | None:
+    """Why a sample whose videos take it over ``seq_len`` is dropped (None: it is not), said here because its fix
+    is also the video sampling: the message names the levers and the video settings it was planned with."""
+    videos = sample.media["video"]
+    if not videos or sample.token_count <= seq_len:
+        return None
+    policy = builder.describe()["image_policy"]
+    levers = "--video-num-frames" if (policy.get("video") or {}).get("num_frames") and \
+        "max_frames" not in (policy.get("video") or {}) else "--video-fps, --video-max-frames, --video-max-pixels"
+    count = len(videos)
+    return (f"{sample.token_count} tokens > seq_len {seq_len}, {sum(videos.tokens)} of them for its {count} "
+            f"video{'s' if count > 1 else ''}; raise --seq-len, or sample fewer or smaller frames ({levers}); "
+            f"planned with {settings_text(policy)}")
+
+
+def settings_text(policy: dict[str, Any]) -> str:
+    """``frames at 2 fps (4 to 16 a video), 6272 to 50176 pixels each, tokens from each video's header; settings
+    from processor_config.json``, and the user's settings over them where given."""
+    v = policy.get("video") or {}
+    if v.get("do_sample_frames"):
+        rate = f"{v['num_frames']} frames a video" if v.get("num_frames") else \
+            f"frames at {v.get('fps'):g} fps ({v.get('min_frames')} to {v.get('max_frames')} a video)"
+    else:
+        rate = "every frame"
+    if v.get("height") and v.get("width"):  # one size for every frame (LLaVA-OneVision)
+        pixels = f"each resized to {v['height']}x{v['width']}"
+    elif v.get("min_pixels"):
+        pixels = f"{v['min_pixels']} to {v.get('max_pixels')} pixels each"
+    else:
+        pixels = f"at most {v.get('max_pixels')} pixels each"
+    text = f"{rate}, {pixels}, tokens from each video's header"
+    if v.get("settings_from"):  # absent from datasets packed before wdspack recorded it
+        text += f"; settings from {v['settings_from']}"
+        over = [f"{_FLAGS.get(k, k)} {w:g}" for k, w in (v.get("overrides") or {}).items()]
+        if over:
+            text += ", " + (" and ".join(over) if len(over) < 3 else ", ".join(over[:-1]) + " and " + over[-1]) \
+                + " over them"
+    return text
+
+
+#: The pack flag of each of VideoSettings' fields (the summary names what the user set by the flag they know).
+_FLAGS = {"fps": "--video-fps", "max_frames": "--video-max-frames", "max_pixels": "--video-max-pixels",
+          "num_frames": "--video-num-frames"}
