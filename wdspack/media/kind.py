@@ -90,7 +90,12 @@ class MediaKind:
             use, with ``setup(builder)`` (the processor's settings for the kind, read once), ``probe(builder,
             items, sid, names) -> (data, probes)`` (each item checked or planned from its header),
             ``part(builder, sid, data, probes) -> Prepared`` and ``policy(builder) -> dict or None`` (what the
-            manifest's ``image_policy`` records of the kind).
+            manifest's ``image_policy`` records of the kind), ``over_budget(builder, sample, *, seq_len)``
+            (why a sample over ``seq_len`` for the kind is dropped, where its fix is the kind's own settings).
+        batch: ``() -> module``: the kind's side in the loader with a processor (its room's ``batch`` module):
+            ``ROWS_KEY`` and ``MASK_KEY`` (its pixel rows and their mask in the batch), ``active(batcher)``,
+            ``outputs(batcher, items, raw)`` (decoded, through the family's side), ``pad(batcher, outputs,
+            tokens)`` (the budgets' static shapes) and ``normalize(batcher, uint8_rows)``.
     """
 
     name: str
@@ -110,6 +115,7 @@ class MediaKind:
     load_drop_reasons: tuple[str, ...] = ()
     decode_errors: Callable[[], tuple[type[BaseException], ...]] = tuple
     prepare: Callable[[], Any] | None = None
+    batch: Callable[[], Any] | None = None
     placeholder: str = ""
 
     @property

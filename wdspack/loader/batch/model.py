@@ -1,6 +1,6 @@
 """A model processor's keys: per pack, its pixels and the family's token rows; per batch, their concatenation.
 
-    pack.media, kind by kind ─► the family's side for the kind (:data:`_SIDES`):
+    pack.media, kind by kind ─► the kind's loader side (``wdspack.media.<kind>.batch``) ─► the family's side:
         images: decode_image (guarded) ─► family.image.pixels ─► family.image.pad (static shapes)
         videos: family.video.pixels (the planned frames) ─► family.video.pad
     input_ids [L] ─► family.token_rows: e.g. mm_token_type_ids [L], 3-D positions [3, L]
@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
 from ...errors import ConfigError
-from ...media import KINDS, Media
-from ...media.image.pixels import DEFAULT_MAX_PIXELS, ImageDecodeError, decode_image
+from ...media import KINDS
+from ...media.image.pixels import DEFAULT_MAX_PIXELS
 from ...models.family import Budgets, Rows
 from .buffers import fresh_pixels
 
@@ -58,9 +58,11 @@ class ModelBatcher:
         self.family = family_for(self.processor)
         given = {f"max_{name}_tokens": int(value) for name, value in tokens.items() if value is not None}
         self.budgets = Budgets(int(seq_len), int(max_images), **given)  # a kind not given: its default (none, or L)
-        if self.budgets.max_video_tokens and self.family.video is None:
-            raise ConfigError(f"the dataset holds videos, but the {self.family.name} family has no video path "
-                              f"({type(self.processor).__name__}); load with the processor it was packed with")
+        for kind in KINDS:  # a kind the dataset holds (its budget has tokens) that the family does not take
+            if getattr(self.budgets, f"max_{kind.name}_tokens", None) and kind.name not in self.family.sides:
+                raise ConfigError(f"the dataset holds {kind.plural}, but the {self.family.name} family has no "
+                                  f"{kind.name} path ({type(self.processor).__name__}); load with the processor it "
+                                  "was packed with")
         self.max_pixels = int(max_pixels)
         #: ``"uint8"``: pixels as the processor's resized bytes, un-normalised (``ImageSide.uint8_pixels``).
         self.pixel_dtype = "float32"
@@ -93,8 +95,9 @@ class ModelBatcher:
         raw = {"do_rescale": False, "do_normalize": False} if self.pixel_dtype == "uint8" else {}
         out: dict[str, Any] = {}
         pixels: dict[str, Any] = {}
+        sides = _sides()
         for kind in KINDS:
-            side, items = _SIDES[kind.name], pack.media[kind.name]
+            side, items = sides[kind.name], pack.media[kind.name]
             if not side.active(self):
                 if items:
                     raise ConfigError(f"a pack holds {len(items)} {kind.plural} but the dataset's manifest lists none "
@@ -104,8 +107,8 @@ class ModelBatcher:
             out.update(side.outputs(self, items, raw))
             pixels.update(side.pad(self, out, tuple(items.tokens)))
         if raw:  # each kind's pixel rows as bytes
-            for kind in KINDS:
-                key = _SIDES[kind.name].rows_key
+            for side in sides.values():
+                key = side.ROWS_KEY
                 if key in pixels:
                     pixels[key] = self._as_bytes(pixels[key])
         rows = self.family.token_rows(input_ids, pack.seq_lens, out, self.processor) if self.family.token_rows else {}
@@ -125,30 +128,12 @@ class ModelBatcher:
                                   "pass pixel_dtype='float32'")
         return Rows(tuple(t.to(torch.uint8) for t in rows.pieces), rows.rows)
 
-    def normalize(self, pixels: torch.Tensor) -> torch.Tensor:
-        """uint8 ``pixel_values`` rows (``pixel_dtype="uint8"``) → float32, rescaled and normalised as the
-        processor does (``x · rescale_factor``, then ``(x - mean) / std`` per channel), on their device."""
-        ip = self.processor.image_processor
-        mean = torch.tensor(ip.image_mean, dtype=torch.float32, device=pixels.device)[:, None]
-        std = torch.tensor(ip.image_std, dtype=torch.float32, device=pixels.device)[:, None]
-        rows = pixels.to(torch.float32).view(pixels.shape[0], mean.shape[0], -1)  # channel-major rows
-        return rows.mul_(float(ip.rescale_factor)).sub_(mean).div_(std).view(pixels.shape)
-
-    def normalize_videos(self, pixels: torch.Tensor) -> torch.Tensor:
-        """uint8 ``pixel_values_videos`` rows → float32 as the video processor normalises them (its fused
-        ``(x - mean/rescale) / (std/rescale)``, bit for bit on the CPU), on their device."""
-        from ...media.video.pixels import normalize_video_rows
-
-        ip = self.processor.image_processor
-        return normalize_video_rows(pixels, mean=ip.image_mean, std=ip.image_std,
-                                    rescale_factor=float(ip.rescale_factor))
-
     @property
     def pixel_rows(self) -> tuple[tuple[str, str, Callable[[torch.Tensor], torch.Tensor]], ...]:
         """Per kind, its pixel rows' key, the key of the mask of its real rows, and how its uint8 rows become
         float32 (``normalize_pixels``): ``("pixel_values", "patch_mask", self.normalize)``, ...."""
-        return tuple((side.rows_key, side.mask_key, functools.partial(side.normalize, self))
-                     for side in (_SIDES[kind.name] for kind in KINDS))
+        return tuple((side.ROWS_KEY, side.MASK_KEY, functools.partial(side.normalize, self))
+                     for side in _sides().values())
 
     @staticmethod
     def padded(pixels: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -187,60 +172,10 @@ class ModelBatcher:
             batch = self.family.finish_batch(batch)
         return batch, written
 
-    def _decode(self, k: int, data: bytes):
-        try:
-            return decode_image(data, max_pixels=self.max_pixels)
-        except ImageDecodeError as e:
-            raise type(e)(f"image {k}: {e}", index=k) from None
 
-
-class _Side(NamedTuple):
-    """What a batcher does with one kind's items of a pack, through the family's side for the kind."""
-
-    #: the :class:`Rows` key of the kind's pixels (made bytes under ``pixel_dtype="uint8"``)
-    rows_key: str
-    #: ``batcher -> bool``: whether the batch has the kind's keys
-    active: Callable[[ModelBatcher], bool]
-    #: ``(batcher, items, raw) -> {key: tensor}``: the processor's outputs for the items (``raw``: the
-    #: un-normalised pixels' settings)
-    outputs: Callable[[ModelBatcher, Media, Mapping[str, Any]], Mapping[str, Any]]
-    #: ``(batcher, outputs, tokens) -> {key: tensor or Rows}``: padded to the budgets' static shapes
-    pad: Callable[[ModelBatcher, Mapping[str, Any], tuple[int, ...]], Mapping[str, Any]]
-    #: the batch key of the mask of the kind's real pixel rows
-    mask_key: str
-    #: ``(batcher, uint8 rows) -> float32 rows``: normalised as the kind's processor does
-    normalize: Callable[[ModelBatcher, torch.Tensor], torch.Tensor]
-
-
-def _image_outputs(batcher: ModelBatcher, items: Media, raw: Mapping[str, Any]) -> Mapping[str, Any]:
-    images: list[Any] = [batcher._decode(k, data) for k, data in enumerate(items.data)]
-    if images and batcher.family.image.pixels_per_sample:
-        owners = list(items.sample)
-        images = [[im for im, o in zip(images, owners) if o == s] for s in dict.fromkeys(owners)]
-    return batcher.family.image.pixels(batcher.processor, images, **raw) if images else {}
-
-
-def _video_outputs(batcher: ModelBatcher, items: Media, raw: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The videos at their planned frames (a video that does not decode raises ``VideoDecodeError`` with its
-    ``index``; :func:`~.collate.naming_sample` names its sample)."""
-    assert batcher.family.video is not None  # active only then
-    return batcher.family.video.pixels(batcher.processor, items.data, items.plans, max_pixels=batcher.max_pixels)
-
-
-def _video_pad(batcher: ModelBatcher, out: Mapping[str, Any], tokens: tuple[int, ...]) -> Mapping[str, Any]:
-    assert batcher.family.video is not None
-    return batcher.family.video.pad(out, batcher.processor, batcher.budgets, tokens)
-
-
-#: Each kind's side, by kind name: images through the family's image side (``pixels``/``pad``), videos through
-#: its ``video`` side (only when the dataset's budgets have video tokens).
-_SIDES: dict[str, _Side] = {
-    "image": _Side("pixel_values", lambda b: True, _image_outputs,
-                   lambda b, out, tokens: b.family.image.pad(out, b.processor, b.budgets, tokens),
-                   "patch_mask", lambda b, rows: b.normalize(rows)),
-    "video": _Side("pixel_values_videos", lambda b: bool(b.budgets.max_video_tokens) and b.family.video is not None,
-                   _video_outputs, _video_pad, "video_patch_mask", lambda b, rows: b.normalize_videos(rows)),
-}
+def _sides() -> dict[str, Any]:
+    """Each kind's side in the loader (its room's ``batch`` module), by the kind's name."""
+    return {kind.name: kind.batch() for kind in KINDS if kind.batch is not None}
 
 
 #: ``shape -> (tensor, dirty)``: the memory one key's rows are written into (:data:`Take` for that key).

@@ -34,6 +34,12 @@ def _prepare() -> Any:
 
     return prepare
 
+
+def _batch() -> Any:
+    from . import batch
+
+    return batch
+
 #: Images: every v1 pack has their keys; ``max_images`` bounds them per pack.
 IMAGE = MediaKind(
     name="image", plural="images", record_fields=("images", "image"),
@@ -42,4 +48,4 @@ IMAGE = MediaKind(
     always_stored=True, budget="max_images",
     drop_reasons=("missing_image", "image_path_escape", "unreadable_image", "image_too_large", "too_many_images"),
     load_drop_reasons=("unreadable_image", "image_too_large"), decode_errors=_decode_errors, placeholder="<image>",
-    prepare=_prepare)
+    prepare=_prepare, batch=_batch)

@@ -36,6 +36,12 @@ def _prepare() -> Any:
 
     return prepare
 
+
+def _batch() -> Any:
+    from . import batch
+
+    return batch
+
 #: Videos: their keys are in a pack only when it holds one; ``max_video_tokens_per_pack`` bounds them.
 VIDEO = MediaKind(
     name="video", plural="videos", record_fields=("videos", "video"),
@@ -45,4 +51,4 @@ VIDEO = MediaKind(
     describe=_describe, plan_record=VideoPlanRecord, check=check_videos, budget="max_video_tokens_per_pack",
     drop_reasons=("missing_video", "video_path_escape", "unreadable_video", "video_too_short", "video_too_large"),
     load_drop_reasons=("unreadable_video",), decode_errors=_decode_errors, placeholder="<video>",
-    prepare=_prepare)
+    prepare=_prepare, batch=_batch)
