@@ -7,8 +7,11 @@
 - ``sample_config``: both as a :class:`~wdspack.packer.samples.SampleConfig`, 16 ``[IMG]`` tokens per image.
 - ``demo_data``: ``examples/make_demo_data.py``'s dataset (150 records, seed 11), generated once per session.
 - ``demo_packed``: ``demo_data`` packed once per session with ``support.demo.DEMO_PACK`` (a folder and its summary).
+- ``tiny_processors``: ``examples/tiny_vlm``'s real processors, each (module, options) built once per session and
+  saved once (``vlm_harness.TinyProcessors``: ``.get(module, **options)``, ``.family(name)``, ``.folder(processor)``).
 - ``vlm_family``: ``get(name)`` -> the real processor, a fresh tiny model and the packed chats of a family of
-  ``vlm_harness.FAMILIES`` (or ``"gemma3"``), each family built and packed once per session.
+  ``vlm_harness.FAMILIES`` (or ``"gemma3"``), each family built and packed once per session (its processor
+  ``tiny_processors``'; Mistral 3 and its sliding-window variant, one processor, share their packed chats).
 
 Tiers: the modules in :data:`INTEGRATION` and the tests marked ``slow`` are marked ``integration``;
 ``make test-fast`` runs ``-m "not integration"`` (the inner loop), ``make test`` (CI) runs both.
@@ -129,7 +132,15 @@ def demo_packed(tmp_path_factory, demo_data, sample_config):
 
 
 @pytest.fixture(scope="session")
-def vlm_family(tmp_path_factory):
+def tiny_processors(tmp_path_factory):
+    """``examples/tiny_vlm``'s processors, built and saved once per session: never change them or their folders."""
+    from tests.support.vlm_harness import TinyProcessors
+
+    return TinyProcessors(tmp_path_factory.mktemp("tiny-processors"))
+
+
+@pytest.fixture(scope="session")
+def vlm_family(tmp_path_factory, tiny_processors):
     """``get(name) -> (processor, model, dataset)``; every call gets its own copy of the model (same weights),
     the processor and the dataset are shared: never change or write into them."""
     import copy
@@ -140,7 +151,12 @@ def vlm_family(tmp_path_factory):
 
     def get(name: str) -> tuple:
         if name not in built:
-            built[name] = h.build_family(name, tmp_path_factory.mktemp(name))
+            processor, seq_len = tiny_processors.family(name), h.ALL_FAMILIES[name][3]
+            same = [n for n in built if built[n][0] is processor and h.ALL_FAMILIES[n][3] == seq_len]
+            if same:  # the same processor, chats and rows: the same packed chats (a family differing in its model)
+                built[name] = processor, h.family_model(name, processor), built[same[0]][2]
+            else:
+                built[name] = h.build_family(name, tmp_path_factory.mktemp(name), processors=tiny_processors)
         processor, model, dataset = built[name]
         return processor, copy.deepcopy(model), dataset
 
