@@ -12,6 +12,11 @@
 - ``vlm_family``: ``get(name)`` -> the real processor, a fresh tiny model and the packed chats of a family of
   ``vlm_harness.FAMILIES`` (or ``"gemma3"``), each family built and packed once per session (its processor
   ``tiny_processors``'; Mistral 3 and its sliding-window variant, one processor, share their packed chats).
+- ``video_reference``: while the session lasts, ``video_reference.run_jobs`` runs every module's jobs in one child
+  (transformers, torchvision and the tokenizers loaded once); the video tests' clips are encoded once per process
+  (``video_chats.clip``).
+- ``tools_tiny_vlm``: the tools' copy of ``examples/tiny_vlm`` (imported as ``examples.tiny_vlm``) takes its tekken
+  tokenizer from the tests' ``tiny_vlm``, loaded once per process.
 
 Tiers: the modules in :data:`INTEGRATION` and the tests marked ``slow`` are marked ``integration``;
 ``make test-fast`` runs ``-m "not integration"`` (the inner loop), ``make test`` (CI) runs both.
@@ -161,6 +166,34 @@ def vlm_family(tmp_path_factory, tiny_processors):
         return processor, copy.deepcopy(model), dataset
 
     return get
+
+
+@pytest.fixture(scope="session")
+def video_reference():
+    """``tests/support/video_reference.run_jobs`` runs its jobs in one child for the rest of the session (not a child
+    per call): a module that asks for this shares the child's imports and loaded tokenizers with the others."""
+    from tests.support import video_reference as ref
+
+    with ref.shared_child():
+        yield
+
+
+@pytest.fixture(scope="session")
+def tools_tiny_vlm():
+    """The tools import ``examples/tiny_vlm`` as ``examples.tiny_vlm``, a second copy of the package beside the tests'
+    ``tiny_vlm`` with its own tekken tokenizer (seconds to load) and extensions: for the session, that copy takes
+    them from the tests' (the same file, the same code)."""
+    import importlib
+
+    import tiny_vlm
+
+    tools_copy = importlib.import_module("examples.tiny_vlm")
+    patch = pytest.MonkeyPatch()
+    if tools_copy is not tiny_vlm:
+        patch.setattr(tools_copy, "_base_tokenizer", tiny_vlm._base_tokenizer)
+        patch.setattr(tools_copy, "_extended_tokenizer", tiny_vlm._extended_tokenizer)
+    yield
+    patch.undo()
 
 
 def _in_integration(path: Path) -> bool:
