@@ -7,8 +7,16 @@
 - ``sample_config``: both as a :class:`~wdspack.packer.samples.SampleConfig`, 16 ``[IMG]`` tokens per image.
 - ``demo_data``: ``examples/make_demo_data.py``'s dataset (150 records, seed 11), generated once per session.
 - ``demo_packed``: ``demo_data`` packed once per session with ``support.demo.DEMO_PACK`` (a folder and its summary).
+- ``tiny_processors``: ``examples/tiny_vlm``'s real processors, each (module, options) built once per session and
+  saved once (``vlm_harness.TinyProcessors``: ``.get(module, **options)``, ``.family(name)``, ``.folder(processor)``).
 - ``vlm_family``: ``get(name)`` -> the real processor, a fresh tiny model and the packed chats of a family of
-  ``vlm_harness.FAMILIES`` (or ``"gemma3"``), each family built and packed once per session.
+  ``vlm_harness.FAMILIES`` (or ``"gemma3"``), each family built and packed once per session (its processor
+  ``tiny_processors``'; Mistral 3 and its sliding-window variant, one processor, share their packed chats).
+- ``video_reference``: while the session lasts, ``video_reference.run_jobs`` runs every module's jobs in one child
+  (transformers, torchvision and the tokenizers loaded once); the video tests' clips are encoded once per process
+  (``video_chats.clip``).
+- ``tools_tiny_vlm``: the tools' copy of ``examples/tiny_vlm`` (imported as ``examples.tiny_vlm``) takes its tekken
+  tokenizer from the tests' ``tiny_vlm``, loaded once per process.
 
 Tiers: the modules in :data:`INTEGRATION` and the tests marked ``slow`` are marked ``integration``;
 ``make test-fast`` runs ``-m "not integration"`` (the inner loop), ``make test`` (CI) runs both.
@@ -129,7 +137,15 @@ def demo_packed(tmp_path_factory, demo_data, sample_config):
 
 
 @pytest.fixture(scope="session")
-def vlm_family(tmp_path_factory):
+def tiny_processors(tmp_path_factory):
+    """``examples/tiny_vlm``'s processors, built and saved once per session: never change them or their folders."""
+    from tests.support.vlm_harness import TinyProcessors
+
+    return TinyProcessors(tmp_path_factory.mktemp("tiny-processors"))
+
+
+@pytest.fixture(scope="session")
+def vlm_family(tmp_path_factory, tiny_processors):
     """``get(name) -> (processor, model, dataset)``; every call gets its own copy of the model (same weights),
     the processor and the dataset are shared: never change or write into them."""
     import copy
@@ -140,11 +156,44 @@ def vlm_family(tmp_path_factory):
 
     def get(name: str) -> tuple:
         if name not in built:
-            built[name] = h.build_family(name, tmp_path_factory.mktemp(name))
+            processor, seq_len = tiny_processors.family(name), h.ALL_FAMILIES[name][3]
+            same = [n for n in built if built[n][0] is processor and h.ALL_FAMILIES[n][3] == seq_len]
+            if same:  # the same processor, chats and rows: the same packed chats (a family differing in its model)
+                built[name] = processor, h.family_model(name, processor), built[same[0]][2]
+            else:
+                built[name] = h.build_family(name, tmp_path_factory.mktemp(name), processors=tiny_processors)
         processor, model, dataset = built[name]
         return processor, copy.deepcopy(model), dataset
 
     return get
+
+
+@pytest.fixture(scope="session")
+def video_reference():
+    """``tests/support/video_reference.run_jobs`` runs its jobs in one child for the rest of the session (not a child
+    per call): a module that asks for this shares the child's imports and loaded tokenizers with the others."""
+    from tests.support import video_reference as ref
+
+    with ref.shared_child():
+        yield
+
+
+@pytest.fixture(scope="session")
+def tools_tiny_vlm():
+    """The tools import ``examples/tiny_vlm`` as ``examples.tiny_vlm``, a second copy of the package beside the tests'
+    ``tiny_vlm`` with its own tekken tokenizer (seconds to load) and extensions: for the session, that copy takes
+    them from the tests' (the same file, the same code)."""
+    import importlib
+
+    import tiny_vlm
+
+    tools_copy = importlib.import_module("examples.tiny_vlm")
+    patch = pytest.MonkeyPatch()
+    if tools_copy is not tiny_vlm:
+        patch.setattr(tools_copy, "_base_tokenizer", tiny_vlm._base_tokenizer)
+        patch.setattr(tools_copy, "_extended_tokenizer", tiny_vlm._extended_tokenizer)
+    yield
+    patch.undo()
 
 
 def _in_integration(path: Path) -> bool:

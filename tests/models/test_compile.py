@@ -28,14 +28,15 @@ FAMILIES = sorted(set(h.ALL_FAMILIES) - {"mistral3_sliding"})
 
 
 @pytest.fixture(scope="module")
-def epochs(tmp_path_factory):
+def epochs(tmp_path_factory, tiny_processors):
     """``get(name) -> (model, batches)``: the tiny model (each test compiles a copy) and the epoch's one-pack
-    batches, whose contents differ; built once per family."""
+    batches, whose contents differ; built once per family (its processor the session's)."""
     built: dict[str, tuple] = {}
 
     def get(name: str) -> tuple:
         if name not in built:
-            processor, model, dataset = h.build_family(name, tmp_path_factory.mktemp(name), chats=h.with_a_long_chat)
+            processor, model, dataset = h.build_family(name, tmp_path_factory.mktemp(name), chats=h.with_a_long_chat,
+                                                       processors=tiny_processors)
             batches = list(wdspack.make_loader(str(dataset), batch_size=1, num_workers=0, shuffle=False,
                                                processor=processor))
             images = [int(b["image_mask"].sum()) for b in batches]

@@ -12,7 +12,6 @@ settings were used and where they were read; settings that cannot be read stop t
 from __future__ import annotations
 
 import contextlib
-import importlib
 import io
 import json
 import shutil
@@ -84,9 +83,10 @@ def _pack(folder: Path | str, chats: Path, out: Path) -> tuple[int, str, str]:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
+def built(tmp_path_factory, tiny_processors, video_reference):
     """Per (family, layout): the folder, its packed dataset, the summary printed, and per sample what
-    ``AutoProcessor.from_pretrained(folder)`` made of it (and the video processor it loaded)."""
+    ``AutoProcessor.from_pretrained(folder)`` made of it (and the video processor it loaded), in the session's
+    reference child; the processors are the session's."""
     root = tmp_path_factory.mktemp("folders")
     src = source_folder(root)
     clip(src / "clips" / "long.mp4", codec="h264", rate=Fraction(10), frames=60, width=34, height=26)
@@ -94,7 +94,7 @@ def built(tmp_path_factory):
     chats.write_text("".join(json.dumps({"id": sid, **row}) + "\n" for sid, row in ROWS_HERE.items()))
     folders, jobs, calls = {}, [], {}
     for name, (module, kwargs, cls, settings, _) in FAMILIES.items():
-        processor = importlib.import_module(f"tiny_vlm.{module}").processor(root / name / "tok", **kwargs)
+        processor = tiny_processors.get(module, **kwargs)
         source = save_processor(processor, root / name / "source")  # tokenizer, image processor, template
         calls[name] = []
         for row in ROWS_HERE.values():

@@ -74,11 +74,11 @@ def test_packed_equals_one_by_one_on_cpu(name, padding_free, vlm_family):
         assert max(lengths) > 8, "a sub-sample is longer than the window"
 
 
-def test_vision_false_leaves_the_tower_alone(tmp_path):
+def test_vision_false_leaves_the_tower_alone(tiny_processors):
     """``vision=False``: the text stack runs the kernel, the Qwen-VL vision tower keeps SDPA; by default both."""
     from tiny_vlm import qwen2_5_vl
 
-    processor = qwen2_5_vl.processor(tmp_path / "tok")
+    processor = tiny_processors.get("qwen2_5_vl")  # the session's; the model is this test's own
     model = qwen2_5_vl.model(processor)
     wdspack.use_varlen_attention(model, kernel=reference_varlen_attn, vision=False)
     assert model.config.get_text_config()._attn_implementation.startswith("wdspack_varlen")
@@ -88,10 +88,10 @@ def test_vision_false_leaves_the_tower_alone(tmp_path):
     assert model.model.visual.config is model.config.vision_config, "the tower reads the config that was set"
 
 
-def test_gemma3_is_refused(tmp_path):
+def test_gemma3_is_refused(tiny_processors):
     from tiny_vlm import gemma3
 
-    processor = gemma3.processor(tmp_path / "tok")
+    processor = tiny_processors.get("gemma3")  # the session's
     with pytest.raises(ConfigError, match=r"gemma3.*'sdpa' or 'flex_attention'"):
         wdspack.use_varlen_attention(gemma3.model(processor), kernel=reference_varlen_attn)
 

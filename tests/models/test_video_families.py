@@ -38,8 +38,9 @@ FAMILIES = {
     "qwen3_vl": ("qwen3_vl", "Qwen3VLProcessor", "Qwen3VLForConditionalGeneration", 32 * 32 * 16),
 }
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """Per family: processor, tiny model (float64), packed dataset, and per sample the reference outputs."""
+def built(tmp_path_factory, tiny_processors, video_reference):
+    """Per family: processor (the session's), tiny model (float64), packed dataset, and per sample the reference
+    outputs (from the session's reference child)."""
     import importlib
 
     root = tmp_path_factory.mktemp("video")
@@ -49,7 +50,7 @@ def built(tmp_path_factory):
     for name, (module, cls, model_cls, pixels) in FAMILIES.items():
         tiny = importlib.import_module(f"tiny_vlm.{module}")
         kwargs = {"cls": cls} if module == "qwen2_5_vl" else {}
-        processor = tiny.processor(root / name / "tok", **kwargs)
+        processor = tiny_processors.get(module, **kwargs)
         folder = save_processor(processor, root / name / "processor")
         dataset = root / name / "packed"
         summary = pack_dataset([str(src / "chats.jsonl")], str(dataset),

@@ -43,12 +43,13 @@ TWO = {"v-two": {"messages": [{"role": "user", "content": "<video><video>Which o
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """Processor, tiny model (float64), packed dataset, the clips' folder, and per sample the reference outputs."""
+def built(tmp_path_factory, tiny_processors, video_reference):
+    """Processor (the session's), tiny model (float64), packed dataset, the clips' folder, and per sample the
+    reference outputs (from the session's reference child)."""
     from tiny_vlm import llava
 
     root = tmp_path_factory.mktemp("video-onevision")
-    processor = llava.processor(root / "tok", kind="llava_onevision", tile=TILE)
+    processor = tiny_processors.get("llava", kind="llava_onevision", tile=TILE)
     src = source_folder(root)
     clip(src / "clips" / "short.mp4", codec="h264", rate=Fraction(10), frames=3, width=32, height=32)
     rows = {**ROWS, **TWO}

@@ -193,11 +193,15 @@ def _cli_argv(demo_data, tekken_dir, target: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def cli_reference(demo_data, tekken_dir, tmp_path_factory) -> dict[str, bytes]:
     """The files of an uninterrupted CLI run (records_per_partition is not a CLI flag; the CLI's default
-    partitions the same data identically to itself, so interrupted runs are compared with this)."""
+    partitions the same data identically to itself, so interrupted runs are compared with this). The same command
+    run in this process (``wdspack.cli.main``, what ``python -m wdspack`` runs): no interpreter to start, and the
+    sample builder a pack command with these settings loaded in this process (another module's) serves it."""
+    from wdspack.cli import main
+
     reference = tmp_path_factory.mktemp("cli") / "reference"
-    done = subprocess.run(_cli_argv(demo_data, tekken_dir, reference), env={**os.environ, "HF_HUB_OFFLINE": "1"},
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    argv = _cli_argv(demo_data, tekken_dir, reference)
+    assert argv[1:3] == ["-m", "wdspack"]
+    assert main(argv[3:]) == 0
     return read_files(reference)
 
 

@@ -169,11 +169,12 @@ def test_a_failed_job_resumed_as_the_error_says_keeps_its_tokenized_samples(demo
 
 
 @pytest.fixture(scope="module")
-def packed(demo_data, sample_config, tmp_path_factory) -> Path:
+def packed(demo_data, tekken_dir, tmp_path_factory) -> Path:
+    """The demo packed at 2048 tokens, 8 images and 3 packs a shard (the reshard tests' source): ``reference``'s
+    command with ``--shard-packs 3``, so the sample builder (the tokenizer) that ``reference`` loaded serves it too
+    (the bytes of ``pack_dataset`` with those settings, one tokenizer load fewer)."""
     out = tmp_path_factory.mktemp("packed") / "ds"
-    pack_dataset(demo_sources(demo_data), out, sample_config=sample_config,
-                 config=PackConfig(seq_len=2048, max_images=8, shard_max_packs=3,
-                                   run=RunOptions(max_drop_fraction=0.5)))
+    assert main(_argv(demo_data, tekken_dir, out, "--shard-packs", "3", "--quiet")) == 0
     return out
 
 

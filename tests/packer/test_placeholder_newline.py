@@ -6,7 +6,6 @@ is kept as written."""
 
 from __future__ import annotations
 
-import importlib
 import json
 from fractions import Fraction
 
@@ -52,10 +51,8 @@ def _texts(builder: SampleBuilder, root, kind: str, name: str) -> tuple[str, str
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
-def test_the_newline_after_a_placeholder_follows_one_rule(name, media, tmp_path):
-    module, options = FAMILIES[name]
-    tiny = importlib.import_module(f"tiny_vlm.{module}")
-    processor = tiny.processor(tmp_path if module == "llava" else tmp_path / "tok", **options)
+def test_the_newline_after_a_placeholder_follows_one_rule(name, media, tmp_path, tiny_processors):
+    processor = tiny_processors.family(name)  # the session's, built once
     folder = save_processor(processor, tmp_path / "processor")
     builder = SampleBuilder(SampleConfig(processor=str(folder), video=VIDEO.get(name)))
     kinds = ["image", "video"] if name in VIDEO else ["image"]

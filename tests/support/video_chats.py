@@ -4,7 +4,9 @@ gradients on the real processor's outputs (``tests/models/test_video_*.py``)."""
 
 from __future__ import annotations
 
+import tempfile
 from fractions import Fraction
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -35,20 +37,30 @@ ROWS = {
 
 
 def clip(path: Path, *, codec: str, rate: Fraction, frames: int, width: int, height: int) -> Path:
+    """``path`` written with a clip of ``frames`` seeded frames (a white bar growing over noise); each clip is
+    encoded once per process (the video test modules of a session share them) and copied where it is asked for."""
+    path.write_bytes(_encoded(path.suffix, codec, rate, frames, width, height))
+    return path
+
+
+@cache
+def _encoded(suffix: str, codec: str, rate: Fraction, frames: int, width: int, height: int) -> bytes:
     import av
 
-    with av.open(str(path), "w") as out:
-        stream = out.add_stream(codec, rate=rate)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        rng = np.random.default_rng(frames)
-        for k in range(frames):
-            pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
-            pixels[:, : (k * 3) % width] = 255
-            for packet in stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")):
+    with tempfile.TemporaryDirectory(prefix="clip-") as folder:
+        path = Path(folder) / f"clip{suffix}"
+        with av.open(str(path), "w") as out:
+            stream = out.add_stream(codec, rate=rate)
+            stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+            rng = np.random.default_rng(frames)
+            for k in range(frames):
+                pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+                pixels[:, : (k * 3) % width] = 255
+                for packet in stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")):
+                    out.mux(packet)
+            for packet in stream.encode():
                 out.mux(packet)
-        for packet in stream.encode():
-            out.mux(packet)
-    return path
+        return path.read_bytes()
 
 
 def source_folder(root: Path) -> Path:

@@ -16,17 +16,24 @@ them all in one :func:`run_jobs` (importing transformers and torchvision takes s
 :func:`save_job` writes a processor folder with the real processor's own ``save_pretrained`` (as
 transformers 5 does, or its parts' files side by side as 4.x did) and :func:`folder_job` calls
 ``AutoProcessor.from_pretrained`` of a folder, so one child can write folders and then run them.
+
+Inside :func:`shared_child` (``tests/conftest.py``'s session fixture ``video_reference``), :func:`run_jobs` hands
+its jobs to one child kept for the whole session instead of starting one per call: the imports and the tokenizers
+it loaded serve every test module of the process (the same code on the same jobs: the same arrays).
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+import traceback
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -151,25 +158,114 @@ def processor_outputs(processor_dir: str | os.PathLike[str], processor_cls: str,
 
 
 def run_jobs(jobs: Sequence[Mapping[str, Any]], *, timeout_s: float = 600) -> list[list[dict[str, np.ndarray]]]:
-    """Every job's outputs, computed in one child process; skips the test when torchvision's folder is missing."""
+    """Every job's outputs, computed in one child process (the session's, inside :func:`shared_child`); skips the
+    test when torchvision's folder is missing."""
     import pytest
 
     if not (FOLDER / "torchvision").is_dir():
         pytest.skip(f"the video reference needs torchvision in {FOLDER}: run `make env`")
     with tempfile.TemporaryDirectory(prefix="video-reference-") as out:
-        payload = json.dumps({"out": out, "jobs": list(jobs)})
-        # the child finds torchvision's folder and this package through PYTHONPATH, run as a module from the root
-        # (as a script, this folder would come first on its path and shadow what transformers imports)
-        path = os.pathsep.join([os.fspath(FOLDER), os.fspath(ROOT), os.environ.get("PYTHONPATH", "")])
-        done = subprocess.run([sys.executable, "-m", "tests.support.video_reference"], input=payload,
-                              capture_output=True, text=True, timeout=timeout_s, cwd=ROOT,
-                              env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": path})
-        assert done.returncode == 0, f"the video reference failed:\n{done.stderr[-3000:]}"
+        request = {"out": out, "jobs": list(jobs)}
+        if _SHARED is not None:
+            _SHARED.run(request, timeout_s=timeout_s)
+        else:
+            done = subprocess.run([sys.executable, "-m", "tests.support.video_reference"], input=json.dumps(request),
+                                  capture_output=True, text=True, timeout=timeout_s, cwd=ROOT, env=_child_env())
+            assert done.returncode == 0, f"the video reference failed:\n{done.stderr[-3000:]}"
         results = []
         for j, job in enumerate(jobs):
             count = len(job["clips"] if job["what"] == "video_processor" else job["calls"])
             results.append([_load(Path(out) / f"{j}-{k}.npz") for k in range(count)])
         return results
+
+
+def _child_env() -> dict[str, str]:
+    # the child finds torchvision's folder and this package through PYTHONPATH, run as a module from the root
+    # (as a script, this folder would come first on its path and shadow what transformers imports)
+    path = os.pathsep.join([os.fspath(FOLDER), os.fspath(ROOT), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
+
+
+class _Child:
+    """One child kept for many requests (``--serve``): a request is a line of JSON on its stdin, the answer a line
+    on its stdout (``{"ok": true}`` once the arrays are written, or the error); its stderr goes to a file, read
+    back when a request fails. Started at the first request; a failed or timed-out one ends it (the next starts
+    a fresh child)."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[str] | None = None
+        self._log: Any = None
+
+    def run(self, request: Mapping[str, Any], *, timeout_s: float) -> None:
+        if self._proc is None or self._proc.poll() is not None:
+            self._start()
+        proc = self._proc
+        assert proc is not None and proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(json.dumps(request) + "\n")
+            proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # it died: told below with its stderr
+        ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
+        if not ready:
+            self.close()
+            raise subprocess.TimeoutExpired("the video reference", timeout_s)
+        line = proc.stdout.readline()
+        answer = json.loads(line) if line.strip() else {"ok": False, "error": f"it exited ({proc.poll()})"}
+        if not answer["ok"]:
+            stderr = self._stderr()
+            self.close()
+            raise AssertionError(f"the video reference failed:\n{answer['error']}\n{stderr[-3000:]}")
+
+    def _start(self) -> None:
+        self.close()
+        self._log = tempfile.TemporaryFile(prefix="video-reference-", suffix=".log")  # noqa: SIM115 (closed in close())
+        self._proc = subprocess.Popen([sys.executable, "-m", "tests.support.video_reference", "--serve"],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
+                                      cwd=ROOT, env=_child_env())
+
+    def _stderr(self) -> str:
+        if self._log is None:
+            return ""
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")
+
+    def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            with contextlib.suppress(OSError):
+                assert proc.stdin is not None
+                proc.stdin.close()  # end of requests: it exits
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            assert proc.stdout is not None
+            proc.stdout.close()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+#: The child :func:`run_jobs` uses inside :func:`shared_child`.
+_SHARED: _Child | None = None
+
+
+@contextlib.contextmanager
+def shared_child() -> Iterator[None]:
+    """Within it, :func:`run_jobs` sends every call's jobs to one child (started at the first call, ended here)
+    instead of a child per call. ``tests/conftest.py``'s session fixture ``video_reference`` holds it open."""
+    global _SHARED
+    if _SHARED is not None:  # already open (nested): the outer one ends it
+        yield
+        return
+    _SHARED = _Child()
+    try:
+        yield
+    finally:
+        child, _SHARED = _SHARED, None
+        child.close()
 
 
 def _load(path: Path) -> dict[str, np.ndarray]:
@@ -181,10 +277,38 @@ def _load(path: Path) -> dict[str, np.ndarray]:
 
 
 def _child() -> None:
+    """One request read from stdin to its end (:func:`run_jobs` without a shared child)."""
     request = json.loads(sys.stdin.read())
+    transformers = _setup()
+    _serve(transformers, request)
+
+
+def _serve_forever() -> None:
+    """``--serve``: a request per line of stdin until it closes, each answered on a line of stdout. Anything else
+    that writes to stdout (a library's print) is sent to stderr, so the answers stay whole."""
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    transformers = _setup()
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            _serve(transformers, json.loads(line))
+            answer: dict[str, Any] = {"ok": True}
+        except Exception:  # told to the parent, which fails the test with it
+            answer = {"ok": False, "error": traceback.format_exc()}
+        answers.write(json.dumps(answer) + "\n")
+        answers.flush()
+    sys.stderr.flush()
+    os._exit(0)  # every answer given: no interpreter teardown to wait for (seconds, with torch and transformers)
+
+
+def _setup() -> Any:
+    """torchvision made importable, transformers imported, its tokenizers loaded once: the module ``transformers``."""
     import torch
 
-    library = torch.library.Library("torchvision", "DEF")  # kept alive for the process's life
+    library = torch.library.Library("torchvision", "DEF")
+    _LIBRARIES.append(library)  # kept alive for the process's life
     for schema in SCHEMAS:
         library.define(schema)
     import torchvision  # noqa: F401  (now importable: its transforms are Python)
@@ -193,6 +317,15 @@ def _child() -> None:
 
     assert is_torchvision_available(), "torchvision did not import in the video reference's process"
     _load_tokenizers_once()
+    return transformers
+
+
+#: torchvision's operator declarations, kept for the process's life.
+_LIBRARIES: list[Any] = []
+
+
+def _serve(transformers: Any, request: Mapping[str, Any]) -> None:
+    """Every job of ``request``: its arrays written as ``{out}/{job}-{k}.npz``."""
     out = Path(request["out"])
     for j, job in enumerate(request["jobs"]):
         if job["what"] == "folder":
@@ -338,4 +471,4 @@ def _processor(transformers: Any, job: Mapping[str, Any], video_processor: Any, 
 
 
 if __name__ == "__main__":
-    _child()
+    _serve_forever() if sys.argv[1:] == ["--serve"] else _child()

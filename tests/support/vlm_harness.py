@@ -20,6 +20,7 @@ A family's test module builds its real processor and a tiny random-init model of
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import json
 import warnings
@@ -85,8 +86,9 @@ def _messages(chat, images: Sequence[Any] | None = None) -> list[dict]:
 
 
 def pack_chats(folder: Path, processor: Any, *, seq_len: int, max_images: int = 4,
-               chats: Sequence = CHATS) -> Path:
-    """Write ``chats`` (messages JSONL + PNGs), save ``processor`` and pack with it; return the dataset."""
+               chats: Sequence = CHATS, processor_dir: Path | None = None) -> Path:
+    """Write ``chats`` (messages JSONL + PNGs), save ``processor`` (in ``folder / "processor"``, unless
+    ``processor_dir`` holds it saved already) and pack with it; return the dataset."""
     from wdspack.packer.config import PackConfig
     from wdspack.packer.job import pack_dataset
     from wdspack.packer.samples import SampleConfig
@@ -107,7 +109,7 @@ def pack_chats(folder: Path, processor: Any, *, seq_len: int, max_images: int = 
                     part["image"] = names.pop(0)
         lines.append(json.dumps({"id": chat[0], "messages": msgs}))
     (src / "chats.jsonl").write_text("\n".join(lines) + "\n")
-    proc_dir = save_processor(processor, folder / "processor")
+    proc_dir = processor_dir if processor_dir is not None else save_processor(processor, folder / "processor")
     out = folder / "packed"
     summary = pack_dataset([str(src / "chats.jsonl")], str(out), sample_config=SampleConfig(processor=str(proc_dir)),
                            config=PackConfig(seq_len=seq_len, max_images=max_images, on_error="raise"),
@@ -424,18 +426,73 @@ def with_a_long_chat(processor, seq_len: int) -> tuple:
     return (*CHATS, ("long-text", (("user", "Tell me everything."), ("assistant", text)), ()))
 
 
-def build_family(name: str, folder: Path, *, chats: Sequence | Callable[[Any, int], Sequence] = CHATS
-                 ) -> tuple[Any, Any, Path]:
+def build_family(name: str, folder: Path, *, chats: Sequence | Callable[[Any, int], Sequence] = CHATS,
+                 processors: TinyProcessors | None = None) -> tuple[Any, Any, Path]:
     """The real processor, the tiny model and the packed dataset of :data:`ALL_FAMILIES`' ``name``
     (``tests/conftest.py``'s ``vlm_family`` builds each once per session); ``chats``, or
-    ``chats(processor, seq_len)``, are the dataset's."""
+    ``chats(processor, seq_len)``, are the dataset's. With ``processors`` (``tests/conftest.py``'s session-wide
+    ``tiny_processors``) the processor and its saved folder are the session's, shared with every test that asks for
+    the family's processor; without, built here."""
+    module, proc_opts, _, seq_len = ALL_FAMILIES[name]
+    if processors is not None:
+        processor = processors.family(name)
+        processor_dir: Path | None = processors.folder(processor)
+    else:
+        tok = folder / "tok"
+        processor = _tiny(module).processor(folder if module == "llava" else tok, **proc_opts)
+        processor_dir = None
+    model = family_model(name, processor)
+    dataset = pack_chats(folder, processor, seq_len=seq_len,
+                         chats=chats(processor, seq_len) if callable(chats) else chats, processor_dir=processor_dir)
+    return processor, model, dataset
+
+
+def family_model(name: str, processor: Any) -> Any:
+    """A fresh tiny model of :data:`ALL_FAMILIES`' ``name`` (its model options, seed 0) for ``processor``."""
+    module, _, model_opts, _ = ALL_FAMILIES[name]
+    return _tiny(module).model(processor, **model_opts)
+
+
+def _tiny(module: str) -> Any:
     import importlib
 
-    module, proc_opts, model_opts, seq_len = ALL_FAMILIES[name]
-    tiny = importlib.import_module(f"tiny_vlm.{module}")
-    tok = folder / "tok"
-    processor = tiny.processor(folder if module == "llava" else tok, **proc_opts)
-    model = tiny.model(processor, **model_opts)
-    dataset = pack_chats(folder, processor, seq_len=seq_len,
-                         chats=chats(processor, seq_len) if callable(chats) else chats)
-    return processor, model, dataset
+    return importlib.import_module(f"tiny_vlm.{module}")
+
+
+class TinyProcessors:
+    """``examples/tiny_vlm``'s real processors, each built once per (module, options) and saved once
+    (``tests/conftest.py``'s session fixture ``tiny_processors``): shared by every test that asks for the same one,
+    so never change one, or write into its folder. Two builds with the same options are the same processor (the
+    tokenizer a copy of the one tiny_vlm extends once per process; the folder a build is given only receives the
+    tekken file)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._built: dict[str, Any] = {}
+        self._folders: dict[int, Path] = {}
+
+    def get(self, module: str, **options: Any) -> Any:
+        """``tiny_vlm.<module>.processor(folder, **options)``, built at the first ask."""
+        build = _tiny(module).processor
+        signature = inspect.signature(build)
+        named = signature.bind(None, **options)
+        named.apply_defaults()  # the options as the build sees them: a default given or left out, the same processor
+        folder = next(iter(signature.parameters))
+        key = f"{module}{sorted((k, v) for k, v in named.arguments.items() if k != folder)!r}"
+        if key not in self._built:
+            where = self.root / f"{module}-{len(self._built)}"
+            self._built[key] = build(where / "tok", **options)
+        return self._built[key]
+
+    def family(self, name: str) -> Any:
+        """The processor of :data:`ALL_FAMILIES`' ``name`` (Mistral 3's sliding variant shares Mistral 3's)."""
+        module, options, _, _ = ALL_FAMILIES[name]
+        return self.get(module, **options)
+
+    def folder(self, processor: Any) -> Path:
+        """``processor`` (one of these) saved with ``wdspack.models.save_processor``, once."""
+        if not any(p is processor for p in self._built.values()):
+            raise ValueError("not a processor of this TinyProcessors")
+        if id(processor) not in self._folders:
+            self._folders[id(processor)] = save_processor(processor, self.root / f"saved-{len(self._folders)}")
+        return self._folders[id(processor)]

@@ -29,7 +29,8 @@ def small(tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="module")
-def chats(tmp_path_factory) -> dict:
+def chats(tmp_path_factory, tools_tiny_vlm) -> dict:
+    """The pack and loader parts; the tool's tiny Qwen2.5-VL processor on the session's tekken tokenizer."""
     out = tmp_path_factory.mktemp("bench-video-chats") / "bench.json"
     assert _tool().main(["--small", "--repeats", "1", "--rounds", "1", "--chats", "4", "--small-chats", "6",
                          "--parts", "pack,loader", "--json", str(out)]) == 0
