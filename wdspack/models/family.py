@@ -28,24 +28,58 @@ from typing import Any
 
 import torch
 
+from ..media import IMAGE, KINDS
+
 __all__ = ["Budgets", "Family", "ImageSide", "Rows", "VideoSide", "default_pixels", "run_image_processor", "take_rows"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Budgets:
-    """The static shapes a pack must fit: ``seq_len`` tokens, ``max_images`` images, and (when the
-    manifest says) at most ``max_image_tokens`` image feature tokens per pack."""
+    """The static shapes a pack must fit: ``seq_len`` tokens, ``max_images`` media items (every kind's, as the
+    pack job's budget counts them) and, per media kind, the most of its feature tokens in one pack (the
+    manifest's ``max_{kind}_tokens_per_pack``): what each kind's pixel tensors are sized for.
+
+    A kind's budget reads and constructs by its name, ``max_{kind}_tokens`` (``Budgets(4096, 8,
+    max_image_tokens=512)``; the images' also third by position). Not given: the images' None (``seq_len`` bounds
+    them), another kind's 0 (the batch has none of its keys).
+
+    Example:
+        >>> b = Budgets(4096, 8, 512, max_video_tokens=1024)
+        >>> b.image_tokens, b.max_video_tokens, b.media_tokens["video"]
+        (512, 1024, 1024)
+    """
 
     seq_len: int
     max_images: int
-    max_image_tokens: int | None = None
-    #: the most video tokens in one pack (the manifest's ``max_video_tokens_per_pack``); 0: no video keys
-    max_video_tokens: int = 0
+    media_tokens: Mapping[str, int | None]
+
+    def __init__(self, seq_len: int, max_images: int, max_image_tokens: int | None = None, *,
+                 media_tokens: Mapping[str, int | None] | None = None, **by_kind: int | None) -> None:
+        tokens: dict[str, int | None] = {kind.name: None if kind.always_stored else 0 for kind in KINDS}
+        tokens.update(media_tokens or {})
+        if max_image_tokens is not None:
+            tokens[IMAGE.name] = max_image_tokens
+        for key, value in by_kind.items():
+            name = key.removeprefix("max_").removesuffix("_tokens")
+            if key != f"max_{name}_tokens" or name not in tokens:
+                raise TypeError(f"Budgets() got an unexpected keyword argument {key!r}; a kind's budget is one of "
+                                f"{[f'max_{k}_tokens' for k in tokens]}")
+            tokens[name] = value
+        object.__setattr__(self, "seq_len", seq_len)
+        object.__setattr__(self, "max_images", max_images)
+        object.__setattr__(self, "media_tokens", tokens)
+
+    def __getattr__(self, key: str) -> Any:  # a kind's budget by its name (budgets.max_video_tokens)
+        name = key.removeprefix("max_").removesuffix("_tokens")
+        if key == f"max_{name}_tokens" and name in self.media_tokens:
+            return self.media_tokens[name]
+        raise AttributeError(f"'Budgets' object has no attribute {key!r}")
 
     @property
     def image_tokens(self) -> int:
-        """The most image feature tokens one pack can hold: what pixel tensors are sized for."""
-        return self.seq_len if self.max_image_tokens is None else min(self.seq_len, self.max_image_tokens)
+        """The most image feature tokens one pack can hold: what image pixel tensors are sized for."""
+        most = self.media_tokens.get(IMAGE.name)
+        return self.seq_len if most is None else min(self.seq_len, most)
 
 
 @dataclass(frozen=True, slots=True)

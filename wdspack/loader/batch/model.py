@@ -56,8 +56,8 @@ class ModelBatcher:
         tokens = {**(media_tokens or {}), **{spelled[key]: value for key, value in by_kind.items()}}
         self.processor = load_processor(processor)
         self.family = family_for(self.processor)
-        given = {f"max_{name}_tokens": int(value) for name, value in tokens.items() if value is not None}
-        self.budgets = Budgets(int(seq_len), int(max_images), **given)  # a kind not given: its default (none, or L)
+        given = {name: int(value) for name, value in tokens.items() if value is not None}
+        self.budgets = Budgets(int(seq_len), int(max_images), media_tokens=given)  # a kind not given: its default
         for kind in KINDS:  # a kind the dataset holds (its budget has tokens) that the family does not take
             if getattr(self.budgets, f"max_{kind.name}_tokens", None) and kind.name not in self.family.sides:
                 raise ConfigError(f"the dataset holds {kind.plural}, but the {self.family.name} family has no "
