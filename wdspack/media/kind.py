@@ -92,6 +92,9 @@ class MediaKind:
             ``part(builder, sid, data, probes) -> Prepared`` and ``policy(builder) -> dict or None`` (what the
             manifest's ``image_policy`` records of the kind), ``over_budget(builder, sample, *, seq_len)``
             (why a sample over ``seq_len`` for the kind is dropped, where its fix is the kind's own settings).
+        check_item: ``(data, plan, *, sample_id)``: ``wdspack verify``'s check that a stored item's file holds
+            what its plan names (a video's frames: a demux pass, nothing decoded), raising
+            :class:`~wdspack.errors.SampleError`; None: nothing to check beyond the pack's bounds.
         batch: ``() -> module``: the kind's side in the loader with a processor (its room's ``batch`` module):
             ``ROWS_KEY`` and ``MASK_KEY`` (its pixel rows and their mask in the batch), ``active(batcher)``,
             ``outputs(batcher, items, raw)`` (decoded, through the family's side), ``pad(batcher, outputs,
@@ -116,6 +119,7 @@ class MediaKind:
     decode_errors: Callable[[], tuple[type[BaseException], ...]] = tuple
     prepare: Callable[[], Any] | None = None
     batch: Callable[[], Any] | None = None
+    check_item: Callable[..., object] | None = None
     placeholder: str = ""
 
     @property

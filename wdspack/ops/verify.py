@@ -23,7 +23,7 @@ import io
 import json
 import tarfile
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ..errors import FormatError, SampleError, WdspackError
@@ -31,8 +31,7 @@ from ..format.dataset import open_dataset
 from ..format.pack import Pack, decode_pack
 from ..format.pack_index import COLUMNS, pack_row, read_index
 from ..format.tar import FOREIGN_RULE
-from ..media import KINDS, VIDEO
-from ..media.video.header import check_planned_frames
+from ..media import KINDS
 
 __all__ = ["verify_dataset"]
 
@@ -126,17 +125,13 @@ def verify_dataset(dataset: str, *, sources: Sequence[str] | None = None,
     return problems
 
 
-#: ``(data, plan, *, sample_id)``, raising :class:`SampleError`: a planned kind's check that an item's
-#: file holds what its plan names (a video's frames: a demux pass, nothing decoded).
-_PLAN_CHECKS: dict[str, Callable[..., object]] = {
-    VIDEO.name: lambda data, plan, *, sample_id: check_planned_frames(data, plan.frames, sample_id=sample_id)}
-
-
 def _check_plans(pack: Pack) -> list[str]:
     """A line per planned item (a video) whose file does not hold the data its plan names."""
     lines = []
-    for name, check in _PLAN_CHECKS.items():
-        items, seen = pack.media[name], Counter[int]()
+    for kind in KINDS:
+        if kind.check_item is None:
+            continue
+        name, check, items, seen = kind.name, kind.check_item, pack.media[kind.name], Counter[int]()
         for data, owner, plan in zip(items.data, items.sample, items.plans):
             sid, k = pack.sample_ids[owner], seen[owner]  # item k of its sample, as the pack job names it
             seen[owner] += 1

@@ -37,6 +37,12 @@ def _prepare() -> Any:
     return prepare
 
 
+def _check_item(data: bytes, plan: VideoPlanRecord, *, sample_id: str) -> None:
+    from .header import check_planned_frames
+
+    check_planned_frames(data, plan.frames, sample_id=sample_id)
+
+
 def _batch() -> Any:
     from . import batch
 
@@ -51,4 +57,4 @@ VIDEO = MediaKind(
     describe=_describe, plan_record=VideoPlanRecord, check=check_videos, budget="max_video_tokens_per_pack",
     drop_reasons=("missing_video", "video_path_escape", "unreadable_video", "video_too_short", "video_too_large"),
     load_drop_reasons=("unreadable_video",), decode_errors=_decode_errors, placeholder="<video>",
-    prepare=_prepare, batch=_batch)
+    prepare=_prepare, batch=_batch, check_item=_check_item)
