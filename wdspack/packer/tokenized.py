@@ -55,3 +55,8 @@ class Sample:
     def media_count(self) -> int:
         """The media items of every kind: what the ``max_images`` budget counts (it bounds a pack's media)."""
         return sum(len(self.media[kind.name]) for kind in KINDS)
+
+    @property
+    def image_count(self) -> int:
+        """:attr:`media_count` under its first name (it counted videos too; kept for code written against it)."""
+        return self.media_count
