@@ -75,7 +75,7 @@ def test_round_trip_byte_for_byte(packed, demo_data, sample_config):
         assert ids.tolist() == s.input_ids.tolist(), sid
         assert mask.tolist() == s.loss_mask.tolist(), sid
         assert images == list(s.images) and image_tokens == list(s.image_tokens), sid
-    too_big = {sid for sid, s in expected.items() if s.token_count > SEQ_LEN or s.media_count > MAX_IMAGES}
+    too_big = {sid for sid, s in expected.items() if s.token_count > SEQ_LEN or s.image_count > MAX_IMAGES}
     assert set(got) == set(expected) - too_big
 
 

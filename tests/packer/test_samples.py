@@ -60,7 +60,7 @@ def test_literal_layout_and_mask(builder):
     assert trained == ["A", "Ġcat", ".", "</s>", "Black", ".", "</s>"]
     assert s.images == rec.images and s.image_tokens == (3,)
     assert s.input_ids.dtype == np.uint32 and s.loss_mask.dtype == np.uint8
-    assert s.token_count == len(toks) and s.media_count == 1
+    assert s.token_count == len(toks) and s.image_count == 1
 
 
 def test_text_only_sample(builder):

@@ -276,7 +276,7 @@ def test_split_pieces_fit_lose_nothing_and_prefer_paragraphs(tekken, seq_len):
     joined = np.concatenate([p.input_ids for p in pieces])
     assert joined.tolist() == whole.input_ids.tolist()  # no <s> for tekken: pieces are the whole, cut
     assert np.concatenate([p.loss_mask for p in pieces]).tolist() == whole.loss_mask.tolist()
-    assert sum(p.media_count for p in pieces) == 1
+    assert sum(p.image_count for p in pieces) == 1
     texts = [b.tokenizer.decode(p.input_ids.tolist()) for p in pieces]
     assert all(t.endswith("</s>") == (k == len(texts) - 1) for k, t in enumerate(texts))
     if seq_len >= 100:  # room for a paragraph: every cut is at a paragraph break or the image
@@ -288,7 +288,7 @@ def test_split_respects_max_images_and_bos(tekken):
     rec = TextRecord("imgs", "document", ("one", IMAGE, "two", IMAGE, "three", IMAGE, "four"),
                      tuple(image(c) for c in ("red", "green", "blue")))
     pieces = build_samples(b, rec, seq_len=4096, max_images=1)
-    assert [p.media_count for p in pieces] == [1, 1, 1] or [p.media_count for p in pieces] == [0, 1, 1, 1]
+    assert [p.image_count for p in pieces] == [1, 1, 1] or [p.image_count for p in pieces] == [0, 1, 1, 1]
     assert all(p.input_ids[0] == 1 and p.loss_mask[0] == 0 for p in pieces)  # <s> starts each piece
 
 
