@@ -128,7 +128,8 @@ def test_uint8_patches_normalise_to_the_float32_patches(qwen, workers):
             n += int(a["patch_mask"].sum())
     assert n > 0
     ds = wdspack.PackedDataset(str(dataset), processor=processor, batch_size=1)
-    ds.model_batcher.family = replace(ds.model_batcher.family, uint8_pixels=False)
+    family = ds.model_batcher.family
+    ds.model_batcher.family = replace(family, image=replace(family.image, uint8_pixels=False))
     with pytest.raises(ConfigError, match=r"pixel_dtype='uint8' is not available with Qwen2_5_VLProcessor .*"
                                           r"pass pixel_dtype='float32'"):
         wdspack.make_loader(ds, batch_size=1, num_workers=0, pixel_dtype="uint8")

@@ -24,10 +24,10 @@ from tests.support.video_reference import processor_job, run_jobs
 from wdspack.errors import ConfigError, SampleError
 from wdspack.loader.batch.model import ModelBatcher
 from wdspack.media.video.plan import VideoSettings, read_header
+from wdspack.media.video.prepare import plan_record
 from wdspack.models import save_processor
 from wdspack.models.families.llava import LLAVA_ONEVISION
 from wdspack.packer.config import PackConfig
-from wdspack.packer.expand import plan_record
 from wdspack.packer.job import pack_dataset
 from wdspack.packer.samples import SampleConfig
 
