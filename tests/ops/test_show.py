@@ -78,14 +78,13 @@ def test_show_pages_packs_and_samples(demo_packed, capsys):
 def test_render_tokens_marks(first_pack, tekken):
     _, pack = first_pack
     ids, mask = _sample(pack, 0)
-    plain = render_tokens(tekken, ids, mask, token_ids={"image": 10})
-    coloured = render_tokens(tekken, ids, mask, token_ids={"image": 10}, marks=COLOR)
+    plain = render_tokens(tekken, ids, mask, image_token_id=10)
+    coloured = render_tokens(tekken, ids, mask, image_token_id=10, marks=COLOR)
     assert plain.count(PLAIN[0]) == coloured.count(COLOR[0]) >= 1
     assert coloured.replace(COLOR[0], PLAIN[0]).replace(COLOR[1], PLAIN[1]) == plain
-    assert render_tokens(tekken, [10, 10, 10], [0, 0, 0], token_ids={"image": 10}) == "<image×3>"
+    assert render_tokens(tekken, [10, 10, 10], [0, 0, 0], image_token_id=10) == "<image×3>"
     # adjacent images, one marker each when their counts are given
-    assert (render_tokens(tekken, [10] * 4, [0] * 4, token_ids={"image": 10}, media_tokens={"image": [2, 2]})
-            == "<image×2><image×2>")
+    assert render_tokens(tekken, [10] * 4, [0] * 4, image_token_id=10, image_tokens=[2, 2]) == "<image×2><image×2>"
 
 
 def test_a_tokenizer_that_is_not_here_is_one_line_naming_the_fix(demo_packed, tmp_path, capsys):
@@ -113,3 +112,13 @@ def test_an_elided_sample_keeps_its_trained_runs_marked():
     inside = _elide("[[" + "x" * 100 + "]]", 40, PLAIN)
     assert inside.split(" … ")[0].endswith("]]") and inside.split(" … ")[-1].startswith("[[")
     assert _elide("short", 40, PLAIN) == "short"
+
+
+def test_render_tokens_takes_each_kinds_ids_by_kind_as_by_its_first_names(tekken):
+    ids, mask = [10, 10, 11, 11, 11], [0] * 5
+    by_kind = render_tokens(tekken, ids, mask, token_ids={"image": 10, "video": 11},
+                            media_tokens={"image": [1, 1], "video": [3]})
+    assert by_kind == render_tokens(tekken, ids, mask, image_token_id=10, image_tokens=[1, 1], video_token_id=11,
+                                    video_tokens=[3]) == "<image×1><image×1><video×3>"
+    with pytest.raises(TypeError, match="unexpected keyword argument 'audio_token_id'"):
+        render_tokens(tekken, ids, mask, audio_token_id=12)

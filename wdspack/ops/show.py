@@ -37,18 +37,26 @@ COLOR = ("\x1b[1;32m", "\x1b[0m")
 
 def render_tokens(tokenizer: Any, input_ids: Any, loss_mask: Any, *,
                   token_ids: Mapping[str, int | None] | None = None,
-                  media_tokens: Mapping[str, Sequence[int]] | None = None, marks: tuple[str, str] = PLAIN) -> str:
+                  media_tokens: Mapping[str, Sequence[int]] | None = None, marks: tuple[str, str] = PLAIN,
+                  **by_kind: Any) -> str:
     """One sample's tokens as text: trained runs between ``marks``, each medium's placeholders as
     ``<{kind}×N>`` (an image's as ``<image×N>``, a video's as ``<video×N>``).
 
     ``token_ids``: each kind's placeholder token id (``{"image": 10}``). ``media_tokens``: per kind, the
     placeholder count of each of the sample's items, in order (the pack has them), so that adjacent items read
-    as one marker each; without them a run is one marker.
+    as one marker each; without them a run is one marker. A kind's also read by their first names,
+    ``{kind}_token_id=`` and ``{kind}_tokens=`` (``image_token_id=10``).
 
     Example:
         >>> render_tokens(tok, [1, 10, 10, 5, 6], [0, 0, 0, 0, 1], token_ids={"image": 10})  # doctest: +SKIP
         '<s><image×2>Hi[[!]]'
     """
+    token_ids, media_tokens = dict(token_ids or {}), dict(media_tokens or {})
+    for key, value in by_kind.items():  # the first spellings: image_token_id=, image_tokens=, video_...
+        name = key.removesuffix("_token_id").removesuffix("_tokens")
+        if name not in {kind.name for kind in KINDS} or key not in (f"{name}_token_id", f"{name}_tokens"):
+            raise TypeError(f"render_tokens() got an unexpected keyword argument {key!r}")
+        (token_ids if key.endswith("_token_id") else media_tokens)[name] = value
     ids = np.asarray(input_ids).tolist()
     mask = np.asarray(loss_mask).astype(bool).tolist()
     named: dict[int, str] = {}
