@@ -26,7 +26,7 @@ import msgpack
 import numpy as np
 
 from ..errors import FormatError, NewerFormatError
-from ..media import KINDS, Media, MediaKind, by_kind, read_spelled, spelled
+from ..media import KINDS, Media, MediaKind, by_kind, by_name, read_spelled, spelled
 
 __all__ = ["FORMAT", "MAX_PACK_BYTES", "Media", "Pack", "decode_pack", "drop_sample", "encode_pack",
            "token_dtype_for", "validate_pack"]
@@ -67,9 +67,7 @@ class Pack:
     def __init__(self, input_ids: np.ndarray, loss_mask: np.ndarray, seq_lens: tuple[int, ...],
                  sample_ids: tuple[str, ...], *by_position: Any, media: Mapping[str, Media] | None = None,
                  **by_key: Any) -> None:
-        if len(by_position) > len(_FIELD_OF):
-            raise TypeError(f"Pack() takes at most {4 + len(_FIELD_OF)} positional arguments")
-        by_key.update(zip(_FIELD_OF, by_position))  # the v1 keys' order: images, image_sample, ...
+        by_key = by_name("Pack", list(_FIELD_OF), by_position, by_key, fixed=4)  # the v1 keys' order
         media = by_kind(media, _FIELD_OF, by_key, owner="Pack")
         for name, value in (("input_ids", input_ids), ("loss_mask", loss_mask), ("seq_lens", seq_lens),
                             ("sample_ids", sample_ids), ("media", media)):

@@ -8,7 +8,7 @@ kind") walks through what a new kind supplies.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -16,8 +16,8 @@ from .image import IMAGE
 from .kind import Media, MediaKind, Prepared
 from .video import VIDEO
 
-__all__ = ["IMAGE", "KINDS", "VIDEO", "Media", "MediaKind", "Prepared", "by_kind", "kind_named", "read_spelled",
-           "spelled"]
+__all__ = ["IMAGE", "KINDS", "VIDEO", "Media", "MediaKind", "Prepared", "by_kind", "by_name", "kind_named",
+           "read_spelled", "spelled"]
 
 #: Every kind, in the order a pack stores them (format v1: images, then videos).
 KINDS: tuple[MediaKind, ...] = (IMAGE, VIDEO)
@@ -70,6 +70,23 @@ def by_kind(media: Mapping[str, Media] | None, spelling: Mapping[str, tuple[str,
         parts.setdefault(name, {})[part] = tuple(value)
     have = dict(media or {})
     return {kind.name: replace(have.get(kind.name, Media()), **parts.get(kind.name, {})) for kind in KINDS}
+
+
+def by_name(owner: str, order: Sequence[str], by_position: Sequence[Any], by_key: dict[str, Any],
+            *, fixed: int) -> dict[str, Any]:
+    """``by_key`` with ``by_position`` named in the v1 ``order`` (a record's arguments after its ``fixed`` ones).
+
+    Example:
+        >>> by_name("Pack", ["images", "image_sample"], [(b"png",)], {"image_sample": (0,)}, fixed=4)
+        {'image_sample': (0,), 'images': (b'png',)}
+    """
+    if len(by_position) > len(order):
+        raise TypeError(f"{owner}() takes at most {fixed + len(order)} positional arguments")
+    for key, value in zip(order, by_position):
+        if key in by_key:
+            raise TypeError(f"{owner}() got multiple values for argument {key!r}")
+        by_key[key] = value
+    return by_key
 
 
 def read_spelled(obj: Any, key: str, spelling: Mapping[str, tuple[str, str]]) -> Any:

@@ -12,11 +12,33 @@ What a family does with a kind (placeholder, replacement text, pixels, padding) 
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-__all__ = ["Media", "MediaKind", "Prepared"]
+__all__ = ["Media", "MediaKind", "Prepared", "calling", "imported"]
+
+
+def imported(module: str, name: str = "") -> Callable[[], Any]:
+    """``() -> module`` (or its attribute ``name``), imported on the first call: a kind's declaration names its
+    parts without importing them (``import wdspack`` stays light; a kind's decoder pulls in torch or PyAV).
+
+    Example:
+        >>> imported("wdspack.media.kind", "Media")().__name__
+        'Media'
+    """
+    def get() -> Any:
+        found = importlib.import_module(module)
+        return getattr(found, name) if name else found
+
+    return get
+
+
+def calling(module: str, name: str) -> Callable[..., Any]:
+    """The function ``module.name``, imported on the first call (as :func:`imported`)."""
+    get = imported(module, name)
+    return lambda *args, **kwargs: get()(*args, **kwargs)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..media import KINDS, Media, by_kind, read_spelled, spelled
+from ..media import KINDS, Media, by_kind, by_name, read_spelled, spelled
 
 __all__ = ["Sample"]
 
@@ -37,9 +37,7 @@ class Sample:
 
     def __init__(self, sample_id: str, input_ids: np.ndarray, loss_mask: np.ndarray, *by_position: Any,
                  media: Mapping[str, Media] | None = None, **by_key: Any) -> None:
-        if len(by_position) > len(_FIELD_OF):
-            raise TypeError(f"Sample() takes at most {3 + len(_FIELD_OF)} positional arguments")
-        by_key.update(zip(_FIELD_OF, by_position))
+        by_key = by_name("Sample", list(_FIELD_OF), by_position, by_key, fixed=3)
         for name, value in (("sample_id", sample_id), ("input_ids", input_ids), ("loss_mask", loss_mask),
                             ("media", by_kind(media, _FIELD_OF, by_key, owner="Sample"))):
             object.__setattr__(self, name, value)

@@ -173,8 +173,10 @@ class ModelBatcher:
         return batch, written
 
 
+@functools.cache
 def _sides() -> dict[str, Any]:
-    """Each kind's side in the loader (its room's ``batch`` module), by the kind's name."""
+    """Each kind's side in the loader (its room's ``batch`` module), by the kind's name (found once a process:
+    ``pack_parts`` asks for every pack)."""
     return {kind.name: kind.batch() for kind in KINDS if kind.batch is not None}
 
 

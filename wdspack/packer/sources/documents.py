@@ -33,7 +33,7 @@ from typing import Any, Final
 
 from ...errors import SampleError
 from ...media import IMAGE as IMAGE_KIND
-from ...media import KINDS
+from ...media import KINDS, by_name
 from ...media import VIDEO as VIDEO_KIND
 
 __all__ = ["DOCUMENT_COLUMNS", "IMAGE", "SEGMENT_OF", "VIDEO", "Segment", "TextRecord", "build_document",
@@ -95,12 +95,7 @@ class TextRecord:
 
     def __init__(self, sample_id: str, kind: str, segments: tuple[Segment, ...], *by_position: Any,
                  media: Mapping[str, tuple[bytes, ...]] | None = None, **by_key: Any) -> None:
-        if len(by_position) > len(_FIELD_OF):
-            raise TypeError(f"TextRecord() takes at most {3 + len(_FIELD_OF)} positional arguments")
-        for key, value in zip(_FIELD_OF, by_position):
-            if key in by_key:
-                raise TypeError(f"TextRecord() got multiple values for argument {key!r}")
-            by_key[key] = value
+        by_key = by_name("TextRecord", list(_FIELD_OF), by_position, by_key, fixed=3)
         unknown = sorted(set(by_key) - set(_FIELD_OF))
         if unknown:
             raise TypeError(f"TextRecord() got unexpected keyword arguments {unknown}; a kind's items are "

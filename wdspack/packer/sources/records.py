@@ -74,7 +74,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import SampleError
-from ...media import IMAGE, KINDS, VIDEO, MediaKind
+from ...media import IMAGE, KINDS, VIDEO, MediaKind, by_name
 from .media import MEDIA_FIELDS, MEDIA_PART_TYPES, check_media_fields, check_media_placeholders, media_part_error
 from .placement import (
     BARE,
@@ -145,12 +145,7 @@ class Record:
     def __init__(self, sample_id: str, messages: tuple[dict, ...], *by_position: Any,
                  media: Mapping[str, tuple[bytes, ...]] | None = None,
                  media_names: Mapping[str, tuple[str, ...]] | None = None, **by_key: Any) -> None:
-        if len(by_position) > len(_V1_POSITIONS):
-            raise TypeError(f"Record() takes at most {2 + len(_V1_POSITIONS)} positional arguments")
-        for key, value in zip(_V1_POSITIONS, by_position):
-            if key in by_key:
-                raise TypeError(f"Record() got multiple values for argument {key!r}")
-            by_key[key] = value
+        by_key = by_name("Record", _V1_POSITIONS, by_position, by_key, fixed=2)
         tools = by_key.pop("tools", ())
         unknown = sorted(set(by_key) - set(_FIELD_OF))
         if unknown:
