@@ -44,12 +44,13 @@ def build_index(shard_plans: Sequence[Sequence[np.ndarray]], offsets: Sequence[S
                 table: dict[str, np.ndarray]) -> np.ndarray:
     """Rows of :data:`COLUMNS` for packs given as sample indices into ``table`` (one list per shard).
 
-    ``table`` holds per-sample ``tokens``, ``images``, ``image_tokens`` and ``targets``;
+    ``table`` holds per-sample ``tokens``, ``media`` and ``media_tokens`` (every kind's items and their tokens,
+    which the index's ``images`` and ``image_tokens`` columns count) and ``targets``;
     ``offsets[j][k]`` is where pack ``k`` of shard ``j`` starts in the shard's bytes.
 
     Example:
-        >>> t = {"tokens": np.array([3, 2, 4]), "images": np.array([1, 0, 0]),
-        ...      "image_tokens": np.array([2, 0, 0]), "targets": np.array([1, 1, 2])}
+        >>> t = {"tokens": np.array([3, 2, 4]), "media": np.array([1, 0, 0]),
+        ...      "media_tokens": np.array([2, 0, 0]), "targets": np.array([1, 1, 2])}
         >>> build_index([[np.array([0, 1]), np.array([2])]], [[0, 1024]], t).tolist()
         [[0, 5, 13, 2, 1, 2, 2], [1024, 4, 16, 1, 0, 0, 2]]
     """
@@ -71,8 +72,8 @@ def build_index(shard_plans: Sequence[Sequence[np.ndarray]], offsets: Sequence[S
     out[:, 1] = per_pack(tok)
     out[:, 2] = per_pack(tok * tok)
     out[:, 3] = [len(p) for p in packs]
-    out[:, 4] = per_pack(table["images"][idx])
-    out[:, 5] = per_pack(table["image_tokens"][idx])
+    out[:, 4] = per_pack(table["media"][idx])
+    out[:, 5] = per_pack(table["media_tokens"][idx])
     out[:, 6] = per_pack(table["targets"][idx])
     return out
 
@@ -84,7 +85,7 @@ def pack_row(offset: int, pack) -> list[int]:
     mask = np.asarray(pack.loss_mask)
     targets = int(mask.sum()) - (int(mask[starts].sum()) if lens else 0)
     return [int(offset), int(pack.num_tokens), sum(n * n for n in lens), int(pack.num_samples),
-            int(pack.num_images + pack.num_videos), int(sum(pack.image_tokens) + sum(pack.video_tokens)), targets]
+            sum(len(m) for m in pack.media.values()), sum(sum(m.tokens) for m in pack.media.values()), targets]
 
 
 def encode_index(index: np.ndarray) -> bytes:

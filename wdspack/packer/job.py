@@ -91,7 +91,6 @@ from .selection import (
     Measured,
     assign_shards,
     check_drops,
-    index_table,
     plan_selected,
     select_samples,
     write_dropped,
@@ -270,7 +269,7 @@ def _run_global(out: Location, work: Location, measure: Callable[..., Any], task
     plan = plan_selected(table, config)
     shard_plans = assign_shards(plan, table, config, token_itemsize=_itemsize(info))
     infos, offsets, kept = _write_shards(shard_plans, table, work, out, info, config, progress=progress)
-    index = encode_index(build_index(shard_plans, offsets, index_table(table)))
+    index = encode_index(build_index(shard_plans, offsets, table))
     out.write_atomic(INDEX_NAME, index)
 
     dropped = list(carried) + measured.dropped + table["dropped"]

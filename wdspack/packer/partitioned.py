@@ -56,7 +56,7 @@ from ..storage.location import Location
 from .config import PackConfig
 from .executors import report
 from .output import info_row
-from .selection import assign_shards, index_table, plan_selected
+from .selection import assign_shards, plan_selected
 from .sources.meta import collision_key, namespaced
 from .spool import COLUMNS, SpoolReader, assemble_pack, pack_counts, read_meta
 
@@ -295,7 +295,7 @@ def _plan_task(g: int, parts: Sequence[int], work: str, out: str, config: PackCo
                     report(p.num_samples)
                 infos.append(writer.close())
                 offsets.append(writer.offsets)
-    index = build_index(shard_plans, offsets, index_table(table))
+    index = build_index(shard_plans, offsets, table)
     records = source_records = 0
     for i in parts:
         meta = read_meta(loc, i)

@@ -27,7 +27,7 @@ from .config import PackConfig
 from .planner import plan_packs
 from .sources.meta import collision_key, namespaced
 
-__all__ = ["Measured", "assign_shards", "check_drops", "index_table", "plan_selected", "select_samples",
+__all__ = ["Measured", "assign_shards", "check_drops", "plan_selected", "select_samples",
            "write_dropped"]
 
 _PACK_OVERHEAD = 64  # msgpack framing per pack, bytes (for shard size estimates)
@@ -240,13 +240,6 @@ def assign_shards(plan, table, config: PackConfig, *, token_itemsize: int) -> li
     if current:
         shards.append(current)
     return shards
-
-
-def index_table(table: dict[str, Any]) -> dict[str, Any]:
-    """The table's columns as :func:`~wdspack.format.pack_index.build_index` reads them: the pack index's
-    ``images`` and ``image_tokens`` columns count the media of every kind (what ``max_images`` counts)."""
-    return {"tokens": table["tokens"], "images": table["media"], "image_tokens": table["media_tokens"],
-            "targets": table["targets"]}
 
 
 def write_dropped(out: Location, dropped: Iterable[Dropped]) -> None:
