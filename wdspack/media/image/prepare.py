@@ -13,6 +13,7 @@ from typing import Any
 from ...errors import ConfigError, SampleError
 from ..kind import Prepared
 from ..settings import read_settings
+from . import IMAGE
 from .check import error_text
 
 __all__ = ["over_budget", "part", "policy", "probe", "setup"]
@@ -22,7 +23,7 @@ def setup(builder: Any) -> None:
     """What the manifest records of the image processor's settings: its size, and where they were read."""
     if builder.family is None:
         return
-    found = read_settings(builder.config.processor, "image_processor", builder.processor)
+    found = read_settings(builder.config.processor, IMAGE.settings_part, builder.processor)
     size = (found.values or {}).get("size")
     builder.settings_used["image"] = {**({"size": dict(size)} if isinstance(size, dict) else {}),
                                       "settings_from": found.source}

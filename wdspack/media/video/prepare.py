@@ -15,6 +15,7 @@ from typing import Any
 from ...errors import ConfigError, SampleError
 from ..kind import Prepared
 from ..settings import read_settings
+from . import VIDEO
 from .header import read_header
 from .plan import VideoPlan, VideoSettings, check_decode_size
 from .record import VideoPlanRecord
@@ -32,7 +33,7 @@ def setup(builder: Any) -> None:
         return
     spec = builder.config.processor
     builder.video_token = builder.holders["video"] = side.placeholder(builder.processor)
-    found = read_settings(spec, "video_processor", builder.processor)
+    found = read_settings(spec, VIDEO.settings_part, builder.processor)
     try:
         base = side.sampling(builder.processor, found.values)
     except ConfigError as e:
