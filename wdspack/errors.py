@@ -49,35 +49,35 @@ __all__ = [
     "SourceError",
     "TooManyDropsError",
     "WdspackError",
+    "register_drop_reasons",
 ]
 
-#: Every reason a sample can be dropped for, with what it means.
+#: Every reason a sample can be dropped for, with what it means: the general ones here, each media kind's own
+#: (``missing_image``, ``unreadable_video``, ...) added by its declaration (:func:`register_drop_reasons`).
 DROP_REASONS: dict[str, str] = {
     "malformed_record": "the record could not be parsed (bad JSON, wrong field types)",
     "unknown_role": "a turn has a role that is not system/user/assistant (or a known alias)",
     "empty_conversation": "the record has no turns, or nothing left after templating",
     "no_assistant_turn": "nothing to train on: the conversation has no assistant turn",
-    "placeholder_mismatch": "the number of image (video) placeholders differs from the number of images (videos)",
-    "missing_image": "an image file named by the record does not exist",
-    "image_path_escape": "an image path points outside the image root",
-    "unreadable_image": "the image bytes are corrupt, truncated or not an image",
-    "image_too_large": "the image has more pixels than the decompression-bomb limit",
-    "missing_video": "a video file named by the record does not exist",
-    "video_path_escape": "a video path points outside the image root (which serves videos too)",
-    "unreadable_video": "the video file is empty or over the size limit, not a video PyAV can open (or a still "
-                        "image under a video's name), its header gives no frames, or it holds the data of fewer "
-                        "frames than its header gives (cut short, as by an interrupted download)",
-    "video_too_short": "the video has fewer frames than the model's video processor samples from it",
-    "video_too_large": "the video's frames are over the decompression-bomb limit or of an aspect ratio over 200, or "
-                       "it has more frames than a plan may name where its processor takes every frame, or "
-                       "reading its packets went past 30 s (or, a container without a frame count, past 2,160,000 "
-                       "frames)",
+    "placeholder_mismatch": "the number of a kind's placeholders (<image>, <video>) differs from the number of its "
+                            "items",
     "too_long": "the sample has more tokens than seq_len",
-    "too_many_images": "the sample has more images than max_images",
     "duplicate_id": "another sample already has this id",
     "unsupported_media": "the record has audio or grounding objects, which are not supported yet",
     "unmaskable_turn": "an assistant turn cannot be located in the chat template's rendering (naming the turn)",
 }
+
+
+def register_drop_reasons(reasons: dict[str, str]) -> None:
+    """Add a media kind's drop reasons to :data:`DROP_REASONS` (its declaration calls this); a reason already
+    known with another meaning is a programming error.
+
+    Example:
+        >>> register_drop_reasons({"too_long": DROP_REASONS["too_long"]})
+    """
+    for reason, meaning in reasons.items():
+        if DROP_REASONS.setdefault(reason, meaning) != meaning:
+            raise ValueError(f"drop reason {reason!r} is already registered with another meaning")
 
 
 class WdspackError(Exception):

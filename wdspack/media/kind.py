@@ -13,9 +13,11 @@ What a family does with a kind (placeholder, replacement text, pixels, padding) 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
+
+from ..errors import register_drop_reasons
 
 __all__ = ["Media", "MediaKind", "Prepared", "calling", "imported"]
 
@@ -104,7 +106,8 @@ class MediaKind:
         check: ``(media, num_tokens) -> None``: the kind's own invariants on an untrusted pack's items,
             raising :class:`~wdspack.errors.FormatError` (bounds on what the loader will allocate).
         budget: the manifest key whose value bounds the kind per pack (``max_images``), or ``""``.
-        drop_reasons: the drop reasons of the kind at pack time (their meaning: :data:`~wdspack.errors.DROP_REASONS`).
+        drop_reasons: the drop reasons of the kind at pack time, each with its meaning (registered in
+            :data:`~wdspack.errors.DROP_REASONS` by the declaration).
         load_drop_reasons: those a sample can also be dropped for at load time, when an item does not decode.
         decode_errors: ``() -> tuple of exception types``: what decoding an item in the loader raises for a
             bad item (the loader then drops its sample, not the pack).
@@ -136,13 +139,16 @@ class MediaKind:
     plan_record: Any = None
     check: Callable[[Media, int], None] | None = None
     budget: str = ""
-    drop_reasons: tuple[str, ...] = ()
+    drop_reasons: Mapping[str, str] = field(default_factory=dict)
     load_drop_reasons: tuple[str, ...] = ()
     decode_errors: Callable[[], tuple[type[BaseException], ...]] = tuple
     prepare: Callable[[], Any] | None = None
     batch: Callable[[], Any] | None = None
     check_item: Callable[..., object] | None = None
     placeholder: str = ""
+
+    def __post_init__(self) -> None:
+        register_drop_reasons(dict(self.drop_reasons))
 
     @property
     def keys(self) -> tuple[str, ...]:

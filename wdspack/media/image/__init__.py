@@ -14,7 +14,12 @@ IMAGE = MediaKind(
     extensions=("jpg", "jpeg", "png", "webp"), settings_part="image_processor",
     load=calling("wdspack.media.source", "load_image"), describe=calling("wdspack.media.source", "image_name"),
     always_stored=True, budget="max_images",
-    drop_reasons=("missing_image", "image_path_escape", "unreadable_image", "image_too_large", "too_many_images"),
+    drop_reasons={
+        "missing_image": "an image file named by the record does not exist",
+        "image_path_escape": "an image path points outside the image root",
+        "unreadable_image": "the image bytes are corrupt, truncated or not an image",
+        "image_too_large": "the image has more pixels than the decompression-bomb limit",
+        "too_many_images": "the sample has more images than max_images"},
     load_drop_reasons=("unreadable_image", "image_too_large"),
     decode_errors=lambda: (imported(f"{__name__}.pixels", "ImageDecodeError")(),), placeholder="<image>",
     prepare=imported(f"{__name__}.prepare"), batch=imported(f"{__name__}.batch"))

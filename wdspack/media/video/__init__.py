@@ -24,7 +24,17 @@ VIDEO = MediaKind(
     extensions=("mp4", "webm", "mkv", "mov", "avi"), settings_part="video_processor",
     load=calling(f"{__name__}.source", "load_video"), describe=calling(f"{__name__}.source", "video_name"),
     plan_record=VideoPlanRecord, check=check_videos, budget="max_video_tokens_per_pack",
-    drop_reasons=("missing_video", "video_path_escape", "unreadable_video", "video_too_short", "video_too_large"),
+    drop_reasons={
+        "missing_video": "a video file named by the record does not exist",
+        "video_path_escape": "a video path points outside the image root (which serves videos too)",
+        "unreadable_video": "the video file is empty or over the size limit, not a video PyAV can open (or a still "
+                            "image under a video's name), its header gives no frames, or it holds the data of fewer "
+                            "frames than its header gives (cut short, as by an interrupted download)",
+        "video_too_short": "the video has fewer frames than the model's video processor samples from it",
+        "video_too_large": "the video's frames are over the decompression-bomb limit or of an aspect ratio over 200, "
+                           "or it has more frames than a plan may name where its processor takes every frame, or "
+                           "reading its packets went past 30 s (or, a container without a frame count, past "
+                           "2,160,000 frames)"},
     load_drop_reasons=("unreadable_video",),
     decode_errors=lambda: (imported(f"{__name__}.pixels", "VideoDecodeError")(),), placeholder="<video>",
     prepare=imported(f"{__name__}.prepare"), batch=imported(f"{__name__}.batch"), check_item=_check_item)
