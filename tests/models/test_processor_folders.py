@@ -280,7 +280,7 @@ def test_the_summary_lines_of_older_datasets_and_of_the_users_settings():
     from wdspack.packer.config import PackSummary
 
     base = dict(output="out", samples_read=1, samples_packed=1, dropped_by_reason={}, packs=1, tokens=90, images=1,
-                fill_ratio=0.9, shards=1, bytes=1000, seconds=1.0, videos=1)
+                fill_ratio=0.9, shards=1, bytes=1000, seconds=1.0, media={"video": 1})
     video = {"do_sample_frames": True, "fps": 2.0, "min_frames": 4, "max_frames": 768, "max_pixels": 12544}
     old = PackSummary(**base, image_policy={"kind": "processor", "family": "qwen2_5_vl", "video": video}).lines()
     assert "videos   frames at 2 fps (4 to 768 a video), at most 12544 pixels each, tokens from each video's header" \

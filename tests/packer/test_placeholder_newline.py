@@ -57,7 +57,7 @@ def test_the_newline_after_a_placeholder_follows_one_rule(name, media, tmp_path,
     builder = SampleBuilder(SampleConfig(processor=str(folder), video=VIDEO.get(name)))
     kinds = ["image", "video"] if name in VIDEO else ["image"]
     for kind in kinds:
-        typed = builder.typed_images if kind == "image" else builder.typed_videos
+        typed = builder.typed[kind]
         with_newline, without = _texts(builder, media, kind, name)
         if typed:  # the template places the media: the source's newline is left to it, never doubled
             assert with_newline == without, (name, kind)

@@ -95,10 +95,14 @@ class MediaKind:
         part_types: the chat content part types that carry one item (``{"type": "video_url", ...}``).
         ref_keys: where such a part holds its reference, in the order they are tried.
         placeholder: the text that stands for one item in a record's text (``<video>``).
+        written_as_image: the project whose records write the kind's placeholder as ``<image>`` where a record
+            holds no images (``"LLaVA-Video"`` for videos), named in a mismatch's message; ``""``: none does.
         extensions: the WebDataset member extensions of the kind (``clip.mp4``).
         settings_part: the processor part whose settings plan it (``read_settings(spec, part)``).
         load: ``(ref, root, *, absolute_ok) -> bytes``: the item a reference stands for, read under the root.
         describe: ``ref -> str``: how a drop detail names an item (its path, ``""`` for inline bytes).
+        max_bytes: ``() -> int``: an item's file size over which (or at 0 bytes) it is ``unreadable_{name}``
+            without being read (a WebDataset member's size from its tar header); 0: no such bound before reading.
         always_stored: the kind's keys are in every v1 pack (images); otherwise only in packs that hold one,
             so packs without the kind keep their bytes.
         plan_record: the record type of one item's stored plan (``to_msgpack``/``from_msgpack``); None: the
@@ -135,6 +139,7 @@ class MediaKind:
     settings_part: str
     load: Callable[..., bytes]
     describe: Callable[[Any], str]
+    max_bytes: Callable[[], int] = int
     always_stored: bool = False
     plan_record: Any = None
     check: Callable[[Media, int], None] | None = None
@@ -146,6 +151,7 @@ class MediaKind:
     batch: Callable[[], Any] | None = None
     check_item: Callable[..., object] | None = None
     placeholder: str = ""
+    written_as_image: str = ""
 
     def __post_init__(self) -> None:
         register_drop_reasons(dict(self.drop_reasons))

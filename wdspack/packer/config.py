@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from ..media.video.prepare import settings_text
+from ..media import KINDS
 from .executors import EXECUTORS
 from .planner import ALGORITHMS
 
@@ -223,8 +223,13 @@ class PackSummary:
     carried_by_reason: dict[str, int] | None = None
     #: how the job chose to plan, when it chose by its size (``planned in groups of ...``; empty: not said)
     plan: str = ""
-    #: the videos packed (0: none; their line is left out)
-    videos: int = 0
+    #: the items packed of each kind other than images (``{"video": 8}``; a kind with none is left out)
+    media: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def videos(self) -> int:
+        """The videos packed (``media["video"]``)."""
+        return self.media.get("video", 0)
 
     @property
     def samples_dropped(self) -> int:
@@ -237,7 +242,8 @@ class PackSummary:
             f"dropped {self.samples_dropped} ({_reasons(self.dropped_by_reason)})",
             *self._carried_lines(),
             f"packs    {self.packs}  fill {self.fill_ratio:.2%}  tokens {self.tokens}  images {self.images}"
-            + (f"  videos {self.videos}" if self.videos else ""),
+            + "".join(f"  {kind.plural} {self.media[kind.name]}" for kind in KINDS
+                      if not kind.always_stored and self.media.get(kind.name)),
             *([f"budget   {self.budget.line()}"] if self.budget is not None and self.budget.packs else []),
             *self._media_lines(),
             *([f"plan     {self.plan}"] if self.plan else []),
@@ -247,16 +253,21 @@ class PackSummary:
         ]
 
     def _media_lines(self) -> list[str]:
-        """How image tokens were counted, and the videos' settings; a job of videos alone (no image packed)
-        names its processor on the videos line and prints no images line."""
+        """How image tokens were counted, and each other kind's settings (its room's ``settings_text``); a job
+        of another kind alone (no image packed) names its processor on that kind's line and prints no images
+        line."""
         policy = self.image_policy
         if not policy:
             return []
-        if not self.videos:
-            return [f"images   {_policy_text(policy)}"]
-        if self.images or not policy.get("family"):
-            return [f"images   {_policy_text(policy)}", f"videos   {settings_text(policy)}"]
-        return [f"videos   processor {policy['family']} ({policy.get('processor_class')}), {settings_text(policy)}"]
+        others = [kind for kind in KINDS if not kind.always_stored and self.media.get(kind.name)]
+        lines = [] if others and not self.images and policy.get("family") else [f"images   {_policy_text(policy)}"]
+        for kind in others:
+            assert kind.prepare is not None
+            text = kind.prepare().settings_text(policy)
+            if not lines:
+                text = f"processor {policy['family']} ({policy.get('processor_class')}), {text}"
+            lines.append(f"{kind.plural:<8} {text}")
+        return lines
 
     def _carried_lines(self) -> list[str]:
         """A reshard's drops in two: inherited from the source dataset, and its own (new budgets)."""

@@ -43,8 +43,7 @@ import numpy as np
 
 from ..errors import ConfigError, SampleError
 from ..format.pack import token_dtype_for
-from ..media import KINDS
-from ..media.image.check import check_image, downscale
+from ..media import IMAGE, KINDS
 from ..media.image.check import error_text as _error_text
 from ..media.video.plan import VideoSettings
 from .expand import build_expanded
@@ -197,8 +196,12 @@ class SampleBuilder:
         self.feature_token, self.image_token_id = feature, self._token_id(feature)
         self._setup_kinds()
         self._one = OneRender(self._apply, self._message, self._renderer.marked)
-        self.typed_images = self._template_renders_typed_images()
-        self.typed_videos = self.typed_images and self._template_renders_typed_videos()
+        images = self._template_renders_typed(IMAGE.name, self.image_token)
+        #: per kind, whether the template renders a bare ``{"type": kind}`` part as its placeholder (a kind
+        #: other than images only where images are typed too: records are written one way or the other)
+        self.typed: dict[str, bool] = {
+            kind.name: images if kind is IMAGE else images and self._template_renders_typed(
+                kind.name, self.holders.get(kind.name)) for kind in KINDS}
         self.tool_support = self._template_renders_tools()
 
     def _setup_kinds(self) -> None:
@@ -348,7 +351,7 @@ class SampleBuilder:
         extra = {k: v for k, v in m.items() if k not in ("role", "content")}
         if isinstance(parts, str):
             parts = [{"type": "text", "text": parts}]
-        if self.typed_images and m["role"] != "tool":
+        if self.typed[IMAGE.name] and m["role"] != "tool":
             return {"role": m["role"], "content": _typed_content(parts), **extra}
         # String form: the text keeps what the source wrote around each image (LLaVA's "<image>\n").
         holders = self.holders
@@ -477,11 +480,10 @@ class SampleBuilder:
                           "tool_calls and tool turns (the model's own, e.g. Qwen2.5's or Mistral's), or leave the "
                           "tool-calling records out")
 
-    def _template_renders_typed_images(self) -> bool:
-        return self._template_renders_typed("image", self.image_token)
-
-    def _template_renders_typed_videos(self) -> bool:
-        return self._template_renders_typed("video", self.holders.get("video"))
+    @property
+    def typed_images(self) -> bool:
+        """Whether the template renders ``{"type": "image"}`` parts (``typed["image"]``)."""
+        return self.typed[IMAGE.name]
 
     def _template_renders_typed(self, kind: str, token: str | None) -> bool:
         """Whether the template renders a bare ``{"type": kind}`` part as ``token``."""
@@ -494,34 +496,19 @@ class SampleBuilder:
         except Exception:
             return False
 
-    # ---- images ----------------------------------------------------------------------------
+    # ---- a tokenizer's fixed count per image (no family) -----------------------------------
 
-    def _prepare_images(self, images: tuple[bytes, ...], sid: str,
-                        names: tuple[str, ...] = ()) -> tuple[tuple[bytes, ...], tuple[Any, ...]]:
-        """The checked images, and per image its token count, or ``(h, w)`` for a family to expand."""
-        out, counts = [], []
-        for k, data in enumerate(images):
-            data, (w, h) = self._check_image(data, sid, k, names[k] if k < len(names) else "")
-            out.append(data)
-            counts.append(self._tokens_for(w, h, sid))
-        return tuple(out), tuple(counts)
-
-    def _check_image(self, data: bytes, sid: str, k: int, name: str = "") -> tuple[bytes, tuple[int, int]]:
-        which = f"image {k} ({name!r})" if name else f"image {k}"  # the file, so the user can find it
-        (w, h), fmt = check_image(data, which, sid=sid, max_pixels=self.config.max_image_pixels)
-        side = self.config.max_image_side
-        if side and max(w, h) > side:
-            data, (w, h) = downscale(data, side, fmt)
-        return data, (w, h)
-
-    def _tokens_for(self, w: int, h: int, sid: str) -> int | tuple[int, int]:
+    def fixed_tokens(self, width: int, height: int, sid: str) -> int | tuple[int, int]:
+        """An image's tokens of ``width`` x ``height`` where no family lays it out: the fixed count (a tokenizer's
+        ``tokens_per_image``, or the count processor's); with a family, ``(height, width)`` for it to expand
+        (the image kind's ``probe`` asks this)."""
         if self.family is not None:
-            return (h, w)  # the family expands from the size (_build_expanded)
+            return (height, width)
         if self.processor is None:
             if self.config.tokens_per_image is None:
                 raise images_need_tokens_per_image(sid)
             return int(self.config.tokens_per_image)
-        return processor_tokens(self.processor, h, w)
+        return processor_tokens(self.processor, height, width)
 
     def _expand(self, sid: str, ids: np.ndarray, mask: np.ndarray, images: list[bytes],
                 counts: list[int]) -> Sample:

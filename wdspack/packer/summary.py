@@ -97,7 +97,9 @@ def summary_of(out: Location, manifest: Manifest, *, seconds: float, resumed_sha
                        images=t["images"], fill_ratio=t["fill_ratio"], shards=len(manifest.shards),
                        bytes=sum(s.bytes for s in manifest.shards), seconds=seconds, resumed_shards=resumed_shards,
                        image_policy=manifest.image_policy, records_read=t.get("records_read"),
-                       budget=_budget(out, manifest), videos=int(t.get("videos") or 0))
+                       budget=_budget(out, manifest),
+                       media={kind.name: int(t.get(kind.plural) or 0) for kind in KINDS
+                              if not kind.always_stored and t.get(kind.plural)})
 
 
 def _budget(out: Location, manifest: Manifest) -> BudgetUse | None:

@@ -50,7 +50,7 @@ import numpy as np
 
 from ..errors import ConfigError, SampleError
 from ..media import KINDS, Media, MediaKind
-from .sources.documents import IMAGE, SEGMENT_OF, VIDEO, Segment, TextRecord
+from .sources.documents import SEGMENT_OF, Segment, TextRecord, is_media
 from .tokenized import Sample
 
 __all__ = ["DEFAULT_CAPTION_TEMPLATE", "PretrainConfig", "TextBuilder", "build_samples", "build_text_sample"]
@@ -121,8 +121,7 @@ class TextBuilder(Protocol):
 
     def build(self, record: Any) -> Sample: ...
 
-    def _prepare_images(self, images: tuple[bytes, ...], sid: str,
-                        names: tuple[str, ...] = ()) -> tuple[tuple[bytes, ...], tuple[Any, ...]]: ...
+    def fixed_tokens(self, width: int, height: int, sid: str) -> int | tuple[int, int]: ...
 
     def _encode(self, text: str) -> tuple[np.ndarray, np.ndarray]: ...  # ids and offsets, no special tokens
 
@@ -253,12 +252,11 @@ def _media_spans(builder: Any, kind: MediaKind, data: tuple[bytes, ...],
                  sid: str) -> list[tuple[bytes, np.ndarray, int, Any]]:
     """Each item's bytes (as checked), token ids (the processor's replacement text, or the fixed count of image
     tokens without a family), feature tokens and stored plan: the kind's room prepares them as for a chat."""
-    if builder.family is None and kind.always_stored:  # a tokenizer and a fixed count per image
-        images, counts = builder._prepare_images(data, sid)  # the checks every sample's images get
-        return [(b, np.full(int(c), builder.image_token_id, np.int64), int(c), None) for b, c in zip(images, counts)]
     assert kind.prepare is not None
     side = kind.prepare()  # a kind that needs a family's side says so (unsupported_media)
     checked, probes = side.probe(builder, data, sid)
+    if builder.family is None:  # a tokenizer and a fixed count per image (the only kind without a family)
+        return [(b, np.full(int(c), builder.image_token_id, np.int64), int(c), None) for b, c in zip(checked, probes)]
     if not checked:
         return []
     prepared = side.part(builder, sid, checked, probes)
@@ -272,9 +270,9 @@ def _media_spans(builder: Any, kind: MediaKind, data: tuple[bytes, ...],
 
 def _layout(record: TextRecord, config: PretrainConfig) -> list[tuple[Segment, bool]]:
     if record.kind == "document":
-        return [(s, isinstance(s, str)) for s in record.segments if s is IMAGE or s is VIDEO or s]
+        return [(s, isinstance(s, str)) for s in record.segments if is_media(s) or s]
     caption = next(s for s in record.segments if isinstance(s, str))
-    media = [s for s in record.segments if s is IMAGE or s is VIDEO]  # a caption's video, then its image
+    media = [s for s in record.segments if is_media(s)]  # a caption's media, in the order its record gives
     out: list[tuple[Segment, bool]] = []
     template = config.caption_template or DEFAULT_CAPTION_TEMPLATE
     for piece in _split_fields(template):

@@ -1,6 +1,6 @@
 """The image kind at pack time: the image processor's settings recorded, and a chat's images expanded by the
-family's image side from their header sizes. Each image is checked from its header by the sample builder itself
-(``probe`` asks it: the same check serves a tokenizer with a fixed count per image, where there is no family).
+family's image side from their header sizes. Each image is checked from its header (``probe``: the same check
+serves a tokenizer with a fixed count per image, where there is no family, and captions and documents).
 
 ``builder`` is the pack job's sample builder (``wdspack.packer.samples.SampleBuilder``).
 """
@@ -14,7 +14,7 @@ from ...errors import ConfigError, SampleError
 from ..kind import Prepared
 from ..settings import read_settings
 from . import IMAGE
-from .check import error_text
+from .check import check_image, downscale, error_text
 
 __all__ = ["over_budget", "part", "policy", "probe", "setup"]
 
@@ -41,8 +41,18 @@ def over_budget(builder: Any, sample: Any, *, seq_len: int) -> str | None:
 
 def probe(builder: Any, images: tuple[bytes, ...], sid: str,
           names: tuple[str, ...] = ()) -> tuple[tuple[bytes, ...], tuple[Any, ...]]:
-    """The images checked from their headers, and per image its token count or ``(height, width)``."""
-    return builder._prepare_images(images, sid, names)
+    """The images checked from their headers (downscaled to ``max_image_side`` where over it), and per image
+    its token count (a fixed count, no family) or ``(height, width)`` (for the family to expand)."""
+    out, counts = [], []
+    for k, data in enumerate(images):
+        which = f"image {k} ({names[k]!r})" if k < len(names) and names[k] else f"image {k}"  # the file, to find it
+        (w, h), fmt = check_image(data, which, sid=sid, max_pixels=builder.config.max_image_pixels)
+        side = builder.config.max_image_side
+        if side and max(w, h) > side:
+            data, (w, h) = downscale(data, side, fmt)
+        out.append(data)
+        counts.append(builder.fixed_tokens(w, h, sid))
+    return tuple(out), tuple(counts)
 
 
 def part(builder: Any, sid: str, images: Sequence[bytes], sizes: Sequence[Any]) -> Prepared:

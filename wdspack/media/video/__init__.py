@@ -23,7 +23,8 @@ VIDEO = MediaKind(
                                                                 "value"),
     extensions=("mp4", "webm", "mkv", "mov", "avi"), settings_part="video_processor",
     load=calling(f"{__name__}.source", "load_video"), describe=calling(f"{__name__}.source", "video_name"),
-    plan_record=VideoPlanRecord, check=check_videos, budget="max_video_tokens_per_pack",
+    max_bytes=imported(f"{__name__}.source", "MAX_VIDEO_BYTES"), plan_record=VideoPlanRecord, check=check_videos,
+    budget="max_video_tokens_per_pack",
     drop_reasons={
         "missing_video": "a video file named by the record does not exist",
         "video_path_escape": "a video path points outside the image root (which serves videos too)",
@@ -37,4 +38,5 @@ VIDEO = MediaKind(
                            "2,160,000 frames)"},
     load_drop_reasons=("unreadable_video",),
     decode_errors=lambda: (imported(f"{__name__}.pixels", "VideoDecodeError")(),), placeholder="<video>",
+    written_as_image="LLaVA-Video",
     prepare=imported(f"{__name__}.prepare"), batch=imported(f"{__name__}.batch"), check_item=_check_item)

@@ -34,36 +34,56 @@ from typing import Any, Final
 from ...errors import SampleError
 from ...media import IMAGE as IMAGE_KIND
 from ...media import KINDS, by_name
-from ...media import VIDEO as VIDEO_KIND
 
-__all__ = ["DOCUMENT_COLUMNS", "IMAGE", "SEGMENT_OF", "VIDEO", "Segment", "TextRecord", "build_document",
-           "is_document"]
+__all__ = ["DOCUMENT_COLUMNS", "IMAGE", "SEGMENT_OF", "VIDEO", "MediaSlot", "Segment", "TextRecord", "build_document",
+           "is_document", "is_media"]
 
 #: Columns read for documents besides the chat ones (``texts``, ``images``, ``id``).
 DOCUMENT_COLUMNS = ("text",)
-#: The segment that stands for the record's next image.
+#: The segment that stands for the record's next image (format v1's: None).
 IMAGE = None
 
 
-class _Video:
-    """The type of :data:`VIDEO`: one instance, which stays itself through pickling (``is VIDEO`` holds
-    in a worker process too), and is no text."""
+class MediaSlot:
+    """The segment that stands for the next item of a kind other than images: one instance per kind, which
+    stays itself through pickling (``is SEGMENT_OF["video"]`` holds in a worker process too), and is no text."""
 
-    __slots__ = ()
+    __slots__ = ("kind",)
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
 
     def __repr__(self) -> str:
-        return "VIDEO"
+        return self.kind.upper()
 
-    def __reduce__(self) -> str:
-        return "VIDEO"  # pickled by name: the module's own instance
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return _slot_of, (self.kind,)  # pickled by kind: the module's own instance
 
 
-#: The segment that stands for the record's next video.
-VIDEO: Final = _Video()
-#: A segment: a text, :data:`IMAGE` or :data:`VIDEO`.
-Segment = str | None | _Video
+def _slot_of(kind: str) -> MediaSlot:
+    slot = SEGMENT_OF[kind]
+    assert isinstance(slot, MediaSlot)
+    return slot
+
+
+#: A segment: a text, :data:`IMAGE` or a kind's :class:`MediaSlot`.
+Segment = str | None | MediaSlot
 #: The segment that stands for the record's next item of each kind, by kind.
-SEGMENT_OF: dict[str, Segment] = {IMAGE_KIND.name: IMAGE, VIDEO_KIND.name: VIDEO}
+SEGMENT_OF: dict[str, Segment] = {kind.name: IMAGE if kind is IMAGE_KIND else MediaSlot(kind.name) for kind in KINDS}
+#: The segment that stands for the record's next video.
+VIDEO: Final = SEGMENT_OF["video"]
+
+
+def is_media(segment: Segment) -> bool:
+    """Whether a segment stands for a media item (not text).
+
+    Example:
+        >>> is_media(IMAGE), is_media(VIDEO), is_media("A cat.")
+        (True, True, False)
+    """
+    return not isinstance(segment, str)
+
+
 #: A kind's items of a text record by their v1 spelling (``images``, ``videos``), in the v1 positional order.
 _FIELD_OF = {kind.plural: kind.name for kind in KINDS}
 _CHAT_FIELDS = ("messages", "conversations", "instruction")  # a chat, or Alpaca (whose rows may carry a `text` too)

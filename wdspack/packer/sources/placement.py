@@ -122,10 +122,10 @@ def bare_slots(turns: list[Turn], kind: MediaKind) -> int:
     return sum(1 for _, parts, _ in turns for what, value in parts if what == kind.name and value is BARE)
 
 
-def place(turns: list[Turn], pool: list, kind: MediaKind, *, llava_video: bool = False) -> list[Turn]:
+def place(turns: list[Turn], pool: list, kind: MediaKind, *, as_image: bool = False) -> list[Turn]:
     """Fill the bare ``kind`` slots from ``pool`` in order; with no slot, put the pool at the start
-    of the first user turn (before what is already there). ``llava_video``: the slots are ``<image>``
-    placeholders that stand for videos (LLaVA-Video's convention; named in the error)."""
+    of the first user turn (before what is already there). ``as_image``: the slots are ``<image>``
+    placeholders that stand for the kind's items (``kind.written_as_image``'s convention; named in the error)."""
     slots = bare_slots(turns, kind)
     if slots == 0 and pool:
         at = next((k for k, (role, _, _) in enumerate(turns) if role == "user"),
@@ -136,8 +136,9 @@ def place(turns: list[Turn], pool: list, kind: MediaKind, *, llava_video: bool =
         return turns
     if slots != len(pool):
         name = kind.name
-        written = (f"{PLACEHOLDER!r} standing for a video: the record has videos and no images, LLaVA-Video's "
-                   "convention" if llava_video else f"{kind.placeholder!r} or bare {name} parts")
+        written = (f"{PLACEHOLDER!r} standing for a {name}: the record has {kind.plural} and no images, "
+                   f"{kind.written_as_image}'s convention" if as_image
+                   else f"{kind.placeholder!r} or bare {name} parts")
         raise SampleError("placeholder_mismatch", f"the record has {slots} {name} placeholder(s) ({written}) but "
                           f"{len(pool)} {name}(s); make the counts match, or remove every placeholder to put the "
                           f"{name}s before the first user turn")

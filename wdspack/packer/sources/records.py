@@ -74,7 +74,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import SampleError
-from ...media import IMAGE, KINDS, VIDEO, MediaKind, by_name
+from ...media import IMAGE, KINDS, MediaKind, by_name
 from .media import MEDIA_FIELDS, MEDIA_PART_TYPES, check_media_fields, check_media_placeholders, media_part_error
 from .placement import (
     BARE,
@@ -115,7 +115,7 @@ _CALL_PART_TYPES = ("tool_call", "tool_calls")  # LLaMA-Factory v1: {"type": "to
 _FIELD_OF = {key: (kind.name, part) for kind in KINDS
              for key, part in ((kind.plural, "media"), (f"{kind.name}_names", "media_names"))}
 #: v1's positional order after ``messages`` (frozen: a later kind's fields are keywords only).
-_V1_POSITIONS = (IMAGE.plural, "tools", f"{IMAGE.name}_names", VIDEO.plural, f"{VIDEO.name}_names")
+_V1_POSITIONS = ("images", "tools", "image_names", "videos", "video_names")
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -228,15 +228,15 @@ def build_record(row: Any, *, sample_id: str, image_root: str, absolute_images: 
         if named is not None:
             turns = place_named(turns, named)
         pools = {kind.name: [] if kind is IMAGE and named is not None else media_list(row, kind) for kind in KINDS}
-        # LLaVA-Video writes <image> for its video (a trait of the video kind alone)
-        llava_video = bool(pools[VIDEO.name]) and not pools[IMAGE.name] and named is None \
-            and not bare_slots(turns, VIDEO)
-        if llava_video:
-            turns = [(role, [(VIDEO.name, v) if k == IMAGE.name and v is BARE else (k, v) for k, v in parts], extra)
-                     for role, parts, extra in turns]
+        # a kind some records write as <image> where they hold no images (LLaVA-Video's videos)
+        as_image = next((kind for kind in KINDS if kind.written_as_image and pools[kind.name] and named is None
+                         and not pools[IMAGE.name] and not bare_slots(turns, kind)), None)
+        if as_image is not None:
+            turns = [(role, [(as_image.name, v) if k == IMAGE.name and v is BARE else (k, v) for k, v in parts],
+                      extra) for role, parts, extra in turns]
         _check_turns(turns, any(pools.values()))
         for kind in KINDS:  # each kind prepends the items it puts first: the later kinds come before
-            turns = place(turns, pools[kind.name], kind, llava_video=llava_video and kind is VIDEO)
+            turns = place(turns, pools[kind.name], kind, as_image=kind is as_image)
         turns = link_tool_calls(turns, sample_id)
         return _finish(turns, sample_id, image_root, tools_of(row), absolute_images)
     except SampleError as e:

@@ -42,8 +42,7 @@ from dataclasses import dataclass, field
 
 from ...errors import Dropped, SampleError, SourceError
 from ...format.tar import ShardError, tar_entries
-from ...media import KINDS, VIDEO, MediaKind
-from ...media.video import source as videos
+from ...media import KINDS, MediaKind
 from ...storage.local import FileStream
 from ...storage.location import open_input
 from .documents import SEGMENT_OF, Segment, TextRecord
@@ -192,13 +191,14 @@ def read_captions(path: str, *, start: int, stop: int, first_row: int,
 
 def _add_member(group: _Group, ext: str, f, m: _Member) -> None:
     """Read a member only when it is a kind's item (the image, the video) or a caption; every other member
-    stays unread."""
+    stays unread, and so does a kind's item of a size its kind refuses (``max_bytes``, from the tar header)."""
     kind: MediaKind | None = next((k for k in KINDS if ext in k.extensions), None)
-    limit = videos.MAX_VIDEO_BYTES
-    if kind is VIDEO and (m.size == 0 or m.size > limit):  # the video kind's own check, from the header alone
+    limit = kind.max_bytes() if kind is not None else 0
+    if kind is not None and limit and (m.size == 0 or m.size > limit):
         what = "empty (0 bytes)" if m.size == 0 else f"{m.size:,} bytes, over the {limit:,}-byte limit"
         group.problem = group.problem or SampleError(
-            "unreadable_video", f"video member {group.key}.{ext} is {what}; re-encode it or drop the sample")
+            f"unreadable_{kind.name}", f"{kind.name} member {group.key}.{ext} is {what}; re-encode it or drop the "
+            "sample")
         group.media[kind.name].append((ext, b""))  # counted, never read
     elif kind is not None:
         group.media[kind.name].append((ext, _read(f, m)))
