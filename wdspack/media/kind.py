@@ -17,9 +17,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from ..errors import register_drop_reasons
+from ..errors import FormatError, register_drop_reasons
 
-__all__ = ["Media", "MediaKind", "Prepared", "calling", "imported"]
+__all__ = ["DecodeError", "Media", "MediaKind", "Prepared", "calling", "imported"]
 
 
 def imported(module: str, name: str = "") -> Callable[[], Any]:
@@ -41,6 +41,25 @@ def calling(module: str, name: str) -> Callable[..., Any]:
     """The function ``module.name``, imported on the first call (as :func:`imported`)."""
     get = imported(module, name)
     return lambda *args, **kwargs: get()(*args, **kwargs)
+
+
+class DecodeError(FormatError):
+    """An item's bytes in a pack that cannot (or must not) be decoded, of any kind (each kind's own error
+    subclasses it: ``ImageDecodeError``, ``VideoDecodeError``): the message says why, in one line; ``index`` is
+    the item's place in its list, where the caller gave it.
+
+    Example:
+        >>> import pickle
+        >>> pickle.loads(pickle.dumps(DecodeError("truncated", index=2))).args
+        ('truncated',)
+    """
+
+    def __init__(self, message: str, *, index: int | None = None) -> None:
+        super().__init__(message)
+        self.index = index
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:  # one positional argument, as DataLoader's re-raise expects
+        return (type(self), (str(self),))
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ...errors import ConfigError, FormatError
+from ...errors import ConfigError
+from ..kind import DecodeError
 
 __all__ = [
     "CLIP_MEAN",
@@ -63,15 +64,8 @@ class PatchLayout(Protocol):
 _BANDS = ("R", "G", "B")
 
 
-class ImageDecodeError(FormatError):
+class ImageDecodeError(DecodeError):
     """Image bytes that cannot (or must not) be decoded; ``index`` is the image's place in its list."""
-
-    def __init__(self, message: str, *, index: int | None = None) -> None:
-        super().__init__(message)
-        self.index = index
-
-    def __reduce__(self):  # one positional argument, as DataLoader's re-raise expects
-        return (type(self), (str(self),))
 
 
 class ImageTooLargeError(ImageDecodeError):

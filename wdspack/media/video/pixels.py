@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...errors import ConfigError, FormatError
+from ...errors import ConfigError
+from ..kind import DecodeError
 from .header import _NO_AV, MAX_VIDEO_PIXELS
 
 __all__ = ["MAX_DECODE_SECONDS", "MAX_VIDEO_PIXELS", "VideoDecodeError", "decode_frames", "normalize_video_rows",
@@ -38,16 +39,9 @@ SEEK_MIN_FRAMES = 4
 MAX_DECODE_SECONDS = 60.0
 
 
-class VideoDecodeError(FormatError):
+class VideoDecodeError(DecodeError):
     """Video bytes in a pack that cannot (or must not) be decoded: the message says why, in one line;
     ``index`` is the video's place in its pack, where the caller gave it."""
-
-    def __init__(self, message: str, *, index: int | None = None) -> None:
-        super().__init__(message)
-        self.index = index
-
-    def __reduce__(self):  # one positional argument, as DataLoader's re-raise expects
-        return (type(self), (str(self),))
 
 
 class _Fallback(Exception):
@@ -80,7 +74,7 @@ def decode_frames(data: bytes, indices: Sequence[int], *, max_pixels: int = 64_0
             bytes PyAV cannot decode.
 
     Example:
-        >>> decode_frames(mp4_bytes, [0, 15, 30]).shape
+        >>> decode_frames(mp4_bytes, [0, 15, 30]).shape  # doctest: +SKIP
         (3, 48, 64, 3)
     """
     try:
