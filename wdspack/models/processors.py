@@ -1,12 +1,13 @@
-"""Load a model's processor offline, with its image side only where the video side cannot load.
+"""Load a model's processor offline, with the parts that load where one of its media parts cannot.
 
-transformers' processors for Qwen-VL, SmolVLM, LLaVA-OneVision and others carry a video processor,
-and video processors need torchvision. A CPU-only packing machine (or one whose torch build has no
-matching torchvision wheel) cannot build them, so ``AutoProcessor.from_pretrained`` fails for a
-model whose images alone would work. :func:`load_processor` then builds the same processor class
-from its tokenizer, image processor and chat template, without the video processor, and says so.
-:func:`assemble_processor` does the same from parts in memory (how the tests and the demo build
-real processors offline), and :func:`save_processor` writes a folder that both paths load.
+A processor has a part per media kind it takes (``image_processor``, ``video_processor``,
+``feature_extractor``: each kind's ``settings_part``) beside its tokenizer. transformers' video
+processors need torchvision, which a CPU-only packing machine (or one whose torch build has no matching
+torchvision wheel) may lack, so ``AutoProcessor.from_pretrained`` fails for a model whose images (and
+audio) alone would work. :func:`load_processor` then builds the same processor class from its tokenizer,
+chat template and every media part that loads, leaving out those that do not, and says so.
+:func:`assemble_processor` does the same from parts in memory (how the tests and the demo build real
+processors offline), and :func:`save_processor` writes a folder that both paths load.
 """
 
 from __future__ import annotations
@@ -25,15 +26,19 @@ __all__ = ["assemble_processor", "load_processor", "save_processor"]
 logger = logging.getLogger(__name__)
 
 _PARTS = ("image_processor", "tokenizer", "video_processor", "feature_extractor", "chat_template")
+#: The transformers class that loads each media part of a processor (the kinds' ``settings_part``).
+_AUTO = {"image_processor": "AutoImageProcessor", "video_processor": "AutoVideoProcessor",
+         "feature_extractor": "AutoFeatureExtractor"}
 
 
 def assemble_processor(cls: type[Any] | str, *, image_processor: Any, tokenizer: Any, chat_template: str | None = None,
                        **kwargs: Any) -> Any:
-    """An instance of the processor class ``cls`` from its parts; a video processor it declares is left out.
+    """An instance of the processor class ``cls`` from its parts; a media part it declares and is not given
+    (its video processor, say) is left out. Other parts (``feature_extractor=``) are passed by name.
 
     The class's own ``__init__`` runs (it sets the image token, ids and family options), only its
-    type check lets the missing video processor pass. Every image and text method works; calling it
-    with ``videos=`` does not.
+    type check lets the missing parts pass. Every image, audio and text method works; calling it
+    with ``videos=`` without a video processor does not.
 
     Example:
         >>> from transformers import Qwen2VLImageProcessor
@@ -51,12 +56,12 @@ def assemble_processor(cls: type[Any] | str, *, image_processor: Any, tokenizer:
     from transformers.processing_utils import ProcessorMixin
 
     attributes = klass.get_attributes()
-    parts = {"image_processor": image_processor, "tokenizer": tokenizer}
-    if "video_processor" in attributes:
-        parts["video_processor"] = None
+    given = {"image_processor": image_processor, "tokenizer": tokenizer,
+             **{k: kwargs.pop(k) for k in _AUTO if k in kwargs}}
+    parts = {part: given.get(part) for part in attributes if part in _AUTO or part == "tokenizer"}
     proc = klass.__new__(klass)
     proc.check_argument_for_proper_class = (  # instance attribute: shadows the class's check for this call only
-        lambda name, arg: None if arg is None and name == "video_processor"
+        lambda name, arg: None if arg is None and name in _AUTO
         else ProcessorMixin.check_argument_for_proper_class(proc, name, arg))
     try:
         klass.__init__(proc, **{k: v for k, v in parts.items() if k in attributes}, chat_template=chat_template,
@@ -71,9 +76,9 @@ def load_processor(spec: str | os.PathLike[str] | Any) -> Any:
     model name in the Hugging Face cache (runs are offline).
 
     Tries ``AutoProcessor.from_pretrained`` first; when that fails (typically: its video processor
-    needs torchvision), builds the processor class from the folder's tokenizer, image processor,
-    chat template and processor options without the video side, and logs that it did. A video
-    processor that cannot load is found before ``AutoProcessor`` runs, so the tokenizer loads once.
+    needs torchvision), builds the processor class from the folder's tokenizer, chat template,
+    processor options and every media part that loads, and logs which it left out. A media part
+    that cannot load is found before ``AutoProcessor`` runs, so the tokenizer loads once.
 
     Raises:
         ConfigError: neither way loads; the message gives both reasons.
@@ -89,20 +94,24 @@ def load_processor(spec: str | os.PathLike[str] | Any) -> Any:
     locate_model(name, flag="--processor")  # a folder, the cache or a reachable Hub; else one line, at once
     # AutoProcessor loads the tokenizer (seconds for a large vocabulary) before the video processor
     # that fails; asking the video processor first spares loading the tokenizer a second time.
-    first = _video_side_error(name)
-    if first is None:
+    loaded, failed = _media_parts(name)
+    first = "; ".join(f"its {part.replace('_', ' ')} cannot load: {why}" for part, why in failed.items())
+    if not failed:
         try:
             return AutoProcessor.from_pretrained(name)
         except Exception as e:  # transformers raises ImportError/OSError/ValueError/AttributeError here
             first = f"AutoProcessor said {_reason(e)}"
     try:
-        proc = _load_image_side(name)
+        proc = _load_parts(name, loaded)
     except Exception as e:
-        raise ConfigError(f"cannot load processor {name!r}: {first}; loading its image side "
-                          f"alone said {type(e).__name__}: {e}. Give a local processor folder (or a model name in "
+        side = "its image side" + (f" with its {' and '.join(p.replace('_', ' ') for p in loaded)}" if loaded
+                                   else " alone")
+        raise ConfigError(f"cannot load processor {name!r}: {first}; loading {side} said "
+                          f"{type(e).__name__}: {e}. Give a local processor folder (or a model name in "
                           "the Hugging Face cache; runs are offline)") from None
-    logger.info("loaded %s from %r without its video processor (%s); images and text work",
-                type(proc).__name__, name, first)
+    left = [part for part in _AUTO if part in type(proc).get_attributes() and getattr(proc, part, None) is None]
+    logger.info("loaded %s from %r without its %s (%s); the other parts work", type(proc).__name__, name,
+                " and ".join(p.replace("_", " ") for p in left) or "declared parts", first)
     return proc
 
 
@@ -135,24 +144,29 @@ def _declared_class(name: str) -> str | None:
         or _read_json(name, "tokenizer_config.json").get("processor_class")
 
 
-def _video_side_error(name: str) -> str | None:
-    """Why the video processor of ``name``'s processor class cannot load (``AutoVideoProcessor``'s
-    error, as ``AutoProcessor`` would meet it); ``None`` where it loads, where the class has no video
-    processor, or where no class is named (``AutoProcessor`` then finds the class its own way)."""
+def _media_parts(name: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """The media parts other than the image processor that ``name``'s processor class declares, each loaded
+    as ``AutoProcessor`` would meet it, and why each that cannot load does not (without torchvision, a video
+    processor: ``ImportError``); nothing where no class is named (``AutoProcessor`` then finds it its own way)."""
     cls = _declared_class(name)
     klass = _processor_class(cls) if cls else None
-    if klass is None or getattr(klass, "is_dummy", False) or "video_processor" not in klass.get_attributes():
-        return None
-    from transformers import AutoVideoProcessor
+    if klass is None or getattr(klass, "is_dummy", False):
+        return {}, {}
+    import transformers
 
-    try:
-        AutoVideoProcessor.from_pretrained(name)
-    except Exception as e:  # without torchvision: ImportError
-        return f"its video processor cannot load: {_reason(e)}"
-    return None
+    loaded, failed = {}, {}
+    for part in klass.get_attributes():
+        if part in _AUTO and part != "image_processor":
+            try:
+                loaded[part] = getattr(transformers, _AUTO[part]).from_pretrained(name)
+            except Exception as e:
+                failed[part] = _reason(e)
+    return loaded, failed
 
 
-def _load_image_side(name: str) -> Any:
+def _load_parts(name: str, loaded: dict[str, Any]) -> Any:
+    """The processor class of ``name`` from its tokenizer, image processor, chat template and options, with
+    the other media parts ``loaded`` (those that could not load left out)."""
     from transformers import AutoImageProcessor, AutoTokenizer
 
     config = _read_json(name, "processor_config.json")
@@ -172,7 +186,7 @@ def _load_image_side(name: str) -> Any:
     accepted = set(inspect.signature(klass.__init__).parameters)
     options = {k: v for k, v in config.items() if k in accepted and k not in _PARTS}
     return assemble_processor(klass, image_processor=image_processor, tokenizer=tokenizer, chat_template=template,
-                              **options)
+                              **loaded, **options)
 
 
 def _processor_class(name: str) -> type[Any] | None:
