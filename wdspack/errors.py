@@ -12,9 +12,11 @@ The tree::
     ├── FormatError              bytes that do not follow pack format v1
     │   ├── NewerFormatError     a pack written by a newer wdspack: upgrade, it is not corrupt
     │   ├── ShardError           (format.tar) a tar member header that is cut or garbled
-    │   ├── ImageDecodeError     (media.image.pixels) an image in a pack that does not decode
-    │   │   └── ImageTooLargeError
-    │   └── VideoDecodeError     (media.video.pixels) a video in a pack that does not decode, or not in bounds
+    │   └── DecodeError          (media.kind) a media item in a pack that does not decode, any kind's
+    │       ├── ImageDecodeError (media.image.pixels) an image in a pack that does not decode
+    │       │   └── ImageTooLargeError
+    │       ├── VideoDecodeError (media.video.pixels) a video in a pack that does not decode, or not in bounds
+    │       └── AudioDecodeError (media.audio.decode) an audio in a pack that does not decode as planned
     ├── ManifestError            a manifest that is missing, unreadable or inconsistent
     ├── OutputError              the output folder cannot be written, or a resume does not match
     └── TooManyDropsError        a pack job dropped more than its tolerance, or packed nothing
@@ -63,7 +65,8 @@ DROP_REASONS: dict[str, str] = {
                             "items",
     "too_long": "the sample has more tokens than seq_len",
     "duplicate_id": "another sample already has this id",
-    "unsupported_media": "the record has audio or grounding objects, which are not supported yet",
+    "unsupported_media": "the record has grounding objects (not supported yet), or a kind of media the model's "
+                         "family does not take (videos or audio for an image-only family, say)",
     "unmaskable_turn": "an assistant turn cannot be located in the chat template's rendering (naming the turn)",
 }
 

@@ -17,15 +17,15 @@ PLAN = VideoPlanRecord((0, 2), (28, 28), (1, 2, 2), 1.0)
 
 
 def test_each_kind_declares_names_keys_and_reasons_the_package_knows():
-    assert [k.name for k in KINDS] == ["image", "video"]  # the v1 order of a pack's keys
+    assert [k.name for k in KINDS] == ["image", "video", "audio"]  # the v1 order of a pack's keys, then audio
     for kind in KINDS:
         assert kind_named(kind.name) is kind_named(kind.plural) is kind
         assert kind.keys[:3] == (kind.plural, f"{kind.name}_sample", f"{kind.name}_tokens")
         assert set(kind.drop_reasons) <= set(DROP_REASONS), kind.name
         assert set(kind.load_drop_reasons) <= set(kind.drop_reasons), kind.name
-        assert kind.decode_errors() and kind.prepare is not None and kind.extensions
-    with pytest.raises(KeyError, match="no media kind 'audio'; the kinds are image, video"):
-        kind_named("audio")
+        assert kind.decode_errors() and kind.prepare is not None and kind.batch is not None and kind.extensions
+    with pytest.raises(KeyError, match="no media kind 'smell'; the kinds are image, video, audio"):
+        kind_named("smell")
 
 
 def test_the_v1_spellings_read_and_construct_the_same_pack():
@@ -37,11 +37,13 @@ def test_the_v1_spellings_read_and_construct_the_same_pack():
                        (2,), (PLAN,))
     data = encode_pack(by_kind, token_dtype="<u2")
     assert encode_pack(by_name, token_dtype="<u2") == encode_pack(by_position, token_dtype="<u2") == data
-    assert list(msgpack.unpackb(data, raw=False))[6:] == list(spelled("data", "sample", "tokens", "plans"))
+    # a pack without audio has none of its keys (its bytes are v1's)
+    assert list(msgpack.unpackb(data, raw=False))[6:] == [k for k in spelled("data", "sample", "tokens", "plans")
+                                                           if not k.startswith("audio")]
     back = decode_pack(data)
     assert back.media == by_kind.media and back.videos == (b"mp4",) and back.num_images == back.count("video") == 1
-    with pytest.raises(TypeError, match="unexpected keyword arguments \\['audios'\\]"):
-        Pack(np.arange(1), np.ones(1, np.uint8), (1,), ("a",), audios=())
+    with pytest.raises(TypeError, match="unexpected keyword arguments \\['smells'\\]"):
+        Pack(np.arange(1), np.ones(1, np.uint8), (1,), ("a",), smells=())
 
 
 def test_a_pack_without_a_kind_that_is_not_always_stored_has_none_of_its_keys():
@@ -57,8 +59,10 @@ def test_a_sample_counts_every_kinds_media_for_the_budget_and_names_each_kind():
     assert s.media_count == 3 and len(s.images) == 2 and s.media["video"].plans == (PLAN,)
 
 
-def test_every_family_has_an_image_side_and_a_side_only_for_kinds_there_are():
+def test_every_family_has_a_side_for_each_kind_it_takes_and_only_for_kinds_there_are():
     names = {kind.name for kind in KINDS}
     for family in known_families():
-        assert "image" in family.sides and set(family.sides) <= names, family.name
+        assert family.sides and set(family.sides) <= names, family.name
+        assert ("image" in family.sides) is (family.image is not None)
+        assert ("audio" in family.sides) is (family.audio is not None)
         assert ("video" in family.sides) is (family.video is not None)

@@ -36,9 +36,12 @@ class ShardInfo:
     images: int
     bytes: int
     sha256: str
-    #: the shard's videos and the most video tokens in one of its packs (listed only when there are videos)
+    #: each kind not in every pack: the shard's items and the most of its tokens in one of its packs (listed only
+    #: where the shard holds some)
     videos: int = 0
     max_video_tokens: int = 0
+    audios: int = 0
+    max_audio_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,15 +128,15 @@ class Manifest:
 
 def image_token_budget(totals: Mapping[str, Any]) -> int | None:
     """The most image tokens one pack holds, as the batch's pixel rows are sized: ``max_image_tokens_per_pack``
-    (which counts a pack's video tokens with its images), or 0 where the dataset holds videos and no image (its
-    batches then carry no image rows). None: not recorded.
+    (which counts a pack's other media tokens with its images), or 0 where the dataset holds another kind (videos,
+    audio) and no image (its batches then carry no image rows). None: not recorded.
 
     Example:
         >>> image_token_budget({"images": 0, "videos": 4, "max_image_tokens_per_pack": 1540})
         0
     """
     value = totals.get("max_image_tokens_per_pack")
-    if value is not None and totals.get("videos") and not totals.get("images"):
+    if value is not None and not totals.get("images") and any(totals.get(k.plural) for k in KINDS):
         return 0
     return None if value is None else int(value)
 

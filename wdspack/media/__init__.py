@@ -12,15 +12,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from .audio import AUDIO
 from .image import IMAGE
 from .kind import Media, MediaKind, Prepared
 from .video import VIDEO
 
-__all__ = ["IMAGE", "KINDS", "VIDEO", "Media", "MediaKind", "Prepared", "by_kind", "by_name", "kind_named",
+__all__ = ["AUDIO", "IMAGE", "KINDS", "VIDEO", "Media", "MediaKind", "Prepared", "by_kind", "by_name", "kind_named",
            "read_spelled", "spelled"]
 
-#: Every kind, in the order a pack stores them (format v1: images, then videos).
-KINDS: tuple[MediaKind, ...] = (IMAGE, VIDEO)
+#: Every kind, in the order a pack stores them (format v1: images, then videos, then audio: a kind after the
+#: first two is written only in packs that hold one, so packs without it keep their bytes).
+KINDS: tuple[MediaKind, ...] = (IMAGE, VIDEO, AUDIO)
 
 
 def kind_named(name: str) -> MediaKind:

@@ -30,7 +30,8 @@ import torch
 
 from ..media import IMAGE, KINDS
 
-__all__ = ["Budgets", "Family", "ImageSide", "Rows", "VideoSide", "default_pixels", "run_image_processor", "take_rows"]
+__all__ = ["AudioSide", "Budgets", "Family", "ImageSide", "Rows", "VideoSide", "default_pixels", "run_image_processor",
+           "take_rows"]
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -196,6 +197,35 @@ class VideoSide:
 
 
 @dataclass(frozen=True, slots=True)
+class AudioSide:
+    """How a family's audio becomes text at pack time (:mod:`wdspack.media.audio` counts each audio's samples at
+    the family's rate from the file, the header where it is exact; nothing else is decoded) and features in the
+    loader.
+
+    Attributes:
+        placeholder: ``processor -> str``: the token the chat template renders per audio (``<|AUDIO|>``).
+        feature_token: ``processor -> str``: the token the audio features fill (``Pack.audio_tokens`` counts it
+            per audio).
+        rule: ``(processor, settings) -> AudioRule``: the family's arithmetic (:mod:`wdspack.media.audio.tokens`:
+            feature frames, tokens, the samples its processor cuts at) with the feature extractor's settings, from
+            the dict :func:`~wdspack.media.settings.read_settings` found (None: the class's defaults).
+        replacement: ``(processor, tokens) -> str``: the text the placeholder becomes for an audio of ``tokens``.
+        features: ``(processor, waveforms) -> {key: tensor}``: in the loader's workers, a pack's audio (float32
+            mono at the rule's rate, as decoded and cut to the plan) through the processor's feature extractor as
+            the processor calls it.
+        pad: ``(outputs, processor, budgets, audio_tokens) -> {key: tensor or Rows}``: ``features``' outputs
+            padded to shapes that depend only on the budgets.
+    """
+
+    placeholder: Callable[[Any], str]
+    feature_token: Callable[[Any], str]
+    rule: Callable[[Any, Mapping[str, Any] | None], Any]
+    replacement: Callable[[Any, int], str]
+    features: Callable[[Any, Sequence[Any]], dict[str, Any]]
+    pad: Callable[[Mapping[str, Any], Any, Budgets, Sequence[int]], Mapping[str, torch.Tensor | Rows]]
+
+
+@dataclass(frozen=True, slots=True)
 class Family:
     """One model family: a side per media kind it takes (how each kind becomes tokens and pixels), and how a
     batch becomes positions and the model's arguments.
@@ -204,7 +234,8 @@ class Family:
         name: short name (``"qwen2_5_vl"``), shown in manifests and errors.
         processors: processor class names it serves (``type(processor).__name__``).
         model_types: ``model.config.model_type`` values of the model classes it feeds.
-        image: its images' side (:class:`ImageSide`); every family takes images.
+        image: its images' side (:class:`ImageSide`); None for a family without an image path (an audio-only
+            model: its image records are dropped as ``unsupported_media``).
         model_kwargs: ``(batch, model) -> kwargs`` for ``model(**kwargs)`` (without labels; added by
             :func:`wdspack.model_inputs`).
         token_rows: ``(input_ids [L], seq_lens, pixel_outputs, processor) -> {key: tensor [..., L]}``:
@@ -219,12 +250,13 @@ class Family:
             family's masks, and what to use instead; empty where it can.
         video: its videos' side (:class:`VideoSide`); None for a family without a video path (its video
             records are dropped as ``unsupported_media``).
+        audio: its audio side (:class:`AudioSide`); None for a family without an audio path.
     """
 
     name: str
     processors: tuple[str, ...]
     model_types: tuple[str, ...]
-    image: ImageSide
+    image: ImageSide | None
     model_kwargs: Callable[[Mapping[str, Any], Any], dict[str, Any]]
     token_rows: Callable[..., dict[str, torch.Tensor]] | None = None
     token_keys: tuple[str, ...] = ()
@@ -234,8 +266,9 @@ class Family:
     image_processor: Callable[[], Any] | None = None
     no_varlen: str = ""
     video: VideoSide | None = None
+    audio: AudioSide | None = None
 
     @property
-    def sides(self) -> dict[str, ImageSide | VideoSide]:
+    def sides(self) -> dict[str, ImageSide | VideoSide | AudioSide]:
         """The family's side for each media kind it takes, by the kind's name."""
-        return {name: side for name, side in (("image", self.image), ("video", self.video)) if side is not None}
+        return {kind.name: side for kind in KINDS if (side := getattr(self, kind.name)) is not None}

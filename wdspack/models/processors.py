@@ -84,9 +84,9 @@ def load_processor(spec: str | os.PathLike[str] | Any) -> Any:
         ConfigError: neither way loads; the message gives both reasons.
     """
     if not isinstance(spec, (str, os.PathLike)):
-        if not hasattr(spec, "image_processor") or not hasattr(spec, "tokenizer"):
-            raise ConfigError(f"{type(spec).__name__} is not a multimodal processor (it needs image_processor and "
-                              "tokenizer); pass a transformers processor or its folder")
+        if not hasattr(spec, "tokenizer") or not any(hasattr(spec, part) for part in _AUTO):
+            raise ConfigError(f"{type(spec).__name__} is not a multimodal processor (it needs a tokenizer and an "
+                              f"{', a '.join(_AUTO)}); pass a transformers processor or its folder")
         return spec
     from transformers import AutoProcessor
 

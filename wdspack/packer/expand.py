@@ -29,7 +29,7 @@ def build_expanded(b: Any, sid: str, text: str, spans: list[tuple[int, int]], pa
     assert b.family is not None  # processor mode
     slots: list[tuple[int, int, str]] = []  # (where, part, replacement), in the order they appear
     for n, part in enumerate(parts):
-        found = [m.start() for m in re.finditer(re.escape(part.holder), text)]
+        found = [m.start() for m in re.finditer(re.escape(part.holder), text)] if part.holder else []  # none: no path
         if len(found) != len(part.data):
             raise SampleError("placeholder_mismatch", f"{len(found)} {part.kind} placeholders {part.holder!r} in the "
                               f"rendered text for {len(part.data)} {part.kind}s", sid)

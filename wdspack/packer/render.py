@@ -31,12 +31,16 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from ..media import KINDS
+
 __all__ = ["CLOSE", "OPEN", "Layout", "OneRender", "Words", "learn_layout", "mark_assistant", "spans_from_marked",
            "typed_content"]
 
 #: Wrap an assistant turn's words (private-use characters: in no real text).
 OPEN, CLOSE = "\ue001", "\ue002"
 _PRIVATE = ("\ue000", OPEN, CLOSE)
+#: The content part types that stand for a media item (the kinds' names).
+_KIND_NAMES = tuple(kind.name for kind in KINDS)
 
 #: ``(head, tail)``: the text between a generation prompt's end and an assistant turn's words, and
 #: after the words to the turn's end, the same for every turn.
@@ -326,7 +330,7 @@ def typed_content(parts: list[dict]) -> list[dict]:
     out: list[dict] = []
     for p in parts:
         p = dict(p)
-        if out and out[-1].get("type") in ("image", "video") and p.get("type") == "text" \
+        if out and out[-1].get("type") in _KIND_NAMES and p.get("type") == "text" \
                 and p.get("text", "").startswith("\n"):
             p["text"] = p["text"][1:]
             if not p["text"]:

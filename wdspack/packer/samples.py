@@ -180,8 +180,9 @@ class SampleBuilder:
             feature: str | None
             self.tokenizer = self.processor.tokenizer
             template = config.chat_template or self.processor.chat_template or self.tokenizer.chat_template
-            self.image_token: str | None = self.family.image.placeholder(self.processor)
-            feature = self.family.image.feature_token(self.processor)
+            side = self.family.image  # None: a family without images (audio alone)
+            self.image_token: str | None = side.placeholder(self.processor) if side is not None else None
+            feature = side.feature_token(self.processor) if side is not None else None
         else:
             self.tokenizer = load_tokenizer(config.tokenizer)
             template = config.chat_template or getattr(self.tokenizer, "chat_template", None)
@@ -196,12 +197,14 @@ class SampleBuilder:
         self.feature_token, self.image_token_id = feature, self._token_id(feature)
         self._setup_kinds()
         self._one = OneRender(self._apply, self._message, self._renderer.marked)
-        images = self._template_renders_typed(IMAGE.name, self.image_token)
-        #: per kind, whether the template renders a bare ``{"type": kind}`` part as its placeholder (a kind
-        #: other than images only where images are typed too: records are written one way or the other)
-        self.typed: dict[str, bool] = {
-            kind.name: images if kind is IMAGE else images and self._template_renders_typed(
-                kind.name, self.holders.get(kind.name)) for kind in KINDS}
+        rendered = {kind.name: self._template_renders_typed(kind.name, self.holders.get(kind.name) or None)
+                    for kind in KINDS}
+        #: whether messages go to the template as typed parts: it renders a bare part of the first kind the
+        #: family (or the tokenizer's image token) takes, images where it takes them
+        self.typed_parts = rendered[next((k.name for k in KINDS if self.holders.get(k.name)), IMAGE.name)]
+        #: per kind, whether the template renders a bare ``{"type": kind}`` part as its placeholder (only where
+        #: messages go as typed parts: records are written one way or the other)
+        self.typed: dict[str, bool] = {name: self.typed_parts and found for name, found in rendered.items()}
         self.tool_support = self._template_renders_tools()
 
     def _setup_kinds(self) -> None:
@@ -351,7 +354,7 @@ class SampleBuilder:
         extra = {k: v for k, v in m.items() if k not in ("role", "content")}
         if isinstance(parts, str):
             parts = [{"type": "text", "text": parts}]
-        if self.typed[IMAGE.name] and m["role"] != "tool":
+        if self.typed_parts and m["role"] != "tool":
             return {"role": m["role"], "content": _typed_content(parts), **extra}
         # String form: the text keeps what the source wrote around each image (LLaVA's "<image>\n").
         holders = self.holders

@@ -18,14 +18,14 @@ from wdspack.media.audio.source import audio_name, load_audio
 def test_the_kind_declares_its_keys_reasons_and_errors():
     assert AUDIO.keys == ("audios", "audio_sample", "audio_tokens", "audio_plans")
     assert set(AUDIO_DROP_REASONS) == {"missing_audio", "audio_path_escape", "unreadable_audio", "audio_too_large",
-                                       "no_audio_track"}
+                                       "no_audio_track", "audio_too_short"}
     assert all(DROP_REASONS[r] == meaning for r, meaning in AUDIO_DROP_REASONS.items())  # registered as declared
     assert set(AUDIO.load_drop_reasons) <= set(AUDIO.drop_reasons)
     assert AUDIO.decode_errors() == (AudioDecodeError,) and AUDIO.plan_record is AudioPlanRecord
     assert (AUDIO.placeholder, AUDIO.settings_part, AUDIO.budget) == ("<audio>", "feature_extractor",
                                                                       "max_audio_tokens_per_pack")
     assert "7,200 s" in AUDIO_DROP_REASONS["audio_too_large"]
-    assert AUDIO not in KINDS  # wired into the package by its integration, not here
+    assert KINDS[-1] is AUDIO  # after the v1 kinds: packs without audio keep their bytes
 
 
 def test_verify_checks_a_stored_audio_against_its_plan(clips):

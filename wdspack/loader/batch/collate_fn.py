@@ -36,7 +36,7 @@ def check_pixel_dtype(value: Any, dataset: PackedDataset) -> str:
     if name not in PIXEL_DTYPES:
         raise ConfigError(f"pixel_dtype={value!r} is not one of {sorted(PIXEL_DTYPES)}")
     batcher = dataset.model_batcher
-    if name == "uint8" and batcher is not None and not batcher.family.image.uint8_pixels:
+    if name == "uint8" and batcher is not None and not (batcher.family.image and batcher.family.image.uint8_pixels):
         raise ConfigError(f"pixel_dtype='uint8' is not available with {type(batcher.processor).__name__} (the "
                           f"{batcher.family.name} family): its image processor lays out float pixels itself (tiles, "
                           "padding) that wdspack cannot finish on the device; pass pixel_dtype='float32' (uint8 "

@@ -109,7 +109,7 @@ class ModelBatcher:
         if raw:  # each kind's pixel rows as bytes
             for side in sides.values():
                 key = side.ROWS_KEY
-                if key in pixels:
+                if key and key in pixels:
                     pixels[key] = self._as_bytes(pixels[key])
         rows = self.family.token_rows(input_ids, pack.seq_lens, out, self.processor) if self.family.token_rows else {}
         return pixels, rows
@@ -133,7 +133,7 @@ class ModelBatcher:
         """Per kind, its pixel rows' key, the key of the mask of its real rows, and how its uint8 rows become
         float32 (``normalize_pixels``): ``("pixel_values", "patch_mask", self.normalize)``, ...."""
         return tuple((side.ROWS_KEY, side.MASK_KEY, functools.partial(side.normalize, self))
-                     for side in _sides().values())
+                     for side in _sides().values() if side.ROWS_KEY)
 
     @staticmethod
     def padded(pixels: Mapping[str, Any]) -> dict[str, torch.Tensor]:

@@ -59,6 +59,12 @@ def check_packed_with(dataset: Any) -> None:
            policy.get("name") else "pass the processor whose tokenizer packed it")
     repack = "or re-pack with this one (`wdspack pack --processor ...`)"
     tok = processor.tokenizer
+    if family.image is None:  # a family without images (audio alone): its tokenizer is checked by vocabulary only
+        if m.tokenizer.get("vocab_size") not in (None, len(tok)):
+            raise ConfigError(f"{display} was packed with {packed_with(m)}; {given} has another tokenizer "
+                              f"(vocab_size: packed {m.tokenizer['vocab_size']!r}, given {len(tok)!r}); {fix}, "
+                              f"{repack}")
+        return
     feature = family.image.feature_token(processor)
     have = {"image_token": feature, "image_token_id": tok.convert_tokens_to_ids(feature), "vocab_size": len(tok)}
     want = m.tokenizer

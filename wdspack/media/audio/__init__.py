@@ -21,6 +21,7 @@ AUDIO_DROP_REASONS: dict[str, str] = {
                        f"{MAX_AUDIO_RATE:,} Hz or {MAX_AUDIO_CHANNELS} channels, or reading it went past "
                        f"{MAX_PROBE_SECONDS:g} s",
     "no_audio_track": "a video given for its sound has no audio stream",
+    "audio_too_short": "the audio is too short for the model's processor to give it a token (or to take it)",
 }
 
 
@@ -45,4 +46,4 @@ AUDIO = MediaKind(
     plan_record=AudioPlanRecord, check=check_audios, budget="max_audio_tokens_per_pack",
     drop_reasons=AUDIO_DROP_REASONS, load_drop_reasons=("unreadable_audio",),
     decode_errors=lambda: (imported(f"{__name__}.decode", "AudioDecodeError")(),), placeholder="<audio>",
-    check_item=_check_item)
+    check_item=_check_item, prepare=imported(f"{__name__}.prepare"), batch=imported(f"{__name__}.batch"))

@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import ConfigError, FormatError
+from ...errors import ConfigError
+from ..kind import DecodeError
 from .header import _NO_AV, _av_error
 from .record import MAX_AUDIO_RATE, MAX_AUDIO_SECONDS, resampled_length
 
@@ -28,16 +29,9 @@ __all__ = ["MAX_DECODE_SECONDS", "AudioDecodeError", "decode_audio", "decode_tra
 MAX_DECODE_SECONDS = 60.0
 
 
-class AudioDecodeError(FormatError):
+class AudioDecodeError(DecodeError):
     """Audio bytes in a pack that cannot be decoded as planned (the loader drops the sample as
     ``unreadable_audio``): the message says why, in one line; ``index`` is the audio's place in its pack."""
-
-    def __init__(self, message: str, *, index: int | None = None) -> None:
-        super().__init__(message)
-        self.index = index
-
-    def __reduce__(self):  # one positional argument, as DataLoader's re-raise expects
-        return (type(self), (str(self),))
 
 
 def decode_audio(data: bytes, *, rate: int, frames: int, sample_id: str, name: str = "",

@@ -21,8 +21,8 @@ ROWS_KEY, MASK_KEY = "pixel_values", "patch_mask"
 
 
 def active(batcher: Any) -> bool:
-    """Every batch of a processor has the image keys."""
-    return True
+    """Every batch of a processor whose family takes images has the image keys."""
+    return batcher.family.image is not None
 
 
 def outputs(batcher: Any, items: Media, raw: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -21,7 +21,7 @@ __all__ = ["over_budget", "part", "policy", "probe", "setup"]
 
 def setup(builder: Any) -> None:
     """What the manifest records of the image processor's settings: its size, and where they were read."""
-    if builder.family is None:
+    if builder.family is None or builder.family.image is None:
         return
     found = read_settings(builder.config.processor, IMAGE.settings_part, builder.processor)
     size = (found.values or {}).get("size")
@@ -43,6 +43,10 @@ def probe(builder: Any, images: tuple[bytes, ...], sid: str,
           names: tuple[str, ...] = ()) -> tuple[tuple[bytes, ...], tuple[Any, ...]]:
     """The images checked from their headers (downscaled to ``max_image_side`` where over it), and per image
     its token count (a fixed count, no family) or ``(height, width)`` (for the family to expand)."""
+    if images and builder.family is not None and builder.family.image is None:
+        have = ", ".join(builder.families_taking(IMAGE.name))
+        raise SampleError("unsupported_media", f"the record has {len(images)} image(s) but the {builder.family.name} "
+                          f"family has no image path; families with one: {have}", sid)
     out, counts = [], []
     for k, data in enumerate(images):
         which = f"image {k} ({names[k]!r})" if k < len(names) and names[k] else f"image {k}"  # the file, to find it

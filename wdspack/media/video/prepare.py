@@ -67,7 +67,7 @@ def probe(builder: Any, videos: tuple[bytes, ...], sid: str,
                     "layout)")
         raise SampleError("unsupported_media", f"the record has {len(videos)} video(s) but {why}; families with "
                           f"one: {have}", sid)
-    if builder.typed["image"] and not builder.typed["video"]:
+    if builder.typed_parts and not builder.typed["video"]:
         raise ConfigError(f"the chat template of {builder.name!r} renders images but no video part "
                           "({'type': 'video'}); pass --chat-template with the model's own template, which renders "
                           f"{builder.video_token!r} for each video")

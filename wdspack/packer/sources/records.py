@@ -28,9 +28,8 @@ These record layouts are understood, whatever file they come from:
                    ``images`` list; the user turn is ``instruction + "\\n" + input``
 =================  ===========================================================================
 
-Audio and grounding objects are not supported yet: a record with a non-empty ``audios``,
-``audio`` or ``objects`` field, an ``<audio>`` placeholder or an audio part is dropped as
-``unsupported_media`` (never packed as text around a literal ``<audio>``; :mod:`.media`).
+Grounding objects are not supported yet: a record with a non-empty ``objects`` field is dropped as
+``unsupported_media`` (:mod:`.media`).
 
 A ``system`` string on the record (LLaMA-Factory's ShareGPT and Alpaca) becomes the first turn.
 Every layout becomes the Hugging Face typed chat format, roles ``system | user | assistant | tool``::
@@ -62,7 +61,12 @@ InternVL, the Qwen2-VL fine-tuning repos, LLaVA-Video): each ``<video>`` placeho
 parts may carry their own. With no video placeholder the videos go at the start of the first
 user turn, before any images put there. LLaVA-Video writes ``<image>`` for its video: in a record
 with videos, no images and no video placeholder, each ``<image>`` is the next video's place.
-Video files are read as bytes, never decoded here (:mod:`.videos`).
+Video files are read as bytes, never decoded here (:mod:`wdspack.media.video.source`).
+
+Audio: the same rules again, with ``audios`` or ``audio`` (LLaMA-Factory's ``mllm_audio_demo.json``,
+ms-swift), ``<audio>`` placeholders and ``audio``, ``audio_url`` and ``input_audio`` parts; LLaMA-Factory's
+``<video><audio>`` (a video and its own sound track) lists the video under ``videos`` and the same file under
+``audios``. Audio files are read as bytes, never decoded here (:mod:`wdspack.media.audio.source`).
 """
 
 from __future__ import annotations
@@ -75,7 +79,7 @@ from typing import Any
 
 from ...errors import SampleError
 from ...media import IMAGE, KINDS, MediaKind, by_name
-from .media import MEDIA_FIELDS, MEDIA_PART_TYPES, check_media_fields, check_media_placeholders, media_part_error
+from .media import MEDIA_FIELDS, MEDIA_PART_TYPES, check_media_fields, media_part_error
 from .placement import (
     BARE,
     PLACEHOLDER,
@@ -220,7 +224,6 @@ def build_record(row: Any, *, sample_id: str, image_root: str, absolute_images: 
                               "each record must be a JSON object (dict)")
         check_media_fields(row)
         turns = _with_system(row, _raw_turns(row))
-        check_media_placeholders(turns)
         for kind in KINDS:
             if kind is not IMAGE:  # <image> was split where the turns were read, in any turn; the others' in prompts
                 turns = split_prompt_placeholders(turns, kind)
