@@ -52,6 +52,7 @@ INTEGRATION = (
     "models/test_load_processor",  # processors saved and loaded
     "media/test_video_plan",  # videos encoded with PyAV; transformers' video code in a process of its own
     "models/test_video_families",  # Qwen-VL videos against their real processors (a child), float64
+    "models/test_audio_families",  # audio families against their real processors, float64
     "models/test_video_llava_onevision",  # LLaVA-OneVision video against its real processor (a child), float64
     "models/test_processor_folders",  # folders written by the real processors (a child), packed by the CLI
     "packer/test_video_bad_input",  # bad videos packed with a Qwen processor and streamed
