@@ -172,8 +172,9 @@ def _one_by_one(model, dataset, refs):
         inputs = dict(ref)  # with its attention mask: the thinker computes its 3-D positions only then
         if "input_features" in inputs:
             inputs["input_features"] = inputs["input_features"].double()
-        if "pixel_values" in inputs:
-            inputs["pixel_values"] = inputs["pixel_values"].double()
+        for key in ("pixel_values", "pixel_values_videos"):
+            if key in inputs:
+                inputs[key] = inputs[key].double()
         ids, mask = subs[sid][:2]
         labels = torch.where(torch.from_numpy(mask.astype(bool)), torch.from_numpy(ids), -100)[None]
         labels[0, 0] = -100
@@ -193,3 +194,113 @@ def test_packed_loss_and_gradients_equal_one_by_one(built, attn):
     assert len(h.pack_sample_ids(dataset)) >= 2 and any(int(n) < SEQ_LEN for b in batches for n in b["num_tokens"])
     h.assert_same(model, h.packed(model, batches), want)
 
+
+
+# ---- videos: the reference is the real processor with its video processor, in the torchvision child -------------
+
+FPS = 4.0
+FRAME_PIXELS = 28 * 28 * 4
+VIDEO_ROWS = {
+    "v-audio": {"messages": [{"role": "user", "content": "<video>Listen to <audio>: does it fit?"},
+                             {"role": "assistant", "content": "It fits the moving bar."}],
+                "videos": ["clips/v.mp4"], "audios": ["clips/a.wav"]},
+    "v-only": {"messages": [{"role": "user", "content": "<video>What moves?"},
+                            {"role": "assistant", "content": "A bar."}],
+               "videos": ["clips/w.webm"]},
+    "a-image": ROWS["a-image"],
+    "text": ROWS["text"],
+}
+
+
+def _typed_video(row: dict) -> list[dict]:
+    out = []
+    for turn in row["messages"]:
+        parts = []
+        text = turn["content"]
+        for tag in ("audio", "image", "video"):
+            text = text.replace(f"<{tag}>", f"\0{tag}\0")
+        for piece in text.split("\0"):
+            if piece in ("audio", "image", "video"):
+                parts.append({"type": piece})
+            elif piece:
+                parts.append({"type": "text", "text": piece})
+        out.append({"role": turn["role"], "content": parts})
+    return out
+
+
+@pytest.fixture(scope="module")
+def video_built(tmp_path_factory, tiny_processors, video_reference):
+    from fractions import Fraction
+
+    from tests.support.video_chats import clip
+    from tests.support.video_reference import processor_job, run_jobs
+    from tiny_vlm import qwen2_5_omni
+    from wdspack.media.video.plan import VideoSettings
+    from wdspack.models import save_processor
+
+    root = tmp_path_factory.mktemp("omni-video")
+    src = _source(root)
+    clip(src / "clips" / "v.mp4", codec="h264", rate=Fraction(10), frames=12, width=66, height=50)
+    clip(src / "clips" / "w.webm", codec="libvpx-vp9", rate=Fraction(24), frames=8, width=64, height=36)
+    (src / "chats.jsonl").write_text("".join(json.dumps({"id": s, **r}) + "\n" for s, r in VIDEO_ROWS.items()))
+    processor = tiny_processors.get("qwen2_5_omni", chunk_length=CHUNK_SECONDS)
+    folder = save_processor(processor, root / "processor")
+    dataset = root / "packed"
+    summary = pack_dataset([str(src / "chats.jsonl")], str(dataset),
+                           sample_config=SampleConfig(processor=processor,
+                                                      video=VideoSettings(fps=FPS, max_pixels=FRAME_PIXELS)),
+                           config=PackConfig(seq_len=SEQ_LEN, max_images=3, on_error="raise"), progress=False)
+    assert summary.samples_packed == len(VIDEO_ROWS), summary.lines()
+    least = min(FRAME_PIXELS, int(processor.image_processor.size["shortest_edge"]))
+    size = {"shortest_edge": least, "longest_edge": FRAME_PIXELS}
+    # passed to the processor's call: its class's own video defaults (128·28² to 768·28² pixels) go over the
+    # video processor's settings otherwise
+    settings = {"do_sample_frames": True, "fps": FPS, "size": size}
+    calls = []
+    for sid, row in VIDEO_ROWS.items():
+        waves = []
+        for k, a in enumerate(row.get("audios", [])):
+            path = root / f"{sid}-{k}.npy"
+            np.save(path, _waveform((src / a).read_bytes()))
+            waves.append(path)
+        calls.append({"text": processor.apply_chat_template(_typed_video(row), tokenize=False),
+                      "videos": [src / v for v in row.get("videos", [])],
+                      "images": [src / i for i in row["images"]] if "images" in row else None,
+                      "audio": waves or None, "kwargs": {"videos_kwargs": {"fps": FPS, "size": size}}})
+    features = {"feature_size": 128, "chunk_length": CHUNK_SECONDS, "return_attention_mask": True}
+    (refs,) = run_jobs([processor_job(folder, "Qwen2_5OmniProcessor", settings, calls, features=features)])
+    model = qwen2_5_omni.model(processor).double()
+    return processor, model, dataset, {sid: {k: torch.from_numpy(v) for k, v in ref.items()}
+                                       for sid, ref in zip(VIDEO_ROWS, refs)}
+
+
+def test_video_tokens_pixels_and_positions_are_the_processors(video_built):
+    processor, model, dataset, refs = video_built
+    subs = h.dataset_sub_samples(dataset)
+    for sid, ref in refs.items():
+        assert subs[sid][0].tolist() == ref["input_ids"][0].tolist(), f"{sid}: tokens differ from the processor's"
+    (batch,) = h.loader_batches(dataset, processor)
+    kwargs = wdspack.model_inputs(batch, model)
+    order = [sid for ids in h.pack_sample_ids(dataset) for sid in ids]
+    want = [refs[s]["pixel_values_videos"] for s in order if "pixel_values_videos" in refs[s]]
+    assert torch.equal(kwargs["pixel_values_videos"], torch.cat(want))
+    assert kwargs["video_second_per_grid"].tolist() == [
+        float(x) for s in order if "video_second_per_grid" in refs[s] for x in refs[s]["video_second_per_grid"]]
+    for b, ids in enumerate(h.pack_sample_ids(dataset)):
+        start = 0
+        for sid in ids:
+            ref = refs[sid]
+            n = ref["input_ids"].shape[1]
+            lengths = ref["feature_attention_mask"].sum(-1) if "feature_attention_mask" in ref else None
+            rope, _ = model.model.get_rope_index(ref["input_ids"], ref.get("image_grid_thw"), ref.get("video_grid_thw"),
+                                                 ref["attention_mask"], False, lengths,
+                                                 ref.get("video_second_per_grid"))
+            assert torch.equal(batch["position_ids"][1:, b, start:start + n], rope[:, 0]), sid
+            start += n
+
+
+def test_video_packed_loss_and_gradients_equal_one_by_one(video_built):
+    processor, model, dataset, refs = video_built
+    model = copy.deepcopy(model)
+    want = _one_by_one(model, dataset, refs)
+    h.assert_same(model, h.packed(model, h.loader_batches(dataset, processor)), want)

@@ -22,12 +22,14 @@ from __future__ import annotations
 import functools
 import types
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from ...errors import FormatError
 from ...media.audio.tokens import AudioRule, qwen2_5_omni_frames, qwen2_5_omni_tokens
+from ...media.video.plan import plan_qwen2_vl
 from ..family import AudioSide, Budgets, Family, ImageSide, Rows, VideoSide, take_rows
 from .qwen2_audio import whisper_rule
 from .qwen_vl import QWEN2_VIDEO, _pad_pixels, _pixels, _replacements, _video_token
@@ -200,9 +202,16 @@ def _model_kwargs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]:
     return kwargs
 
 
-#: Qwen2.5-Omni's videos: Qwen2.5-VL's plan and pixels, its ``<|VIDEO|>`` token.
+def _video_plan(header: Any, settings: Any) -> Any:
+    """Qwen2.5-VL's plan, with the seconds per temporal patch as ``Qwen2_5OmniProcessor._process_videos`` gives
+    them: ``temporal_patch_size / fps`` (the sampling fps, 2.0 where none is given), not the frames' own times."""
+    plan = plan_qwen2_vl(header, settings)
+    return replace(plan, second_per_grid_t=settings.temporal_patch_size / (settings.fps or 2.0))
+
+
+#: Qwen2.5-Omni's videos: Qwen2.5-VL's frames and pixels, its ``<|VIDEO|>`` token and its seconds per patch.
 OMNI_VIDEO = VideoSide(placeholder=_video_token, feature_token=_video_token, sampling=QWEN2_VIDEO.sampling,
-                       plan=QWEN2_VIDEO.plan, replacement=QWEN2_VIDEO.replacement, pixels=QWEN2_VIDEO.pixels,
+                       plan=_video_plan, replacement=QWEN2_VIDEO.replacement, pixels=QWEN2_VIDEO.pixels,
                        pad=QWEN2_VIDEO.pad)
 
 QWEN2_5_OMNI = Family(
