@@ -51,7 +51,8 @@ KINDS = {"qwen2_vl": "Qwen2VLVideoProcessor", "qwen3_vl": "Qwen3VLVideoProcessor
 #: The video processor each processor class takes.
 VIDEO_PROCESSORS = {"Qwen2VLProcessor": "Qwen2VLVideoProcessor", "Qwen2_5_VLProcessor": "Qwen2VLVideoProcessor",
                     "Qwen3VLProcessor": "Qwen3VLVideoProcessor",
-                    "LlavaOnevisionProcessor": "LlavaOnevisionVideoProcessor"}
+                    "LlavaOnevisionProcessor": "LlavaOnevisionVideoProcessor",
+                    "Qwen2_5OmniProcessor": "Qwen2VLVideoProcessor"}
 
 #: torchvision 0.28's compiled operators: declared (never implemented) so its Python modules import.
 SCHEMAS = (
@@ -94,15 +95,17 @@ def video_processor_job(kind: str, clips: Sequence[str | os.PathLike[str]], sett
 
 
 def processor_job(processor_dir: str | os.PathLike[str], processor_cls: str, video_settings: Mapping[str, Any],
-                  calls: Sequence[Mapping[str, Any]]) -> dict:
+                  calls: Sequence[Mapping[str, Any]], *, features: Mapping[str, Any] | None = None) -> dict:
     """A job for :func:`run_jobs`: the processor class ``processor_cls`` with the tokenizer and (Pillow)
     image processor saved in ``processor_dir`` and its real video processor built with ``video_settings``,
     called once per call ``{"text": str, "videos": [path, ...], "images": [path, ...] or None,
-    "kwargs": {...}}``."""
+    "audio": [path of a float32 .npy waveform, ...] or None, "kwargs": {...}}``; ``features``: a
+    ``WhisperFeatureExtractor``'s keywords, for a processor that takes one (Qwen2.5-Omni)."""
     if processor_cls not in VIDEO_PROCESSORS:
         raise ValueError(f"processor class {processor_cls!r}: one of {sorted(VIDEO_PROCESSORS)}")
     return {"what": "processor", "cls": processor_cls, "video_cls": VIDEO_PROCESSORS[processor_cls],
-            "dir": os.fspath(processor_dir), "settings": dict(video_settings), "calls": _calls(calls)}
+            "dir": os.fspath(processor_dir), "settings": dict(video_settings), "calls": _calls(calls),
+            **({"features": dict(features)} if features is not None else {})}
 
 
 #: How :func:`save_job` lays a folder out: ``"5.x"`` the processor's own ``save_pretrained`` (one
@@ -135,6 +138,7 @@ def folder_job(folder: str | os.PathLike[str], calls: Sequence[Mapping[str, Any]
 def _calls(calls: Sequence[Mapping[str, Any]]) -> list[dict]:
     return [{"text": c["text"], "videos": [os.fspath(v) for v in c.get("videos") or []],
              "images": None if c.get("images") is None else [os.fspath(i) for i in c["images"]],
+             "audio": None if c.get("audio") is None else [os.fspath(a) for a in c["audio"]],
              "kwargs": dict(c.get("kwargs") or {})} for c in calls]
 
 
@@ -364,6 +368,8 @@ def _run_calls(processor: Any, job: Mapping[str, Any], prefix: Path, **extra: st
         if decoded:
             kwargs.update(videos=[f for f, _ in decoded], video_metadata=[m for _, m in decoded])
         images = None if call["images"] is None else [_image(p) for p in call["images"]]
+        if call.get("audio") is not None:
+            kwargs["audio"] = [np.load(a) for a in call["audio"]]
         got = processor(text=[call["text"]], images=images, return_tensors="pt", **kwargs)
         arrays = {key: value.numpy() for key, value in got.items() if isinstance(value, torch.Tensor)}
         np.savez(f"{prefix}-{k}.npz", **arrays, **{key: np.asarray(value) for key, value in extra.items()})
@@ -466,6 +472,8 @@ def _processor(transformers: Any, job: Mapping[str, Any], video_processor: Any, 
     named = inspect.signature(cls.__init__).parameters
     settings = {k: v for k, v in (json.loads(saved.read_text()) if saved.is_file() else {}).items()
                 if k in named and k not in ("image_processor", "tokenizer", "video_processor", "chat_template")}
+    if "features" in job:
+        settings["feature_extractor"] = transformers.WhisperFeatureExtractor(**job["features"])
     return cls(image_processor=images, tokenizer=tokenizer, video_processor=video_processor,
                chat_template=template.read_text() if template.is_file() else None, **settings)
 
