@@ -3,7 +3,7 @@
 Layouts: LLaMA-Factory v1 (``value`` / ``image_url`` / ``tool_call`` parts), TRL conversational
 prompt-completion with ``images``, ms-swift ``query``/``response``/``history`` and ``conversation``,
 MiniCPM-V's ``image`` dict with ``<image_00>`` placeholders; media wdspack does not pack yet
-(``unsupported_media``: audio, grounding objects; videos are read: ``test_video_records.py``); the
+(``unsupported_media``: grounding objects; videos and audio are read: ``test_video_records.py``); the
 newline after ``<image>``; image names in drop details; symlinked and absolute image paths.
 End-to-end packs of the same layouts are in ``tests/packer/sources/test_published_layouts.py``.
 """
@@ -100,7 +100,7 @@ def test_llamafactory_v1_parts(root):
 
 @pytest.mark.parametrize("part, role, reason, words", [
     ({"type": "video_url", "value": "a.mp4"}, "user", "missing_video", ("video 'a.mp4' does not exist",)),
-    ({"type": "audio_url", "value": "a.wav"}, "user", "unsupported_media", ("'audio_url' part", "audio")),
+    ({"type": "audio_url", "value": "a.wav"}, "user", "missing_audio", ("'a.wav' does not exist",)),
     ({"type": "reasoning", "value": "Hmm."}, "assistant", "malformed_record", ("'reasoning'",)),
     ({"type": "tool_call", "value": "{not json"}, "assistant", "malformed_record", ("tool_call part's value",)),
     ({"type": "tool_call", "value": json.dumps({"name": "f", "arguments": {}})}, "user", "malformed_record",
@@ -222,7 +222,7 @@ def test_an_image_struct_is_not_taken_for_a_minicpm_dict(root):
 
 
 # ---------------------------------------------------------------------------------------------
-# Audio and grounding objects: dropped as unsupported_media, never packed as text (videos are read:
+# Grounding objects: dropped as unsupported_media, never packed as text (videos and audio are read:
 # tests/packer/sources/test_video_records.py)
 
 
@@ -230,8 +230,6 @@ _CHAT = [{"from": "human", "value": "What happens?"}, {"from": "gpt", "value": "
 
 
 @pytest.mark.parametrize("field, value, what", [
-    ("audios", ["mllm_demo_data/1.mp3"], "audio is not supported yet"),
-    ("audio", "a.wav", "audio is not supported yet"),
     ("objects", {"ref": ["a dog"], "bbox": [[1, 2, 3, 4]]}, "grounding objects are not supported yet"),
     ("objects", {"ref": [], "bbox": [[615, 226]]}, "grounding objects"),
 ])
@@ -241,16 +239,16 @@ def test_media_fields_are_dropped_with_their_own_reason(root, field, value, what
 
 @pytest.mark.parametrize("value", [None, [], "", {"ref": [], "bbox": []}, [None]])
 def test_empty_media_fields_are_not_media(root, value):
-    rec = _one(root, {"audios": value, "objects": value, "conversations": _CHAT})
+    rec = _one(root, {"objects": value, "conversations": _CHAT})
     assert isinstance(rec, Record), rec
-    if value in (None, []):  # an empty video list is no video (as for images)
-        rec = _one(root, {"videos": value, "video": value, "conversations": _CHAT})
-        assert isinstance(rec, Record) and rec.videos == (), rec
+    if value in (None, []):  # an empty video or audio list is no video or audio (as for images)
+        rec = _one(root, {"videos": value, "video": value, "audios": value, "audio": value, "conversations": _CHAT})
+        assert isinstance(rec, Record) and rec.videos == () and rec.media["audio"] == (), rec
 
 
 @pytest.mark.parametrize("text, reason, words", [
     ("<video>\nWhat happens?", "placeholder_mismatch", ("1 video placeholder(s)", "but 0 video(s)")),
-    ("Listen: <audio>", "unsupported_media", ("placeholder '<audio>'", "not supported yet")),
+    ("Listen: <audio>", "placeholder_mismatch", ("1 audio placeholder(s)", "but 0 audio(s)")),
 ])
 def test_media_placeholders_without_a_field_are_dropped(root, text, reason, words):
     _drop(root, {"conversations": [{"from": "human", "value": text}, {"from": "gpt", "value": "x"}]}, reason, *words)

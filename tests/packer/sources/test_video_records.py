@@ -285,14 +285,24 @@ def test_malformed_video_references(root, record, words):
     _drop(root, record, "malformed_record", *words)
 
 
-@pytest.mark.parametrize("record, words", [
-    ({"audios": ["a.mp3"], "videos": ["clips/a.mp4"], "conversations": _chat("<video><audio>Q")}, ("field 'audios'",)),
-    ({"conversations": _chat("<audio>What is that sound?")}, ("placeholder '<audio>'",)),
+@pytest.mark.parametrize("record, reason, words", [
+    ({"audios": ["a.mp3"], "videos": ["clips/a.mp4"], "conversations": _chat("<video><audio>Q")}, "missing_audio",
+     ("audio 'a.mp3' does not exist",)),
+    ({"audios": ["../a.mp3"], "conversations": _chat("<audio>Q")}, "audio_path_escape", ("'../a.mp3'",)),
+    ({"conversations": _chat("<audio>What is that sound?")}, "placeholder_mismatch", ("1 audio placeholder(s)",)),
     ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "..."}}]},
-                   {"role": "assistant", "content": "Glass."}]}, ("'input_audio' part",)),
+                   {"role": "assistant", "content": "Glass."}]}, "malformed_record", ("not valid base64",)),
 ])
-def test_audio_is_still_refused(root, record, words):
-    _drop(root, record, "unsupported_media", "audio is not supported yet", *words)
+def test_audio_references_that_cannot_be_read(root, record, reason, words):
+    _drop(root, record, reason, *words)
+
+
+def test_a_video_and_its_sound_track_are_read_as_a_video_and_an_audio(root, clips):
+    """LLaMA-Factory's ``<video><audio>``: the same file under ``videos`` and ``audios``, read as bytes once each."""
+    rec = _one(root, {"videos": ["clips/a.mp4"], "audios": ["clips/a.mp4"], "conversations": _chat("<video><audio>Q")})
+    assert isinstance(rec, Record), rec
+    assert rec.videos == (clips[0],) and rec.media["audio"] == (clips[0],)
+    assert [p["type"] for p in rec.messages[0]["content"]] == ["video", "audio", "text"]
 
 
 # ---- WebDataset shards ---------------------------------------------------------------------------
