@@ -61,8 +61,10 @@ def test_every_bad_record_is_dropped_with_its_reason(bad_dataset, sample_config,
     # every reason but unmaskable_turn, which needs a template that rewrites earlier turns
     # (tests/packer/test_render.py), and video_too_short / video_too_large, which need a video family's
     # processor (this matrix packs with --tokenizer): real records in tests/packer/test_video_bad_input.py;
-    # the sources' video reasons (missing, escaping, empty) are rows here
-    elsewhere = {"unmaskable_turn", "video_too_short", "video_too_large"}
+    # the sources' video reasons (missing, escaping, empty) are rows here; so are the sources' audio reasons
+    # (missing, escaping), the others need an audio family's processor: tests/packer/test_audio_bad_input.py
+    elsewhere = {"unmaskable_turn", "video_too_short", "video_too_large", "unreadable_audio", "audio_too_large",
+                 "audio_too_short", "no_audio_track"}
     assert {reason for _, reason in bad} == set(DROP_REASONS) - elsewhere, "the matrix covers every reason"
     out = tmp_path / "ds"
     summary = pack_dataset([str(path)], out, sample_config=sample_config, config=_config(), image_root=str(images))

@@ -60,6 +60,17 @@ def _rec(sid: str, *, image=None, question: str = "<image>\nWhat is it?", answer
     return rec
 
 
+def _wav(path: Path, samples: int = 1600) -> None:
+    """A silent 16 kHz mono WAV of ``samples`` (the standard library's writer)."""
+    import wave
+
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16_000)
+        w.writeframes(b"\0\0" * samples)
+
+
 def build_bad_dataset(base: Path) -> tuple[Path, Path, list[tuple[str, str]], list[str], int]:
     """Write ``base/data/data.jsonl`` and its images; return (file, image root, [(id, reason)], good ids, lines).
 
@@ -80,6 +91,8 @@ def build_bad_dataset(base: Path) -> tuple[Path, Path, list[tuple[str, str]], li
     os.symlink(outside, images / "link.png")
     (images / "empty.mp4").write_bytes(b"")  # videos are read from the image root too
     (data / "outside.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42")
+    _wav(images / "good.wav")  # audio too: a real WAV (this matrix packs with --tokenizer, which takes no audio)
+    _wav(data / "outside.wav")
 
     lines: list[bytes] = []
     bad: list[tuple[str, str]] = []
@@ -102,7 +115,10 @@ def build_bad_dataset(base: Path) -> tuple[Path, Path, list[tuple[str, str]], li
     add(_rec("missing-video", question="<video>\nWhat happens?") | {"video": "clip.mp4"}, "missing_video")
     add(_rec("escape-video", question="<video>\nWhat happens?") | {"videos": ["../outside.mp4"]}, "video_path_escape")
     add(_rec("empty-video", question="<video>\nWhat happens?") | {"video": "empty.mp4"}, "unreadable_video")
-    add(_rec("audio", question="<audio>\nWhat is that sound?") | {"audios": ["a.mp3"]}, "unsupported_media")
+    add(_rec("missing-audio", question="<audio>\nWhat is that sound?") | {"audios": ["a.mp3"]}, "missing_audio")
+    add(_rec("escape-audio", question="<audio>\nWhat is that sound?") | {"audio": "../outside.wav"},
+        "audio_path_escape")
+    add(_rec("audio", question="<audio>\nWhat is that sound?") | {"audios": ["good.wav"]}, "unsupported_media")
     add(_rec("good-1"), None)
     add(b'{"id": "bad-json", "conversations": [{"from": "human", "value": "hi"}', "malformed_record")
     add(_rec("wrong-type-conversations", conversations="hello"), "malformed_record")
