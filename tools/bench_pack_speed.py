@@ -177,6 +177,13 @@ def measure_stage(sources: list[str], sample_config, config, work: Path) -> call
     return run
 
 
+def _probe_images(builder, images, sid):
+    """The images checked from their headers as a chat's are (the image kind's pack-time ``probe``)."""
+    from wdspack.media.image import prepare
+
+    return prepare.probe(builder, tuple(images), sid)
+
+
 def chat_stages(builder, path: Path, repeats: int) -> dict:
     """Where a chat record's measure time goes, CPU ms per 1,000 records: reading the records (JSON
     lines, image files), checking their images, and the text (render with the assistant spans,
@@ -187,7 +194,7 @@ def chat_stages(builder, path: Path, repeats: int) -> dict:
 
     parts = list_partitions([str(path)], records_per_partition=10**9)
     records = [r for p in parts for r in iter_records(p)]
-    checked = [(r, builder._prepare_images(r.images, r.sample_id)) for r in records]
+    checked = [(r, _probe_images(builder, r.images, r.sample_id)) for r in records]
     messages = [[builder._message(m) for m in r.messages] for r in records]
 
     def text() -> None:  # in the job's stages (SampleBuilder.build_chats): render 128, tokenize them, finish them
@@ -200,7 +207,7 @@ def chat_stages(builder, path: Path, repeats: int) -> dict:
 
     n = len(records) / 1000
     return {"read_ms": _best(lambda: [r for p in parts for r in iter_records(p)], repeats) * 1000 / n,
-            "images_ms": _best(lambda: [builder._prepare_images(r.images, r.sample_id) for r in records],
+            "images_ms": _best(lambda: [_probe_images(builder, r.images, r.sample_id) for r in records],
                                repeats) * 1000 / n,
             "text_ms": _best(text, repeats) * 1000 / n}
 
@@ -213,7 +220,7 @@ def processor_floor(builder, path: Path) -> callable:
     records = [r for p in list_partitions([str(path)], records_per_partition=10**9) for r in iter_records(p)]
     items = []
     for r in records:
-        _, sizes = builder._prepare_images(r.images, r.sample_id)
+        _, sizes = _probe_images(builder, r.images, r.sample_id)
         reps = builder.family.image.replacements(builder.processor, sizes)
         items.append(([builder._message(m) for m in r.messages], reps))
     tok, template, ph = builder.tokenizer, builder.template, builder.image_token
