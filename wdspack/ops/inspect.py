@@ -165,12 +165,13 @@ def _balance_stats(manifest: Manifest, root: str, ranks: int) -> dict[str, Any]:
     return out
 
 
-def _per_pack(kind: MediaKind, items: Media) -> dict[str, int]:
+def _per_pack(kind: MediaKind, items: Media) -> dict[str, float]:
     """One pack's numbers of a kind, as ``--deep`` describes them: its items; for a kind planned at pack time,
-    the frames the loader decodes; for a kind not in every pack, the tokens they take."""
-    out = {kind.plural: len(items)}
+    what its plan record counts (a video's frames decoded, audio's seconds); for a kind not in every pack, the
+    tokens they take."""
+    out: dict[str, float] = {kind.plural: len(items)}
     if kind.plan_record is not None:
-        out["frames"] = sum(len(plan.frames) for plan in items.plans)
+        out.update(kind.plan_record.pack_totals(items.plans))
     if not kind.always_stored:
         out[f"{kind.name}_tokens"] = sum(items.tokens)
     return out
@@ -180,7 +181,9 @@ def _describe(x: np.ndarray) -> dict[str, float]:
     if x.size == 0:
         return {"min": 0, "mean": 0.0, "max": 0, "p50": 0.0, "p90": 0.0, "p99": 0.0}
     p50, p90, p99 = np.percentile(x, [50, 90, 99])
-    return {"min": int(x.min()), "mean": round(float(x.mean()), 3), "max": int(x.max()),
+    whole = np.issubdtype(x.dtype, np.integer)  # counts; seconds keep their fraction
+    return {"min": int(x.min()) if whole else round(float(x.min()), 3), "mean": round(float(x.mean()), 3),
+            "max": int(x.max()) if whole else round(float(x.max()), 3),
             "p50": float(p50), "p90": float(p90), "p99": float(p99)}
 
 

@@ -52,6 +52,17 @@ class AudioPlanRecord:
     samples: int
     kept: int
 
+    @staticmethod
+    def pack_totals(plans: tuple[AudioPlanRecord, ...]) -> dict[str, float]:
+        """What ``wdspack inspect --deep`` counts of a pack's audio beyond its tokens: the seconds the family reads
+        (after its cut).
+
+        Example:
+            >>> AudioPlanRecord.pack_totals((AudioPlanRecord(44100, 44100, 16000, 16000, 16000),))
+            {'audio_seconds': 1.0}
+        """
+        return {"audio_seconds": round(sum(plan.kept / plan.target_rate for plan in plans), 3)}
+
     def to_msgpack(self) -> dict:
         return {key: int(getattr(self, key)) for key in _PLAN_KEYS}
 

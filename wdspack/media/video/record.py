@@ -37,6 +37,11 @@ class VideoPlanRecord:
     grid: tuple[int, int, int]
     second_per_grid_t: float
 
+    @staticmethod
+    def pack_totals(plans: tuple[VideoPlanRecord, ...]) -> dict[str, float]:
+        """What ``wdspack inspect --deep`` counts of a pack's videos beyond their tokens: the frames decoded."""
+        return {"frames": sum(len(plan.frames) for plan in plans)}
+
     def to_msgpack(self) -> dict:
         return {"frames": [int(i) for i in self.frames], "size": [int(v) for v in self.size],
                 "grid": [int(v) for v in self.grid], "second_per_grid_t": float(self.second_per_grid_t)}
