@@ -126,8 +126,21 @@ def main(argv: list[str] | None = None) -> int:
     print("\n== 6. video: the same processor packs LLaMA-Factory's video chats (each video planned from its header:")
     print("      2 frames a second, token for token Qwen2.5-VL's own), the loader decodes only the planned frames")
     shutil.rmtree(work / "qwen-video" / "packed", ignore_errors=True)
-    return train_main([str(data / "videos.jsonl"), "--workdir", str(work / "qwen-video"), "--steps", "3",
-                       "--seq-len", "512", "--video-fps", "2", "--video-max-pixels", str(28 * 28 * 16)])
+    rc = train_main([str(data / "videos.jsonl"), "--workdir", str(work / "qwen-video"), "--steps", "3",
+                     "--seq-len", "512", "--video-fps", "2", "--video-max-pixels", str(28 * 28 * 16)])
+    if rc != 0:
+        return rc
+
+    print("\n== 7. audio: Qwen2-Audio's own processor packs LLaMA-Factory's audio chats (WAV, FLAC, MP3 at 8 to")
+    print("      44.1 kHz; each one's samples counted from the file, 25 tokens a second as the processor gives them),")
+    print("      the loader decodes and resamples each to 16 kHz and computes its Whisper features")
+    shutil.rmtree(work / "qwen-audio" / "packed", ignore_errors=True)
+    rc = train_main([str(data / "audios.jsonl"), "--workdir", str(work / "qwen-audio"), "--steps", "2",
+                     "--seq-len", "256", "--max-images", "3", "--family", "qwen2_audio"])
+    if rc != 0:
+        return rc
+    wdspack_main(["show", str(work / "qwen-audio" / "packed"), "--samples", "1", "--max-chars", "300"])
+    return 0
 
 
 def show_tool_sample(packed: Path) -> None:

@@ -261,6 +261,51 @@ def generate_videos(out: Path, *, clips: int = 8, seed: int = 0) -> dict[str, in
     return {"videos": clips, "bytes": size}
 
 
+def generate_audio(out: Path, *, clips: int = 8, seed: int = 0) -> dict[str, int]:
+    """``audios.jsonl`` in LLaMA-Factory's ``mllm_audio_demo.json`` layout (``<audio>`` + ``audios``) and
+    ``audios/*``: short sounds (0.5-3 s of tones and chirps, 8 to 44.1 kHz, mono and stereo) as WAV, FLAC and
+    MP3, made with PyAV."""
+    from fractions import Fraction
+
+    import av
+
+    rng = np.random.default_rng(seed)
+    (out / "audios").mkdir(parents=True, exist_ok=True)
+    kinds = (("wav", "pcm_s16le", "s16"), ("flac", "flac", "s16"), ("mp3", "libmp3lame", "fltp"))
+    lines, size = [], 0
+    for k in range(clips):
+        ext, codec, fmt = kinds[k % len(kinds)]
+        rate = (8_000, 16_000, 22_050, 44_100)[k % 4]
+        seconds = float(rng.uniform(0.5, 3.0))
+        t = np.arange(int(rate * seconds)) / rate
+        pitch = float(rng.integers(220, 880))
+        chirp = k % 2 == 1
+        wave = 0.3 * np.sin(2 * np.pi * (pitch + (200 * t if chirp else 0)) * t)
+        channels = 1 + k % 2
+        signal = np.repeat(wave[None], channels, 0).astype(np.float32)
+        layout = "mono" if channels == 1 else "stereo"
+        path = out / "audios" / f"sound{k:02d}.{ext}"
+        with av.open(str(path), "w") as container:
+            stream = container.add_stream(codec, rate=rate, layout=layout)
+            frame = av.AudioFrame.from_ndarray(signal, format="fltp", layout=layout)
+            frame.sample_rate, frame.pts, frame.time_base = rate, 0, Fraction(1, rate)
+            resampler = av.AudioResampler(format=fmt, layout=layout, rate=rate,
+                                          frame_size=stream.codec_context.frame_size or 1024)
+            for piece in resampler.resample(frame) + resampler.resample(None):
+                for packet in stream.encode(piece):
+                    container.mux(packet)
+            for packet in stream.encode():
+                container.mux(packet)
+        size += path.stat().st_size
+        what = "a rising chirp" if chirp else f"a steady {pitch:.0f} Hz tone"
+        answer = f"It is {what}, {seconds:.1f} seconds long. " + _text(rng, int(rng.integers(5, 20)))
+        lines.append(json.dumps({"id": f"audio-{k}", "messages": [
+            {"role": "user", "content": "<audio>What is that sound?"},
+            {"role": "assistant", "content": answer}], "audios": [f"audios/sound{k:02d}.{ext}"]}))
+    (out / "audios.jsonl").write_text("\n".join(lines) + "\n")
+    return {"audios": clips, "bytes": size}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", type=Path)
@@ -275,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     v = generate_videos(args.out, seed=args.seed)
     print(f"   + videos.jsonl: {v['videos']} video chats (LLaMA-Factory's mllm_video_demo layout), "
           f"{v['bytes'] / 1e3:.0f} KB of h264 clips")
+    a = generate_audio(args.out, seed=args.seed)
+    print(f"   + audios.jsonl: {a['audios']} sound chats (LLaMA-Factory's mllm_audio_demo layout), "
+          f"{a['bytes'] / 1e3:.0f} KB of WAV, FLAC and MP3")
     return 0
 
 

@@ -39,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--video-fps", type=float, help="for video chats: sample frames at this rate (wdspack pack "
                                                    "--video-fps)")
     ap.add_argument("--video-max-pixels", type=int, help="for video chats: at most this many pixels a frame")
+    ap.add_argument("--family", default="qwen2_5_vl", choices=["qwen2_5_vl", "qwen2_audio"],
+                    help="the tiny model's family (examples/tiny_vlm): Qwen2.5-VL (images, video) or Qwen2-Audio")
     ap.add_argument("--varlen", action="store_true",
                     help="padding-free batches on PyTorch's varlen FlashAttention kernel "
                          "(wdspack.use_varlen_attention: CUDA, bfloat16); on a CPU the per-segment reference kernel")
@@ -47,12 +49,14 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import wdspack
-    from tiny_vlm import qwen2_5_vl
+    import importlib
+
     from wdspack.cli import main as wdspack_main
     from wdspack.models import save_processor
 
+    tiny = importlib.import_module(f"tiny_vlm.{args.family}")
     work = Path(args.workdir)
-    processor = qwen2_5_vl.processor(work / "tokenizer")
+    processor = tiny.processor(work / "tokenizer")
     folder = save_processor(processor, work / "processor")
     packed = work / "packed"
     cmd = [*args.sources, "--output", str(packed), "--processor", str(folder), "--seq-len", str(args.seq_len),
@@ -65,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         return rc
     print(f"   (pack took {time.perf_counter() - t0:.1f} s; the dropped samples and why: {packed / 'dropped.jsonl'})")
 
-    model = qwen2_5_vl.model(processor, seed=0)
+    model = tiny.model(processor, seed=0)
     model.config.save_pretrained(folder)  # as a checkpoint's folder: the loader reads the model's video positions
     params = sum(p.numel() for p in model.parameters())
     if args.varlen and torch.cuda.is_available():
@@ -97,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         opt.zero_grad()
         loss.backward()
         opt.step()
-        videos = f"{int(batch['video_mask'].sum())} videos, " if "video_mask" in batch else ""
+        videos = "".join(f"{int(batch[f'{kind}_mask'].sum())} {kind}s, " for kind in ("video", "audio")
+                         if f"{kind}_mask" in batch)
         print(f"   step {step + 1}: loss {loss.item():.4f}  ({int(batch['num_tokens'].sum())} tokens, "
               f"{int(batch['image_mask'].sum())} images, {videos}{int(batch['num_samples'].sum())} samples in the "
               "pack)")

@@ -118,14 +118,21 @@ def load_processor(spec: str | os.PathLike[str] | Any) -> Any:
 def save_processor(processor: Any, folder: str | os.PathLike[str]) -> Path:
     """Write ``processor`` to ``folder`` so :func:`load_processor` (and ``AutoProcessor`` where its
     parts load) reads it back; works for processors built without their video processor, which
-    ``save_pretrained`` refuses."""
+    ``save_pretrained`` refuses. A processor with a feature extractor (audio) has its media parts nested in
+    ``processor_config.json``, as transformers 5 writes them."""
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     processor.tokenizer.save_pretrained(out)
-    processor.image_processor.save_pretrained(out)
+    parts = {part: getattr(processor, part, None) for part in _AUTO}
+    nested = {}
+    if parts["feature_extractor"] is None:  # an image processor alone: its own file, as every version reads it
+        processor.image_processor.save_pretrained(out)
+    else:  # two parts that both write preprocessor_config.json: nested, as transformers 5 saves them
+        nested = {part: value.to_dict() for part, value in parts.items() if value is not None}
     if processor.chat_template:
         (out / "chat_template.jinja").write_text(processor.chat_template, encoding="utf-8")
     options = {k: v for k, v in processor.to_dict().items() if k not in _PARTS and _jsonable(v)}
+    options.update(nested)
     options["processor_class"] = type(processor).__name__
     (out / "processor_config.json").write_text(json.dumps(options, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return out
