@@ -57,6 +57,7 @@ INTEGRATION = (
     "models/test_processor_folders",  # folders written by the real processors (a child), packed by the CLI
     "packer/test_video_bad_input",  # bad videos packed with a Qwen processor and streamed
     "packer/test_audio_bad_input",  # bad audio packed with Qwen2-Audio's processor and streamed
+    "ops/test_audio_tools",  # audio packed by the CLI with Qwen2-Audio's processor, every tool on it
     "packer/test_video_messages",  # video jobs packed with a Qwen processor, the messages a user reads
     "packer/test_placeholder_newline",  # every family's processor, a sample with and without the newline
     "train/test_ddp",  # torchrun: examples/train_ddp.py

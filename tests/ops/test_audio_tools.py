@@ -1,0 +1,95 @@
+"""Every tool knows audio (issue #50, item 6): the demo's sound chats (LLaMA-Factory's ``mllm_audio_demo.json``
+layout, WAV/FLAC/MP3 at 8 to 44.1 kHz) packed by the CLI with Qwen2-Audio's processor in two worker processes;
+``inspect --deep`` counts each pack's audio and seconds, ``show`` collapses each audio's tokens,
+``verify --source`` checks every stored audio against its plan and the source, and ``reshard`` re-plans the packs
+with their audio, plans and bytes untouched.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.support.audio_clips import av
+from wdspack.cli import main
+
+if av is None:
+    pytest.skip("PyAV is not installed (pip install av)", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    from tiny_vlm import qwen2_audio
+
+    spec = importlib.util.spec_from_file_location("make_demo_data", ROOT / "examples" / "make_demo_data.py")
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    root = tmp_path_factory.mktemp("audio-tools")
+    generator.generate_audio(root / "data", clips=6, seed=3)
+    folder = root / "processor"
+    qwen2_audio.processor(root / "tok", chunk_length=4).save_pretrained(folder)
+    out = root / "packed"
+    rc = main(["pack", str(root / "data" / "audios.jsonl"), "--output", str(out), "--processor", str(folder),
+               "--seq-len", "200", "--max-images", "3", "--workers", "2", "-q"])
+    assert rc == 0
+    return root, folder, out
+
+
+def test_inspect_counts_each_packs_audio_and_seconds(packed, capsys):
+    _, _, out = packed
+    assert main(["inspect", str(out), "--deep", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["audios"] == 6 and stats["max_audio_tokens_per_pack"] > 0
+    per = stats["per_pack"]
+    assert per["audios"]["max"] <= 3 and per["audio_tokens"]["max"] == stats["max_audio_tokens_per_pack"]
+    assert 0 < per["audio_seconds"]["min"] <= per["audio_seconds"]["max"] <= 3 * 4.0  # at most 3 audios of 4 s
+    assert main(["inspect", str(out), "--deep"]) == 0
+    text = capsys.readouterr().out
+    assert "audios 6 (at most" in text and "audio_seconds/pack" in text
+
+
+def test_show_collapses_each_audios_tokens(packed, capsys):
+    _, _, out = packed
+    assert main(["show", str(out), "--samples", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "Audio 1: <|audio_bos|><audio×" in text and "<|AUDIO|>" not in text
+
+
+def test_verify_checks_each_audio_against_its_plan_and_the_source(packed, capsys):
+    root, _, out = packed
+    assert main(["verify", str(out), "--source", str(root / "data" / "audios.jsonl")]) == 0
+    assert "checks out" in capsys.readouterr().out
+
+
+def test_reshard_keeps_the_audio_its_plans_and_bytes(packed, tmp_path, capsys):
+    from tests.support.vlm_harness import pack_sample_ids
+
+    _, _, out = packed
+    again = tmp_path / "re"
+    assert main(["reshard", str(out), str(again), "--seq-len", "160", "--max-images", "2", "-q"]) == 0
+    capsys.readouterr()
+    assert len(pack_sample_ids(again)) > len(pack_sample_ids(out))
+    assert main(["verify", str(again)]) == 0
+    assert _audio_by_sample(again) == _audio_by_sample(out)
+
+
+def _audio_by_sample(dataset: Path) -> dict:
+    import tarfile
+
+    from wdspack.format.pack import decode_pack
+
+    found = {}
+    for shard in sorted(dataset.glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            for m in tar.getmembers():
+                pack = decode_pack(tar.extractfile(m).read())
+                audio = pack.media["audio"]
+                for k, owner in enumerate(audio.sample):
+                    found.setdefault(pack.sample_ids[owner], []).append(
+                        (audio.data[k], audio.tokens[k], audio.plans[k]))
+    return found
