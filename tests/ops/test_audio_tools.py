@@ -93,3 +93,42 @@ def _audio_by_sample(dataset: Path) -> dict:
                     found.setdefault(pack.sample_ids[owner], []).append(
                         (audio.data[k], audio.tokens[k], audio.plans[k]))
     return found
+
+
+def test_webdataset_members_and_parquet_columns_pack_their_audio(packed, tmp_path, capsys):
+    """A WebDataset shard's ``.wav``/``.flac`` members (a caption each; an empty member is dropped unread) and a
+    Parquet ``audios`` column of ``{bytes, path}`` structs pack as the JSON layouts do."""
+    import io
+    import tarfile
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root, folder, _ = packed
+    sounds = sorted((root / "data" / "audios").iterdir())
+    wav = next(p for p in sounds if p.suffix == ".wav").read_bytes()
+    flac = next(p for p in sounds if p.suffix == ".flac").read_bytes()
+    shard = tmp_path / "sounds-000000.tar"
+    with tarfile.open(shard, "w") as tar:
+        for name, data in (("a.wav", wav), ("a.txt", b"A steady tone."), ("b.flac", flac), ("b.txt", b"A chirp."),
+                           ("c.wav", b""), ("c.txt", b"Nothing.")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    table = pa.table({"messages": [[{"role": "user", "content": "<audio>What is it?"},
+                                    {"role": "assistant", "content": "A tone."}]],
+                      "audios": [[{"bytes": wav, "path": "a.wav"}]]})
+    pq.write_table(table, tmp_path / "chats.parquet")
+    out = tmp_path / "out"
+    rc = main(["pack", str(shard), str(tmp_path / "chats.parquet"), "--output", str(out), "--processor", str(folder),
+               "--eos-token", "<|endoftext|>", "--seq-len", "200", "--max-images", "3", "--max-drop-fraction", "1",
+               "-q"])
+    assert rc == 0
+    dropped = [json.loads(line) for line in (out / "dropped.jsonl").read_text().splitlines()]
+    assert [(d["id"], d["reason"]) for d in dropped] == [("sounds-000000.tar:c", "unreadable_audio")]
+    assert "c.wav is empty (0 bytes)" in dropped[0]["detail"]
+    capsys.readouterr()
+    assert main(["show", str(out), "--samples", "3"]) == 0
+    text = capsys.readouterr().out
+    assert "sounds-000000.tar:a" in text and "sounds-000000.tar:b" in text and "chats.parquet:0" in text
+    assert text.count("<audio×") == 3

@@ -43,7 +43,8 @@ AUDIO = MediaKind(
                                                                 "value"),
     extensions=("wav", "flac", "mp3", "opus", "ogg", "m4a", "aac"), settings_part="feature_extractor",
     load=calling(f"{__name__}.source", "load_audio"), describe=calling(f"{__name__}.source", "audio_name"),
-    plan_record=AudioPlanRecord, check=check_audios, budget="max_audio_tokens_per_pack",
+    max_bytes=imported(f"{__name__}.header", "MAX_AUDIO_BYTES"), plan_record=AudioPlanRecord, check=check_audios,
+    budget="max_audio_tokens_per_pack",
     drop_reasons=AUDIO_DROP_REASONS, load_drop_reasons=("unreadable_audio",),
     decode_errors=lambda: (imported(f"{__name__}.decode", "AudioDecodeError")(),), placeholder="<audio>",
     check_item=_check_item, prepare=imported(f"{__name__}.prepare"), batch=imported(f"{__name__}.batch"))
