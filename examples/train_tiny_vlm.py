@@ -46,11 +46,11 @@ def main(argv: list[str] | None = None) -> int:
                          "(wdspack.use_varlen_attention: CUDA, bfloat16); on a CPU the per-segment reference kernel")
     args = ap.parse_args(argv)
 
+    import importlib
+
     import torch
 
     import wdspack
-    import importlib
-
     from wdspack.cli import main as wdspack_main
     from wdspack.models import save_processor
 

@@ -119,7 +119,7 @@ def dataset_stats(source: str, *, deep: bool = False, batch_size: int = 8,
     tokens: list[int] = []
     samples: list[int] = []
     lengths: list[int] = []
-    columns: dict[str, dict[str, list[int]]] = {kind.name: {} for kind in KINDS}
+    columns: dict[str, dict[str, list[float]]] = {kind.name: {} for kind in KINDS}
     for _, pack in iter_dataset_packs(manifest, root):
         tokens.append(pack.num_tokens)
         samples.append(pack.num_samples)

@@ -53,10 +53,9 @@ def whisper_rule(family: str, settings: Mapping[str, Any] | None, *, frames: Any
         raise ConfigError(f"the feature extractor takes {rate} Hz with a hop of {hop}; wdspack plans {family} audio at "
                           f"{_RATE} Hz with a hop of {_HOP} (the published settings): pack with the model's own "
                           "processor folder")
-    window = s.get("n_samples") or (int(s["chunk_length"]) * rate if s.get("chunk_length") else default_samples)
-    window = int(window)
-    return AudioRule(family, functools.partial(frames, max_samples=window), functools.partial(tokens, max_samples=window),
-                     max_samples=window, min_samples=min_samples)
+    window = int(s.get("n_samples") or (int(s["chunk_length"]) * rate if s.get("chunk_length") else default_samples))
+    return AudioRule(family, functools.partial(frames, max_samples=window),
+                     functools.partial(tokens, max_samples=window), max_samples=window, min_samples=min_samples)
 
 
 def _rule(processor: Any, settings: Mapping[str, Any] | None) -> AudioRule:
