@@ -132,3 +132,24 @@ def test_webdataset_members_and_parquet_columns_pack_their_audio(packed, tmp_pat
     text = capsys.readouterr().out
     assert "sounds-000000.tar:a" in text and "sounds-000000.tar:b" in text and "chats.parquet:0" in text
     assert text.count("<audio×") == 3
+
+
+def test_a_mixture_streams_audio_from_each_source(packed, tmp_path, capsys):
+    """Two audio datasets of the same budgets in one mixture (the second a reshard of the first): the loader's
+    batches carry each source's audio features, as many audios as the packs it drew hold."""
+    import torch
+
+    import wdspack
+
+    _, folder, out = packed
+    other = tmp_path / "other"
+    assert main(["reshard", str(out), str(other), "--seq-len", "200", "--max-images", "3", "--seed", "7", "-q"]) == 0
+    capsys.readouterr()
+    loader = wdspack.make_loader([(str(out), 1), (str(other), 1)], batch_size=1, num_workers=0, processor=str(folder),
+                                 seed=0)
+    seen, audios = set(), 0
+    for batch in loader:
+        seen.add(int(batch["source_idx"][0]))
+        audios += int(batch["audio_mask"].sum())
+        assert torch.isfinite(batch["input_features"]).all()
+    assert seen == {0, 1} and audios > 0

@@ -120,5 +120,5 @@ def test_render_tokens_takes_each_kinds_ids_by_kind_as_by_its_first_names(tekken
                             media_tokens={"image": [1, 1], "video": [3]})
     assert by_kind == render_tokens(tekken, ids, mask, image_token_id=10, image_tokens=[1, 1], video_token_id=11,
                                     video_tokens=[3]) == "<image×1><image×1><video×3>"
-    with pytest.raises(TypeError, match="unexpected keyword argument 'audio_token_id'"):
-        render_tokens(tekken, ids, mask, audio_token_id=12)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'smell_token_id'"):
+        render_tokens(tekken, ids, mask, smell_token_id=12)

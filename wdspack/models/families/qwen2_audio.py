@@ -81,20 +81,22 @@ def _pad(out: Mapping[str, Any], processor: Any, budgets: Budgets, audio_tokens:
     fe = processor.feature_extractor
     M, frames, bins = budgets.max_images, int(fe.nb_max_frames), int(fe.feature_size)
     k = len(audio_tokens)
-    features = torch.zeros(M, bins, frames, dtype=torch.float32)
+    real = torch.zeros(0, bins, frames, dtype=torch.float32)
     mask = torch.zeros(M, frames, dtype=torch.int64)
     if k:
-        got, real = out["input_features"], out["feature_attention_mask"]
+        got, frames_mask = out["input_features"], out["feature_attention_mask"]
         if k > M or tuple(got.shape[1:]) != (bins, frames):
             raise FormatError(f"{k} audios of features {tuple(got.shape[1:])} do not fit the {M} slots of "
                               f"{(bins, frames)} the dataset's manifest and the feature extractor give a pack")
-        tokens = [qwen2_audio_tokens(int(n) * _HOP, max_samples=frames * _HOP) for n in real.sum(-1).tolist()]
+        tokens = [qwen2_audio_tokens(int(n) * _HOP, max_samples=frames * _HOP) for n in frames_mask.sum(-1).tolist()]
         if tokens != list(audio_tokens):
             raise FormatError(f"the audio features give {tokens} tokens but the pack reserved {list(audio_tokens)}; "
                               "load with the processor (and settings) the dataset was packed with")
-        features[:k], mask[:k] = got, real
+        mask[:k] = frames_mask
+        real = got.to(torch.float32)
     mask[k:, 0] = 1  # an empty slot attends to one frame (no row masked whole); it gives no token
-    return {"input_features": features, "feature_attention_mask": mask, "audio_mask": torch.arange(M) < k}
+    # the real slots as Rows: written once into the loader's recycled buffers, the empty ones zeroed there
+    return {"input_features": Rows(real, M), "feature_attention_mask": mask, "audio_mask": torch.arange(M) < k}
 
 
 def _kwargs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]:
