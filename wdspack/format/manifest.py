@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -25,23 +25,84 @@ MANIFEST_NAME = "manifest.json"
 DROPPED_NAME = "dropped.jsonl"
 
 
-@dataclass(frozen=True, slots=True)
+#: A shard entry's v1 spelling of each kind's numbers: ``images`` (items), ``videos`` and ``max_video_tokens``
+#: (items, the most of its tokens in one pack), ... (images' most tokens are the totals' business).
+_SHARD_MEDIA = {key: (kind.name, part) for kind in KINDS
+                for key, part in ((kind.plural, 0), *(() if kind.always_stored else ((f"max_{kind.name}_tokens", 1),)))}
+#: Its v1 positional order: after ``name, packs, samples, tokens``, the images, then bytes and sha256, then each
+#: later kind's two numbers (the work folder keeps an entry as this row).
+_SHARD_ORDER = ("images", "bytes", "sha256", *(key for key in _SHARD_MEDIA if key != "images"))
+
+
+@dataclass(frozen=True, slots=True, init=False)
 class ShardInfo:
-    """One shard as the manifest lists it."""
+    """One shard as the manifest lists it: its media by kind (``media["video"] = (items, most tokens in a
+    pack)``), each kind's numbers also read and constructed by their v1 spelling (``info.images``,
+    ``info.max_video_tokens``, ``ShardInfo(..., videos=2, max_video_tokens=90)``, or by position in
+    :meth:`row`'s order).
+
+    Example:
+        >>> info = ShardInfo("train-000000.tar", 4, 9, 4000, 3, 1024, "ab", videos=2, max_video_tokens=90)
+        >>> info.images, info.videos, info.media["video"], info.audios
+        (3, 2, (2, 90), 0)
+    """
 
     name: str
     packs: int
     samples: int
     tokens: int
-    images: int
     bytes: int
     sha256: str
-    #: each kind not in every pack: the shard's items and the most of its tokens in one of its packs (listed only
-    #: where the shard holds some)
-    videos: int = 0
-    max_video_tokens: int = 0
-    audios: int = 0
-    max_audio_tokens: int = 0
+    media: Mapping[str, tuple[int, int]]
+
+    def __init__(self, name: str, packs: int, samples: int, tokens: int, *by_position: Any,
+                 media: Mapping[str, tuple[int, int]] | None = None, **by_key: Any) -> None:
+        if len(by_position) > len(_SHARD_ORDER):
+            raise TypeError(f"ShardInfo() takes at most {4 + len(_SHARD_ORDER)} positional arguments")
+        given = dict(zip(_SHARD_ORDER, by_position))
+        for key, value in by_key.items():
+            if key in given:
+                raise TypeError(f"ShardInfo() got multiple values for argument {key!r}")
+            if key not in _SHARD_ORDER:
+                raise TypeError(f"ShardInfo() got an unexpected keyword argument {key!r}")
+            given[key] = value
+        for key in ("bytes", "sha256"):
+            if key not in given:
+                raise TypeError(f"ShardInfo() missing required argument: {key!r}")
+        numbers = {kind.name: [0, 0] for kind in KINDS}
+        for kind_name, (items, most) in (media or {}).items():
+            numbers[kind_name] = [int(items), int(most)]
+        for key, (kind_name, part) in _SHARD_MEDIA.items():
+            if key in given:
+                numbers[kind_name][part] = int(given[key])
+        for field_name, value in (("name", name), ("packs", packs), ("samples", samples), ("tokens", tokens),
+                                  ("bytes", given["bytes"]), ("sha256", given["sha256"]),
+                                  ("media", {k: (n[0], n[1]) for k, n in numbers.items()})):
+            object.__setattr__(self, field_name, value)
+
+    def __getattr__(self, key: str) -> Any:  # a kind's numbers by their v1 spelling (info.videos)
+        if key in _SHARD_MEDIA:
+            kind_name, part = _SHARD_MEDIA[key]
+            return self.media[kind_name][part]
+        raise AttributeError(f"'ShardInfo' object has no attribute {key!r}")
+
+    def row(self) -> list[Any]:
+        """The entry as the work folder keeps it: ``name, packs, samples, tokens`` and the v1 order
+        (``ShardInfo(*row)`` reads it back)."""
+        head = [self.name, self.packs, self.samples, self.tokens]
+        return head + [getattr(self, key) for key in _SHARD_ORDER]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest's JSON object: the v1 keys in their order; a kind not in every pack only where the shard
+        holds some (a dataset without it keeps the manifest it always had)."""
+        out: dict[str, Any] = {"name": self.name, "packs": self.packs, "samples": self.samples,
+                               "tokens": self.tokens}
+        for key in _SHARD_ORDER:
+            kind_name = _SHARD_MEDIA.get(key, ("", 0))[0]
+            if kind_name and kind_name != "image" and not self.media[kind_name][0]:
+                continue
+            out[key] = getattr(self, key)
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,11 +152,8 @@ class Manifest:
         return 0 if not any(s.images for s in self.shards) else None
 
     def to_json(self) -> str:
-        d = asdict(self)
-        for shard in d["shards"]:  # a dataset without a kind not in every pack keeps the manifest it always had
-            for kind in KINDS:
-                if not kind.always_stored and not shard[kind.plural]:
-                    del shard[kind.plural], shard[f"max_{kind.name}_tokens"]
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["shards"] = [shard.to_dict() for shard in self.shards]
         order = ["format", "wdspack_version", "split", "seq_len", "max_images", "algorithm", "seed",
                  "tokenizer", "image_policy", "sources", "provenance", "totals", "dropped_file", "pack_index", "shards"]
         return json.dumps({k: d[k] for k in order if k != "pack_index" or d[k]}, indent=1, sort_keys=False,

@@ -19,7 +19,7 @@ import os
 import tarfile
 from collections import Counter
 from collections.abc import Callable, Container, Iterator, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from ..errors import FormatError
 from ..media import KINDS
@@ -112,7 +112,7 @@ class ShardWriter:
         size = self._file.tell()
         self._file.close()
         info = ShardInfo(name=self.name, packs=self._packs, samples=self._samples, tokens=self._tokens,
-                         bytes=size, sha256=self._hash.hexdigest(), **_media_fields(self._count, self._most))
+                         bytes=size, sha256=self._hash.hexdigest(), media=_media_numbers(self._count, self._most))
         if record is not None:
             record(info)
         self._folder.commit(self._tmp, self.name)
@@ -137,18 +137,13 @@ class ShardWriter:
 #: "tokens").
 _COUNT_OF = {**{kind.plural: (kind.name, "count") for kind in KINDS},
              **{f"{kind.name}_tokens": (kind.name, "tokens") for kind in KINDS}}
-_INFO_FIELDS = {f.name for f in fields(ShardInfo)}
 
 
-def _media_fields(count: Mapping[str, int], most: Mapping[str, int]) -> dict[str, int]:
-    """A shard's media as :class:`ShardInfo` lists them: each kind's items (``images``) and, where the entry
-    has the field, the most tokens of the kind in one pack (``max_{name}_tokens``)."""
-    out = {}
-    for kind in KINDS:
-        out[kind.plural] = count.get(kind.name, 0)
-        if f"max_{kind.name}_tokens" in _INFO_FIELDS:
-            out[f"max_{kind.name}_tokens"] = most.get(kind.name, 0)
-    return out
+def _media_numbers(count: Mapping[str, int], most: Mapping[str, int]) -> dict[str, tuple[int, int]]:
+    """A shard's media as :class:`ShardInfo` keeps them: per kind, its items and the most of its tokens in one
+    pack (the images' not kept: the manifest's totals record them)."""
+    return {kind.name: (count.get(kind.name, 0), 0 if kind.always_stored else most.get(kind.name, 0))
+            for kind in KINDS}
 
 
 class _HashingWriter(io.RawIOBase):

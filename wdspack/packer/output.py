@@ -15,7 +15,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import asdict, astuple
+from dataclasses import asdict
 from typing import Any
 
 import msgpack
@@ -130,7 +130,7 @@ def _wrote_anything(out: Location, work: Location) -> bool:
 
 def info_row(info: ShardInfo) -> list[Any]:
     """A shard's manifest entry as the work folder keeps it: its fields in order (``ShardInfo(*row)``)."""
-    return list(astuple(info))
+    return info.row()
 
 
 def record_shard(work: Location, info: ShardInfo, offsets: Sequence[int]) -> None:

@@ -4,8 +4,8 @@ Each test writes a small generated file in another project's *published* layout 
 file it follows are named above each fixture; the records' shapes are theirs, the contents ours),
 packs it with the Pixtral tokenizer and template in fixed mode (16 tokens per image), and checks
 through :func:`tests.published.round_trip` that every assistant answer is trained, that no prompt
-word is, that each sample kept its images, and that what this job cannot pack (audio without an audio family, grounding
-objects) is dropped and counted as ``unsupported_media``, never packed as text. Video rows are read
+word is, that each sample kept its images, and that what this job cannot pack (audio without an audio family,
+grounding objects) is dropped and counted as ``unsupported_media``, never packed as text. Video rows are read
 as videos: the clips they name are not written here, so they drop as ``missing_video``, naming the file.
 """
 
