@@ -16,6 +16,10 @@ sample's audios are counted together (``sample_tokens``) and featured together i
 
 Audio frames travel as Qwen2.5-Omni's do (frame rows ``[B·R, 128]`` with ``audio_frame_mask``,
 ``audio_feature_lengths`` and ``audio_mask`` in ``max_images`` slots; ``R = 8 ×`` the pack's audio tokens).
+Exact where every sub-sample with audio has one of at least 100 frames (1 s): the encoder pads all chunks of a call
+to its longest chunk and its convolutions' biases reach past a chunk's end, so a sub-sample whose audios are all
+shorter gets slightly other audio features in a pack than alone. No video side yet: video records are dropped as
+``unsupported_media``.
 """
 
 from __future__ import annotations
@@ -23,17 +27,15 @@ from __future__ import annotations
 import functools
 import types
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 import torch
 
 from ...errors import ConfigError, FormatError
 from ...media.audio.tokens import AUDIO_RULES, AudioRule
-from ...media.video.plan import plan_qwen2_vl
-from ..family import AudioSide, Budgets, Family, ImageSide, Rows, VideoSide
+from ..family import AudioSide, Budgets, Family, ImageSide, Rows
 from .qwen_omni import _model_kwargs
-from .qwen_vl import QWEN2_VIDEO, _pad_pixels, _pixels, _replacements, _video_token
+from .qwen_vl import _pad_pixels, _pixels, _replacements
 
 __all__ = ["FAMILIES", "QWEN3_OMNI", "qwen3_omni_positions", "qwen3_omni_sample_frames"]
 
@@ -201,24 +203,11 @@ def _finish(batch: dict[str, Any]) -> dict[str, Any]:
     return batch
 
 
-def _video_plan(header: Any, settings: Any) -> Any:
-    """Qwen2-VL's plan, with the seconds per temporal patch as ``Qwen3OmniMoeProcessor._process_videos`` gives
-    them: ``temporal_patch_size / fps`` (the fps passed to the processor, 1.0 where none is)."""
-    plan = plan_qwen2_vl(header, settings)
-    return replace(plan, second_per_grid_t=settings.temporal_patch_size / (settings.fps or 1.0))
-
-
-#: Qwen3-Omni's videos: Qwen2-VL's frames and pixels (16-pixel patches), its ``<|video_pad|>`` token.
-OMNI3_VIDEO = VideoSide(placeholder=_video_token, feature_token=_video_token, sampling=QWEN2_VIDEO.sampling,
-                        plan=_video_plan, replacement=QWEN2_VIDEO.replacement, pixels=QWEN2_VIDEO.pixels,
-                        pad=QWEN2_VIDEO.pad)
-
 QWEN3_OMNI = Family(
     name="qwen3_omni_moe", processors=("Qwen3OmniMoeProcessor",), model_types=("qwen3_omni_moe_thinker",),
     image=ImageSide(replacements=_replacements, pixels=_pixels, pad=_pad_pixels, uint8_pixels=True,
                     feature_token=_image_token, placeholder=_image_token),
     token_rows=_token_rows, token_keys=("mrope_position_ids",), finish_batch=_finish, model_kwargs=_model_kwargs,
-    video=OMNI3_VIDEO,
     audio=AudioSide(placeholder=_audio_token, feature_token=_audio_token, rule=_rule,
                     replacement=lambda processor, tokens: _audio_token(processor) * tokens, features=_features,
                     pad=_pad_audio, sample_tokens=_sample_tokens, features_per_sample=True),
