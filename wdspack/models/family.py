@@ -215,6 +215,11 @@ class AudioSide:
             the processor calls it.
         pad: ``(outputs, processor, budgets, audio_tokens) -> {key: tensor or Rows}``: ``features``' outputs
             padded to shapes that depend only on the budgets.
+        sample_tokens: ``(rule, kept_samples) -> [tokens]``: the tokens of one chat's audios counted together, for
+            a processor whose count of an audio depends on the chat's others (one that pads them to the
+            longest); None: each audio's ``rule.tokens`` alone.
+        features_per_sample: ``features`` gets the pack's audio as one list per sub-sample that has audio
+            (``[[a], [b, c]]``), as the processor takes one chat's audios in one call.
     """
 
     placeholder: Callable[[Any], str]
@@ -223,6 +228,8 @@ class AudioSide:
     replacement: Callable[[Any, int], str]
     features: Callable[[Any, Sequence[Any]], dict[str, Any]]
     pad: Callable[[Mapping[str, Any], Any, Budgets, Sequence[int]], Mapping[str, torch.Tensor | Rows]]
+    sample_tokens: Callable[[Any, Sequence[int]], Sequence[int]] | None = None
+    features_per_sample: bool = False
 
 
 @dataclass(frozen=True, slots=True)

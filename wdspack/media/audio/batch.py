@@ -34,8 +34,12 @@ def outputs(batcher: Any, items: Media, raw: Mapping[str, Any]) -> Mapping[str, 
     names its sample)."""
     if not items:
         return {}
-    waves = [decode_audio(data, rate=plan.target_rate, frames=plan.frames, source_rate=plan.rate, keep=plan.kept,
-                          sample_id="", index=k) for k, (data, plan) in enumerate(zip(items.data, items.plans))]
+    waves: list[Any] = [decode_audio(data, rate=plan.target_rate, frames=plan.frames, source_rate=plan.rate,
+                                     keep=plan.kept, sample_id="", index=k)
+                        for k, (data, plan) in enumerate(zip(items.data, items.plans))]
+    if batcher.family.audio.features_per_sample:  # one chat's audios in one call, as the processor takes them
+        owners = list(items.sample)
+        waves = [[w for w, o in zip(waves, owners) if o == s] for s in dict.fromkeys(owners)]
     return batcher.family.audio.features(batcher.processor, waves)
 
 

@@ -111,6 +111,10 @@ def probe(builder: Any, audios: tuple[bytes, ...], sid: str,
                               f"a token (it takes at least {rule.min_samples} samples at {rule.rate:,} Hz); drop the "
                               "sample or lengthen the clip", sid)
         plans.append(planned)
+    together = builder.audio_side.sample_tokens
+    if together is not None and len(plans) > 1:  # the processor counts a chat's audios together
+        counted = together(rule, [p.record.kept for p in plans])
+        plans = [p._replace(tokens=int(t)) for p, t in zip(plans, counted)]
     return audios, tuple(plans)
 
 

@@ -1,0 +1,220 @@
+"""Qwen3-Omni's thinker: Qwen2.5-VL's image inputs (16-pixel patches, DeepStack inside the model), Whisper-featured
+audio padded to the longest of a sample and never cut, 3-D positions in float over all three.
+
+The chat template writes ``<|audio_start|><|audio_pad|><|audio_end|>`` per audio and
+``<|vision_start|><|image_pad|><|vision_end|>`` per image; the processor repeats each feature token. Its audio
+call pads a chat's audios to the longest, ``N`` samples, so an audio of ``n`` samples gets
+``L = min(ceil(n/160), N//160)`` feature frames (``n//160`` alone) and ``13·(L//100) + g(L%100)`` tokens: a
+sample's audios are counted together (``sample_tokens``) and featured together in the loader
+(``features_per_sample``). Positions, per sub-sample (the thinker's own ``get_rope_index`` of that sub-sample alone)::
+
+    tokens     <s> hi <as> [A] [A] [A] <ae> <vs> [I] [I] [I] [I] <ve> ok    (image grid 1×4×4, merge 2)
+    row 0       0   1   2   3   4   5   6    7   8   9  10  11  12  13     restarts per sub-sample
+    temporal    0   1   2   3   4   5   6    7   8   8   8   8  10  11     float32; a video's rows at 13 a second
+    height      0   1   2   3   4   5   6    7   8   8   9   9  10  11
+    width       0   1   2   3   4   5   6    7   8   9   8   9  10  11
+
+Audio frames travel as Qwen2.5-Omni's do (frame rows ``[B·R, 128]`` with ``audio_frame_mask``,
+``audio_feature_lengths`` and ``audio_mask`` in ``max_images`` slots; ``R = 8 ×`` the pack's audio tokens).
+Exact where every sub-sample with audio has one of at least 100 frames (1 s): the encoder pads all chunks of a call
+to its longest chunk and its convolutions' biases reach past a chunk's end, so a sub-sample whose audios are all
+shorter gets slightly other audio features in a pack than alone. No video side yet: video records are dropped as
+``unsupported_media``.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ...errors import ConfigError, FormatError
+from ...media.audio.tokens import AUDIO_RULES, AudioRule
+from ..family import AudioSide, Budgets, Family, ImageSide, Rows
+from .qwen_omni import _model_kwargs
+from .qwen_vl import _pad_pixels, _pixels, _replacements
+
+__all__ = ["FAMILIES", "QWEN3_OMNI", "qwen3_omni_positions", "qwen3_omni_sample_frames"]
+
+_HOP, _RATE, _CHUNK = 160, 16_000, 100
+
+
+def _audio_token(processor: Any) -> str:
+    return str(processor.audio_token)
+
+
+def _image_token(processor: Any) -> str:
+    return str(processor.image_token)
+
+
+def _rule(processor: Any, settings: Mapping[str, Any] | None) -> AudioRule:
+    """``AUDIO_RULES["qwen3_omni_moe"]``, where the feature extractor takes 16 kHz with a 160-sample hop and the
+    processor's encoder window is the published ``n_window`` 50 (1 s chunks of 100 frames)."""
+    s = dict(settings or {})
+    rate, hop = int(s.get("sampling_rate") or _RATE), int(s.get("hop_length") or _HOP)
+    window = int(getattr(processor, "n_window", 50))
+    if (rate, hop, window) != (_RATE, _HOP, _CHUNK // 2):
+        raise ConfigError(f"the feature extractor takes {rate} Hz with a hop of {hop} and the processor's n_window is "
+                          f"{window}; wdspack plans qwen3_omni_moe audio at {_RATE} Hz, hop {_HOP}, n_window "
+                          f"{_CHUNK // 2} (the published settings): pack with the model's own processor folder")
+    return AUDIO_RULES["qwen3_omni_moe"]
+
+
+def qwen3_omni_sample_frames(samples: Sequence[int]) -> list[int]:
+    """Each audio's feature frames when one processor call takes all of ``samples`` (one chat's audios): the
+    feature extractor pads them to the longest, ``N``, and its frame mask keeps ``ceil(n/160)`` frames of an
+    audio, at most the ``N//160`` frames the STFT gives.
+
+    Example:
+        >>> qwen3_omni_sample_frames([16001]), qwen3_omni_sample_frames([16001, 32000])
+        ([100], [101, 200])
+    """
+    most = max(samples, default=0) // _HOP
+    return [min(-(-n // _HOP), most) for n in samples]
+
+
+def _tokens(frames: int) -> int:
+    """``_get_feat_extract_output_lengths``: 13 tokens per 100-frame chunk, the rest through three halvings."""
+    rest = (frames % _CHUNK - 1) // 2 + 1
+    return ((rest - 1) // 2 + 1 - 1) // 2 + 1 + (frames // _CHUNK) * 13
+
+
+def _sample_tokens(rule: AudioRule, samples: Sequence[int]) -> list[int]:
+    return [_tokens(f) for f in qwen3_omni_sample_frames(samples)]
+
+
+def _features(processor: Any, waves: Sequence[Sequence[Any]]) -> dict[str, Any]:
+    """``Qwen3OmniMoeProcessor._process_audio``'s own call, once per sub-sample (padded to its longest audio, never
+    cut), each audio's real frames kept as a ``[L, bins]`` block of rows."""
+    fe = processor.feature_extractor
+    blocks: list[torch.Tensor] = []
+    lengths: list[int] = []
+    for group in waves:
+        out = fe(list(group), sampling_rate=fe.sampling_rate, padding=True, truncation=False,
+                 return_attention_mask=True, return_tensors="pt")
+        counts = out["attention_mask"].sum(-1).tolist()
+        blocks += [f[:, :n].T.contiguous() for f, n in zip(out["input_features"], counts)]
+        lengths += counts
+    return {"input_features": tuple(blocks), "audio_feature_lengths": torch.tensor(lengths, dtype=torch.int64)}
+
+
+def audio_rows(budgets: Budgets) -> int:
+    """Feature-frame rows per pack: an audio of ``T`` tokens has at most ``8T`` frames (13 tokens per 100 frames,
+    then one per 8 or fewer), so the pack's audio tokens bound its frames."""
+    return 8 * int(budgets.max_audio_tokens or 0)
+
+
+def _pad_audio(out: Mapping[str, Any], processor: Any, budgets: Budgets, audio_tokens: Sequence[int]
+               ) -> dict[str, torch.Tensor | Rows]:
+    M, R = budgets.max_images, audio_rows(budgets)
+    bins = int(processor.feature_extractor.feature_size)
+    k = len(audio_tokens)
+    lengths = torch.zeros(M, dtype=torch.int64)
+    blocks: tuple[torch.Tensor, ...] = (torch.zeros(0, bins),)
+    n = 0
+    if k:
+        got = out["audio_feature_lengths"]
+        tokens = [_tokens(int(f)) for f in got.tolist()]
+        if tokens != list(audio_tokens):
+            raise FormatError(f"the audio features give {tokens} tokens but the pack reserved {list(audio_tokens)}; "
+                              "load with the processor (and settings) the dataset was packed with")
+        n = int(got.sum())
+        if k > M or n > R:
+            raise FormatError(f"{k} audios of {n} feature frames do not fit the {M} slots and {R} frame rows the "
+                              "dataset's manifest gives a pack")
+        lengths[:k], blocks = got, tuple(out["input_features"])
+    return {"input_features": Rows(blocks, R), "audio_frame_mask": torch.arange(R) < n,
+            "audio_feature_lengths": lengths, "audio_mask": torch.arange(M) < k}
+
+
+@functools.cache
+def _rope_index() -> Any:
+    from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as m
+
+    return m.Qwen3OmniMoePreTrainedModelForConditionalGeneration
+
+
+def _stand_in(processor: Any) -> Any:
+    """What the thinker's ``get_rope_index`` reads of its model, from the processor (token ids, time settings)."""
+    tok, cls = processor.tokenizer, _rope_index()
+    ids = {name: int(tok.convert_tokens_to_ids(str(getattr(processor, attr)))) for name, attr in (
+        ("image_token_id", "image_token"), ("video_token_id", "video_token"), ("audio_token_id", "audio_token"),
+        ("vision_start_token_id", "vision_bos_token"), ("audio_start_token_id", "audio_bos_token"))}
+    config = types.SimpleNamespace(**ids, position_id_per_seconds=processor.position_id_per_seconds,
+                                   audio_config=types.SimpleNamespace(n_window=int(processor.n_window)))
+    model = types.SimpleNamespace(config=config, spatial_merge_size=int(processor.image_processor.merge_size))
+    model.get_llm_pos_ids_for_vision = functools.partial(cls.get_llm_pos_ids_for_vision, model)
+    return model
+
+
+def _grids(ids: torch.Tensor, token: int, grids: torch.Tensor, first: int, merge: int) -> int:
+    """The index past the grids whose tokens the sub-sample ``ids`` holds, from ``first``."""
+    want, k = int((ids == token).sum()), first
+    while want > 0:
+        if k >= len(grids):
+            raise FormatError("a sub-sample has more media tokens than the pack's grids give")
+        want -= int(grids[k].prod()) // (merge * merge)
+        k += 1
+    return k
+
+
+def qwen3_omni_positions(input_ids: torch.Tensor, seq_lens: Sequence[int], outputs: Mapping[str, Any],
+                         processor: Any) -> torch.Tensor:
+    """``[3, L]`` float32 positions of one pack: each sub-sample's from the thinker's own ``get_rope_index`` on it
+    alone, with its images' and videos' grids and its audios' feature lengths; padding counts ``0, 1, 2, …``."""
+    model = _stand_in(processor)
+    cfg, merge = model.config, model.spatial_merge_size
+    empty = torch.zeros(0, 3, dtype=torch.int64)
+    images, videos = outputs.get("image_grid_thw", empty), outputs.get("video_grid_thw", empty)
+    seconds = outputs.get("second_per_grid_ts", torch.zeros(0))
+    lengths = outputs.get("audio_feature_lengths", torch.zeros(0, dtype=torch.int64))
+    L = input_ids.shape[0]
+    out = torch.empty(3, L, dtype=torch.float32)
+    start = image = video = audio = 0
+    for n in seq_lens:
+        ids = input_ids[start:start + n]
+        image_end = _grids(ids, cfg.image_token_id, images, image, merge)
+        video_end = _grids(ids, cfg.video_token_id, videos, video, merge)
+        audio_end = audio + int((ids == cfg.audio_start_token_id).sum())
+        if image_end == image and video_end == video:
+            out[:, start:start + n] = torch.arange(n)
+        else:
+            rope, _ = _rope_index().get_rope_index(
+                model, ids[None], images[image:image_end] if image_end > image else None,
+                videos[video:video_end] if video_end > video else None, torch.ones(1, n, dtype=torch.int64), False,
+                lengths[audio:audio_end], seconds[video:video_end])
+            out[:, start:start + n] = rope[:, 0]
+        start, image, video, audio = start + n, image_end, video_end, audio_end
+    out[:, start:] = torch.arange(L - start)
+    return out
+
+
+def _token_rows(input_ids: torch.Tensor, seq_lens: Sequence[int], outputs: Mapping[str, Any],
+                processor: Any) -> dict[str, torch.Tensor]:
+    return {"mrope_position_ids": qwen3_omni_positions(input_ids, seq_lens, outputs, processor)}
+
+
+def _finish(batch: dict[str, Any]) -> dict[str, Any]:
+    rope = batch.pop("mrope_position_ids")
+    batch["position_ids"] = torch.cat([batch["position_ids"][None].to(rope.dtype), rope])
+    return batch
+
+
+QWEN3_OMNI = Family(
+    name="qwen3_omni_moe", processors=("Qwen3OmniMoeProcessor",), model_types=("qwen3_omni_moe_thinker",),
+    image=ImageSide(replacements=_replacements, pixels=_pixels, pad=_pad_pixels, uint8_pixels=True,
+                    feature_token=_image_token, placeholder=_image_token),
+    token_rows=_token_rows, token_keys=("mrope_position_ids",), finish_batch=_finish, model_kwargs=_model_kwargs,
+    audio=AudioSide(placeholder=_audio_token, feature_token=_audio_token, rule=_rule,
+                    replacement=lambda processor, tokens: _audio_token(processor) * tokens, features=_features,
+                    pad=_pad_audio, sample_tokens=_sample_tokens, features_per_sample=True),
+    notes="thinker: Qwen2.5-VL's image inputs (16-px patches, DeepStack), Whisper audio padded to each sample's "
+          "longest, never cut (13 <|audio_pad|> a second); position_ids [4, B, L] float32 (text row + the "
+          "thinker's 3-D rows); input_features as frame rows [B·R, 128] with audio_frame_mask, "
+          "audio_feature_lengths and audio_mask [B·M]",
+)
+
+FAMILIES = (QWEN3_OMNI,)
