@@ -53,7 +53,8 @@ def test_media_by_kind_round_trip_through_the_spool(tmp_path):
     assert pack.media["image"] == Media((b"png", b"png"), (0, 1), (2, 2))
     assert pack.media["video"] == Media((b"mp4", b"mp4"), (0, 1), (3, 3), (PLAN, PLAN))
     assert pack.seq_lens == (5, 5, 2) and pack.sample_ids == ("a", "b", "c")
-    assert pack_counts(pack) == {"media": {"image": 2, "video": 2}, "media_tokens": {"image": 4, "video": 6}}
+    assert pack_counts(pack) == {"media": {"image": 2, "video": 2, "audio": 0},
+                                 "media_tokens": {"image": 4, "video": 6, "audio": 0}}
 
 
 def test_the_shard_writer_counts_each_kind(tmp_path):

@@ -328,6 +328,6 @@ def test_webdataset_video_caption_samples(tmp_path, clips, monkeypatch):
     assert reasons["d"] == ("unreadable_video", "video member d.mov is empty (0 bytes); re-encode it or drop the "
                                                 "sample")
     assert reasons["e"][0] == "unreadable_video" and f"{len(clips[0]) + 1:,} bytes, over the" in reasons["e"][1]
-    assert reasons["f"][0] == "missing_image" and "no image or video member" in reasons["f"][1]
+    assert reasons["f"][0] == "missing_image" and "no image, video or audio member" in reasons["f"][1]
     again = pickle.loads(pickle.dumps(a))  # records cross process boundaries: VIDEO stays itself
     assert again == a and again.segments[0] is VIDEO and repr(VIDEO) == "VIDEO"

@@ -80,9 +80,10 @@ def qwen2_5_omni_tokens(n: int, *, max_samples: int = 4_800_000) -> int:
 
 
 def qwen3_omni_frames(n: int) -> int:
-    """Qwen3-Omni's feature frames: its processor pads to the longest without cutting, so an audio alone
-    has ``n // 160`` (STFT frames less the last). In a batch of several, an audio shorter than the longest keeps
-    ``ceil(n/160)`` where the longest's length is not a multiple of 160 (the processor's own count differs there).
+    """Qwen3-Omni's feature frames of an audio alone: its processor pads to the longest without cutting, so alone
+    it has ``n // 160`` (STFT frames less the last). Beside a longer audio in one call (padded to ``N`` samples) it
+    has ``min(ceil(n / 160), N // 160)``: the Qwen3-Omni family counts a chat's audio together
+    (``wdspack.models.families.qwen3_omni``).
 
     Example:
         >>> qwen3_omni_frames(16001)

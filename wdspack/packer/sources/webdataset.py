@@ -221,7 +221,8 @@ def _to_record(group: _Group, name: str) -> TextRecord | Dropped:
     try:
         if not any(group.media.values()):
             members = sorted(group.captions) + group.others
-            kinds = " or ".join(kind.name for kind in KINDS)
+            names = [kind.name for kind in KINDS]
+            kinds = ", ".join(names[:-1]) + " or " + names[-1]
             extensions = ", ".join("/".join(f".{e}" for e in kind.extensions) for kind in KINDS)
             raise SampleError("missing_image", f"sample {group.key!r} has no {kinds} member ({extensions}; its "
                               f"members: {members}); drop it from the shard or add the image")
