@@ -194,15 +194,16 @@ def _add_pack(sub) -> None:
                         "(Qwen2-VL/2.5-VL/3-VL, SmolVLM/Idefics3, Gemma 3, LLaVA, LLaVA-OneVision, Mistral 3)")
     p.add_argument("--chat-template", metavar="FILE", help="Jinja chat template, when the tokenizer has none")
     p.add_argument("--seq-len", type=int, required=True, help="tokens per pack")
-    p.add_argument("--max-images", type=int, default=None,
-                   help="images per pack, videos counted with them (default: unlimited)")
+    p.add_argument("--max-images", "--max-media", type=int, default=None, dest="max_images",
+                   help="media items per pack: images, videos and audio counted together (default: unlimited)")
     p.add_argument("--tokens-per-image", default=None, metavar="N|processor:NAME",
                    help="with --tokenizer, for data with images: the tokens one image takes in the model, a fixed "
                         "count (64 for nanoVLM, 576 for LLaVA-1.5), or processor:NAME_OR_PATH for a "
                         "dynamic-resolution image processor's count (text-only data needs none)")
     p.add_argument("--image-token", help="the tokenizer's image token placeholders expand to, e.g. '<image>'")
-    p.add_argument("--image-root", help="folder (or URL) image paths are relative to, for the sources without "
-                                        "their own (SOURCE::ROOT or a meta file's); default: each source's folder")
+    p.add_argument("--image-root", "--media-root", dest="image_root",
+                   help="folder (or URL) media paths (images, videos, audio) are relative to, for the sources without "
+                        "their own (SOURCE::ROOT or a meta file's); default: each source's folder")
     p.add_argument("--max-image-side", type=int, help="downscale larger images to this longest side at pack time")
     # ---- videos (with --processor of a family that has a video path): wdspack.media.video.plan
     p.add_argument("--video-fps", type=float, metavar="FPS",
@@ -425,7 +426,7 @@ def _add_verify(sub) -> None:
     p.add_argument("dataset", help="dataset folder, https:// or hf://datasets/ORG/NAME[@REV]")
     p.add_argument("--source", nargs="+", metavar="SOURCE",
                    help="the original inputs, as given to pack (SOURCE::ROOT and meta files too)")
-    p.add_argument("--image-root", help="as given to pack")
+    p.add_argument("--image-root", "--media-root", dest="image_root", help="as given to pack")
     p.set_defaults(run=_run_verify)
 
 
@@ -473,7 +474,8 @@ def _add_reshard(sub) -> None:
     p.add_argument("source", help="the packed dataset to re-pack: a folder, https:// or hf://datasets/ORG/NAME[@REV]")
     p.add_argument("output", help="dataset folder to create (a path or an fsspec URL)")
     p.add_argument("--seq-len", type=int, required=True, help="tokens per pack in the new dataset")
-    p.add_argument("--max-images", type=int, help="images per pack in the new dataset (default: unlimited)")
+    p.add_argument("--max-images", "--max-media", type=int, dest="max_images",
+                   help="media items per pack in the new dataset, every kind's (default: unlimited)")
     p.add_argument("--algorithm", default="bfd", help="greedy | shuffle | ffd | bfd | balanced (default bfd)")
     p.add_argument("--shard-size", default="512MB", help="roll over shards at this size (default 512MB)")
     p.add_argument("--shard-packs", type=int, help="roll over shards at this many packs")

@@ -153,3 +153,26 @@ def test_a_mixture_streams_audio_from_each_source(packed, tmp_path, capsys):
         audios += int(batch["audio_mask"].sum())
         assert torch.isfinite(batch["input_features"]).all()
     assert seen == {0, 1} and audios > 0
+
+
+def test_the_kind_neutral_spellings_pack_as_the_first_ones(packed, tmp_path, capsys):
+    """``--media-root`` and ``--max-media`` (``pack_dataset(media_root=)``) are ``--image-root`` and
+    ``--max-images`` by the names that say what they count: every kind's paths and items."""
+    from wdspack.packer.config import PackConfig
+    from wdspack.packer.job import pack_dataset
+    from wdspack.packer.samples import SampleConfig
+
+    root, folder, out = packed
+    elsewhere = tmp_path / "lists"
+    elsewhere.mkdir()
+    (elsewhere / "audios.jsonl").write_bytes((root / "data" / "audios.jsonl").read_bytes())
+    neutral = tmp_path / "neutral"
+    rc = main(["pack", str(elsewhere / "audios.jsonl"), "--output", str(neutral), "--processor", str(folder),
+               "--media-root", str(root / "data"), "--seq-len", "200", "--max-media", "3", "-q"])
+    assert rc == 0
+    capsys.readouterr()
+    assert _audio_by_sample(neutral) == _audio_by_sample(out)
+    summary = pack_dataset([str(elsewhere / "audios.jsonl")], str(tmp_path / "api"),
+                           sample_config=SampleConfig(processor=str(folder)),
+                           config=PackConfig(seq_len=200, max_images=3), media_root=str(root / "data"))
+    assert summary.samples_packed == 6

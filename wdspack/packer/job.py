@@ -56,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import Dropped, SampleError, WdspackError, suggest_keywords
+from ..errors import ConfigError, Dropped, SampleError, WdspackError, suggest_keywords
 from ..format.manifest import DROPPED_NAME, MANIFEST_NAME, Manifest, ShardInfo
 from ..format.pack import encode_pack
 from ..format.pack_index import INDEX_NAME, build_index, encode_index, index_entry
@@ -120,6 +120,7 @@ def pack_dataset(
     image_root: str | None = None,
     resume: bool = False,
     progress: bool = False,
+    media_root: str | None = None,
 ) -> PackSummary:
     """Pack chat data into shards: the library call behind ``wdspack pack``.
 
@@ -133,8 +134,9 @@ def pack_dataset(
         sample_config: tokenizer, chat template and image-token policy.
         config: budgets, algorithm, seed, shard size, error policy, and where tasks run
             (``workers``, ``executor``, ``ray_address``).
-        image_root: folder (or URL) image paths are relative to, for the sources without their own
-            (default: each source file's folder).
+        image_root: folder (or URL) media paths (images, videos, audio) are relative to, for the sources
+            without their own (default: each source file's folder).
+        media_root: the same, by its kind-neutral name (give one of the two).
         resume: continue an interrupted job in ``output`` (same arguments), keeping finished work.
         progress: show progress bars on stderr.
 
@@ -145,6 +147,10 @@ def pack_dataset(
         >>> pack_dataset(["data/llava.jsonl"], "out", sample_config=SampleConfig("tok/", tokens_per_image=64),
         ...              config=PackConfig(seq_len=4096, max_images=16))  # doctest: +SKIP
     """
+    if media_root is not None:
+        if image_root is not None and image_root != media_root:
+            raise ConfigError(f"image_root={image_root!r} and media_root={media_root!r} name the same folder; give one")
+        image_root = media_root
     start = time.perf_counter()
     with shared_pool(config.run.workers if config.run.executor == "local" else 1):
         return _pack(sources, output, sample_config, config, image_root=image_root, resume=resume,
