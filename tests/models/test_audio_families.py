@@ -155,7 +155,7 @@ def test_packed_loss_and_gradients_equal_one_by_one(built, attn):
         want = (total, count, h._gradients(model))
         batches = h.loader_batches(dataset, processor)
         assert any(int(n) < SEQ_LEN for b in batches for n in b["num_tokens"]), "a pack has padding"
-        h.assert_same(model, h.packed(model, batches), want)
+        h.assert_same(model, h.packed(model, batches), want, looser=h.EAGER_GRADIENTS if attn == "eager" else None)
     finally:
         model.set_attn_implementation("sdpa")
 

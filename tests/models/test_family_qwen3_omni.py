@@ -202,5 +202,5 @@ def test_packed_loss_and_gradients_equal_one_by_one(built, attn):
     want = _one_by_one(model, dataset, refs)
     batches = h.loader_batches(dataset, processor)
     assert len(h.pack_sample_ids(dataset)) >= 2 and any(int(n) < SEQ_LEN for b in batches for n in b["num_tokens"])
-    h.assert_same(model, h.packed(model, batches), want)
+    h.assert_same(model, h.packed(model, batches), want, looser=h.EAGER_GRADIENTS if attn == "eager" else None)
 

@@ -48,7 +48,17 @@ def test_a_chat_too_long_for_its_video_names_the_video_levers_and_the_settings(d
 
 
 def test_a_job_of_audio_records_is_not_told_about_layouts_or_image_roots(data, tmp_path, capsys):
+    """Audio records packed with a family that takes no audio (Qwen2.5-VL): each is dropped as unsupported_media
+    naming the families that take audio, and the fix speaks of the processor, not of layouts or roots."""
+    import wave
+
     _, folder = data
+    for k in range(3):
+        with wave.open(str(tmp_path / f"a{k}.wav"), "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(16_000)
+            w.writeframes(b"\0\0" * 1600)
     rows = [{"id": f"a{k}", "messages": [{"role": "user", "content": "<audio>What is said?"},
                                          {"role": "assistant", "content": "Hello."}], "audios": [f"a{k}.wav"]}
             for k in range(3)]
@@ -57,7 +67,10 @@ def test_a_job_of_audio_records_is_not_told_about_layouts_or_image_roots(data, t
                        "--seq-len", "512")
     assert code != 0 and "unsupported_media" in text
     fix = text.strip().splitlines()[-1]
-    assert fix == "fix the inputs: records with media wdspack does not pack yet (leave them out of this job)", fix
+    assert fix == ("fix the inputs: records with media this job's model does not take, or grounding objects (pack them "
+                   "with a processor whose family takes them, or leave them out of this job)"), fix
+    said = json.loads((tmp_path / "out" / "dropped.jsonl").read_text().splitlines()[0])["detail"]
+    assert "the qwen2_5_vl family has no audio path; families with one: " in said and "qwen2_audio" in said
 
 
 def test_video_max_pixels_below_one_block_of_patches_is_refused_before_packing(data, tmp_path, capsys):

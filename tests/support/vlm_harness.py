@@ -237,8 +237,19 @@ def packed(model: Any, batches: Sequence[dict], *, backward: bool = True
     return total, count, _gradients(model) if backward else None
 
 
-def assert_same(model: Any, got, want, *, rtol: float = 1e-9, atol: float = 1e-11) -> None:
-    """Equal mean loss and, where both carry them, equal mean gradients of every parameter."""
+#: The gradients' tolerance under eager attention where a test states it (the audio families'): the text models'
+#: eager attention rounds its softmax to float32, and scores that differ in their last float64 bits between a pack
+#: and a sub-sample alone (the BLAS's summation order for another matrix size, with one thread) round apart there;
+#: the gradients then differ by up to ~1e-5 relative on small entries (measured 1.6e-5 on one embedding row, 8e-7 on
+#: the audio towers; Qwen3-Omni's router softmax is float32 too), where SDPA (float64 throughout) agrees to 1e-9.
+#: A wrong mask moves them by far more; the loss keeps the strict tolerance.
+EAGER_GRADIENTS = ("", 1e-4, 1e-8)
+
+
+def assert_same(model: Any, got, want, *, rtol: float = 1e-9, atol: float = 1e-11,
+                looser: tuple[str, float, float] | None = None) -> None:
+    """Equal mean loss and, where both carry them, equal mean gradients of every parameter (those whose name holds
+    ``looser``'s text to its own ``(rtol, atol)``)."""
     (g_total, g_count, g_grads), (w_total, w_count, w_grads) = got, want
     assert g_count == w_count > 0
     torch.testing.assert_close(g_total / g_count, w_total / w_count, rtol=rtol, atol=atol)
@@ -246,7 +257,8 @@ def assert_same(model: Any, got, want, *, rtol: float = 1e-9, atol: float = 1e-1
         return
     seen = 0
     for (name, _), g, w in zip(model.named_parameters(), g_grads, w_grads):
-        torch.testing.assert_close(g / g_count, w / w_count, rtol=rtol, atol=atol,
+        r, a = (looser[1], looser[2]) if looser is not None and looser[0] in name else (rtol, atol)
+        torch.testing.assert_close(g / g_count, w / w_count, rtol=r, atol=a,
                                    msg=lambda m, name=name: f"gradient of {name}: {m}")
         seen += int(w.abs().sum() > 0)
     assert seen > len(w_grads) // 2, "most parameters got a gradient"

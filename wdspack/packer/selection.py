@@ -198,7 +198,8 @@ _CAUSES = (
       "unmaskable_turn"}, "a layout wdspack does not read (see the Sources table, docs/guides/pack.md#sources)"),
     (_ROOT_REASONS, "a wrong --image-root"),
     (_FILE_REASONS, "media files that are damaged or not what their records say (dropped.jsonl names each)"),
-    ({"unsupported_media"}, "records with media wdspack does not pack yet (leave them out of this job)"),
+    ({"unsupported_media"}, "records with media this job's model does not take, or grounding objects (pack them "
+                            "with a processor whose family takes them, or leave them out of this job)"),
     ({"too_long", "too_many_images"}, "a --seq-len / --max-images too small for {every} sample"),
 )
 
