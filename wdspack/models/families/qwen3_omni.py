@@ -34,7 +34,7 @@ import torch
 from ...errors import ConfigError, FormatError
 from ...media.audio.tokens import AUDIO_RULES, AudioRule
 from ..family import AudioSide, Budgets, Family, ImageSide, Rows
-from .qwen_omni import _model_kwargs
+from .qwen_omni import _model_kwargs, pad_frame_rows
 from .qwen_vl import _pad_pixels, _pixels, _replacements
 
 __all__ = ["FAMILIES", "QWEN3_OMNI", "qwen3_omni_positions", "qwen3_omni_sample_frames"]
@@ -109,25 +109,7 @@ def audio_rows(budgets: Budgets) -> int:
 
 def _pad_audio(out: Mapping[str, Any], processor: Any, budgets: Budgets, audio_tokens: Sequence[int]
                ) -> dict[str, torch.Tensor | Rows]:
-    M, R = budgets.max_images, audio_rows(budgets)
-    bins = int(processor.feature_extractor.feature_size)
-    k = len(audio_tokens)
-    lengths = torch.zeros(M, dtype=torch.int64)
-    blocks: tuple[torch.Tensor, ...] = (torch.zeros(0, bins),)
-    n = 0
-    if k:
-        got = out["audio_feature_lengths"]
-        tokens = [_tokens(int(f)) for f in got.tolist()]
-        if tokens != list(audio_tokens):
-            raise FormatError(f"the audio features give {tokens} tokens but the pack reserved {list(audio_tokens)}; "
-                              "load with the processor (and settings) the dataset was packed with")
-        n = int(got.sum())
-        if k > M or n > R:
-            raise FormatError(f"{k} audios of {n} feature frames do not fit the {M} slots and {R} frame rows the "
-                              "dataset's manifest gives a pack")
-        lengths[:k], blocks = got, tuple(out["input_features"])
-    return {"input_features": Rows(blocks, R), "audio_frame_mask": torch.arange(R) < n,
-            "audio_feature_lengths": lengths, "audio_mask": torch.arange(M) < k}
+    return pad_frame_rows(out, processor, budgets, audio_tokens, rows=audio_rows(budgets), count=_tokens)
 
 
 @functools.cache

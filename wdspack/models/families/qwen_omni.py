@@ -34,7 +34,7 @@ from ..family import AudioSide, Budgets, Family, ImageSide, Rows, VideoSide, tak
 from .qwen2_audio import whisper_rule
 from .qwen_vl import QWEN2_VIDEO, _pad_pixels, _pixels, _replacements, _video_token
 
-__all__ = ["FAMILIES", "QWEN2_5_OMNI", "omni_positions"]
+__all__ = ["FAMILIES", "QWEN2_5_OMNI", "omni_positions", "pad_frame_rows"]
 
 _HOP = 160
 
@@ -78,7 +78,16 @@ def audio_rows(processor: Any, budgets: Budgets) -> int:
 
 def _pad_audio(out: Mapping[str, Any], processor: Any, budgets: Budgets, audio_tokens: Sequence[int]
                ) -> dict[str, torch.Tensor | Rows]:
-    M, R = budgets.max_images, audio_rows(processor, budgets)
+    return pad_frame_rows(out, processor, budgets, audio_tokens, rows=audio_rows(processor, budgets),
+                          count=_audio_tokens)
+
+
+def pad_frame_rows(out: Mapping[str, Any], processor: Any, budgets: Budgets, audio_tokens: Sequence[int], *,
+                   rows: int, count: Any) -> dict[str, torch.Tensor | Rows]:
+    """The Omni thinkers' audio at static shapes: each audio's real feature frames as :class:`Rows` (``rows`` per
+    pack), ``audio_frame_mask``, and ``audio_feature_lengths`` / ``audio_mask`` in ``max_images`` slots; the
+    frames' tokens (``count(frames)``) checked against what the pack reserved."""
+    M, R = budgets.max_images, rows
     bins = int(processor.feature_extractor.feature_size)
     k = len(audio_tokens)
     lengths = torch.zeros(M, dtype=torch.int64)
@@ -86,7 +95,7 @@ def _pad_audio(out: Mapping[str, Any], processor: Any, budgets: Budgets, audio_t
     n = 0
     if k:
         got = out["audio_feature_lengths"]
-        tokens = [_audio_tokens(int(f)) for f in got.tolist()]
+        tokens = [count(int(f)) for f in got.tolist()]
         if tokens != list(audio_tokens):
             raise FormatError(f"the audio features give {tokens} tokens but the pack reserved {list(audio_tokens)}; "
                               "load with the processor (and settings) the dataset was packed with")
