@@ -38,7 +38,8 @@ def check_bench_train_record(res: dict, attention: str) -> None:
         assert (compiled["real_tokens"], compiled["targets"]) == (packed["real_tokens"], packed["targets"])
         assert compiled["loss_sum"] == pytest.approx(packed["loss_sum"], rel=1e-4)
         # compiled in its first step and never again; the compile's seconds (that step less an eager one) are a
-        # difference of two noisy timings, near 0 for a tiny model under aot_eager (CI once printed "compiled in -0.0 s")
+        # difference of two noisy timings, near 0 for a tiny model under aot_eager (CI once printed
+        # "compiled in -0.0 s")
         timed = res["config"]["compile"]
         assert res["recompiles_after_first_step"] == 0 and timed["graphs_after_first_step"] > 0
         assert timed["first_step_seconds"] > 0 and isinstance(timed["compile_seconds"], float)
