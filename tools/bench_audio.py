@@ -271,7 +271,8 @@ def plain_decode(data: bytes, rate: int = RATE) -> np.ndarray:
         frame = av.AudioFrame.from_ndarray(mono[None, :], format="flt", layout="mono")
         frame.sample_rate, frame.pts, frame.time_base = src, 0, Fraction(1, src)
         resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
-        mono = np.concatenate([f.to_ndarray().reshape(-1) for f in resampler.resample(frame) + resampler.resample(None)])
+        pieces = resampler.resample(frame) + resampler.resample(None)
+        mono = np.concatenate([f.to_ndarray().reshape(-1) for f in pieces])
     out = np.zeros(want, np.float32)
     out[: min(want, len(mono))] = mono[:want]
     return out
@@ -406,7 +407,8 @@ def measure_steps(packs: list[Any], processor: Any, repeats: int) -> dict:
                 for d, p in items]
 
     waves = ours()
-    ms = median_ms({"wdspack_decode_resample": ours, "plain_decode_resample": lambda: [plain_decode(d) for d, _ in items],
+    ms = median_ms({"wdspack_decode_resample": ours,
+                    "plain_decode_resample": lambda: [plain_decode(d) for d, _ in items],
                     "features": lambda: [features(plain.extractor, [w]) for w in waves]}, repeats)
     a = features(plain.extractor, waves)["input_features"]
     b = features(plain.extractor, [plain_decode(d) for d, _ in items])["input_features"]
@@ -503,8 +505,9 @@ def main(argv: list[str] | None = None) -> int:
         res["probe"] = {}
         for kind in KINDS:
             data = make_clip(kind, seconds=seconds)
-            res["probe"][kind] = {"seconds": seconds, "bytes": len(data),
-                                  "kbit_per_s": round(len(data) * 8 / seconds / 1000), **measure_probe(data, args.repeats)}
+            kbit = round(len(data) * 8 / seconds / 1000)
+            res["probe"][kind] = {"seconds": seconds, "bytes": len(data), "kbit_per_s": kbit,
+                                  **measure_probe(data, args.repeats)}
             print(kind, json.dumps(res["probe"][kind]), flush=True)
     if parts & {"loader", "storage"}:
         with tempfile.TemporaryDirectory(prefix="bench-audio-") as tmp:
