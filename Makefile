@@ -92,6 +92,7 @@ bench: env
 	$(BIN)/python -m tools.bench_mixture_loader --json docs/benchmarks/data/bench_mixture_loader.json
 	$(BIN)/python -m tools.bench_pack_speed --json docs/benchmarks/data/bench_pack_speed.json
 	$(BIN)/python -m tools.bench_video --json docs/benchmarks/data/bench_video.json
+	$(BIN)/python -m tools.bench_audio --json docs/benchmarks/data/bench_audio.json
 
 # On a CUDA machine (not in CI): the gpu-marked tests, the loader at the host's cores and bench_train at
 # issue 24's size, then a summary. No venv:

@@ -69,6 +69,7 @@ INTEGRATION = (
     "storage/test_hub",  # olah, a Hub mirror
     "storage/test_http",  # HTTP servers
     "tools/test_bench_mixture_loader",  # the same, for the mixture loader bench
+    "tools/test_bench_audio",  # the audio bench at toy sizes: packs with Qwen2-Audio's processor, streams in workers
     "loader/test_wds",  # olah, the example in a process, model processors
     "loader/test_elastic",  # checkpoints of real DataLoader worker processes resumed on other layouts
     "packer/test_render",  # published chat templates (Qwen2.5, Mistral-Nemo) with their tokenizers

@@ -100,6 +100,30 @@ def test_ray_packs_video_chats_as_the_local_executor(ray_cluster, tmp_path):
     assert b'"videos": 8' in files["ray"]["manifest.json"]
 
 
+def test_ray_packs_audio_chats_as_the_local_executor(ray_cluster, tmp_path):
+    """Sound chats (LLaMA-Factory's ``mllm_audio_demo.json`` layout: WAV, FLAC and MP3 at 8 to 44.1 kHz) with a
+    Qwen2-Audio processor folder: the Ray tasks probe each audio and plan its tokens as the local executor does,
+    and the shards are byte for byte the same."""
+    from examples.make_demo_data import generate_audio
+    from examples.tiny_vlm import qwen2_audio
+    from wdspack.models import save_processor
+    from wdspack.packer.samples import SampleConfig
+
+    generate_audio(tmp_path / "data", clips=6, seed=2)
+    folder = save_processor(qwen2_audio.processor(tmp_path / "tok", chunk_length=4), tmp_path / "processor")
+    sample_config = SampleConfig(processor=str(folder))
+    files = {}
+    for executor in ("local", "ray"):
+        summary = pack_dataset([str(tmp_path / "data" / "audios.jsonl")], tmp_path / executor,
+                               sample_config=sample_config, progress=False,
+                               config=_config(seq_len=256, max_images=3, records_per_partition=2,
+                                              run=RunOptions(executor=executor)))
+        assert summary.samples_packed == 6 and summary.samples_dropped == 0, summary.lines()
+        files[executor] = read_files(tmp_path / executor)
+    assert files["ray"] == files["local"]
+    assert b'"audios": 6' in files["ray"]["manifest.json"]
+
+
 # --- a worker dies mid-job ------------------------------------------------------------------------
 
 
