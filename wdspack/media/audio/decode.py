@@ -2,16 +2,20 @@
 family's rate, of exactly the planned length.
 
     bytes ─► PyAV decode (first audio stream) ─► float32 [N, C] ─► mean over C ─► mono at the source rate
-          ─► PyAV's resampler to ``rate`` (flushed) ─► cut or zero-padded to ceil(frames · rate / src_rate)
+          ─► PyAV's resampler to ``rate``, a block of RESAMPLE_BLOCK samples at a time (flushed)
+          ─► cut or zero-padded to ceil(frames · rate / src_rate)
 
 Holds: the channels are averaged in float32 as ``load_audio`` averages them (FFmpeg's own downmix to mono
 weighs them otherwise), the source is read up to the planned ``frames`` only, and decoding stops once the
 ``keep`` samples a family's cut leaves are out. Every failure is a one-line :class:`AudioDecodeError`.
+
+The resampler is fed blocks, not the codec's frames: it keeps its filter's state across calls, so the samples are
+the same bit for bit, but one call per frame (1,500 for 20 s of MP3) cost more than the decode itself
+(``docs/benchmarks/audio.md``).
 """
 
 from __future__ import annotations
 
-import io
 import time
 from fractions import Fraction
 from typing import Any
@@ -20,13 +24,17 @@ import numpy as np
 
 from ...errors import ConfigError
 from ..kind import DecodeError
-from .header import _NO_AV, _av_error
+from .header import _NO_AV, _av_error, open_audio
 from .record import MAX_AUDIO_RATE, MAX_AUDIO_SECONDS, resampled_length
 
-__all__ = ["MAX_DECODE_SECONDS", "AudioDecodeError", "decode_audio", "decode_track", "resampled_length"]
+__all__ = ["MAX_DECODE_SECONDS", "RESAMPLE_BLOCK", "AudioDecodeError", "decode_audio", "decode_track",
+           "resampled_length"]
 
 #: The most seconds one audio's decoding may take (the default of ``decode_audio``'s ``max_seconds``).
 MAX_DECODE_SECONDS = 60.0
+
+#: Source samples handed to the resampler at once (half a second at 48 kHz).
+RESAMPLE_BLOCK = 24_000
 
 
 class AudioDecodeError(DecodeError):
@@ -72,7 +80,7 @@ def decode_audio(data: bytes, *, rate: int, frames: int, sample_id: str, name: s
     start = time.monotonic()
     sink: _MonoSink | None = None
     try:
-        with av.open(io.BytesIO(data), mode="r") as container:
+        with open_audio(av, data) as container:
             if not container.streams.audio:
                 raise AudioDecodeError(f"{subject} holds no audio stream", index=index)
             for frame in container.decode(container.streams.audio[0]):
@@ -114,41 +122,57 @@ decode_track = decode_audio
 
 
 class _MonoSink:
-    """Decoded frames in, float32 mono at the target rate out, into a buffer of the planned length."""
+    """Decoded frames in, float32 mono at the target rate out, into a buffer of the planned length. Frames are
+    kept planar (``[C, n]``, as most codecs decode) and averaged and resampled a block at a time."""
 
     def __init__(self, src_rate: int, rate: int, *, frames: int, want: int, av: Any) -> None:
         self.src_rate, self.rate, self.frames, self.want, self.av = src_rate, rate, frames, want, av
         self.fed = self.filled = 0
         self.out = np.zeros(self.want, np.float32)
-        self.converter: Any = None  # to packed float32, same rate and layout (FFmpeg's sample conversion)
+        self.block: list[np.ndarray] = []  # planar source samples not yet out, from source sample ``self.at``
+        self.at = 0
+        self.converter: Any = None  # to planar float32, same rate and layout (FFmpeg's sample conversion)
         self.resampler: Any = None if src_rate == rate else av.AudioResampler(format="flt", layout="mono", rate=rate)
 
     def push(self, frame: Any) -> bool:
         """Take one decoded frame; True once nothing more is needed (the planned source read, or ``keep`` out)."""
-        if self.converter is None:
-            self.converter = self.av.AudioResampler(format="flt", layout=frame.layout, rate=self.src_rate)
-        for converted in self.converter.resample(frame):
-            self._take(converted)
+        if frame.format.name == "fltp":  # already planar float32: FFmpeg's conversion would only copy it
+            self._take(frame.to_ndarray())
+        else:
+            if self.converter is None:
+                self.converter = self.av.AudioResampler(format="fltp", layout=frame.layout, rate=self.src_rate)
+            for converted in self.converter.resample(frame):
+                self._take(converted.to_ndarray())
         return self.fed >= self.frames or self.filled >= self.want
 
     def finish(self) -> np.ndarray:
         """Flush what the converter and the resampler hold; the buffer, zero-padded where they end short."""
-        if self.fed < self.frames and self.filled < self.want:
+        if self.converter is not None and self.fed < self.frames and self.filled < self.want:
             for converted in self.converter.resample(None):
-                self._take(converted)
+                self._take(converted.to_ndarray())
+        self._flush()
         if self.resampler is not None and self.filled < self.want:
             for out in self.resampler.resample(None):
                 self._put(out.to_ndarray().reshape(-1))
         return self.out
 
-    def _take(self, converted: Any) -> None:
-        channels = int(converted.layout.nb_channels)
-        x = converted.to_ndarray().reshape(-1, channels)[: max(0, self.frames - self.fed)]
-        if not len(x) or self.filled >= self.want:
+    def _take(self, planar: np.ndarray) -> None:
+        x = planar[:, : max(0, self.frames - self.fed)]
+        if not x.shape[1] or self.filled >= self.want:
             return
-        mono = np.ascontiguousarray(x[:, 0]) if channels == 1 else x.T.mean(axis=0)  # load_audio's downmix
-        at = self.fed
-        self.fed += len(x)
+        self.fed += x.shape[1]
+        self.block.append(x)
+        if self.fed - self.at >= RESAMPLE_BLOCK:
+            self._flush()
+
+    def _flush(self) -> None:
+        """The block so far averaged to mono (``load_audio``'s downmix, in float32) and through the resampler,
+        which carries its filter's state to the next block."""
+        if not self.block:
+            return
+        x = self.block[0] if len(self.block) == 1 else np.concatenate(self.block, axis=1)
+        mono = np.ascontiguousarray(x[0]) if len(x) == 1 else x.mean(axis=0, dtype=np.float32)
+        self.block, at, self.at = [], self.at, self.at + len(mono)
         if self.resampler is None:
             self._put(mono)
             return

@@ -87,7 +87,7 @@ def probe_audio(data: bytes, *, sample_id: str, name: str = "") -> AudioProbe:
     except ImportError:
         raise ConfigError(_NO_AV) from None
     try:
-        with av.open(io.BytesIO(data)) as container:
+        with open_audio(av, data) as container:
             stream = _first_audio_stream(container, sample_id, name)
             codec, fmt = str(stream.codec_context.codec.canonical_name), str(container.format.name)
             rate, channels = int(stream.codec_context.sample_rate or 0), int(stream.codec_context.channels or 0)
@@ -103,6 +103,19 @@ def probe_audio(data: bytes, *, sample_id: str, name: str = "") -> AudioProbe:
     except Exception as e:  # PyAV raises its own error types for damaged or unknown containers
         raise _audio_error("unreadable_audio", f"cannot be read as audio ({_av_error(e)}); check that the file is "
                           "an audio or video file and whole", sample_id, name) from None
+
+
+#: WAV format tags whose header says all a decoder needs: PCM, IEEE float, and WAVE_FORMAT_EXTENSIBLE.
+_PLAIN_WAV = (1, 3, 0xFFFE)
+
+
+def open_audio(av: Any, data: bytes) -> Any:
+    """``data`` opened by PyAV. A plain WAV is opened with FFmpeg's stream-info probing held to its header: by
+    default that probing reads up to 5 MB of the file (all of a 20 s clip, 78 ms of a 92 ms probe) to learn what
+    the ``fmt `` chunk already says."""
+    wav = data[:4] in (b"RIFF", b"RF64") and data[8:16] == b"WAVEfmt "
+    plain = wav and int.from_bytes(data[20:22], "little") in _PLAIN_WAV
+    return av.open(io.BytesIO(data), mode="r", options={"probesize": "32"} if plain else {})
 
 
 def _first_audio_stream(container: Any, sample_id: str, name: str) -> Any:
