@@ -22,7 +22,7 @@ import wdspack
 from tests.support import vlm_harness as h
 from wdspack.media.audio.decode import decode_audio
 from wdspack.media.audio.header import probe_audio
-from wdspack.packer.config import PackConfig
+from wdspack.packer.config import PackConfig, RunOptions
 from wdspack.packer.job import pack_dataset
 from wdspack.packer.samples import SampleConfig
 
@@ -285,7 +285,9 @@ def video_built(tmp_path_factory, tiny_processors, video_reference):
     setting_summary = pack_dataset([str(src / "setting.jsonl")], str(root / "setting"),
                                    sample_config=SampleConfig(processor=setting,
                                                               video=VideoSettings(fps=FPS, max_pixels=FRAME_PIXELS)),
-                                   config=PackConfig(seq_len=SEQ_LEN, max_images=3, on_error="skip"), progress=False)
+                                   config=PackConfig(seq_len=SEQ_LEN, max_images=3, on_error="skip",
+                                                     run=RunOptions(max_drop_fraction=1)),
+                                   progress=False)
     least = min(FRAME_PIXELS, int(processor.image_processor.size["shortest_edge"]))
     size = {"shortest_edge": least, "longest_edge": FRAME_PIXELS}
     # passed to the processor's call: its class's own video defaults (128·28² to 768·28² pixels) go over the
