@@ -413,3 +413,25 @@ def test_the_plan_takes_the_processor_classs_video_sizes(video_built):
     assert settings["size"]["longest_edge"] < plan.height * plan.width  # the saved size would have given fewer
     assert list(plan.grid) == ref["video_grid_thw"][0].tolist()
     assert plan.tokens == int((ref["input_ids"] == processor.video_token_id).sum())
+
+
+def test_a_chat_mixing_a_video_with_its_sound_and_one_without_is_dropped(video_built):
+    """The thinker lays one chat's videos out all with their sound or all without: such a chat is dropped naming
+    why; a different file after ``<video>`` stays an audio of its own without the processor's setting."""
+    from wdspack.errors import SampleError
+    from wdspack.media.video.plan import VideoSettings
+    from wdspack.packer.samples import SampleBuilder
+    from wdspack.packer.sources.records import build_record
+
+    processor, _, _, _, extra = video_built
+    builder = SampleBuilder(SampleConfig(processor=processor, video=VideoSettings(fps=FPS, max_pixels=FRAME_PIXELS)))
+    row = {"messages": [{"role": "user", "content": "<video><audio>Then <video>?"},
+                        {"role": "assistant", "content": "Two clips."}],
+           "videos": ["clips/s.mp4", "clips/w.webm"], "audios": ["clips/s.mp4"]}
+    with pytest.raises(SampleError, match="1 of the chat's 2 videos come with their own sound") as e:
+        builder.build(build_record(row, sample_id="mixed", image_root=str(extra["src"])))
+    assert e.value.reason == "unsupported_media"
+    row = {**row, "videos": ["clips/s.mp4"], "audios": ["clips/a.wav"],
+           "messages": [{"role": "user", "content": "<video><audio>?"}, {"role": "assistant", "content": "A tone."}]}
+    sample = builder.build(build_record(row, sample_id="apart", image_root=str(extra["src"])))
+    assert sample.media["audio"].plans[0].video is None and int((sample.input_ids == processor.audio_token_id).sum())

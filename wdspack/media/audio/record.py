@@ -76,7 +76,8 @@ class AudioPlanRecord:
     def from_msgpack(cls, d: object) -> AudioPlanRecord:
         if not isinstance(d, dict) or set(d) - {"video"} != set(_PLAN_KEYS):
             raise TypeError(f"an audio plan must be a map of {', '.join(_PLAN_KEYS)} (and video), got {d!r:.80}")
-        return cls(*(_as_int(d[key]) for key in _PLAN_KEYS), video=_as_int(d["video"]) if "video" in d else None)
+        rate, frames, target_rate, samples, kept = (_as_int(d[key]) for key in _PLAN_KEYS)
+        return cls(rate, frames, target_rate, samples, kept, _as_int(d["video"]) if "video" in d else None)
 
 
 def check_audios(media: Media, num_tokens: int) -> None:
