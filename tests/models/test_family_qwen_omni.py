@@ -22,7 +22,7 @@ import wdspack
 from tests.support import vlm_harness as h
 from wdspack.media.audio.decode import decode_audio
 from wdspack.media.audio.header import probe_audio
-from wdspack.packer.config import PackConfig
+from wdspack.packer.config import PackConfig, RunOptions
 from wdspack.packer.job import pack_dataset
 from wdspack.packer.samples import SampleConfig
 
@@ -164,12 +164,14 @@ def test_the_batchs_positions_are_the_thinkers(built):
             start += n
 
 
-def _one_by_one(model, dataset, refs):
+def _one_by_one(model, dataset, refs, *, linked=()):
     subs = h.dataset_sub_samples(dataset)
     model.zero_grad()
     total, count = torch.zeros((), dtype=torch.float64), 0
     for sid, ref in refs.items():
         inputs = dict(ref)  # with its attention mask: the thinker computes its 3-D positions only then
+        if sid in linked:
+            inputs["use_audio_in_video"] = True
         if "input_features" in inputs:
             inputs["input_features"] = inputs["input_features"].double()
         for key in ("pixel_values", "pixel_values_videos"):
@@ -209,10 +211,30 @@ VIDEO_ROWS = {
                "videos": ["clips/w.webm"]},
     "a-image": ROWS["a-image"],
     "text": ROWS["text"],
+    # LLaMA-Factory's <video><audio> naming the video's own file twice: its sound, interleaved with its frames
+    "v-sound": {"messages": [{"role": "user", "content": "<video><audio>What is heard?"},
+                             {"role": "assistant", "content": "A tone over a fading grey."}],
+                "videos": ["clips/s.mp4"], "audios": ["clips/s.mp4"]},
+}
+#: the chats whose video comes with its own sound (the reference's ``load_audio_from_video``)
+LINKED = {"v-sound"}
+#: the processor's setting (LLaMA-Factory's ``use_audio_in_video``): each video's next <audio> is its sound, here
+#: a separate file (LLaMA-Factory's demo lists ``4.mp4`` and ``4.mp3``); a video without one, or a chat mixing
+#: a linked video with a plain one, is dropped
+SETTING_ROWS = {
+    "set-sound": {"messages": [{"role": "user", "content": "Watch <video> and hear <audio>. What is it?"},
+                               {"role": "assistant", "content": "A tone."}],
+                  "videos": ["clips/s.mp4"], "audios": ["clips/a.wav"]},
+    "set-no-audio": {"messages": [{"role": "user", "content": "<video>What moves? <audio>"},
+                                  {"role": "user", "content": "<video>And here?"},
+                                  {"role": "assistant", "content": "A bar."}],
+                     "videos": ["clips/s.mp4", "clips/w.webm"], "audios": ["clips/a.wav"]},
 }
 
 
-def _typed_video(row: dict) -> list[dict]:
+def _typed_video(row: dict, *, linked: bool = False) -> list[dict]:
+    """The record's typed turns; ``linked``: each video's next audio part left out (its sound has no placeholder
+    in the processor's text: ``load_audio_from_video`` lays it inside the video's)."""
     out = []
     for turn in row["messages"]:
         parts = []
@@ -224,6 +246,9 @@ def _typed_video(row: dict) -> list[dict]:
                 parts.append({"type": piece})
             elif piece:
                 parts.append({"type": "text", "text": piece})
+        if linked:
+            parts = [p for k, p in enumerate(parts)
+                     if not (p["type"] == "audio" and any(q["type"] == "video" for q in parts[:k]))]
         out.append({"role": turn["role"], "content": parts})
     return out
 
@@ -232,6 +257,7 @@ def _typed_video(row: dict) -> list[dict]:
 def video_built(tmp_path_factory, tiny_processors, video_reference):
     from fractions import Fraction
 
+    from tests.support.audio_clips import encode_video, tone
     from tests.support.video_chats import clip
     from tests.support.video_reference import processor_job, run_jobs
     from tiny_vlm import qwen2_5_omni
@@ -242,7 +268,10 @@ def video_built(tmp_path_factory, tiny_processors, video_reference):
     src = _source(root)
     clip(src / "clips" / "v.mp4", codec="h264", rate=Fraction(10), frames=12, width=66, height=50)
     clip(src / "clips" / "w.webm", codec="libvpx-vp9", rate=Fraction(24), frames=8, width=64, height=36)
+    # 3 s at 10 fps with its AAC sound: two 2-second chunks of frames and of audio tokens
+    (src / "clips" / "s.mp4").write_bytes(encode_video(seconds=3, audio=tone(48_000 * 3, 48_000)))
     (src / "chats.jsonl").write_text("".join(json.dumps({"id": s, **r}) + "\n" for s, r in VIDEO_ROWS.items()))
+    (src / "setting.jsonl").write_text("".join(json.dumps({"id": s, **r}) + "\n" for s, r in SETTING_ROWS.items()))
     processor = tiny_processors.get("qwen2_5_omni", chunk_length=CHUNK_SECONDS)
     folder = save_processor(processor, root / "processor")
     dataset = root / "packed"
@@ -251,31 +280,49 @@ def video_built(tmp_path_factory, tiny_processors, video_reference):
                                                       video=VideoSettings(fps=FPS, max_pixels=FRAME_PIXELS)),
                            config=PackConfig(seq_len=SEQ_LEN, max_images=3, on_error="raise"), progress=False)
     assert summary.samples_packed == len(VIDEO_ROWS), summary.lines()
+    setting = copy.copy(processor)
+    setting.use_audio_in_video = True  # as LLaMA-Factory sets it on the processor
+    setting_summary = pack_dataset([str(src / "setting.jsonl")], str(root / "setting"),
+                                   sample_config=SampleConfig(processor=setting,
+                                                              video=VideoSettings(fps=FPS, max_pixels=FRAME_PIXELS)),
+                                   config=PackConfig(seq_len=SEQ_LEN, max_images=3, on_error="skip",
+                                                     run=RunOptions(max_drop_fraction=1)),
+                                   progress=False)
     least = min(FRAME_PIXELS, int(processor.image_processor.size["shortest_edge"]))
     size = {"shortest_edge": least, "longest_edge": FRAME_PIXELS}
     # passed to the processor's call: its class's own video defaults (128·28² to 768·28² pixels) go over the
     # video processor's settings otherwise
     settings = {"do_sample_frames": True, "fps": FPS, "size": size}
     calls = []
-    for sid, row in VIDEO_ROWS.items():
+    rows = {**VIDEO_ROWS, "set-sound": SETTING_ROWS["set-sound"]}
+    for sid, row in rows.items():
         waves = []
         for k, a in enumerate(row.get("audios", [])):
             path = root / f"{sid}-{k}.npy"
             np.save(path, _waveform((src / a).read_bytes()))
             waves.append(path)
-        calls.append({"text": processor.apply_chat_template(_typed_video(row), tokenize=False),
+        kwargs: dict = {"videos_kwargs": {"fps": FPS, "size": size}}
+        if sid in LINKED or sid in SETTING_ROWS:  # the video's sound given decoded, as the loader decodes it
+            kwargs.update(load_audio_from_video=True, audio_from_video_indices=[0])
+        typed = _typed_video(row, linked="load_audio_from_video" in kwargs)
+        calls.append({"text": processor.apply_chat_template(typed, tokenize=False),
                       "videos": [src / v for v in row.get("videos", [])],
                       "images": [src / i for i in row["images"]] if "images" in row else None,
-                      "audio": waves or None, "kwargs": {"videos_kwargs": {"fps": FPS, "size": size}}})
+                      "audio": waves or None, "kwargs": kwargs})
+    # no video settings in the call: the processor class's own sizes (128·28² to 768·28²) over its video processor's
+    calls.append({"text": processor.apply_chat_template(_typed_video(VIDEO_ROWS["v-only"]), tokenize=False),
+                  "videos": [src / "clips" / "w.webm"], "images": None, "audio": None, "kwargs": {}})
     features = {"feature_size": 128, "chunk_length": CHUNK_SECONDS, "return_attention_mask": True}
     (refs,) = run_jobs([processor_job(folder, "Qwen2_5OmniProcessor", settings, calls, features=features)])
     model = qwen2_5_omni.model(processor).double()
-    return processor, model, dataset, {sid: {k: torch.from_numpy(v) for k, v in ref.items()}
-                                       for sid, ref in zip(VIDEO_ROWS, refs)}
+    refs = [{k: torch.from_numpy(v) for k, v in ref.items()} for ref in refs]
+    extra = {"setting": (root / "setting", setting_summary, refs[len(VIDEO_ROWS)]), "defaults": (settings, refs[-1]),
+             "src": src}
+    return processor, model, dataset, dict(zip(VIDEO_ROWS, refs)), extra
 
 
 def test_video_tokens_pixels_and_positions_are_the_processors(video_built):
-    processor, model, dataset, refs = video_built
+    processor, model, dataset, refs, _ = video_built
     subs = h.dataset_sub_samples(dataset)
     for sid, ref in refs.items():
         assert subs[sid][0].tolist() == ref["input_ids"][0].tolist(), f"{sid}: tokens differ from the processor's"
@@ -293,14 +340,98 @@ def test_video_tokens_pixels_and_positions_are_the_processors(video_built):
             n = ref["input_ids"].shape[1]
             lengths = ref["feature_attention_mask"].sum(-1) if "feature_attention_mask" in ref else None
             rope, _ = model.model.get_rope_index(ref["input_ids"], ref.get("image_grid_thw"), ref.get("video_grid_thw"),
-                                                 ref["attention_mask"], False, lengths,
+                                                 ref["attention_mask"], sid in LINKED, lengths,
                                                  ref.get("video_second_per_grid"))
             assert torch.equal(batch["position_ids"][1:, b, start:start + n], rope[:, 0]), sid
             start += n
 
 
 def test_video_packed_loss_and_gradients_equal_one_by_one(video_built):
-    processor, model, dataset, refs = video_built
+    processor, model, dataset, refs, _ = video_built
     model = copy.deepcopy(model)
-    want = _one_by_one(model, dataset, refs)
+    want = _one_by_one(model, dataset, refs, linked=LINKED)
     h.assert_same(model, h.packed(model, h.loader_batches(dataset, processor)), want)
+
+
+def test_a_videos_own_sound_interleaves_with_it(video_built):
+    """``<video><audio>`` naming one file: the audio's tokens lie inside the video's, chunk by chunk of 2 s, as the
+    processor's ``load_audio_from_video`` lays them (checked token for token above); its plan names its video, and
+    the other chats' shards hold no such key."""
+    processor, _, dataset, refs, _ = video_built
+    ids = refs["v-sound"]["input_ids"][0].tolist()
+    tok = processor.tokenizer
+    v, a = processor.video_token_id, processor.audio_token_id
+    start = ids.index(tok.convert_tokens_to_ids("<|audio_bos|>"))
+    assert ids[start - 1] == tok.convert_tokens_to_ids("<|vision_bos|>")
+    region = ids[start + 1:ids.index(tok.convert_tokens_to_ids("<|audio_eos|>"))]
+    runs = [(t, len(list(g))) for t, g in __import__("itertools").groupby(region)]
+    assert [t for t, _ in runs] == [v, a, v, a] and runs[1][1] == 50, runs  # 2 s of audio: 50 tokens
+    plans = {sid: p for sid, p in _audio_plans(dataset).items()}
+    assert plans["v-sound"] == [0] and plans["v-audio"] == [None] and plans["a-image"] == [None]
+
+
+def _audio_plans(dataset) -> dict[str, list]:
+    """Each sub-sample's audio plans' ``video`` (None where the stored plan has no such key)."""
+    import tarfile
+
+    import msgpack
+
+    out: dict[str, list] = {}
+    for shard in sorted(dataset.glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            for member in tar.getmembers():
+                pack = msgpack.unpackb(tar.extractfile(member).read())
+                for sid in pack["sample_ids"]:
+                    out.setdefault(sid, [])
+                for owner, plan in zip(pack.get("audio_sample", []), pack.get("audio_plans", [])):
+                    out[pack["sample_ids"][owner]].append(plan.get("video"))
+    return out
+
+
+def test_the_processors_setting_links_each_videos_next_audio(video_built):
+    """With the processor's ``use_audio_in_video`` (LLaMA-Factory's setting), a separate sound file after the video
+    is its sound: the processor's tokens; a chat where a video has none, or mixes, is dropped naming it."""
+    _, _, _, _, extra = video_built
+    folder, summary, ref = extra["setting"]
+    subs = h.dataset_sub_samples(folder)
+    assert subs["set-sound"][0].tolist() == ref["input_ids"][0].tolist()
+    assert _audio_plans(folder)["set-sound"] == [0]
+    assert summary.samples_packed == 1 and set(summary.dropped_by_reason) == {"placeholder_mismatch"}, summary.lines()
+
+
+def test_the_plan_takes_the_processor_classs_video_sizes(video_built):
+    """No ``--video-*`` settings: ``Qwen2_5OmniProcessor.videos_kwargs``' sizes win over the video processor's saved
+    ones, as the processor's call merges them (the reference called with no video settings)."""
+    from wdspack.media.video.header import read_header
+    from wdspack.models.families.qwen_omni import QWEN2_5_OMNI
+
+    processor, _, _, _, extra = video_built
+    settings, ref = extra["defaults"]
+    side = QWEN2_5_OMNI.video
+    plan = side.plan(read_header((extra["src"] / "clips" / "w.webm").read_bytes(), sample_id="w"),
+                     side.sampling(processor, settings))
+    assert settings["size"]["longest_edge"] < plan.height * plan.width  # the saved size would have given fewer
+    assert list(plan.grid) == ref["video_grid_thw"][0].tolist()
+    assert plan.tokens == int((ref["input_ids"] == processor.video_token_id).sum())
+
+
+def test_a_chat_mixing_a_video_with_its_sound_and_one_without_is_dropped(video_built):
+    """The thinker lays one chat's videos out all with their sound or all without: such a chat is dropped naming
+    why; a different file after ``<video>`` stays an audio of its own without the processor's setting."""
+    from wdspack.errors import SampleError
+    from wdspack.media.video.plan import VideoSettings
+    from wdspack.packer.samples import SampleBuilder
+    from wdspack.packer.sources.records import build_record
+
+    processor, _, _, _, extra = video_built
+    builder = SampleBuilder(SampleConfig(processor=processor, video=VideoSettings(fps=FPS, max_pixels=FRAME_PIXELS)))
+    row = {"messages": [{"role": "user", "content": "<video><audio>Then <video>?"},
+                        {"role": "assistant", "content": "Two clips."}],
+           "videos": ["clips/s.mp4", "clips/w.webm"], "audios": ["clips/s.mp4"]}
+    with pytest.raises(SampleError, match="1 of the chat's 2 videos come with their own sound") as e:
+        builder.build(build_record(row, sample_id="mixed", image_root=str(extra["src"])))
+    assert e.value.reason == "unsupported_media"
+    row = {**row, "videos": ["clips/s.mp4"], "audios": ["clips/a.wav"],
+           "messages": [{"role": "user", "content": "<video><audio>?"}, {"role": "assistant", "content": "A tone."}]}
+    sample = builder.build(build_record(row, sample_id="apart", image_root=str(extra["src"])))
+    assert sample.media["audio"].plans[0].video is None and int((sample.input_ids == processor.audio_token_id).sum())

@@ -99,6 +99,9 @@ class Prepared(NamedTuple):
     texts: Callable[[], list[str]]  #: each item's replacement text (the processor's own)
     planned: tuple[tuple[int, str], ...] = ()  #: per item, the tokens its plan gives and the plan shown; () unplanned
     plans: tuple[Any, ...] = ()  #: what the pack stores of each item's plan
+    #: per item, ``(kind, k)`` where it has no placeholder of its own and its tokens lie in the text of that kind's
+    #: item ``k`` (a video's own sound, interleaved with it); None or () where it has its own placeholder
+    inside: tuple[tuple[str, int] | None, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -185,6 +185,10 @@ class VideoSide:
             padded to shapes that depend only on the budgets (as ``ImageSide.pad`` for images); the
             pixel rows as float32 :class:`Rows` normalised where they land (``finish``), which a
             ``pixel_dtype="uint8"`` loader ships as the bytes instead.
+        with_audio: ``(processor, plan, audio_tokens) -> str``: the text the placeholder becomes for a video whose
+            own sound track (an audio of ``audio_tokens``) the processor interleaves with it (its
+            ``use_audio_in_video``; :mod:`wdspack.media.audio.link` decides which audio is a video's sound); None:
+            the family reads such an audio as one more audio beside the video.
     """
 
     placeholder: Callable[[Any], str]
@@ -194,6 +198,7 @@ class VideoSide:
     replacement: Callable[[Any, Any], str]
     pixels: Callable[..., dict[str, Any]]
     pad: Callable[[Mapping[str, Any], Any, Budgets, Sequence[int]], Mapping[str, torch.Tensor | Rows]]
+    with_audio: Callable[[Any, Any, int], str] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,10 +30,12 @@ def build_expanded(b: Any, sid: str, text: str, spans: list[tuple[int, int]], pa
     slots: list[tuple[int, int, str]] = []  # (where, part, replacement), in the order they appear
     for n, part in enumerate(parts):
         found = [m.start() for m in re.finditer(re.escape(part.holder), text)] if part.holder else []  # none: no path
-        if len(found) != len(part.data):
+        own = [k for k in range(len(part.data)) if not part.inside or part.inside[k] is None]
+        if len(found) != len(own):
             raise SampleError("placeholder_mismatch", f"{len(found)} {part.kind} placeholders {part.holder!r} in the "
-                              f"rendered text for {len(part.data)} {part.kind}s", sid)
-        slots += zip(found, [n] * len(found), part.texts() if part.data else [])
+                              f"rendered text for {len(own)} {part.kind}s", sid)
+        texts = part.texts() if own else []
+        slots += zip(found, [n] * len(found), [texts[k] for k in own])
     slots.sort(key=lambda slot: slot[0])
     pieces, regions, last, shift = [], [], 0, 0
     for at, n, rep in slots:
@@ -54,10 +56,18 @@ def build_expanded(b: Any, sid: str, text: str, spans: list[tuple[int, int]], pa
     real = offsets[:, 1] > offsets[:, 0]
     feature = [ids == part.token_id for part in parts]
     counts: list[list[int]] = [[] for _ in parts]
+    spans_of: dict[str, list[tuple[int, int]]] = {}  # each kind's items' regions, in item order
     for n, start, end in regions:
         inside = (offsets[:, 0] >= start) & (offsets[:, 1] <= end) & real
         mask[inside] = 0
         counts[n].append(int((inside & feature[n]).sum()))
+        spans_of.setdefault(parts[n].kind, []).append((start, end))
+    for n, part in enumerate(parts):  # an item inside another's text: its tokens counted in that item's region
+        for k, host in enumerate(part.inside):
+            if host is not None:
+                start, end = spans_of[host[0]][host[1]]
+                inside = (offsets[:, 0] >= start) & (offsets[:, 1] <= end) & real
+                counts[n].insert(k, int((inside & feature[n]).sum()))
     for part, each, own in zip(parts, counts, feature):
         if sum(each) != int(own.sum()):
             raise SampleError("placeholder_mismatch", f"the text holds {int(own.sum()) - sum(each)} {part.kind} tokens "

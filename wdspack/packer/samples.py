@@ -44,6 +44,7 @@ import numpy as np
 from ..errors import ConfigError, SampleError
 from ..format.pack import token_dtype_for
 from ..media import IMAGE, KINDS
+from ..media.audio.link import link_parts, sound_links, without_linked
 from ..media.image.check import error_text as _error_text
 from ..media.video.plan import VideoSettings
 from .expand import build_expanded
@@ -158,6 +159,8 @@ class _Chat(NamedTuple):
     media: dict[str, tuple[tuple[bytes, ...], tuple[Any, ...]]]
     text: str
     spans: list[tuple[int, int]]
+    #: ``(video, audio)``: each audio that is a video's own sound (:mod:`wdspack.media.audio.link`)
+    links: tuple[tuple[int, int], ...] = ()
 
 
 @lru_cache(maxsize=4)
@@ -282,7 +285,8 @@ class SampleBuilder:
             if items or kind.always_stored:
                 names = tuple(getattr(record, f"{kind.name}_names", ()))
                 media[kind.name] = self._prepare[kind.name].probe(self, items, sid, names)
-        messages = [self._message(m) for m in record.messages]
+        links = sound_links(self, record)
+        messages = [self._message(m) for m in without_linked(record.messages, links)]
         if not messages:
             raise SampleError("empty_conversation", "the conversation has no turns", sid)
         if not any(m["role"] == "assistant" for m in messages):
@@ -290,12 +294,12 @@ class SampleBuilder:
         tools = [dict(t) for t in getattr(record, "tools", ())] or None
         self._check_tool_support(messages, tools, sid)
         text, spans = self._render(messages, sid, tools=tools)
-        return _Chat(sid, media, text, spans)
+        return _Chat(sid, media, text, spans, links)
 
     def _finish_chat(self, chat: _Chat, encoded: tuple[np.ndarray, np.ndarray] | None = None) -> Sample:
         if self.family is not None:
-            parts = [self._prepare[name].part(self, chat.sid, data, probes)
-                     for name, (data, probes) in chat.media.items()]
+            parts = link_parts(self, [self._prepare[name].part(self, chat.sid, data, probes)
+                                      for name, (data, probes) in chat.media.items()], chat.links)
             return build_expanded(self, chat.sid, chat.text, chat.spans, parts)
         ids, offsets = encoded if encoded is not None else self._encode(chat.text)
         if ids.size == 0:

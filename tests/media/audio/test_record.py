@@ -73,3 +73,17 @@ def test_plans_out_of_bounds_are_format_errors(plan, tokens, message):
 def test_the_audios_tokens_must_fit_the_pack():
     with pytest.raises(FormatError, match="the audios take 1001 tokens of a pack of 1000"):
         _check(PLAN, tokens=1001)
+
+
+def test_a_videos_own_sound_names_its_video_and_only_then_adds_a_key():
+    """A linked audio's plan stores ``"video"`` (its video among its sub-sample's); every other plan keeps the bytes
+    it had before links existed."""
+    linked = AudioPlanRecord(44100, 323940, 16000, 117530, 117530, video=1)
+    assert msgpack.packb(PLAN.to_msgpack()) == msgpack.packb(
+        {"rate": 44100, "frames": 323940, "target_rate": 16000, "samples": 117530, "kept": 117530})
+    assert AudioPlanRecord.from_msgpack(msgpack.unpackb(msgpack.packb(linked.to_msgpack()))) == linked
+    assert AudioPlanRecord.from_msgpack(PLAN.to_msgpack()).video is None
+    with pytest.raises(TypeError):
+        AudioPlanRecord.from_msgpack({**PLAN.to_msgpack(), "video": "0"})
+    with pytest.raises(FormatError, match="names video -1"):
+        check_audios(Media((b"x",), (0,), (25,), (AudioPlanRecord(16000, 16000, 16000, 16000, 16000, video=-1),)), 64)

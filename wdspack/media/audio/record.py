@@ -40,6 +40,8 @@ class AudioPlanRecord:
     """What a pack stores of one audio's plan: the source's sample ``rate`` and its ``frames`` (samples per
     channel a full decode gives), the ``target_rate`` the family takes, the ``samples`` a resampling to it gives
     (:func:`resampled_length`), and the samples ``kept`` after the family's cut (``samples`` where it cuts none).
+    An audio that is a video's own sound track, interleaved with it (:mod:`.link`), names that ``video``: its
+    index among its sub-sample's videos (stored as ``"video"`` only then, so other plans keep their bytes).
 
     Example:
         >>> AudioPlanRecord(44100, 323940, 16000, 117530, 117530).kept
@@ -51,6 +53,7 @@ class AudioPlanRecord:
     target_rate: int
     samples: int
     kept: int
+    video: int | None = None
 
     @staticmethod
     def pack_totals(plans: tuple[AudioPlanRecord, ...]) -> dict[str, float]:
@@ -64,13 +67,17 @@ class AudioPlanRecord:
         return {"audio_seconds": round(sum(plan.kept / plan.target_rate for plan in plans), 3)}
 
     def to_msgpack(self) -> dict:
-        return {key: int(getattr(self, key)) for key in _PLAN_KEYS}
+        out = {key: int(getattr(self, key)) for key in _PLAN_KEYS}
+        if self.video is not None:
+            out["video"] = int(self.video)
+        return out
 
     @classmethod
     def from_msgpack(cls, d: object) -> AudioPlanRecord:
-        if not isinstance(d, dict) or set(d) != set(_PLAN_KEYS):
-            raise TypeError(f"an audio plan must be a map of {', '.join(_PLAN_KEYS)}, got {d!r:.80}")
-        return cls(*(_as_int(d[key]) for key in _PLAN_KEYS))
+        if not isinstance(d, dict) or set(d) - {"video"} != set(_PLAN_KEYS):
+            raise TypeError(f"an audio plan must be a map of {', '.join(_PLAN_KEYS)} (and video), got {d!r:.80}")
+        rate, frames, target_rate, samples, kept = (_as_int(d[key]) for key in _PLAN_KEYS)
+        return cls(rate, frames, target_rate, samples, kept, _as_int(d["video"]) if "video" in d else None)
 
 
 def check_audios(media: Media, num_tokens: int) -> None:
@@ -97,6 +104,8 @@ def check_audios(media: Media, num_tokens: int) -> None:
                               "all of them")
         if tokens < 0:
             raise FormatError(f"audio {k} has {tokens} tokens")
+        if plan.video is not None and plan.video < 0:
+            raise FormatError(f"audio {k}'s plan names video {plan.video} of its sub-sample as its own")
     if sum(media.tokens) > num_tokens:
         raise FormatError(f"the audios take {sum(media.tokens)} tokens of a pack of {num_tokens}")
 

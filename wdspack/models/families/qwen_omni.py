@@ -34,7 +34,7 @@ from ..family import AudioSide, Budgets, Family, ImageSide, Rows, VideoSide, tak
 from .qwen2_audio import whisper_rule
 from .qwen_vl import QWEN2_VIDEO, _pad_pixels, _pixels, _replacements, _video_token
 
-__all__ = ["FAMILIES", "QWEN2_5_OMNI", "omni_positions", "pad_frame_rows"]
+__all__ = ["FAMILIES", "QWEN2_5_OMNI", "omni_positions", "pad_frame_rows", "with_audio"]
 
 _HOP = 160
 
@@ -165,9 +165,10 @@ def omni_positions(input_ids: torch.Tensor, seq_lens: Sequence[int], outputs: Ma
         taken["audio"] += audios
         if grids["image"] is None and grids["video"] is None:
             out[:, start:start + n] = torch.arange(n)
-        else:
-            rope, _ = _rope_index().get_rope_index(model, ids[None], grids["image"], grids["video"], None, False,
-                                                   seqlens, per_grid)
+        else:  # a video with its own sound opens <|vision_bos|><|audio_bos|>: the thinker's use_audio_in_video
+            starts = (ids[:-1] == cfg.vision_start_token_id) & (ids[1:] == cfg.audio_start_token_id)
+            rope, _ = _rope_index().get_rope_index(model, ids[None], grids["image"], grids["video"], None,
+                                                   bool(starts.any()), seqlens, per_grid)
             out[:, start:start + n] = rope[:, 0]
         start += n
     out[:, start:] = torch.arange(L - start)
@@ -211,6 +212,46 @@ def _model_kwargs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]:
     return kwargs
 
 
+def _sampling(processor: Any, config: Mapping[str, Any] | None) -> Any:
+    """The video processor's settings with the processor class's own ``videos_kwargs`` over them
+    (``Qwen2_5OmniProcessor.videos_kwargs``: frames of 128·28² to 768·28² pixels), as its call merges them: they win
+    over the video processor's saved ``size`` unless the call passes one (the user's ``--video-*`` settings)."""
+    base = QWEN2_VIDEO.sampling(processor, config)
+    size = dict(getattr(type(processor), "videos_kwargs", {}) or {}).get("size") or {}
+    if "shortest_edge" in size and "longest_edge" in size:
+        base = replace(base, min_pixels=int(size["shortest_edge"]), max_pixels=int(size["longest_edge"]))
+    return base
+
+
+def with_audio(processor: Any, plan: Any, audio_tokens: int) -> str:
+    """``Qwen2_5OmniProcessor.replace_video_with_audio_token``'s text for a video with its own sound: between
+    ``<|audio_bos|>`` and ``<|audio_eos|>`` (the template's ``<|vision_bos|>``/``<|vision_eos|>`` around it), per
+    ``seconds_per_chunk`` of time the video tokens whose time id (``t · second_per_grid · position_id_per_seconds``)
+    falls in it, then that chunk's audio tokens (25 a second), chunked by the processor's own ``get_chunked_index``.
+
+    Example:
+        >>> with_audio(processor, plan_of_grid_2x4x4_at_1s, 60)  # doctest: +SKIP
+        '<|audio_bos|>' + '<|VIDEO|>' * 4 + '<|AUDIO|>' * 50 + '<|VIDEO|>' * 4 + '<|AUDIO|>' * 10 + '<|audio_eos|>'
+    """
+    import numpy as np
+
+    t, h, w = (int(v) for v in plan.grid)
+    merge = int(processor.image_processor.merge_size)
+    per_second = processor.position_id_per_seconds
+    times = np.broadcast_to(np.arange(t).reshape(-1, 1, 1), (t, h // merge, w // merge)).reshape(-1)
+    times = times * plan.second_per_grid_t * per_second
+    per_chunk = int(per_second * processor.seconds_per_chunk)
+    video = processor.get_chunked_index(times, per_chunk)
+    audio = processor.get_chunked_index(np.arange(audio_tokens), per_chunk)
+    text = [str(processor.audio_bos_token)]
+    for j in range(max(len(video), len(audio))):
+        if j < len(video):
+            text.append(_video_token(processor) * int(video[j][1] - video[j][0]))
+        if j < len(audio):
+            text.append(_audio_token(processor) * int(audio[j][1] - audio[j][0]))
+    return "".join(text) + str(processor.audio_eos_token)
+
+
 def _video_plan(header: Any, settings: Any) -> Any:
     """Qwen2.5-VL's plan, with the seconds per temporal patch as ``Qwen2_5OmniProcessor._process_videos`` gives
     them: ``temporal_patch_size / fps`` (the sampling fps, 2.0 where none is given), not the frames' own times."""
@@ -219,9 +260,10 @@ def _video_plan(header: Any, settings: Any) -> Any:
 
 
 #: Qwen2.5-Omni's videos: Qwen2.5-VL's frames and pixels, its ``<|VIDEO|>`` token and its seconds per patch.
-OMNI_VIDEO = VideoSide(placeholder=_video_token, feature_token=_video_token, sampling=QWEN2_VIDEO.sampling,
+#: A video with its own sound interleaves with it (``with_audio``; :mod:`wdspack.media.audio.link`).
+OMNI_VIDEO = VideoSide(placeholder=_video_token, feature_token=_video_token, sampling=_sampling,
                        plan=_video_plan, replacement=QWEN2_VIDEO.replacement, pixels=QWEN2_VIDEO.pixels,
-                       pad=QWEN2_VIDEO.pad)
+                       pad=QWEN2_VIDEO.pad, with_audio=with_audio)
 
 QWEN2_5_OMNI = Family(
     name="qwen2_5_omni", processors=("Qwen2_5OmniProcessor",), model_types=("qwen2_5_omni_thinker",),

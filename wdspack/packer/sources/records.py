@@ -66,7 +66,9 @@ Video files are read as bytes, never decoded here (:mod:`wdspack.media.video.sou
 Audio: the same rules again, with ``audios`` or ``audio`` (LLaMA-Factory's ``mllm_audio_demo.json``,
 ms-swift), ``<audio>`` placeholders and ``audio``, ``audio_url`` and ``input_audio`` parts; LLaMA-Factory's
 ``<video><audio>`` (a video and its own sound track) lists the video under ``videos`` and the same file under
-``audios``. Audio files are read as bytes, never decoded here (:mod:`wdspack.media.audio.source`).
+``audios``: read here as a video part then an audio part; whether that audio is the video's sound, interleaved
+with it, is decided with the family at pack time (:mod:`wdspack.media.audio.link`). Audio files are read as
+bytes, never decoded here (:mod:`wdspack.media.audio.source`).
 """
 
 from __future__ import annotations
