@@ -34,8 +34,16 @@ from ...errors import ConfigError, SampleError
 from ...media.video.plan import VideoHeader, VideoPlan, smart_resize_clip
 from ..family import Family, ImageSide, VideoSide, take_rows
 from ..vision_meta import precomputed_vision_kwargs
-from .qwen_vl import _finish, _frame_grids, _pad_pixels, _pad_videos, _pixels, _replacements, _video_pixels, \
-    mrope_positions
+from .qwen_vl import (
+    _finish,
+    _frame_grids,
+    _pad_pixels,
+    _pad_videos,
+    _pixels,
+    _replacements,
+    _video_pixels,
+    mrope_positions,
+)
 
 __all__ = ["GLM46V", "GLM4V", "GlmVideoSampling", "glm_positions", "plan_glm46v", "plan_glm4v"]
 
@@ -126,12 +134,12 @@ def _glm4v_indices(frames: int, fps: float, s: GlmVideoSampling) -> list[int]:
     assert s.fps is not None
     last, duration = frames - 1, frames / fps  # transformers' video loaders give duration = frames / fps
     if duration <= s.max_duration:
-        n = max(int(math.floor(duration * s.fps)), 1)
-        return [min(last, int(math.ceil(i * fps / s.fps))) for i in range(n)]
+        n = max(math.floor(duration * s.fps), 1)
+        return [min(last, math.ceil(i * fps / s.fps)) for i in range(n)]
     samples = int(s.max_duration * s.fps)
     if samples >= frames:
         return list(range(frames))
-    return [min(last, int(math.ceil(t * fps))) for t in np.linspace(0, duration, samples, endpoint=True)]
+    return [min(last, math.ceil(t * fps)) for t in np.linspace(0, duration, samples, endpoint=True)]
 
 
 def _glm46v_indices(frames: int, fps: float, s: GlmVideoSampling) -> list[int]:
@@ -297,7 +305,7 @@ def _family(name: str, processor: str, model_type: str, video: VideoSide, frame:
 
 GLM4V = replace(_family("glm4v", "Glm4vProcessor", "glm4v", _video_side(GLM4V_VIDEO, plan_glm4v, lambda t: int(t)),
                         "its second (3)"), aliases=("glm4v", "glm-4.1v"), image_processor=_image_processor)
-GLM46V = _family("glm46v", "Glm46VProcessor", "glm46v", _video_side(GLM46V_VIDEO, plan_glm46v, lambda t: f"{t:.1f} seconds"),
-                 "its time (3.0 seconds)")
+GLM46V = _family("glm46v", "Glm46VProcessor", "glm46v",
+                 _video_side(GLM46V_VIDEO, plan_glm46v, lambda t: f"{t:.1f} seconds"), "its time (3.0 seconds)")
 
 FAMILIES = (GLM4V, GLM46V)
