@@ -19,6 +19,7 @@ import wdspack
 from tests.support import vlm_harness as h
 from tests.support.video_chats import one_by_one, source_folder, typed
 from tests.support.video_reference import processor_job, run_jobs
+from tiny_vlm import glm4v
 from wdspack.errors import ConfigError
 from wdspack.media.video.plan import VideoHeader, VideoSettings
 from wdspack.models import save_processor
@@ -30,9 +31,9 @@ from wdspack.packer.samples import SampleConfig
 pytest.importorskip("av")
 
 SEQ_LEN = 112
-#: the class -> (processor options of tests/support/vlm_harness.py, the user's video settings, the call's)
-CLASSES = {"Glm4vForConditionalGeneration": ("glm4v", VideoSettings(fps=4.0), {"fps": 4.0}),
-           "Glm46VForConditionalGeneration": ("glm46v", None, {})}
+#: the model class -> (its processor class, the user's video settings, the video processor's beyond VIDEO)
+CLASSES = {"Glm4vForConditionalGeneration": ("Glm4vProcessor", VideoSettings(fps=4.0), {"fps": 4.0}),
+           "Glm46VForConditionalGeneration": ("Glm46VProcessor", None, {})}
 #: the video processor as transformers builds it from the tiny image processor's settings (the folder has no video
 #: processor's): its pixel bounds, mean and std
 VIDEO = {"do_sample_frames": True, "size": {"shortest_edge": 4 * 28 * 28, "longest_edge": 2 * 64 * 28 * 28},
@@ -68,20 +69,20 @@ def built(tmp_path_factory, tiny_processors, video_reference):
     (src / "chats.jsonl").write_text("".join(json.dumps({"id": sid, **row}) + "\n" for sid, row in ROWS.items()))
     out, jobs = {}, []
     for cls, (name, video, call) in CLASSES.items():
-        processor = tiny_processors.family(name)
+        processor = tiny_processors.get("glm4v", cls=name)
         folder = save_processor(processor, root / name / "processor")
         dataset = root / name / "packed"
         summary = pack_dataset([str(src / "chats.jsonl")], str(dataset),
                                sample_config=SampleConfig(processor=str(folder), video=video),
                                config=PackConfig(seq_len=SEQ_LEN, max_images=3, on_error="raise"), progress=False)
         assert summary.samples_packed == len(ROWS), summary.lines()
-        model = h.family_model(name, processor).double()
+        model = glm4v.model(processor).double()
         assert type(model).__name__ == cls
         calls = [{"text": processor.apply_chat_template(typed(row), tokenize=False),
                   "videos": [src / v for v in row.get("videos", ())],
                   "images": [src / i for i in row["images"]] if "images" in row else None}
                  for row in ROWS.values()]
-        jobs.append(processor_job(folder, type(processor).__name__, {**VIDEO, **call}, calls))
+        jobs.append(processor_job(folder, name, {**VIDEO, **call}, calls))
         out[cls] = (processor, model, dataset)
     references = run_jobs(jobs)
     return {cls: (*out[cls], dict(zip(ROWS, refs))) for cls, refs in zip(CLASSES, references)}
