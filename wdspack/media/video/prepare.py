@@ -117,7 +117,9 @@ def settings_text(policy: dict[str, Any]) -> str:
     v = policy.get("video") or {}
     if v.get("do_sample_frames"):
         rate = f"{v['num_frames']} frames a video" if v.get("num_frames") else \
-            f"frames at {v.get('fps'):g} fps ({v.get('min_frames')} to {v.get('max_frames')} a video)"
+            f"frames at {v.get('fps'):g} fps" if v.get("fps") else "frames at the rate the processor picks per video"
+        if not v.get("num_frames") and v.get("max_frames") is not None:
+            rate += f" ({v.get('min_frames')} to {v.get('max_frames')} a video)"
     else:
         rate = "every frame"
     if v.get("height") and v.get("width"):  # one size for every frame (LLaVA-OneVision)
