@@ -250,7 +250,8 @@ def video_built(tmp_path_factory, tiny_processors, video_reference):
         for k, a in enumerate(row.get("audios", [])):
             waves.append(root / f"{sid}-{k}.npy")
             np.save(waves[-1], _waveform((src / a).read_bytes()))
-        calls.append({"text": tiny.apply_chat_template(_typed(row), tokenize=False), "videos": [src / v for v in row.get("videos", [])],
+        calls.append({"text": tiny.apply_chat_template(_typed(row), tokenize=False),
+                      "videos": [src / v for v in row.get("videos", [])],
                       "images": [src / i for i in row["images"]] if "images" in row else None,
                       "audio": waves or None, "kwargs": {"videos_kwargs": {"fps": FPS, "size": size}}})
     calls.append({**calls[0], "kwargs": {"videos_kwargs": {"fps": FPS}}})

@@ -206,7 +206,9 @@ def _video_sampling(processor: Any, config: Mapping[str, Any] | None) -> QwenVid
 
 def _video_plan(header: Any, settings: QwenVideoSampling) -> Any:
     """Qwen2.5-VL's plan, with the seconds per temporal patch as ``Qwen3OmniMoeProcessor._process_videos`` writes
-    them: ``temporal_patch_size / fps``, the fps the call samples at (``--video-fps``), 1.0 where none is given."""
+    them: ``temporal_patch_size / fps``, the fps the call samples at (``--video-fps``), 1.0 where none is given.
+    A video processor saved sampling at an fps of its own is planned at that fps too (the frames' real spacing),
+    where the processor's call without ``fps`` writes 1.0: pass ``--video-fps`` to have both agree."""
     plan = plan_qwen2_vl(header, settings)
     return dataclasses.replace(plan, second_per_grid_t=settings.temporal_patch_size / (settings.fps or 1.0))
 
