@@ -305,6 +305,16 @@ def test_video_planned_under_the_processors_own_pixel_bounds(video_built):
     assert int((plain["input_ids"] == processor.video_token_id).sum()) == plan.tokens
 
 
+def test_a_processor_without_its_video_processor_plans_with_its_image_processors_patches(tiny_processors):
+    """In memory without torchvision (no video processor), the video settings are the image processor's, as
+    transformers builds a video processor from them: 16-pixel patches, every frame, the processor's pixel bounds."""
+    from wdspack.models.families.qwen3_omni import QWEN3_OMNI_VIDEO as side
+
+    s = side.sampling(tiny_processors.get("qwen3_omni"), None)
+    assert (s.patch_size, s.do_sample_frames, s.fps, s.min_pixels, s.max_pixels) == (16, False, None, 128 * 32 * 32,
+                                                                                     768 * 32 * 32)
+
+
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_video_packed_loss_and_gradients_equal_one_by_one(video_built, attn):
     processor, model, dataset, refs, _ = video_built
