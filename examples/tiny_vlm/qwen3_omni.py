@@ -1,5 +1,6 @@
 """Qwen3-Omni (thinker only): ``Qwen3OmniMoeProcessor`` + ``Qwen2VLImageProcessor`` (patch 16, merge 2) +
-``WhisperFeatureExtractor`` (128 mel bins; its video processor, which needs torchvision, left out), tiny
+``WhisperFeatureExtractor`` (128 mel bins) + ``Qwen2VLVideoProcessor(**VIDEO)`` (it needs torchvision, so
+:func:`processor` leaves it out unless given one), tiny
 ``Qwen3OmniMoeThinkerForConditionalGeneration`` (a windowed audio encoder, a DeepStack vision tower, a MoE text
 model)."""
 
@@ -43,9 +44,20 @@ NAMED = dict(image_token="<|image_pad|>", audio_token="<|audio_pad|>", video_tok
              audio_eos_token="<|audio_end|>")
 
 
-def processor(folder: Any, *, min_pixels: int = 4 * 32 * 32, max_pixels: int = 64 * 32 * 32) -> Any:
+#: The ``WhisperFeatureExtractor``'s keywords: 128 mel bins, its frame mask returned.
+FEATURES = {"feature_size": 128, "return_attention_mask": True}
+#: The ``Qwen2VLVideoProcessor``'s keywords: the image processor's patches and normalisation, frames sampled at 2 a
+#: second (6 to 8 a video), small frames (the processor's call puts its own 128·32² to 768·32² pixels over ``size``).
+VIDEO = {"patch_size": 16, "merge_size": 2, "temporal_patch_size": 2, "image_mean": [0.5, 0.5, 0.5],
+         "image_std": [0.5, 0.5, 0.5], "do_sample_frames": True, "fps": 2.0, "min_frames": 6, "max_frames": 8,
+         "size": {"shortest_edge": 4 * 32 * 32, "longest_edge": 16 * 32 * 32}, "cap_pixels_per_frame": False}
+
+
+def processor(folder: Any, *, min_pixels: int = 4 * 32 * 32, max_pixels: int = 64 * 32 * 32,
+              video: Any = None) -> Any:
     """The real ``Qwen3OmniMoeProcessor``: Whisper features of 128 mel bins (padded to the longest of a call, never
-    cut), small images."""
+    cut), small images; ``video``: its video processor (``Qwen2VLVideoProcessor(**VIDEO)``, where torchvision imports),
+    which its ``save_pretrained`` then writes beside the other parts."""
     from transformers import Qwen2VLImageProcessor, WhisperFeatureExtractor
 
     from wdspack.models import assemble_processor
@@ -55,9 +67,10 @@ def processor(folder: Any, *, min_pixels: int = 4 * 32 * 32, max_pixels: int = 6
     tok._set_model_specific_special_tokens(NAMED)
     images = Qwen2VLImageProcessor(min_pixels=min_pixels, max_pixels=max_pixels, patch_size=16, merge_size=2,
                                    temporal_patch_size=2, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
-    features = WhisperFeatureExtractor(feature_size=128, return_attention_mask=True)
+    features = WhisperFeatureExtractor(**FEATURES)
     return assemble_processor("Qwen3OmniMoeProcessor", image_processor=images, tokenizer=tok,
-                              chat_template=TEMPLATE, feature_extractor=features)
+                              chat_template=TEMPLATE, feature_extractor=features,
+                              **({"video_processor": video} if video is not None else {}))
 
 
 def model(processor: Any, *, seed: int = 0) -> Any:

@@ -204,3 +204,123 @@ def test_packed_loss_and_gradients_equal_one_by_one(built, attn):
     assert len(h.pack_sample_ids(dataset)) >= 2 and any(int(n) < SEQ_LEN for b in batches for n in b["num_tokens"])
     h.assert_same(model, h.packed(model, batches), want, looser=h.EAGER_GRADIENTS if attn == "eager" else None)
 
+
+
+# ---- videos: the reference is the real processor with its video processor, in the torchvision child -------------
+
+FPS = 4.0
+FRAME_PIXELS = 32 * 32 * 4
+#: a video alone; a video, an image and an audio in one chat (one pack holds both)
+VIDEO_ROWS = {
+    "v-only": {"messages": [{"role": "user", "content": "<video>What moves?"},
+                            {"role": "assistant", "content": "A bar."}],
+               "videos": ["clips/w.webm"]},
+    "v-all": {"messages": [{"role": "user", "content": "<video>Listen to <audio>: does it fit <image>?"},
+                           {"role": "assistant", "content": "It fits the moving bar."}],
+              "videos": ["clips/v.mp4"], "audios": ["clips/a.wav"], "images": ["images/p.png"]},
+}
+
+
+@pytest.fixture(scope="module")
+def video_built(tmp_path_factory, tiny_processors, video_reference):
+    """A folder the real ``Qwen3OmniMoeProcessor`` with its ``Qwen2VLVideoProcessor`` (``tiny_vlm.qwen3_omni.VIDEO``)
+    wrote with its own ``save_pretrained``; the dataset packed from it with ``--video-fps`` and
+    ``--video-max-pixels``; per chat the processor's outputs with the same settings passed to its call (the
+    references, in the session's child), and the processor's own of ``v-only`` with the fps alone."""
+    from fractions import Fraction
+
+    from tests.support.video_chats import clip
+    from tests.support.video_reference import processor_job, run_jobs, save_job
+    from tiny_vlm import qwen3_omni
+    from wdspack.media.video.plan import VideoSettings
+    from wdspack.models import load_processor, save_processor
+
+    root = tmp_path_factory.mktemp("omni3-video")
+    src = _source(root)
+    clip(src / "clips" / "v.mp4", codec="h264", rate=Fraction(10), frames=12, width=66, height=50)
+    clip(src / "clips" / "w.webm", codec="libvpx-vp9", rate=Fraction(24), frames=8, width=64, height=36)
+    _write_chats(src, VIDEO_ROWS)
+    tiny = tiny_processors.get("qwen3_omni")
+    source = save_processor(tiny, root / "source")
+    folder = root / "processor"
+    size = {"shortest_edge": FRAME_PIXELS, "longest_edge": FRAME_PIXELS}  # --video-max-pixels, as the call takes it
+    calls = []
+    for sid, row in VIDEO_ROWS.items():
+        waves = []
+        for k, a in enumerate(row.get("audios", [])):
+            waves.append(root / f"{sid}-{k}.npy")
+            np.save(waves[-1], _waveform((src / a).read_bytes()))
+        calls.append({"text": tiny.apply_chat_template(_typed(row), tokenize=False),
+                      "videos": [src / v for v in row.get("videos", [])],
+                      "images": [src / i for i in row["images"]] if "images" in row else None,
+                      "audio": waves or None, "kwargs": {"videos_kwargs": {"fps": FPS, "size": size}}})
+    calls.append({**calls[0], "kwargs": {"videos_kwargs": {"fps": FPS}}})
+    refs = run_jobs([save_job(source, "Qwen3OmniMoeProcessor", qwen3_omni.VIDEO, folder, features=qwen3_omni.FEATURES),
+                     processor_job(folder, "Qwen3OmniMoeProcessor", qwen3_omni.VIDEO, calls,
+                                   features=qwen3_omni.FEATURES)])[1]
+    refs = [{k: torch.from_numpy(v) for k, v in ref.items()} for ref in refs]
+    dataset = root / "packed"
+    summary = pack_dataset([str(src / "chats.jsonl")], str(dataset),
+                           sample_config=SampleConfig(processor=str(folder),
+                                                      video=VideoSettings(fps=FPS, max_pixels=FRAME_PIXELS)),
+                           config=PackConfig(seq_len=SEQ_LEN, max_images=4, on_error="raise"), progress=False)
+    assert summary.samples_packed == len(VIDEO_ROWS), summary.lines()
+    processor = load_processor(str(folder))
+    model = qwen3_omni.model(processor).double()
+    model.set_experts_implementation("eager")
+    return processor, model, dataset, dict(zip(VIDEO_ROWS, refs)), (src, folder, refs[-1])
+
+
+def test_video_tokens_pixels_and_positions_are_the_processors(video_built):
+    processor, model, dataset, refs, _ = video_built
+    subs = h.dataset_sub_samples(dataset)
+    for sid, ref in refs.items():
+        assert subs[sid][0].tolist() == ref["input_ids"][0].tolist(), f"{sid}: tokens differ from the processor's"
+    (batch,) = h.loader_batches(dataset, processor)
+    kwargs = wdspack.model_inputs(batch, model)
+    order = [sid for ids in h.pack_sample_ids(dataset) for sid in ids]
+    for key in ("pixel_values_videos", "video_grid_thw", "video_second_per_grid", "pixel_values"):
+        want = torch.cat([refs[s][key] for s in order if key in refs[s]])
+        assert torch.equal(kwargs[key], want.to(kwargs[key].dtype)), key
+    # 6 frames (the folder's min_frames over 4 fps) of 64 × 64, and 6 of 64 × 96 (upscaled to the min pixels)
+    assert refs["v-all"]["video_grid_thw"].tolist() == [[3, 4, 4]] and refs["v-only"]["video_grid_thw"].tolist() == [
+        [3, 4, 6]]
+    assert refs["v-all"]["video_second_per_grid"].tolist() == [2 / FPS]
+    _check_positions(model, dataset, refs, batch)
+
+
+def test_video_planned_under_the_processors_own_pixel_bounds(video_built):
+    """Without ``--video-max-pixels``, a video is planned as the processor's call resizes it: under its class's
+    128·32² to 768·32² pixels, not the video processor's saved ``size``."""
+    from wdspack.media.settings import read_settings
+    from wdspack.media.video.header import read_header
+    from wdspack.media.video.plan import VideoSettings
+    from wdspack.models.families.qwen3_omni import QWEN3_OMNI_VIDEO as side
+
+    processor, _, _, _, (src, folder, plain) = video_built
+    settings = VideoSettings(fps=FPS).apply(side.sampling(processor, read_settings(folder, "video_processor").values))
+    plan = side.plan(read_header((src / "clips" / "w.webm").read_bytes(), sample_id="w"), settings)
+    assert (settings.min_pixels, settings.max_pixels, settings.min_frames) == (128 * 32 * 32, 768 * 32 * 32, 6)
+    assert [list(plan.grid)] == plain["video_grid_thw"].tolist() == [[3, 18, 32]]
+    assert int((plain["input_ids"] == processor.video_token_id).sum()) == plan.tokens
+
+
+def test_a_processor_without_its_video_processor_plans_with_its_image_processors_patches(tiny_processors):
+    """In memory without torchvision (no video processor), the video settings are the image processor's, as
+    transformers builds a video processor from them: 16-pixel patches, every frame, the processor's pixel bounds."""
+    from wdspack.models.families.qwen3_omni import QWEN3_OMNI_VIDEO as side
+
+    s = side.sampling(tiny_processors.get("qwen3_omni"), None)
+    assert (s.patch_size, s.do_sample_frames, s.fps, s.min_pixels, s.max_pixels) == (16, False, None, 128 * 32 * 32,
+                                                                                     768 * 32 * 32)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_video_packed_loss_and_gradients_equal_one_by_one(video_built, attn):
+    processor, model, dataset, refs, _ = video_built
+    model = copy.deepcopy(model)
+    model.set_attn_implementation(attn)
+    want = _one_by_one(model, dataset, refs)
+    batches = h.loader_batches(dataset, processor)
+    assert len(batches) == 1 and [set(ids) for ids in h.pack_sample_ids(dataset)] == [set(VIDEO_ROWS)]
+    h.assert_same(model, h.packed(model, batches), want, looser=h.EAGER_GRADIENTS if attn == "eager" else None)

@@ -52,8 +52,8 @@ KINDS = {"qwen2_vl": "Qwen2VLVideoProcessor", "qwen3_vl": "Qwen3VLVideoProcessor
 VIDEO_PROCESSORS = {"Qwen2VLProcessor": "Qwen2VLVideoProcessor", "Qwen2_5_VLProcessor": "Qwen2VLVideoProcessor",
                     "Qwen3VLProcessor": "Qwen3VLVideoProcessor",
                     "LlavaOnevisionProcessor": "LlavaOnevisionVideoProcessor",
-                    "Qwen2_5OmniProcessor": "Qwen2VLVideoProcessor", "Glm4vProcessor": "Glm4vVideoProcessor",
-                    "Glm46VProcessor": "Glm46VVideoProcessor"}
+                    "Qwen2_5OmniProcessor": "Qwen2VLVideoProcessor", "Qwen3OmniMoeProcessor": "Qwen2VLVideoProcessor",
+                    "Glm4vProcessor": "Glm4vVideoProcessor", "Glm46VProcessor": "Glm46VVideoProcessor"}
 
 #: torchvision 0.28's compiled operators: declared (never implemented) so its Python modules import.
 SCHEMAS = (
@@ -116,17 +116,18 @@ LAYOUTS = ("5.x", "4.x")
 
 
 def save_job(source_dir: str | os.PathLike[str], processor_cls: str, video_settings: Mapping[str, Any],
-             folder: str | os.PathLike[str], *, layout: str = "5.x") -> dict:
+             folder: str | os.PathLike[str], *, layout: str = "5.x", features: Mapping[str, Any] | None = None) -> dict:
     """A job for :func:`run_jobs`: the processor class ``processor_cls`` with the tokenizer, image processor (its
     default backend, as a user with torchvision has it), chat template and options saved in ``source_dir`` and its
-    real video processor built with ``video_settings``, written to ``folder`` in ``layout`` (:data:`LAYOUTS`)."""
+    real video processor built with ``video_settings``, written to ``folder`` in ``layout`` (:data:`LAYOUTS`);
+    ``features``: a ``WhisperFeatureExtractor``'s keywords, as for :func:`processor_job`."""
     if processor_cls not in VIDEO_PROCESSORS:
         raise ValueError(f"processor class {processor_cls!r}: one of {sorted(VIDEO_PROCESSORS)}")
     if layout not in LAYOUTS:
         raise ValueError(f"layout {layout!r}: one of {LAYOUTS}")
     return {"what": "save", "cls": processor_cls, "video_cls": VIDEO_PROCESSORS[processor_cls],
             "dir": os.fspath(source_dir), "settings": dict(video_settings), "out": os.fspath(folder),
-            "layout": layout, "calls": []}
+            "layout": layout, "calls": [], **({"features": dict(features)} if features is not None else {})}
 
 
 def folder_job(folder: str | os.PathLike[str], calls: Sequence[Mapping[str, Any]]) -> dict:

@@ -1,8 +1,10 @@
-"""Qwen3-Omni's thinker: Qwen2.5-VL's image inputs (16-pixel patches, DeepStack inside the model), Whisper-featured
-audio padded to the longest of a sample and never cut, 3-D positions in float over all three.
+"""Qwen3-Omni's thinker: Qwen2.5-VL's image and video inputs (16-pixel patches, DeepStack inside the model),
+Whisper-featured audio padded to the longest of a sample and never cut, 3-D positions in float over all three.
 
-The chat template writes ``<|audio_start|><|audio_pad|><|audio_end|>`` per audio and
-``<|vision_start|><|image_pad|><|vision_end|>`` per image; the processor repeats each feature token. Its audio
+The chat template writes ``<|audio_start|><|audio_pad|><|audio_end|>`` per audio,
+``<|vision_start|><|image_pad|><|vision_end|>`` per image and ``<|vision_start|><|video_pad|><|vision_end|>`` per
+video; the processor repeats each feature token (a video: ``t·h·w / merge²``, planned from its header as
+``Qwen2VLVideoProcessor`` samples and resizes it, under the processor's own default pixel bounds). Its audio
 call pads a chat's audios to the longest, ``N`` samples, so an audio of ``n`` samples gets
 ``L = min(ceil(n/160), N//160)`` feature frames (``n//160`` alone) and ``13·(L//100) + g(L%100)`` tokens: a
 sample's audios are counted together (``sample_tokens``) and featured together in the loader
@@ -18,12 +20,14 @@ Audio frames travel as Qwen2.5-Omni's do (frame rows ``[B·R, 128]`` with ``audi
 ``audio_feature_lengths`` and ``audio_mask`` in ``max_images`` slots; ``R = 8 ×`` the pack's audio tokens).
 Exact where every sub-sample with audio has one of at least 100 frames (1 s): the encoder pads all chunks of a call
 to its longest chunk and its convolutions' biases reach past a chunk's end, so a sub-sample whose audios are all
-shorter gets slightly other audio features in a pack than alone. No video side yet: video records are dropped as
-``unsupported_media``.
+shorter gets slightly other audio features in a pack than alone. A video's time axis steps ``13 · s`` a temporal
+patch, ``s = temporal_patch_size / fps`` (``video_second_per_grid``). A video's own sound (``use_audio_in_video``) is
+not interleaved: a ``<video>`` and an ``<audio>`` of one file stay a video and an audio.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import types
 from collections.abc import Mapping, Sequence
@@ -33,11 +37,12 @@ import torch
 
 from ...errors import ConfigError, FormatError
 from ...media.audio.tokens import AUDIO_RULES, AudioRule
-from ..family import AudioSide, Budgets, Family, ImageSide, Rows
+from ...media.video.plan import QwenVideoSampling, plan_qwen2_vl
+from ..family import AudioSide, Budgets, Family, ImageSide, Rows, VideoSide
 from .qwen_omni import _model_kwargs, pad_frame_rows
-from .qwen_vl import _pad_pixels, _pixels, _replacements
+from .qwen_vl import QWEN2_VIDEO, _pad_pixels, _pixels, _replacements, _video_token
 
-__all__ = ["FAMILIES", "QWEN3_OMNI", "qwen3_omni_positions", "qwen3_omni_sample_frames"]
+__all__ = ["FAMILIES", "QWEN3_OMNI", "QWEN3_OMNI_VIDEO", "qwen3_omni_positions", "qwen3_omni_sample_frames"]
 
 _HOP, _RATE, _CHUNK = 160, 16_000, 100
 
@@ -185,18 +190,49 @@ def _finish(batch: dict[str, Any]) -> dict[str, Any]:
     return batch
 
 
+def _video_sampling(processor: Any, config: Mapping[str, Any] | None) -> QwenVideoSampling:
+    """What ``Qwen3OmniMoeProcessor``'s call gives its ``Qwen2VLVideoProcessor``: the video processor's settings
+    (None: the image processor's, which transformers builds it from where a folder has no video settings), with the
+    processor class's own ``videos_kwargs`` over them (its ``size``, 128·32² to 768·32² pixels, whatever the video
+    processor's); a saved ``fps`` without ``do_sample_frames`` is dropped (it samples nothing, and the call's
+    seconds per patch never read it)."""
+    found = dict(config) if config is not None else dict(processor.image_processor.to_dict())
+    if not found.get("do_sample_frames"):
+        found.pop("fps", None)
+    base = QwenVideoSampling.from_config(found)
+    call = dict(getattr(processor, "videos_kwargs", None) or {})
+    return QwenVideoSampling.from_config(call, base=base) if call else base
+
+
+def _video_plan(header: Any, settings: QwenVideoSampling) -> Any:
+    """Qwen2.5-VL's plan, with the seconds per temporal patch as ``Qwen3OmniMoeProcessor._process_videos`` writes
+    them: ``temporal_patch_size / fps``, the fps the call samples at (``--video-fps``), 1.0 where none is given.
+    A video processor saved sampling at an fps of its own is planned at that fps too (the frames' real spacing),
+    where the processor's call without ``fps`` writes 1.0: pass ``--video-fps`` to have both agree."""
+    plan = plan_qwen2_vl(header, settings)
+    return dataclasses.replace(plan, second_per_grid_t=settings.temporal_patch_size / (settings.fps or 1.0))
+
+
+#: Qwen3-Omni's videos: ``<|video_pad|>`` repeated ``t·h·w / merge²`` times, Qwen2.5-VL's frames and pixels (16-px
+#: patches), the processor's own pixel bounds and seconds per patch.
+QWEN3_OMNI_VIDEO = VideoSide(placeholder=_video_token, feature_token=_video_token, sampling=_video_sampling,
+                             plan=_video_plan, replacement=QWEN2_VIDEO.replacement, pixels=QWEN2_VIDEO.pixels,
+                             pad=QWEN2_VIDEO.pad)
+
 QWEN3_OMNI = Family(
     name="qwen3_omni_moe", processors=("Qwen3OmniMoeProcessor",), model_types=("qwen3_omni_moe_thinker",),
     image=ImageSide(replacements=_replacements, pixels=_pixels, pad=_pad_pixels, uint8_pixels=True,
                     feature_token=_image_token, placeholder=_image_token),
     token_rows=_token_rows, token_keys=("mrope_position_ids",), finish_batch=_finish, model_kwargs=_model_kwargs,
+    video=QWEN3_OMNI_VIDEO,
     audio=AudioSide(placeholder=_audio_token, feature_token=_audio_token, rule=_rule,
                     replacement=lambda processor, tokens: _audio_token(processor) * tokens, features=_features,
                     pad=_pad_audio, sample_tokens=_sample_tokens, features_per_sample=True),
-    notes="thinker: Qwen2.5-VL's image inputs (16-px patches, DeepStack), Whisper audio padded to each sample's "
-          "longest, never cut (13 <|audio_pad|> a second); position_ids [4, B, L] float32 (text row + the "
-          "thinker's 3-D rows); input_features as frame rows [B·R, 128] with audio_frame_mask, "
-          "audio_feature_lengths and audio_mask [B·M]",
+    notes="thinker: Qwen2.5-VL's images and videos (16-px patches, DeepStack), Whisper audio padded to each "
+          "sample's longest, never cut (13 <|audio_pad|> a second); position_ids [4, B, L] float32 (text row + the "
+          "thinker's 3-D rows; a video's time at 13 × temporal_patch_size / fps a patch); video_second_per_grid; "
+          "input_features as frame rows [B·R, 128] with audio_frame_mask, audio_feature_lengths and audio_mask "
+          "[B·M]",
 )
 
 FAMILIES = (QWEN3_OMNI,)
