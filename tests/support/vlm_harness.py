@@ -422,6 +422,7 @@ ALL_FAMILIES = {
     "mistral3": ("mistral3", {}, {}, 96),
     "mistral3_sliding": ("mistral3", {}, {"sliding_window": 8}, 96),
     "gemma3": ("gemma3", {}, {}, 128),
+    "internvl": ("internvl", {}, {}, 96),
 }
 #: The families the loader feeds under the varlen kernel (all but Gemma 3).
 FAMILIES = {name: spec for name, spec in ALL_FAMILIES.items() if name != "gemma3"}
