@@ -16,7 +16,7 @@ import itertools
 import os
 import tarfile
 from collections.abc import Iterator, Mapping, Sequence
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
 import numpy as np
@@ -89,7 +89,7 @@ def _label_shared(labels: list[str], ids: list[int], token_id: int, items: dict[
                 runs.append((k, 1))
     names = list(items)
 
-    @lru_cache(maxsize=None)
+    @cache
     def split(r: int, taken: tuple[int, ...]) -> tuple[str, ...] | None:
         if r == len(runs):
             return () if all(t == len(items[n]) for t, n in zip(taken, names)) else None

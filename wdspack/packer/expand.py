@@ -61,9 +61,10 @@ def build_expanded(b: Any, sid: str, text: str, spans: list[tuple[int, int]], pa
         replaced |= inside
         counts[n].append(int((inside & feature[n]).sum()))
     for part, each, own in zip(parts, counts, feature):
-        if (own & ~replaced).any():
-            raise SampleError("placeholder_mismatch", f"the text holds {int((own & ~replaced).sum())} {part.kind} tokens "
-                              f"{part.holder!r} of its own besides the {len(each)} {part.kind}s'", sid)
+        stray = int((own & ~replaced).sum())
+        if stray:
+            raise SampleError("placeholder_mismatch", f"the text holds {stray} {part.kind} tokens {part.holder!r} of "
+                              f"its own besides the {len(each)} {part.kind}s'", sid)
         for k, ((tokens, shown), taken) in enumerate(zip(part.planned, each)):
             if taken != tokens:
                 raise SampleError("placeholder_mismatch", f"{part.kind} {k} takes {taken} tokens in the text but its "

@@ -157,7 +157,7 @@ def _setting(key: str, value: Any) -> Any:
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     ok = {"do_sample_frames": isinstance(value, bool), "fps": number and value > 0,
           "num_frames": number and value >= 1 and value == int(value),
-          "initial_shift": isinstance(value, bool) or number and value >= 0}[key]
+          "initial_shift": isinstance(value, bool) or (number and value >= 0)}[key]
     if not ok:
         want = {"do_sample_frames": "true or false", "fps": "a positive number", "num_frames": "a whole number >= 1",
                 "initial_shift": "true, false or a number of frames >= 0"}[key]
@@ -182,8 +182,8 @@ def plan_internvl(header: Any, s: InternVLVideoSampling) -> VideoPlan:
         ((1, 3, 6, 8), 16)
     """
     if s.max_pixels is not None:
-        raise ConfigError(f"--video-max-pixels {s.max_pixels}: InternVL resizes every frame to its {s.height}x{s.width} "
-                          "tile; leave --video-max-pixels out")
+        raise ConfigError(f"--video-max-pixels {s.max_pixels}: InternVL resizes every frame to its "
+                          f"{s.height}x{s.width} tile; leave --video-max-pixels out")
     total = int(header.frames)
     if not s.do_sample_frames:
         if total > MAX_PLAN_FRAMES:
