@@ -2,6 +2,7 @@
 
     python -m tools.compile_scopes                       # Qwen2.5-VL and LLaVA (~3 min on 2 CPU cores)
     python -m tools.compile_scopes qwen3_vl gemma3 --json out.json
+    python -m tools.compile_scopes internvl             # any family of vlm_harness.ALL_FAMILIES
 
 For each family (the tiny models and real processors of ``tests/support/vlm_harness.py``), an epoch of
 one-pack batches whose contents differ (a text-only pack, packs of one to three images, a pack holding

@@ -53,7 +53,8 @@ VIDEO_PROCESSORS = {"Qwen2VLProcessor": "Qwen2VLVideoProcessor", "Qwen2_5_VLProc
                     "Qwen3VLProcessor": "Qwen3VLVideoProcessor",
                     "LlavaOnevisionProcessor": "LlavaOnevisionVideoProcessor",
                     "Qwen2_5OmniProcessor": "Qwen2VLVideoProcessor", "Qwen3OmniMoeProcessor": "Qwen2VLVideoProcessor",
-                    "Glm4vProcessor": "Glm4vVideoProcessor", "Glm46VProcessor": "Glm46VVideoProcessor"}
+                    "Glm4vProcessor": "Glm4vVideoProcessor", "Glm46VProcessor": "Glm46VVideoProcessor",
+                    "InternVLProcessor": "InternVLVideoProcessor"}
 
 #: torchvision 0.28's compiled operators: declared (never implemented) so its Python modules import.
 SCHEMAS = (

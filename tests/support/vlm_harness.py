@@ -423,6 +423,7 @@ ALL_FAMILIES = {
     "mistral3_sliding": ("mistral3", {}, {"sliding_window": 8}, 96),
     "gemma3": ("gemma3", {}, {}, 128),
     "glm4v": ("glm4v", {"cls": "Glm4vProcessor"}, {}, 96),  # GLM-4.6V: its model and tower (test_family_glm4v.py)
+    "internvl": ("internvl", {}, {}, 96),
 }
 #: The families the loader feeds under the varlen kernel (all but Gemma 3).
 FAMILIES = {name: spec for name, spec in ALL_FAMILIES.items() if name != "gemma3"}

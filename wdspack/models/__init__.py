@@ -17,6 +17,7 @@ family                processor class              model class
 ``llava``             ``LlavaProcessor``           ``LlavaForConditionalGeneration``
 ``llava_onevision``   ``LlavaOnevisionProcessor``  ``LlavaOnevisionForConditionalGeneration``
 ``mistral3``          ``PixtralProcessor``         ``Mistral3ForConditionalGeneration``
+``internvl``          ``InternVLProcessor``        ``InternVLForConditionalGeneration``
 ====================  ===========================  ===========================================
 
 (the Families table of docs/guides/models.md lists every family with its flags and keys).

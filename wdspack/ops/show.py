@@ -16,7 +16,7 @@ import itertools
 import os
 import tarfile
 from collections.abc import Iterator, Mapping, Sequence
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
 import numpy as np
@@ -59,21 +59,54 @@ def render_tokens(tokenizer: Any, input_ids: Any, loss_mask: Any, *,
         (token_ids if key.endswith("_token_id") else media_tokens)[name] = value
     ids = np.asarray(input_ids).tolist()
     mask = np.asarray(loss_mask).astype(bool).tolist()
-    named: dict[int, str] = {}
+    named: dict[int, list[str]] = {}
     for name, token_id in (token_ids or {}).items():
         if token_id is not None:
-            named.setdefault(token_id, name)  # one id for two kinds: the first kind's
-    counts = {name: [int(n) for n in (media_tokens or {}).get(name, ())] for name in named.values()}
+            named.setdefault(token_id, []).append(name)
+    counts = {name: [int(n) for n in (media_tokens or {}).get(name, ())] for names in named.values() for name in names}
+    labels = [named[t][0] if t in named else "" for t in ids]
+    for token_id, names in named.items():  # one id for two kinds (InternVL's image tiles and video frames)
+        if len(names) > 1:
+            _label_shared(labels, ids, token_id, {name: list(counts[name]) for name in names})
     out: list[str] = []
-
-    def kind(x: tuple[int, bool]) -> tuple[bool, str]:
-        return x[1], named.get(x[0], "")
-
-    for (trained, media), run in itertools.groupby(zip(ids, mask), key=kind):
-        tokens = [t for t, _ in run]
+    for (trained, media), run in itertools.groupby(zip(ids, mask, labels), key=lambda x: (x[1], x[2])):
+        tokens = [t for t, _, _ in run]
         text = _markers(len(tokens), counts[media], media) if media else tokenizer.decode(tokens)
         out.append(f"{marks[0]}{text}{marks[1]}" if trained else text)
     return "".join(out)
+
+
+def _label_shared(labels: list[str], ids: list[int], token_id: int, items: dict[str, list[int]]) -> None:
+    """The kind of each run of ``token_id``, where several kinds fill it: the runs split into consecutive groups,
+    each group one item (its tokens its count), the kinds' items in their order; the first such split in the kinds'
+    order (none: every run keeps the first kind's label)."""
+    runs: list[tuple[int, int]] = []  # (start, length)
+    for k, t in enumerate(ids):
+        if t == token_id:
+            if runs and runs[-1][0] + runs[-1][1] == k:
+                runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+            else:
+                runs.append((k, 1))
+    names = list(items)
+
+    @cache
+    def split(r: int, taken: tuple[int, ...]) -> tuple[str, ...] | None:
+        if r == len(runs):
+            return () if all(t == len(items[n]) for t, n in zip(taken, names)) else None
+        for j, name in enumerate(names):
+            if taken[j] == len(items[name]):
+                continue
+            want, end, got = items[name][taken[j]], r, 0
+            while end < len(runs) and got < want:
+                got, end = got + runs[end][1], end + 1
+            rest = split(end, taken[:j] + (taken[j] + 1,) + taken[j + 1:]) if got == want else None
+            if rest is not None:
+                return (name,) * (end - r) + rest
+        return None
+
+    found = split(0, (0,) * len(names))
+    for (start, length), name in zip(runs, found or ()):
+        labels[start:start + length] = [name] * length
 
 
 def _markers(n: int, counts: list[int], what: str = "image") -> str:
