@@ -71,7 +71,8 @@ def build_expanded(b: Any, sid: str, text: str, spans: list[tuple[int, int]], pa
                 inside = (offsets[:, 0] >= start) & (offsets[:, 1] <= end) & real
                 counts[n].insert(k, int((inside & feature[n]).sum()))
     for part, each, own in zip(parts, counts, feature):
-        # a kind's tokens in another kind's replacement are that item's (GLM's video frames fill <|image|>, InternVL's <IMG_CONTEXT>)
+        # a kind's tokens in another kind's replacement are that item's (GLM's video frames fill <|image|>,
+        # InternVL's <IMG_CONTEXT>)
         stray = int((own & ~claimed).sum())
         if stray:
             raise SampleError("placeholder_mismatch", f"the text holds {stray} {part.kind} tokens "
