@@ -422,9 +422,10 @@ ALL_FAMILIES = {
     "mistral3": ("mistral3", {}, {}, 96),
     "mistral3_sliding": ("mistral3", {}, {"sliding_window": 8}, 96),
     "gemma3": ("gemma3", {}, {}, 128),
+    "minicpmv4_6": ("minicpmv", {}, {}, 128),
 }
 #: The families the loader feeds under the varlen kernel (all but Gemma 3).
-FAMILIES = {name: spec for name, spec in ALL_FAMILIES.items() if name != "gemma3"}
+FAMILIES = {name: spec for name, spec in ALL_FAMILIES.items() if name not in ("gemma3", "minicpmv4_6")}
 
 
 def with_a_long_chat(processor, seq_len: int) -> tuple:

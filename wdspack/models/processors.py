@@ -133,9 +133,10 @@ def save_processor(processor: Any, folder: str | os.PathLike[str]) -> Path:
     processor.tokenizer.save_pretrained(out)
     parts = {part: getattr(processor, part, None) for part in _AUTO}
     nested = {}
-    if parts["feature_extractor"] is None:  # an image processor alone: its own file, as every version reads it
+    if parts["feature_extractor"] is None and parts["video_processor"] is None:  # an image processor alone: its
+        # own file, as every version reads it
         processor.image_processor.save_pretrained(out)
-    else:  # two parts that both write preprocessor_config.json: nested, as transformers 5 saves them
+    else:  # two or more parts (two of them write preprocessor_config.json): nested, as transformers 5 saves them
         nested = {part: value.to_dict() for part, value in parts.items() if value is not None}
     if processor.chat_template:
         (out / "chat_template.jinja").write_text(processor.chat_template, encoding="utf-8")
