@@ -21,18 +21,22 @@ DeltaNet) layers carry a recurrent state along the row, so wdspack runs them per
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from ...errors import ConfigError
-from ..family import Budgets, Family, ImageSide, Rows, take_rows
+from ...errors import ConfigError, FormatError, SampleError
+from ...media.video.pixels import row_normalizer
+from ...media.video.plan import MAX_PLAN_FRAMES, VideoHeader
+from ..family import Budgets, Family, ImageSide, Rows, VideoSide, take_rows
 from ..varlen import CU_SEQLENS_KEY, MAX_SEQLEN_KEY
 
-__all__ = ["MINICPMV4_6", "image_layout", "segment_linear_attention"]
+__all__ = ["MINICPMV4_6", "MiniCPMVideoPlan", "MiniCPMVideoSampling", "image_layout", "plan_minicpmv", "segment_linear_attention"]
 
 
 def _divisor(part: Any) -> int:
@@ -136,6 +140,252 @@ def _pad(out: Mapping[str, torch.Tensor], processor: Any, budgets: Budgets,
             "target_sizes": Rows(sizes, slots), "slice_mask": torch.arange(slots) < s}
 
 
+# ---- videos: each sampled frame laid out as an image -------------------------------------------
+#
+#     tokens   <image_id>k</image_id> then per frame <image>V…V</image><slice>V…V</slice>…   (k: the video's
+#              index among its sample's videos; V the video token; the frame's slices as an image's)
+#     pixels   pixel_values_videos [B·R, 3, P, P] patch rows + video_patch_mask, target_sizes_videos
+#              [B·S, 2] + video_slice_mask (each frame's overview then its slices), video_mask [B·M]
+
+
+@dataclass(frozen=True)
+class MiniCPMVideoSampling:
+    """``MiniCPMV4_6VideoProcessor``'s settings (its class defaults unless its config says): one frame a second
+    (``fps`` is that rule, not a setting: only 1 is taken), at most ``max_frames`` (its ``max_num_frames``), each
+    frame sliced as an image by ``scale_resolution`` / ``max_slice_nums``. ``num_frames``, ``max_pixels`` and
+    ``min_pixels`` are :class:`~wdspack.media.video.plan.VideoSettings`' fields, which this family refuses.
+
+    Example:
+        >>> MiniCPMVideoSampling.from_config({"max_num_frames": 8, "scale_resolution": 56}).max_frames
+        8
+    """
+
+    do_sample_frames: bool = True
+    fps: float | None = 1.0
+    min_frames: int = 1
+    max_frames: int = 128
+    stack_frames: int = 1
+    scale_resolution: int = 448
+    max_slice_nums: int = 9
+    patch_size: int = 14
+    slice_mode: bool = True
+    downsample_mode: str = "16x"
+    num_frames: int | None = None
+    max_pixels: int | None = None
+    min_pixels: int = 0
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> MiniCPMVideoSampling:
+        """From the video processor's settings as a dict (``to_dict()``, or its saved file's).
+
+        Raises:
+            ConfigError: a setting of the wrong type, ``do_resize`` false, or ``stack_frames`` over 1.
+        """
+        out: dict[str, Any] = {}
+        names = {"max_num_frames": "max_frames"}
+        for key in ("do_sample_frames", "slice_mode", "do_resize"):
+            if config.get(key) is not None and not isinstance(config[key], bool):
+                raise ConfigError(f"the video processor's {key} {config[key]!r} is not true or false; fix its settings")
+        for key in ("max_num_frames", "stack_frames", "scale_resolution", "max_slice_nums", "patch_size"):
+            value = config.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"the video processor's {key} {value!r} is not a whole number >= 1; fix its "
+                                  "settings")
+            out[names.get(key, key)] = value
+        for key in ("do_sample_frames", "slice_mode"):
+            if config.get(key) is not None:
+                out[key] = config[key]
+        mode = config.get("downsample_mode")
+        if mode is not None:
+            if mode not in ("16x", "4x"):
+                raise ConfigError(f"the video processor's downsample_mode {mode!r} is not '16x' or '4x'; fix its "
+                                  "settings")
+            out["downsample_mode"] = mode
+        if config.get("do_resize") is False:
+            raise ConfigError("the video processor has do_resize false, which keeps each frame's own size; wdspack "
+                              "plans MiniCPM-V's resized slices only: set do_resize true")
+        if out.get("stack_frames", 1) > 1:
+            raise ConfigError(f"the video processor stacks {out['stack_frames']} sub-frames a second into composite "
+                              "images (stack_frames), which wdspack does not plan; set stack_frames to 1")
+        return cls(**out)
+
+
+def _video_part(s: MiniCPMVideoSampling) -> Any:
+    """The real ``MiniCPMV4_6VideoProcessor`` with ``s``' settings (built once per settings): its own methods
+    sample the frames and lay each one out (no pixels: it needs torchvision only to resize)."""
+    return _built_part(s.max_frames, s.scale_resolution, s.max_slice_nums, s.patch_size, s.slice_mode,
+                       s.downsample_mode)
+
+
+@functools.lru_cache(maxsize=8)
+def _built_part(max_frames: int, scale_resolution: int, max_slice_nums: int, patch_size: int, slice_mode: bool,
+                downsample_mode: str) -> Any:
+    from transformers.models.minicpmv4_6.video_processing_minicpmv4_6 import MiniCPMV4_6VideoProcessor
+
+    return MiniCPMV4_6VideoProcessor(max_num_frames=max_frames, stack_frames=1, scale_resolution=scale_resolution,
+                                     max_slice_nums=max_slice_nums, patch_size=patch_size, slice_mode=slice_mode,
+                                     downsample_mode=downsample_mode)
+
+
+@dataclass(frozen=True)
+class MiniCPMVideoPlan:
+    """A :class:`~wdspack.media.video.plan.VideoPlan` (the same fields, read the same way) that also keeps each
+    frame's layout for the text: its slice grid ``frame_grid`` (``(0, 0)``: the overview alone) and the
+    ``frame_sizes`` in patches of its overview then each slice."""
+
+    indices: tuple[int, ...]
+    height: int
+    width: int
+    grid: tuple[int, int, int]
+    tokens: int
+    second_per_grid_t: float
+    timestamps: tuple[float, ...] = ()
+    frame_grid: tuple[int, int] = (0, 0)
+    frame_sizes: tuple[tuple[int, int], ...] = ()
+
+
+def plan_minicpmv(header: VideoHeader, s: MiniCPMVideoSampling) -> MiniCPMVideoPlan:
+    """What MiniCPM-V 4.6's video processor makes of this video, from its header: the frames its
+    ``sample_frames`` picks (one a second from frame 0, ``int(i · fps)``; a video longer than ``max_frames``
+    seconds: every 0.1 s, thinned to ``max_frames``), or every frame; each frame laid out as an image of the
+    header's size (:func:`image_layout`). ``size`` is the overview's, ``grid`` ``(frames, h, w)`` its patches;
+    ``tokens`` all the frames' features; ``second_per_grid_t`` the seconds between sampled frames.
+
+    Raises:
+        ConfigError: ``--video-fps`` other than 1, ``--video-num-frames`` or ``--video-max-pixels`` (the
+            processor has no such settings).
+
+    Example:
+        >>> plan_minicpmv(VideoHeader(frames=25, fps=10.0, width=66, height=50),
+        ...               MiniCPMVideoSampling(scale_resolution=56, max_slice_nums=4)).indices
+        (0, 10, 20)
+    """
+    for value, flag in ((s.num_frames, "--video-num-frames"), (s.max_pixels, "--video-max-pixels")):
+        if value is not None:
+            raise ConfigError(f"{flag} {value}: MiniCPM-V's video processor samples one frame a second and slices "
+                              "each as an image (scale_resolution, max_slice_nums); leave it out (--video-max-frames "
+                              "bounds the frames)")
+    if s.fps != 1.0:
+        raise ConfigError(f"--video-fps {s.fps}: MiniCPM-V's video processor samples one frame a second, which has "
+                          "no setting; leave --video-fps out (--video-max-frames bounds the frames)")
+    part = _video_part(s)
+    if s.do_sample_frames:
+        from transformers.video_utils import VideoMetadata
+
+        meta = VideoMetadata(total_num_frames=header.frames, fps=header.fps, width=header.width,
+                             height=header.height, duration=header.frames / header.fps)
+        indices = [int(i) for i in part.sample_frames(meta, max_num_frames=s.max_frames, stack_frames=1)]
+    else:
+        indices = list(range(header.frames))
+    if not indices or len(indices) > MAX_PLAN_FRAMES:
+        raise SampleError("video_too_large" if indices else "video_too_short",
+                          f"the plan names {len(indices)} frames of {header.frames}; a plan names 1 to "
+                          f"{MAX_PLAN_FRAMES} (--video-max-frames bounds them)")
+    grid, sizes = image_layout(part, header.height, header.width)
+    per_frame = sum(h * w for h, w in sizes) // _divisor(part)
+    count = len(indices)
+    return MiniCPMVideoPlan(indices=tuple(indices), height=sizes[0][0] * s.patch_size,
+                            width=sizes[0][1] * s.patch_size, grid=(count, sizes[0][0], sizes[0][1]),
+                            tokens=count * per_frame,
+                            second_per_grid_t=float(np.float32(header.frames / header.fps / count)),
+                            frame_grid=(grid[0], grid[1]), frame_sizes=tuple((h, w) for h, w in sizes))
+
+
+def _video_token(processor: Any) -> str:
+    return str(processor.video_token)
+
+
+def _video_sampling(processor: Any, config: Mapping[str, Any] | None) -> MiniCPMVideoSampling:
+    """The video processor's settings (None: the loaded video processor's, else the class defaults); its mean, std
+    and rescale must be the image processor's (the loader normalises video rows with those)."""
+    if config is None:
+        own = getattr(processor, "video_processor", None)
+        config = own.to_dict() if own is not None and hasattr(own, "to_dict") else {}
+    ip = processor.image_processor
+    for key in ("image_mean", "image_std", "rescale_factor"):
+        mine, theirs = config.get(key), getattr(ip, key, None)
+        if mine is not None and theirs is not None and not np.array_equal(np.asarray(mine), np.asarray(theirs)):
+            raise ConfigError(f"the video processor's {key} {mine} differs from the image processor's {theirs}; "
+                              "the loader normalises video frames with the image processor's")
+    return MiniCPMVideoSampling.from_config(config)
+
+
+def _video_replacement(processor: Any, plan: MiniCPMVideoPlan, index: int) -> str:
+    """The processor's own ``replace_video_token`` fed the plan's layout (every frame the header's size), after
+    ``<image_id>index</image_id>`` (``index``: the video's place among its sample's videos)."""
+    frames = len(plan.indices)
+    inputs = {"target_sizes_videos": np.array(list(plan.frame_sizes) * frames, dtype=np.int32).reshape(-1, 2),
+              "grids_videos": np.array([plan.frame_grid] * frames, dtype=np.int32),
+              "num_frames_per_video": [frames]}
+    text = processor.replace_video_token(inputs, video_idx=0, video_token_divisor=_divisor(processor.video_processor))
+    return _id_prefix(processor, index) + text
+
+
+def _video_pixels(processor: Any, videos: Sequence[bytes], plans: Sequence[Any], *,
+                  max_pixels: int = 64_000_000) -> dict[str, Any]:
+    """A pack's videos: only the planned frames decoded, each resized and cut as the video processor does (its
+    overview, its slices; bicubic on uint8, antialiased) into uint8 patch rows (normalised where they land), and
+    each unit's ``target_sizes_videos``."""
+    from ...media.video.pixels import decode_frames, resize_frames
+
+    part = processor.video_processor
+    patch = int(part.patch_size)
+    blocks, sizes, tokens = [], [], []
+    for k, (data, plan) in enumerate(zip(videos, plans)):
+        frames = decode_frames(data, plan.frames, max_pixels=max_pixels, index=k)
+        height, width = int(frames.shape[1]), int(frames.shape[2])
+        grid, targets = image_layout(part, height, width)
+        if [targets[0][0] * patch, targets[0][1] * patch] != list(plan.size):
+            raise FormatError(f"video {k}'s frames of {width}x{height} give an overview of {targets[0]} patches, "
+                              f"but its plan says {list(plan.size)} pixels; load with the processor it was packed with")
+        units = [resize_frames(frames, targets[0][0] * patch, targets[0][1] * patch)[:, None]]
+        if grid != [0, 0]:
+            rows, cols = grid
+            sh, sw = targets[1][0] * patch, targets[1][1] * patch
+            refined = resize_frames(frames, rows * sh, cols * sw)
+            units += [refined[:, None, :, r * sh:(r + 1) * sh, c * sw:(c + 1) * sw]
+                      for r in range(rows) for c in range(cols)]
+        for t in range(len(plan.frames)):  # frame by frame: its overview, then its slices row by row
+            blocks += [_uint8_rows(unit[t, 0], patch) for unit in units]
+        sizes += targets * len(plan.frames)
+        tokens.append(sum(h * w for h, w in targets) // _divisor(part) * len(plan.frames))
+    return {"pixel_values_videos": tuple(blocks),
+            "target_sizes_videos": torch.tensor(sizes, dtype=torch.int64).reshape(-1, 2),
+            "video_tokens": torch.tensor(tokens, dtype=torch.int64)}
+
+
+def _uint8_rows(unit: torch.Tensor, patch: int) -> torch.Tensor:
+    """One resized unit ``[3, H, W]`` as its patch rows ``[H/P · W/P, 3, P, P]``, row-major (the NaViT order)."""
+    channels, height, width = unit.shape
+    rows = unit.reshape(channels, height // patch, patch, width // patch, patch).permute(1, 3, 0, 2, 4)
+    return rows.reshape(-1, channels, patch, patch)
+
+
+def _pad_videos(out: Mapping[str, Any], processor: Any, budgets: Budgets,
+                video_tokens: Sequence[int]) -> dict[str, torch.Tensor | Rows]:
+    """Patch rows as :class:`Rows` (``divisor`` a token, the pack's most video tokens), ``video_patch_mask``,
+    ``target_sizes_videos`` in one slot a token (a unit holds one at least) with ``video_slice_mask``, and
+    ``video_mask`` in ``max_images`` slots (the budget counts images and videos)."""
+    part = processor.video_processor
+    patch, most, M = int(part.patch_size), int(budgets.max_video_tokens or 0), budgets.max_images
+    rows, slots = most * _divisor(part), most
+    got = out["video_tokens"].tolist()
+    if got != list(video_tokens):
+        raise FormatError(f"the videos' frames give {got} tokens but the pack reserved {list(video_tokens)}")
+    blocks, sizes = tuple(out["pixel_values_videos"]), out["target_sizes_videos"]
+    n, s, k = sum(int(b.shape[0]) for b in blocks), int(sizes.shape[0]), len(got)
+    if n > rows or s > slots or k > M:  # a pack unlike the manifest says: corrupt (counted and skipped)
+        raise FormatError(f"{k} videos of {n} patches in {s} frames and slices > the {M} slots, {rows} patch rows "
+                          f"and {slots} slice slots the dataset's manifest gives a pack")
+    real = blocks if n else (torch.zeros(0, 3, patch, patch, dtype=torch.uint8),)
+    finish = row_normalizer(processor.image_processor)  # channel-major rows: the video processor's fused form
+    return {"pixel_values_videos": Rows(real, rows, torch.float32, finish), "video_patch_mask": torch.arange(rows) < n,
+            "target_sizes_videos": Rows(sizes, slots), "video_slice_mask": torch.arange(slots) < s,
+            "video_mask": torch.arange(M) < k}
+
+
 # ---- the text model's linear-attention layers, per sub-sample -----------------------------------
 
 
@@ -184,6 +434,10 @@ def _model_kwargs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]:
     if bool(batch["image_mask"].any()):
         kwargs["pixel_values"] = _navit(take_rows(batch["pixel_values"], batch["patch_mask"]))
         kwargs["target_sizes"] = take_rows(batch["target_sizes"], batch["slice_mask"]).to(torch.int32)
+    if "video_mask" in batch and bool(batch["video_mask"].any()):
+        kwargs["pixel_values_videos"] = _navit(take_rows(batch["pixel_values_videos"], batch["video_patch_mask"]))
+        kwargs["target_sizes_videos"] = take_rows(batch["target_sizes_videos"], batch["video_slice_mask"]).to(
+            torch.int32)
     return kwargs
 
 
@@ -197,7 +451,11 @@ MINICPMV4_6 = Family(
                     placeholder=_image_token),
     model_kwargs=_model_kwargs,
     notes="an overview + a grid of slices (<image>…</image><slice>…</slice> rows, <image_id>k</image_id>); NaViT "
-          "patch rows + target_sizes [B·S, 2]; linear-attention layers run per sub-sample",
+          "patch rows + target_sizes [B·S, 2]; videos one frame a second, each frame laid out as an image; "
+          "linear-attention layers run per sub-sample",
+    video=VideoSide(placeholder=_video_token, feature_token=_video_token, sampling=_video_sampling,
+                    plan=plan_minicpmv, replacement=_video_replacement, pixels=_video_pixels, pad=_pad_videos,
+                    numbered=True),
 )
 
 FAMILIES = (MINICPMV4_6,)
