@@ -49,14 +49,14 @@ def processor(folder: Any, *, scale_resolution: int = 56, max_slice_nums: int = 
 
 def model(processor: Any, *, seed: int = 0) -> Any:
     """A tiny random ``MiniCPMV4_6ForConditionalGeneration``: 2 vision layers (the window merger after the
-    first), 4 text layers (Qwen3.5's pattern at interval 2: linear, full, linear, full)."""
+    first), 2 text layers (Qwen3.5's pattern: a linear-attention layer, then a full-attention one)."""
     import torch
     from transformers import MiniCPMV4_6Config, MiniCPMV4_6ForConditionalGeneration
 
     tok = processor.tokenizer
     text = dict(model_type="qwen3_5_text", vocab_size=len(tok), hidden_size=32, intermediate_size=64,
-                num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                layer_types=["linear_attention", "full_attention"] * 2, linear_num_key_heads=2,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                layer_types=["linear_attention", "full_attention"], linear_num_key_heads=2,
                 linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8, linear_conv_kernel_dim=4,
                 max_position_embeddings=4096, pad_token_id=tok.pad_token_id,
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1],
