@@ -28,7 +28,7 @@ from wdspack.media.video.plan import VideoSettings
 from wdspack.models.families.minicpmv import MINICPMV4_6, MiniCPMVideoSampling, image_layout, plan_minicpmv
 from wdspack.packer.config import PackConfig
 from wdspack.packer.job import pack_dataset
-from wdspack.packer.samples import SampleBuilder, SampleConfig
+from wdspack.packer.samples import SampleConfig
 
 av = pytest.importorskip("av")
 

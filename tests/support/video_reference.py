@@ -52,7 +52,8 @@ KINDS = {"qwen2_vl": "Qwen2VLVideoProcessor", "qwen3_vl": "Qwen3VLVideoProcessor
 VIDEO_PROCESSORS = {"Qwen2VLProcessor": "Qwen2VLVideoProcessor", "Qwen2_5_VLProcessor": "Qwen2VLVideoProcessor",
                     "Qwen3VLProcessor": "Qwen3VLVideoProcessor",
                     "LlavaOnevisionProcessor": "LlavaOnevisionVideoProcessor",
-                    "Qwen2_5OmniProcessor": "Qwen2VLVideoProcessor", "MiniCPMV4_6Processor": "MiniCPMV4_6VideoProcessor"}
+                    "Qwen2_5OmniProcessor": "Qwen2VLVideoProcessor",
+                    "MiniCPMV4_6Processor": "MiniCPMV4_6VideoProcessor"}
 
 #: torchvision 0.28's compiled operators: declared (never implemented) so its Python modules import.
 SCHEMAS = (

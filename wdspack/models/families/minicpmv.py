@@ -36,7 +36,8 @@ from ...media.video.plan import MAX_PLAN_FRAMES, VideoHeader
 from ..family import Budgets, Family, ImageSide, Rows, VideoSide, take_rows
 from ..varlen import CU_SEQLENS_KEY, MAX_SEQLEN_KEY
 
-__all__ = ["MINICPMV4_6", "MiniCPMVideoPlan", "MiniCPMVideoSampling", "image_layout", "plan_minicpmv", "segment_linear_attention"]
+__all__ = ["MINICPMV4_6", "MiniCPMVideoPlan", "MiniCPMVideoSampling", "image_layout", "plan_minicpmv",
+           "segment_linear_attention"]
 
 
 def _divisor(part: Any) -> int:
