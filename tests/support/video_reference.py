@@ -46,7 +46,7 @@ FOLDER = Path(sys.prefix) / "video-reference"
 
 #: The video processor of each kind.
 KINDS = {"qwen2_vl": "Qwen2VLVideoProcessor", "qwen3_vl": "Qwen3VLVideoProcessor",
-         "llava_onevision": "LlavaOnevisionVideoProcessor"}
+         "llava_onevision": "LlavaOnevisionVideoProcessor", "minicpmv4_6": "MiniCPMV4_6VideoProcessor"}
 
 #: The video processor each processor class takes.
 VIDEO_PROCESSORS = {"Qwen2VLProcessor": "Qwen2VLVideoProcessor", "Qwen2_5_VLProcessor": "Qwen2VLVideoProcessor",
@@ -54,7 +54,8 @@ VIDEO_PROCESSORS = {"Qwen2VLProcessor": "Qwen2VLVideoProcessor", "Qwen2_5_VLProc
                     "LlavaOnevisionProcessor": "LlavaOnevisionVideoProcessor",
                     "Qwen2_5OmniProcessor": "Qwen2VLVideoProcessor", "Qwen3OmniMoeProcessor": "Qwen2VLVideoProcessor",
                     "Glm4vProcessor": "Glm4vVideoProcessor", "Glm46VProcessor": "Glm46VVideoProcessor",
-                    "InternVLProcessor": "InternVLVideoProcessor"}
+                    "InternVLProcessor": "InternVLVideoProcessor",
+                    "MiniCPMV4_6Processor": "MiniCPMV4_6VideoProcessor"}
 
 #: torchvision 0.28's compiled operators: declared (never implemented) so its Python modules import.
 SCHEMAS = (
@@ -147,8 +148,9 @@ def _calls(calls: Sequence[Mapping[str, Any]]) -> list[dict]:
 
 def video_processor_outputs(kind: str, clips: Sequence[str | os.PathLike[str]],
                             settings: Mapping[str, Any]) -> list[dict[str, np.ndarray]]:
-    """Per clip: ``pixel_values_videos``, ``video_grid_thw``, the ``frames_indices`` the processor sampled
-    and the metadata it was given (``total_num_frames``, ``fps``, ``width``, ``height``).
+    """Per clip: every tensor the video processor returns (``pixel_values_videos``, ``video_grid_thw``, ...), the
+    ``frames_indices`` the processor sampled and the metadata it was given (``total_num_frames``, ``fps``,
+    ``width``, ``height``).
 
     Example:
         >>> out = video_processor_outputs("qwen2_vl", ["a.mp4"], {"do_sample_frames": True, "fps": 2.0})
@@ -351,8 +353,8 @@ def _serve(transformers: Any, request: Mapping[str, Any]) -> None:
                                       return_tensors="pt")
                 used = got["video_metadata"][0]
                 indices = used.frames_indices if used.frames_indices is not None else range(len(frames))
-                np.savez(out / f"{j}-{k}.npz", pixel_values_videos=got["pixel_values_videos"].numpy(),
-                         video_grid_thw=got["video_grid_thw"].numpy(), frames_indices=np.asarray(indices, np.int64),
+                tensors = {key: value.numpy() for key, value in got.items() if hasattr(value, "numpy")}
+                np.savez(out / f"{j}-{k}.npz", **tensors, frames_indices=np.asarray(indices, np.int64),
                          total_num_frames=np.int64(meta.total_num_frames), fps=np.float64(meta.fps),
                          width=np.int64(meta.width), height=np.int64(meta.height))
         elif job["what"] == "save":

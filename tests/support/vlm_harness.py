@@ -424,9 +424,10 @@ ALL_FAMILIES = {
     "gemma3": ("gemma3", {}, {}, 128),
     "glm4v": ("glm4v", {"cls": "Glm4vProcessor"}, {}, 96),  # GLM-4.6V: its model and tower (test_family_glm4v.py)
     "internvl": ("internvl", {}, {}, 96),
+    "minicpmv4_6": ("minicpmv", {}, {}, 128),
 }
 #: The families the loader feeds under the varlen kernel (all but Gemma 3).
-FAMILIES = {name: spec for name, spec in ALL_FAMILIES.items() if name != "gemma3"}
+FAMILIES = {name: spec for name, spec in ALL_FAMILIES.items() if name not in ("gemma3", "minicpmv4_6")}
 
 
 def with_a_long_chat(processor, seq_len: int) -> tuple:

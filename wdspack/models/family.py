@@ -177,7 +177,9 @@ class VideoSide:
             :func:`~wdspack.media.settings.read_settings` found (wherever transformers writes them; None:
             the class's defaults).
         plan: ``(header, settings) -> VideoPlan``: the frames sampled, their size, grid and tokens.
-        replacement: ``(processor, plan) -> str``: the text the placeholder becomes.
+        replacement: ``(processor, plan) -> str``: the text the placeholder becomes; ``numbered``:
+            ``(processor, plan, index) -> str``, ``index`` the video's place among its sample's videos (MiniCPM-V's
+            ``<image_id>index</image_id>``).
         pixels: ``(processor, videos, plans, *, max_pixels) -> {key: tensor}``: in the loader's workers, a
             pack's videos (bytes and stored plans) decoded at the planned frames only and laid out as the
             processor lays them out, as uint8 (resized, not normalised).
@@ -195,10 +197,17 @@ class VideoSide:
     feature_token: Callable[[Any], str]
     sampling: Callable[[Any, Mapping[str, Any] | None], Any]
     plan: Callable[[Any, Any], Any]
-    replacement: Callable[[Any, Any], str]
+    replacement: Callable[..., str]
     pixels: Callable[..., dict[str, Any]]
     pad: Callable[[Mapping[str, Any], Any, Budgets, Sequence[int]], Mapping[str, torch.Tensor | Rows]]
     with_audio: Callable[[Any, Any, int], str] | None = None
+    numbered: bool = False
+
+    def replacements(self, processor: Any, plans: Sequence[Any]) -> list[str]:
+        """The text each of one sample's videos becomes, in order."""
+        if self.numbered:
+            return [self.replacement(processor, plan, k) for k, plan in enumerate(plans)]
+        return [self.replacement(processor, plan) for plan in plans]
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,9 +60,17 @@ def assemble_processor(cls: type[Any] | str, *, image_processor: Any, tokenizer:
              **{k: kwargs.pop(k) for k in _AUTO if k in kwargs}}
     parts = {part: given.get(part) for part in attributes if part in _AUTO or part == "tokenizer"}
     proc = klass.__new__(klass)
-    proc.check_argument_for_proper_class = (  # instance attribute: shadows the class's check for this call only
-        lambda name, arg: None if arg is None and name in _AUTO
-        else ProcessorMixin.check_argument_for_proper_class(proc, name, arg))
+    def check(name: str, arg: Any) -> Any:
+        if arg is None and name in _AUTO:
+            return None
+        try:
+            return ProcessorMixin.check_argument_for_proper_class(proc, name, arg)
+        except AttributeError:  # a video processor given where its Auto mapping needs torchvision: none to check
+            if name in _AUTO:
+                return None
+            raise
+
+    proc.check_argument_for_proper_class = check  # instance attribute: shadows the class's check for this call only
     try:
         klass.__init__(proc, **{k: v for k, v in parts.items() if k in attributes}, chat_template=chat_template,
                        **kwargs)
@@ -125,9 +133,10 @@ def save_processor(processor: Any, folder: str | os.PathLike[str]) -> Path:
     processor.tokenizer.save_pretrained(out)
     parts = {part: getattr(processor, part, None) for part in _AUTO}
     nested = {}
-    if parts["feature_extractor"] is None:  # an image processor alone: its own file, as every version reads it
+    if parts["feature_extractor"] is None and parts["video_processor"] is None:  # an image processor alone: its
+        # own file, as every version reads it
         processor.image_processor.save_pretrained(out)
-    else:  # two parts that both write preprocessor_config.json: nested, as transformers 5 saves them
+    else:  # two or more parts (two of them write preprocessor_config.json): nested, as transformers 5 saves them
         nested = {part: value.to_dict() for part, value in parts.items() if value is not None}
     if processor.chat_template:
         (out / "chat_template.jinja").write_text(processor.chat_template, encoding="utf-8")
@@ -167,8 +176,34 @@ def _media_parts(name: str) -> tuple[dict[str, Any], dict[str, str]]:
             try:
                 loaded[part] = getattr(transformers, _AUTO[part]).from_pretrained(name)
             except Exception as e:
-                failed[part] = _reason(e)
+                own = _own_class(name, part)  # a class that builds without torchvision (MiniCPM-V 4.6's video)
+                try:
+                    loaded[part] = own.from_pretrained(name) if own is not None else None
+                except Exception:
+                    loaded[part] = None
+                if loaded[part] is None:
+                    del loaded[part]
+                    failed[part] = _reason(e)
     return loaded, failed
+
+
+def _own_class(name: str, part: str) -> Any:
+    """The class that ``name``'s settings for ``part`` name (``video_processor_type``), imported from its own
+    module where the Auto mapping cannot be used without torchvision; None where there is none."""
+    import importlib
+
+    import transformers
+
+    settings = _read_json(name, "processor_config.json").get(part) or _read_json(name, f"{part[:-10]}_preprocessor"
+                                                                                         "_config.json")
+    cls = settings.get(f"{part}_type") if isinstance(settings, dict) else None
+    klass = getattr(transformers, cls, None) if isinstance(cls, str) else None
+    if klass is None or not getattr(klass, "is_dummy", False):
+        return klass
+    try:
+        return getattr(importlib.import_module(klass.__module__), str(cls))
+    except ImportError:
+        return None
 
 
 def _load_parts(name: str, loaded: dict[str, Any]) -> Any:

@@ -111,12 +111,15 @@ def _label_shared(labels: list[str], ids: list[int], token_id: int, items: dict[
 
 def _markers(n: int, counts: list[int], what: str = "image") -> str:
     """``n`` placeholder tokens as one ``<{what}×k>`` per item (``<image×k>``), taking the items' counts from
-    ``counts``."""
+    ``counts``; a run that is part of an item (its tokens split by other tokens: MiniCPM-V's slices, Qwen3-VL's
+    timestamps) is shown as it is and taken off the item's count, so the next item's run reads as its own."""
     parts = []
     while counts and 0 < counts[0] <= n:
         k = counts.pop(0)
         parts.append(f"<{what}×{k}>")
         n -= k
+    if n and counts and counts[0] > n:
+        counts[0] -= n
     return "".join(parts) + (f"<{what}×{n}>" if n or not parts else "")
 
 

@@ -86,7 +86,7 @@ def part(builder: Any, sid: str, videos: tuple[bytes, ...], plans: tuple[VideoPl
     """A chat's videos as the family expands them: from each one's plan (made from its header)."""
     assert builder.video_side is not None and builder.video_token is not None  # probe checked
     return Prepared("video", builder.video_token, builder.video_token_id, tuple(videos),
-                    lambda: [builder.video_side.replacement(builder.processor, plan) for plan in plans],
+                    lambda: builder.video_side.replacements(builder.processor, plans),
                     tuple((plan.tokens, str(plan.grid)) for plan in plans), tuple(plan_record(plan) for plan in plans))
 
 
@@ -124,6 +124,9 @@ def settings_text(policy: dict[str, Any]) -> str:
         rate = "every frame"
     if v.get("height") and v.get("width"):  # one size for every frame (LLaVA-OneVision)
         pixels = f"each resized to {v['height']}x{v['width']}"
+    elif v.get("scale_resolution"):  # each frame sliced as an image (MiniCPM-V)
+        pixels = (f"each sliced as an image (slices of about {v['scale_resolution']}x{v['scale_resolution']}, at "
+                  f"most {v.get('max_slice_nums')})")
     elif v.get("min_pixels"):
         pixels = f"{v['min_pixels']} to {v.get('max_pixels')} pixels each"
     else:
