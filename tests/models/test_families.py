@@ -18,7 +18,7 @@ def test_the_families_are_what_the_modules_of_the_folder_declare():
     assert {f.name for f in declared} == {"gemma3", "idefics3", "smolvlm", "llava", "llava_onevision", "mistral3",
                                           "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2_audio", "qwen2_5_omni",
                                           "qwen3_omni_moe", "gemma4", "glm4v", "glm46v",
-                                          "internvl"}
+                                          "internvl", "minicpmv4_6"}
     assert family_for("qwen3_vl").name == "qwen3_vl"
 
 
