@@ -43,6 +43,10 @@ SEQ_LEN = 256
 #: whose attention gradients are small (~1e-6 of the others) and so carry more of the rounding (measured: at most
 #: 5e-6 elsewhere, in the vision tower's query projection; 7e-6 in the audio tower).
 GRAD_SHARE = {"": 1e-5, "model.audio_tower.": 3e-5}
+#: The audio tower's share in the video chats' check: one short audio there, whose attention gradients are small
+#: (~1e-8), carries more of the float32 rounding (measured: 5.8e-5 in its second layer's per_dim_scale, 5.5e-5 in
+#: its k_proj; every text and vision parameter within 4e-7, the loss within 1e-9).
+VIDEO_AUDIO_SHARE = 1e-4
 #: Audio chats: (id, turns, image sizes (width, height), audios (format, codec, rate, samples)); "<audio>" in a user
 #: text marks where an audio goes (after the images' "<image>", as in the harness's chats).
 AUDIO_CHATS = (
@@ -278,8 +282,9 @@ def test_packed_loss_and_gradients_equal_one_by_one(gemma, attn):
     assert_same(model, got, want)
 
 
-def assert_same(model, got, want) -> None:
-    """The mean loss at float64 tolerance; every gradient within :data:`GRAD_SHARE` of its largest entry."""
+def assert_same(model, got, want, *, audio_share: float = GRAD_SHARE["model.audio_tower."]) -> None:
+    """The mean loss at float64 tolerance; every gradient within :data:`GRAD_SHARE` of its largest entry (the audio
+    tower's within ``audio_share``)."""
     (g_total, g_count, g_grads), (w_total, w_count, w_grads) = got, want
     assert g_count == w_count > 0
     torch.testing.assert_close(g_total / g_count, w_total / w_count, rtol=1e-9, atol=1e-11)
@@ -287,7 +292,7 @@ def assert_same(model, got, want) -> None:
         return
     seen = 0
     for (name, _), g, w in zip(model.named_parameters(), g_grads, w_grads):
-        share = GRAD_SHARE["model.audio_tower." if name.startswith("model.audio_tower.") else ""]
+        share = audio_share if name.startswith("model.audio_tower.") else GRAD_SHARE[""]
         scale = float((w / w_count).abs().max())
         err = float((g / g_count - w / w_count).abs().max())
         assert err <= share * scale, f"gradient of {name}: off by {err:.3g}, its largest entry {scale:.3g}"
@@ -412,7 +417,7 @@ def test_video_packed_loss_and_gradients_equal_one_by_one(gemma_video, attn):
         got = h.packed(model, batches, backward=attn == "sdpa")
     finally:
         model.set_attn_implementation({"text_config": "sdpa", "vision_config": "sdpa"})
-    assert_same(model, got, want)
+    assert_same(model, got, want, audio_share=VIDEO_AUDIO_SHARE)
 
 
 def test_video_plans_are_the_processors(gemma):
@@ -440,7 +445,7 @@ def test_video_plans_are_the_processors(gemma):
         want = processor.replace_video_token({"num_soft_tokens_per_video": [per_frame], "video_metadata": [meta]},
                                              video_idx=0)
         assert side.replacement(processor, plan) == want
-    assert "01:20 <|image>" in want  # frame 2400 · 7 // 8 at 29.97 fps: 70 s... the last of 8 at 0.1 fps
+    assert want.count("<|image>") == 8 and "01:10 <|image>" in want  # at 0.1 fps the last of 8: frame 2100, 70.07 s
     with pytest.raises(SampleError, match="3 frames < the 5 frames") as short:
         side.plan(VideoHeader(frames=3, fps=5.0, width=40, height=30), VideoSettings(num_frames=5).apply(base))
     assert short.value.reason == "video_too_short"
