@@ -1,6 +1,6 @@
-"""Gemma 4: ``Gemma4Processor`` + ``Gemma4ImageProcessorPil`` + ``Gemma4AudioFeatureExtractor`` + ``Gemma4VideoProcessor``
-(where torchvision imports: it needs it; left out elsewhere, and its settings then come from the folder a processor
-with it saved), tiny ``Gemma4ForConditionalGeneration``.
+"""Gemma 4: ``Gemma4Processor`` + ``Gemma4ImageProcessorPil`` + ``Gemma4AudioFeatureExtractor`` +
+``Gemma4VideoProcessor`` (where torchvision imports: it needs it; left out elsewhere, and its settings then come from
+the folder a processor with it saved), tiny ``Gemma4ForConditionalGeneration``.
 
 The tiny model keeps what makes Gemma 4 its own: a vision tower over aspect-ratio-preserving patches (variable soft
 tokens per image, 2 × 2 pooled), an audio conformer (two stride-2 convolutions, chunked local attention), per-layer
@@ -52,8 +52,8 @@ def processor(folder: Any) -> Any:
     """The real ``Gemma4Processor``: images to at most 70 soft tokens, 128-bin audio features (published), video
     frames as :data:`VIDEO` says where torchvision imports (``save_pretrained`` then writes its settings)."""
     from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
-    from transformers.utils import is_torchvision_available
     from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+    from transformers.utils import is_torchvision_available
 
     from wdspack.models import assemble_processor
 

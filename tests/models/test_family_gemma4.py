@@ -425,6 +425,7 @@ def test_video_plans_are_the_processors(gemma):
     processor's own text with ``MM:SS`` past a minute; what the processor refuses is refused with the fix."""
     from transformers.models.gemma4.processing_gemma4 import get_aspect_ratio_preserving_size
     from transformers.video_utils import VideoMetadata, default_sample_indices_fn
+
     from tiny_vlm import gemma4
 
     processor = gemma[0]
@@ -452,7 +453,7 @@ def test_video_plans_are_the_processors(gemma):
     for settings in (VideoSettings(max_frames=4), VideoSettings(max_pixels=4096)):
         with pytest.raises(ConfigError, match="leave --video-max"):
             side.plan(header, settings.apply(base))
-    with pytest.raises(ConfigError, match="fps 2.0 and num_frames 32"):
+    with pytest.raises(ConfigError, match=r"fps 2\.0 and num_frames 32"):
         side.plan(header, Gemma4VideoSampling(fps=2.0))
     assert side.sampling(processor, None) == Gemma4VideoSampling(patch_size=4, pooling_kernel_size=2)
     with pytest.raises(ConfigError, match="patch_size 16 differs from the image processor's 4"):
