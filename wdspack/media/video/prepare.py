@@ -117,11 +117,14 @@ def settings_text(policy: dict[str, Any]) -> str:
     v = policy.get("video") or {}
     if v.get("do_sample_frames"):
         rate = f"{v['num_frames']} frames a video" if v.get("num_frames") else \
-            f"frames at {v.get('fps'):g} fps ({v.get('min_frames')} to {v.get('max_frames')} a video)"
+            f"frames at {v.get('fps'):g} fps ({v.get('min_frames')} to {v.get('max_frames')} a video)" \
+            if "min_frames" in v else f"frames at {v.get('fps'):g} fps"
     else:
         rate = "every frame"
     if v.get("height") and v.get("width"):  # one size for every frame (LLaVA-OneVision)
         pixels = f"each resized to {v['height']}x{v['width']}"
+    elif v.get("max_soft_tokens"):  # a size per aspect ratio within a budget of soft tokens (Gemma 4)
+        pixels = f"each resized to at most {v['max_soft_tokens']} soft tokens"
     elif v.get("min_pixels"):
         pixels = f"{v['min_pixels']} to {v.get('max_pixels')} pixels each"
     else:
