@@ -35,6 +35,7 @@ from wdspack.media.audio.decode import decode_audio
 from wdspack.media.audio.header import probe_audio
 from wdspack.media.video.plan import VideoHeader, VideoSettings
 from wdspack.models.families.gemma4 import GEMMA4, Gemma4VideoSampling, packed_masks
+from wdspack.models.family import Budgets
 
 pytest.importorskip("av")
 
@@ -459,5 +460,8 @@ def test_video_plans_are_the_processors(gemma):
     assert side.sampling(processor, None) == Gemma4VideoSampling(patch_size=4, pooling_kernel_size=2)
     with pytest.raises(ConfigError, match="patch_size 16 differs from the image processor's 4"):
         side.sampling(processor, {**gemma4.VIDEO, "patch_size": 16})
+    with pytest.raises(ConfigError, match="max_soft_tokens is 70; load with the processor"):  # packed with 140, say
+        side.pad({"video_grid": torch.tensor([[2, 20, 20]]), "pixel_values_videos": ()}, processor,
+                 Budgets(64, 2, max_video_tokens=400), [200])
     with pytest.raises(ConfigError, match="max_soft_tokens 100"):
         side.sampling(processor, {**gemma4.VIDEO, "max_soft_tokens": 100})

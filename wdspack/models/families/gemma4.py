@@ -1,22 +1,19 @@
 """Gemma 4: images of any aspect ratio as a variable number of soft tokens, videos as timestamped frames of them,
-audio at 40 ms a token, a text stack of sliding and full layers whose sliding layers let an image's (or a frame's)
-soft tokens see each other.
+audio at 40 ms a token; sliding layers let an image's (or a frame's) soft tokens see each other.
 
 The template renders ``<|image|>``, ``<|video|>``, ``<|audio|>`` per item; the processor expands them::
 
     <|image|>  ──►  <|image> <|image|> × n <image|>     n = patches of the resize that keeps the aspect ratio in
                                                         max_soft_tokens·k² patches, pooled k × k (from the header size)
-    <|video|>  ──►  per sampled frame "MM:SS <|image> <|video|> × n <image|>", joined by spaces (num_frames frames
-                    at arange(n)·N//n, or fps; n as an image's, with the video processor's max_soft_tokens)
+    <|video|>  ──►  "MM:SS <|image> <|video|> × n <image|>" per sampled frame, joined by spaces (n as an image's)
     <|audio|>  ──►  <|audio> <|audio|> × t <audio|>     t = ceil(ceil(L/2)/2), L valid mel frames (30 s cut)
 
-Pixels are ``max_images`` slots of ``[max_soft_tokens·k², 3·p²]`` patch rows with their ``image_position_ids``
-(``-1`` on padding), as the image processor pads one image; videos are ``max_video_tokens·k²`` patch rows a pack
-(each frame's real ones) with ``video_position_ids``, which ``model_inputs`` pads frame by frame as the video
-processor does; audio is ``max_images`` slots of mel frames (``[F, bins]``, ``F = min(4·max_audio_tokens, 30 s)``)
-with ``input_features_mask``. The masks (per layer type, built here from ``seq_idx`` and ``mm_token_type_ids``)
-are, per sub-sample, the model's own: full layers causal, sliding layers causal within the window or within one
-image's or frame's soft tokens (both ways). Text positions restart per sub-sample.
+Images are ``max_images`` slots of ``[max_soft_tokens·k², 3·p²]`` patch rows with ``image_position_ids`` (``-1`` on
+padding), as the image processor pads one; videos ``max_video_tokens·k²`` patch rows a pack, padded frame by frame
+by ``model_inputs`` as the video processor pads them; audio ``max_images`` slots of mel frames with
+``input_features_mask``. The masks (per layer type, from ``seq_idx`` and ``mm_token_type_ids``) are, per sub-sample,
+the model's own: full layers causal, sliding layers causal within the window or within one image's or frame's soft
+tokens (both ways). Text positions restart per sub-sample.
 """
 
 from __future__ import annotations
@@ -423,6 +420,10 @@ def _pad_videos(out: Mapping[str, Any], processor: Any, budgets: Budgets,
     tokens = (grid.prod(dim=1) // k2).tolist()
     if tokens != list(video_tokens):
         raise FormatError(f"the videos' plans give {tokens} tokens but the pack reserved {list(video_tokens)}")
+    if k and int((grid[:, 1] * grid[:, 2]).max()) > s.max_soft_tokens * k2:
+        raise ConfigError(f"video frames of up to {int((grid[:, 1] * grid[:, 2]).max()) // k2} soft tokens, but the "
+                          f"video processor's max_soft_tokens is {s.max_soft_tokens}; load with the processor (folder) "
+                          "the dataset was packed with")
     blocks = tuple(out["pixel_values_videos"])
     n = sum(int(b.shape[0]) for b in blocks)
     if n > rows or k > M:  # a pack unlike the manifest says: corrupt (counted and skipped by the loader)
