@@ -1,5 +1,6 @@
-"""Gemma 4: ``Gemma4Processor`` + ``Gemma4ImageProcessorPil`` + ``Gemma4AudioFeatureExtractor`` (its video processor
-needs torchvision and is left out), tiny ``Gemma4ForConditionalGeneration``.
+"""Gemma 4: ``Gemma4Processor`` + ``Gemma4ImageProcessorPil`` + ``Gemma4AudioFeatureExtractor`` +
+``Gemma4VideoProcessor`` (where torchvision imports: it needs it; left out elsewhere, and its settings then come from
+the folder a processor with it saved), tiny ``Gemma4ForConditionalGeneration``.
 
 The tiny model keeps what makes Gemma 4 its own: a vision tower over aspect-ratio-preserving patches (variable soft
 tokens per image, 2 × 2 pooled), an audio conformer (two stride-2 convolutions, chunked local attention), per-layer
@@ -42,12 +43,17 @@ NAMED = {"boi_token": "<|image>", "eoi_token": "<image|>", "image_token": "<|ima
          "eoa_token": "<audio|>", "audio_token": "<|audio|>"}
 #: Patches of 4 pixels, pooled 2 × 2: at most 70 soft tokens an image (the smallest budget the class takes).
 PATCH_SIZE, POOLING, MAX_SOFT_TOKENS = 4, 2, 70
+#: The video processor: the tower's patches and pooling (it takes one of each), 70 soft tokens a frame, 2 frames a
+#: video (the published 32 would need 32 frames of every clip and ~2,000 tokens a video).
+VIDEO = {"patch_size": PATCH_SIZE, "pooling_kernel_size": POOLING, "max_soft_tokens": MAX_SOFT_TOKENS, "num_frames": 2}
 
 
 def processor(folder: Any) -> Any:
-    """The real ``Gemma4Processor``: images to at most 70 soft tokens, 128-bin audio features (published)."""
+    """The real ``Gemma4Processor``: images to at most 70 soft tokens, 128-bin audio features (published), video
+    frames as :data:`VIDEO` says where torchvision imports (``save_pretrained`` then writes its settings)."""
     from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
     from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+    from transformers.utils import is_torchvision_available
 
     from wdspack.models import assemble_processor
 
@@ -56,8 +62,14 @@ def processor(folder: Any) -> Any:
     tok.bos_token, tok.eos_token, tok.pad_token = "<bos>", "<eos>", "<pad>"
     images = Gemma4ImageProcessorPil(patch_size=PATCH_SIZE, pooling_kernel_size=POOLING,
                                      max_soft_tokens=MAX_SOFT_TOKENS)
+    videos = None
+    if is_torchvision_available():
+        from transformers import Gemma4VideoProcessor
+
+        videos = Gemma4VideoProcessor(**VIDEO)
     return assemble_processor("Gemma4Processor", image_processor=images, tokenizer=tok, chat_template=TEMPLATE,
-                              feature_extractor=Gemma4AudioFeatureExtractor(), image_seq_length=MAX_SOFT_TOKENS)
+                              feature_extractor=Gemma4AudioFeatureExtractor(), video_processor=videos,
+                              image_seq_length=MAX_SOFT_TOKENS)
 
 
 def model(processor: Any, *, seed: int = 0, sliding_window: int = 8, head_dim: int = 8) -> Any:

@@ -15,7 +15,8 @@ several references builds them with :func:`video_processor_job` / :func:`process
 them all in one :func:`run_jobs` (importing transformers and torchvision takes seconds).
 :func:`save_job` writes a processor folder with the real processor's own ``save_pretrained`` (as
 transformers 5 does, or its parts' files side by side as 4.x did) and :func:`folder_job` calls
-``AutoProcessor.from_pretrained`` of a folder, so one child can write folders and then run them.
+``AutoProcessor.from_pretrained`` of a folder, so one child can write folders and then run them;
+:func:`example_job` builds an ``examples/tiny_vlm`` processor there (with its video processor), saves and runs it.
 
 Inside :func:`shared_child` (``tests/conftest.py``'s session fixture ``video_reference``), :func:`run_jobs` hands
 its jobs to one child kept for the whole session instead of starting one per call: the imports and the tokenizers
@@ -137,6 +138,15 @@ def folder_job(folder: str | os.PathLike[str], calls: Sequence[Mapping[str, Any]
     way, video processor included), called once per call as in :func:`processor_job`. Each call's outputs also hold
     ``video_processor``: the loaded video processor's ``to_dict()`` as JSON text."""
     return {"what": "folder", "dir": os.fspath(folder), "calls": _calls(calls)}
+
+
+def example_job(module: str, tokenizer_dir: str | os.PathLike[str], folder: str | os.PathLike[str],
+                calls: Sequence[Mapping[str, Any]]) -> dict:
+    """A job for :func:`run_jobs`: ``examples/tiny_vlm/{module}.py``'s ``processor(tokenizer_dir)`` built in the child,
+    where torchvision gives it its real video processor, written to ``folder`` by its own ``save_pretrained``, then
+    called once per call as in :func:`processor_job` (images with the Pillow backend the example names)."""
+    return {"what": "example", "module": module, "tokenizer_dir": os.fspath(tokenizer_dir), "out": os.fspath(folder),
+            "calls": _calls(calls)}
 
 
 def _calls(calls: Sequence[Mapping[str, Any]]) -> list[dict]:
@@ -337,6 +347,13 @@ def _serve(transformers: Any, request: Mapping[str, Any]) -> None:
     """Every job of ``request``: its arrays written as ``{out}/{job}-{k}.npz``."""
     out = Path(request["out"])
     for j, job in enumerate(request["jobs"]):
+        if job["what"] == "example":
+            import importlib
+
+            processor = importlib.import_module(f"examples.tiny_vlm.{job['module']}").processor(job["tokenizer_dir"])
+            processor.save_pretrained(job["out"])
+            _run_calls(processor, job, out / str(j))
+            continue
         if job["what"] == "folder":
             processor = transformers.AutoProcessor.from_pretrained(job["dir"])
             _run_calls(processor, job, out / str(j), video_processor=json.dumps(processor.video_processor.to_dict()))

@@ -127,6 +127,8 @@ def settings_text(policy: dict[str, Any]) -> str:
     elif v.get("scale_resolution"):  # each frame sliced as an image (MiniCPM-V)
         pixels = (f"each sliced as an image (slices of about {v['scale_resolution']}x{v['scale_resolution']}, at "
                   f"most {v.get('max_slice_nums')})")
+    elif v.get("max_soft_tokens"):  # a size per aspect ratio within a budget of soft tokens (Gemma 4)
+        pixels = f"each resized to at most {v['max_soft_tokens']} soft tokens"
     elif v.get("min_pixels"):
         pixels = f"{v['min_pixels']} to {v.get('max_pixels')} pixels each"
     else:
