@@ -25,7 +25,8 @@ from wdspack.models.varlen import reference_varlen_attn, use_varlen_attention
 
 #: every family the loader feeds (tests/support/vlm_harness.py; Mistral 3's sliding-window variant is a config), but
 #: MiniCPM-V 4.6: its linear-attention layers run once per sub-sample (a loop over the batch's segments, which a
-#: fullgraph compile cannot trace) and differ from its full-attention layers (two graphs, not one)
+#: fullgraph compile cannot trace) and differ from its full-attention layers (two graphs, not one);
+#: compile_decoder_layers refuses it (test_family_minicpmv.py)
 FAMILIES = sorted(set(h.ALL_FAMILIES) - {"mistral3_sliding", "minicpmv4_6"})
 
 

@@ -66,7 +66,14 @@ def compile_decoder_layers(model: Any, **options: Any) -> Any:
         >>> wdspack.models.compile.compile_decoder_layers(model, fullgraph=True)  # doctest: +SKIP
         >>> loss = model(**wdspack.model_inputs(batch, model)).loss  # doctest: +SKIP
     """
-    for layer in decoder_layers(model):
+    layers = decoder_layers(model)
+    recurrent = sorted({type(m).__name__ for layer in layers for m in layer.modules()
+                        if getattr(m, "layer_type", None) == "linear_attention"})
+    if recurrent:  # a pack's sub-samples each start the recurrence afresh: one run per segment, in Python
+        raise ConfigError(f"{type(model).__name__} has linear-attention layers ({', '.join(recurrent)}) that run once "
+                          "per sub-sample of a pack, as many times as the pack has sub-samples: compiled, they would "
+                          "recompile for each new layout; train this model eager")
+    for layer in layers:
         if "forward" in vars(layer):
             raise ConfigError(f"{type(layer).__name__}.forward is already replaced on this model "
                               "(compile_decoder_layers ran, or a hook library patched it); compile a fresh copy")
