@@ -70,6 +70,24 @@ class _GatherSequence(torch.autograd.Function):
         return out, None
 
 
+class _SumGradient(torch.autograd.Function):
+    """Identity forward; backward: the gradient summed over the group and divided by its size, so every rank
+    backpropagates the whole batch's gradient into the encoders (the same rounding as one process: the models'
+    float32 norms round a sum once, not each rank's part; 1/cp is exact for a power of two)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:  # type: ignore[override]
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        dist = torch.distributed
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad / dist.get_world_size(ctx.group), None
+
+
 def all_gather_sequence(x: torch.Tensor, group: Any = None) -> torch.Tensor:
     """``x`` ``[..., n, D]`` of every rank of ``group``, concatenated along ``n`` in rank order; its
     gradient is summed back to each rank's slice. Without a group of more than one rank: ``x``."""
@@ -151,6 +169,11 @@ def context_parallel(model: Any, layout: CPLayout, *, labels: torch.Tensor | Non
     the shifted targets of those tokens (of ``labels``, else of the batch's ``labels`` given to the model,
     which then computes no loss of its own) and whose tensors are filled at the forward.
 
+    In the backward, the gradient of the whole batch's input embeddings is summed over the CP group and
+    divided by ``cp``: every rank backpropagates the same gradient into the vision/audio encoders and the
+    embedding table, so after :func:`all_reduce_gradients` they hold what one process computes (to the bit
+    for a power-of-two ``cp``: the models' float32 norms otherwise round each rank's part apart, ~1e-8).
+
     Raises:
         ConfigError: the text stack does not run :data:`CP_ATTENTION` (call :func:`use_cp_attention`).
     """
@@ -174,6 +197,8 @@ def context_parallel(model: Any, layout: CPLayout, *, labels: torch.Tensor | Non
         if embeds is None:
             ids = kwargs.get("input_ids", args[0] if args else None)
             embeds = module.get_input_embeddings()(ids)
+        if layout.cp > 1 and embeds.requires_grad:
+            embeds = _SumGradient.apply(embeds, layout.group)
         share = cp_shard(inputs_embeds=embeds, layout=layout, position_ids=kwargs.get("position_ids"),
                          labels=proxy._labels)
         shares.append(share)
