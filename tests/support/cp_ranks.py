@@ -26,8 +26,13 @@ import torch.nn.functional as F
 
 import wdspack
 from wdspack.train.cp import cp_layout, split_tokens
-from wdspack.train.cp_attention import CP_LAYOUT_KEY, all_reduce_gradients, context_parallel, cp_attention, \
-    use_cp_attention
+from wdspack.train.cp_attention import (
+    CP_LAYOUT_KEY,
+    all_reduce_gradients,
+    context_parallel,
+    cp_attention,
+    use_cp_attention,
+)
 
 
 def groups(world: int, cp: int) -> tuple[Any, Any]:

@@ -10,11 +10,11 @@ gradients) and every query sees its own segment's keys causally, by their padded
     mask [n, cp·n]: same segment and key offset <= query offset (and within a sliding window)
     SDPA(q, k, v, mask) ─► [1, n, H, D]
 
-The step::
+The step (``cp_layout`` from :mod:`wdspack.train.cp`)::
 
-    layout = wdspack.cp_layout(batch["cu_seqlens"], cp=cp, rank=cp_rank, group=cp_group, cu_seqlens=True)
-    kwargs = wdspack.model_inputs(batch, model); kwargs.pop("labels")
-    with wdspack.context_parallel(model, layout) as share:
+    layout = cp_layout(batch["cu_seqlens"], cp=cp, rank=cp_rank, group=cp_group, cu_seqlens=True)
+    kwargs = wdspack.model_inputs(batch, model)                  # its labels stay with the CP step
+    with context_parallel(model, layout) as share:
         logits = model(**kwargs).logits                        # [1, n, V]: this rank's tokens
     loss = F.cross_entropy(logits[0], share.labels[0], ignore_index=-100, reduction="sum") / n_items
 
@@ -49,7 +49,7 @@ class _GatherSequence(torch.autograd.Function):
     gradient summed over the group (reduce-scatter; all-reduce and slice on gloo, which has no reduce-scatter)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
         dist = torch.distributed
         ctx.group = group
         parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
@@ -57,7 +57,7 @@ class _GatherSequence(torch.autograd.Function):
         return torch.cat(parts, dim=-2)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         dist = torch.distributed
         world, rank = dist.get_world_size(ctx.group), dist.get_rank(ctx.group)
         grad = grad.contiguous()
@@ -76,12 +76,12 @@ class _SumGradient(torch.autograd.Function):
     float32 norms round a sum once, not each rank's part; 1/cp is exact for a power of two)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
         ctx.group = group
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         dist = torch.distributed
         grad = grad.contiguous().clone()
         dist.all_reduce(grad, group=ctx.group)
@@ -94,7 +94,7 @@ def all_gather_sequence(x: torch.Tensor, group: Any = None) -> torch.Tensor:
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
         return x
-    return _GatherSequence.apply(x, group)  # type: ignore[no-any-return]
+    return _GatherSequence.apply(x, group)
 
 
 def cp_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -108,7 +108,7 @@ def cp_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: tor
     layer = type(module).__name__
     if layout is None:
         raise ConfigError(f"{layer} runs attn_implementation {CP_ATTENTION!r} outside a CP step: call the model "
-                          "inside `with wdspack.context_parallel(model, layout):`")
+                          "inside `with wdspack.train.cp_attention.context_parallel(model, layout):`")
     if dropout and module.training:
         raise ConfigError(f"{layer}: attention dropout {dropout} while training is not supported by {CP_ATTENTION!r}; "
                           "set the config's attention_dropout to 0.0")
@@ -119,7 +119,7 @@ def cp_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: tor
         raise ConfigError(f"{layer} is not causal; {CP_ATTENTION!r} serves causal text layers only")
     if query.shape[0] != 1 or query.shape[2] != layout.index.numel():
         raise ConfigError(f"{layer}: a query of {tuple(query.shape)} ([B, H, n, D]), but this rank's share holds "
-                          f"{layout.index.numel()} tokens in one row: run the model inside wdspack.context_parallel")
+                          f"{layout.index.numel()} tokens in one row: run the model inside context_parallel")
     if layout.cp == 1:
         pass
     elif key.shape == value.shape:
@@ -180,7 +180,7 @@ def context_parallel(model: Any, layout: CPLayout, *, labels: torch.Tensor | Non
     text = model.config.get_text_config()
     if getattr(text, "_attn_implementation", None) != CP_ATTENTION:
         raise ConfigError(f"the text stack runs {getattr(text, '_attn_implementation', None)!r}, not "
-                          f"{CP_ATTENTION!r}: call wdspack.use_cp_attention(model) once before the CP steps")
+                          f"{CP_ATTENTION!r}: call wdspack.train.cp_attention.use_cp_attention(model) once before the CP steps")
     decoder = _text_model(model)
     shares: list[CPShare] = []
     proxy = _ShareProxy(shares, labels)
@@ -225,7 +225,7 @@ class _ShareProxy:
         shares = self.__dict__["_shares"]
         if not shares:
             raise ConfigError("the CP share is filled by the model's forward: run the model inside "
-                              "wdspack.context_parallel first")
+                              "context_parallel first")
         return getattr(shares[-1], name)
 
 
