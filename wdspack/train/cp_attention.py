@@ -180,7 +180,8 @@ def context_parallel(model: Any, layout: CPLayout, *, labels: torch.Tensor | Non
     text = model.config.get_text_config()
     if getattr(text, "_attn_implementation", None) != CP_ATTENTION:
         raise ConfigError(f"the text stack runs {getattr(text, '_attn_implementation', None)!r}, not "
-                          f"{CP_ATTENTION!r}: call wdspack.train.cp_attention.use_cp_attention(model) once before the CP steps")
+                          f"{CP_ATTENTION!r}: call wdspack.train.cp_attention.use_cp_attention(model) once before "
+                          "the CP steps")
     decoder = _text_model(model)
     shares: list[CPShare] = []
     proxy = _ShareProxy(shares, labels)
