@@ -540,9 +540,12 @@ def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
         r, w = dist.get_rank(), dist.get_world_size()
+        if rank is not None and world_size is not None and 0 <= rank < world_size < w and w % world_size == 0:
+            return int(rank), int(world_size)  # the data-parallel rank of a model-parallel layout (DP × CP)
         if (rank is not None and rank != r) or (world_size is not None and world_size != w):
             raise ConfigError(f"rank={rank}, world_size={world_size} disagree with torch.distributed "
-                              f"(rank {r} of {w}); drop the arguments")
+                              f"(rank {r} of {w}); drop the arguments, or pass the data-parallel rank and size "
+                              "(a divisor of the world) when ranks also split the model or the sequence")
         return r, w
     r, w = (0 if rank is None else int(rank)), (1 if world_size is None else int(world_size))
     if not 0 <= r < w:
