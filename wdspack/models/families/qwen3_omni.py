@@ -29,7 +29,7 @@ merged with it token by token by time (``with_audio``): temporal patch ``k`` at 
 (padded beside the others, as the processor's one audio call pads it) and for features::
 
     tokens     <vs> <as> [V]×4 [A]×7 [V]×4 [A]×6 [V]×4 ... [A]×19 <ae> <ve>     (s = 0.5: patches at 0, 6.5, 13, …)
-    temporal   the video's rows at st + 13·k·s, the audio's at st + j, then <ae> <ve> at the largest + 1, + 2
+    temporal   <vs> <as> at st, st + 1; patch k at st + 2 + 13·k·s, audio token j at st + 2 + j; <ae> <ve> after
 """
 
 from __future__ import annotations
