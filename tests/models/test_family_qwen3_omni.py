@@ -53,8 +53,10 @@ ROWS = {
 }
 
 
-def _typed(row: dict) -> list[dict]:
-    """The record's turns as typed parts, as the reference renders them with the chat template."""
+def _typed(row: dict, *, linked: bool = False) -> list[dict]:
+    """The record's turns as typed parts, as the reference renders them with the chat template; ``linked``: the
+    audio part right after a video left out (its sound has no placeholder of its own: ``load_audio_from_video``
+    lays it inside the video's)."""
     out = []
     for turn in row["messages"]:
         text = turn["content"]
@@ -62,6 +64,9 @@ def _typed(row: dict) -> list[dict]:
             text = text.replace(f"<{tag}>", f"\0{tag}\0")
         parts = [{"type": p} if p in ("audio", "image", "video") else {"type": "text", "text": p}
                  for p in text.split("\0") if p]
+        if linked:
+            parts = [p for k, p in enumerate(parts)
+                     if not (p["type"] == "audio" and k and parts[k - 1]["type"] == "video")]
         out.append({"role": turn["role"], "content": parts})
     return out
 
@@ -151,9 +156,9 @@ def test_features_and_pixels_are_the_processors(built):
     assert batch["audio_mask"].shape == (B * 3,) and batch["input_features"].shape[1] == 128
 
 
-def _check_positions(model, dataset, refs, batch) -> None:
-    """Rows 1-3 of every sub-sample are the thinker's own ``get_rope_index`` of that sub-sample alone; row 0
-    restarts at 0."""
+def _check_positions(model, dataset, refs, batch, *, linked=()) -> None:
+    """Rows 1-3 of every sub-sample are the thinker's own ``get_rope_index`` of that sub-sample alone (``linked``:
+    with ``use_audio_in_video``); row 0 restarts at 0."""
     B, L = batch["input_ids"].shape
     assert batch["position_ids"].shape == (4, B, L)
     for b, ids in enumerate(h.pack_sample_ids(dataset)):
@@ -163,7 +168,7 @@ def _check_positions(model, dataset, refs, batch) -> None:
             n = ref["input_ids"].shape[1]
             lengths = ref["feature_attention_mask"].sum(-1) if "feature_attention_mask" in ref else None
             rope, _ = model.model.get_rope_index(ref["input_ids"], ref.get("image_grid_thw"), ref.get("video_grid_thw"),
-                                                 ref["attention_mask"], False, lengths,
+                                                 ref["attention_mask"], sid in linked, lengths,
                                                  ref.get("video_second_per_grid"))
             assert torch.equal(batch["position_ids"][1:, b, start:start + n], rope[:, 0]), sid
             assert torch.equal(batch["position_ids"][0, b, start:start + n], torch.arange(n).float()), sid
@@ -176,12 +181,14 @@ def test_the_batchs_positions_are_the_thinkers(built):
     _check_positions(model, dataset, refs, batch)
 
 
-def _one_by_one(model, dataset, refs):
+def _one_by_one(model, dataset, refs, *, linked=()):
     subs = h.dataset_sub_samples(dataset)
     model.zero_grad()
     total, count = torch.zeros((), dtype=torch.float64), 0
     for sid, ref in refs.items():
         inputs = dict(ref)  # with its attention mask: the thinker computes its 3-D positions only then
+        if sid in linked:
+            inputs["use_audio_in_video"] = True
         for key in ("input_features", "pixel_values", "pixel_values_videos"):
             if key in inputs:
                 inputs[key] = inputs[key].double()
@@ -210,7 +217,9 @@ def test_packed_loss_and_gradients_equal_one_by_one(built, attn):
 
 FPS = 4.0
 FRAME_PIXELS = 32 * 32 * 4
-#: a video alone; a video, an image and an audio in one chat (one pack holds both)
+VIDEO_SEQ_LEN = 320
+#: a video alone; a video, an image and an audio in one chat; a video with its own sound and another audio (one pack
+#: holds all three)
 VIDEO_ROWS = {
     "v-only": {"messages": [{"role": "user", "content": "<video>What moves?"},
                             {"role": "assistant", "content": "A bar."}],
@@ -218,7 +227,14 @@ VIDEO_ROWS = {
     "v-all": {"messages": [{"role": "user", "content": "<video>Listen to <audio>: does it fit <image>?"},
                            {"role": "assistant", "content": "It fits the moving bar."}],
               "videos": ["clips/v.mp4"], "audios": ["clips/a.wav"], "images": ["images/p.png"]},
+    # LLaMA-Factory's <video><audio> naming the video's own file twice: its sound, merged with its frames by time;
+    # a.wav beside it padded to the 3 s track (101 frames, 14 tokens), as the processor's one audio call pads it
+    "v-sound": {"messages": [{"role": "user", "content": "<video><audio>What is heard? And in <audio>?"},
+                             {"role": "assistant", "content": "A tone over a fading grey, then a higher one."}],
+                "videos": ["clips/s.mp4"], "audios": ["clips/s.mp4", "clips/a.wav"]},
 }
+#: the chats whose video comes with its own sound (the reference's ``load_audio_from_video``)
+LINKED = {"v-sound"}
 
 
 @pytest.fixture(scope="module")
@@ -229,6 +245,7 @@ def video_built(tmp_path_factory, tiny_processors, video_reference):
     references, in the session's child), and the processor's own of ``v-only`` with the fps alone."""
     from fractions import Fraction
 
+    from tests.support.audio_clips import encode_video, tone
     from tests.support.video_chats import clip
     from tests.support.video_reference import processor_job, run_jobs, save_job
     from tiny_vlm import qwen3_omni
@@ -239,6 +256,8 @@ def video_built(tmp_path_factory, tiny_processors, video_reference):
     src = _source(root)
     clip(src / "clips" / "v.mp4", codec="h264", rate=Fraction(10), frames=12, width=66, height=50)
     clip(src / "clips" / "w.webm", codec="libvpx-vp9", rate=Fraction(24), frames=8, width=64, height=36)
+    # 3 s at 10 fps with its AAC sound (39 tokens); 8 frames sampled, 0.5 s a temporal patch by the processor's rule
+    (src / "clips" / "s.mp4").write_bytes(encode_video(seconds=3, audio=tone(48_000 * 3, 48_000)))
     _write_chats(src, VIDEO_ROWS)
     tiny = tiny_processors.get("qwen3_omni")
     source = save_processor(tiny, root / "source")
@@ -250,10 +269,13 @@ def video_built(tmp_path_factory, tiny_processors, video_reference):
         for k, a in enumerate(row.get("audios", [])):
             waves.append(root / f"{sid}-{k}.npy")
             np.save(waves[-1], _waveform((src / a).read_bytes()))
-        calls.append({"text": tiny.apply_chat_template(_typed(row), tokenize=False),
+        kwargs: dict = {"videos_kwargs": {"fps": FPS, "size": size}}
+        if sid in LINKED:  # the video's sound given decoded, as the loader decodes it
+            kwargs.update(load_audio_from_video=True, audio_from_video_indices=[0, None])
+        calls.append({"text": tiny.apply_chat_template(_typed(row, linked=sid in LINKED), tokenize=False),
                       "videos": [src / v for v in row.get("videos", [])],
                       "images": [src / i for i in row["images"]] if "images" in row else None,
-                      "audio": waves or None, "kwargs": {"videos_kwargs": {"fps": FPS, "size": size}}})
+                      "audio": waves or None, "kwargs": kwargs})
     calls.append({**calls[0], "kwargs": {"videos_kwargs": {"fps": FPS}}})
     refs = run_jobs([save_job(source, "Qwen3OmniMoeProcessor", qwen3_omni.VIDEO, folder, features=qwen3_omni.FEATURES),
                      processor_job(folder, "Qwen3OmniMoeProcessor", qwen3_omni.VIDEO, calls,
@@ -263,7 +285,7 @@ def video_built(tmp_path_factory, tiny_processors, video_reference):
     summary = pack_dataset([str(src / "chats.jsonl")], str(dataset),
                            sample_config=SampleConfig(processor=str(folder),
                                                       video=VideoSettings(fps=FPS, max_pixels=FRAME_PIXELS)),
-                           config=PackConfig(seq_len=SEQ_LEN, max_images=4, on_error="raise"), progress=False)
+                           config=PackConfig(seq_len=VIDEO_SEQ_LEN, max_images=8, on_error="raise"), progress=False)
     assert summary.samples_packed == len(VIDEO_ROWS), summary.lines()
     processor = load_processor(str(folder))
     model = qwen3_omni.model(processor).double()
@@ -286,7 +308,7 @@ def test_video_tokens_pixels_and_positions_are_the_processors(video_built):
     assert refs["v-all"]["video_grid_thw"].tolist() == [[3, 4, 4]] and refs["v-only"]["video_grid_thw"].tolist() == [
         [3, 4, 6]]
     assert refs["v-all"]["video_second_per_grid"].tolist() == [2 / FPS]
-    _check_positions(model, dataset, refs, batch)
+    _check_positions(model, dataset, refs, batch, linked=LINKED)
 
 
 def test_video_planned_under_the_processors_own_pixel_bounds(video_built):
@@ -320,7 +342,31 @@ def test_video_packed_loss_and_gradients_equal_one_by_one(video_built, attn):
     processor, model, dataset, refs, _ = video_built
     model = copy.deepcopy(model)
     model.set_attn_implementation(attn)
-    want = _one_by_one(model, dataset, refs)
+    want = _one_by_one(model, dataset, refs, linked=LINKED)
     batches = h.loader_batches(dataset, processor)
     assert len(batches) == 1 and [set(ids) for ids in h.pack_sample_ids(dataset)] == [set(VIDEO_ROWS)]
     h.assert_same(model, h.packed(model, batches), want, looser=h.EAGER_GRADIENTS if attn == "eager" else None)
+
+
+def test_a_videos_own_sound_merges_with_it_by_time(video_built):
+    """``<video><audio>`` naming one file: between ``<|vision_start|><|audio_start|>`` and
+    ``<|audio_end|><|vision_end|>`` each temporal patch's tokens at ``13·k·s`` (s = 0.5 s: 0, 6.5, 13, 19.5), the
+    audio tokens ``j`` before it where ``j`` < that time (as the processor writes it, checked token for token above);
+    the track is counted with the chat's other audio (a.wav padded to it: 101 frames)."""
+    import itertools
+
+    processor, _, _, refs, _ = video_built
+    ref = refs["v-sound"]
+    ids = ref["input_ids"][0].tolist()
+    tok = processor.tokenizer
+    start, end = (tok.convert_tokens_to_ids(t) for t in ("<|audio_start|>", "<|audio_end|>"))
+    first = ids.index(start)
+    assert ids[first - 1] == tok.convert_tokens_to_ids("<|vision_start|>")
+    assert ids[ids.index(end, first) + 1] == tok.convert_tokens_to_ids("<|vision_end|>")
+    runs = [(t, len(list(g))) for t, g in itertools.groupby(ids[first + 1:ids.index(end, first)])]
+    t, h_, w_ = ref["video_grid_thw"][0].tolist()
+    per_patch, v, a = h_ * w_ // 4, processor.video_token_id, processor.audio_token_id
+    assert ref["video_second_per_grid"].tolist() == [0.5] and t == 4
+    assert runs == [(v, per_patch), (a, 7), (v, per_patch), (a, 6), (v, per_patch), (a, 7), (v, per_patch),
+                    (a, 39 - 20)], runs
+    assert ref["feature_attention_mask"].sum(-1).tolist() == [300, 101]

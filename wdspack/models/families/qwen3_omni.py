@@ -21,14 +21,22 @@ Audio frames travel as Qwen2.5-Omni's do (frame rows ``[B·R, 128]`` with ``audi
 Exact where every sub-sample with audio has one of at least 100 frames (1 s): the encoder pads all chunks of a call
 to its longest chunk and its convolutions' biases reach past a chunk's end, so a sub-sample whose audios are all
 shorter gets slightly other audio features in a pack than alone. A video's time axis steps ``13 · s`` a temporal
-patch, ``s = temporal_patch_size / fps`` (``video_second_per_grid``). A video's own sound (``use_audio_in_video``) is
-not interleaved: a ``<video>`` and an ``<audio>`` of one file stay a video and an audio.
+patch, ``s = temporal_patch_size / fps`` (``video_second_per_grid``).
+
+A video with its own sound (``use_audio_in_video``; :mod:`wdspack.media.audio.link` decides which audio is one) is
+merged with it token by token by time (``with_audio``): temporal patch ``k`` at ``13·k·s``, audio token ``j`` at
+``j``, a patch's tokens before the audio tokens of its time. The track is one of the chat's audios for counting
+(padded beside the others, as the processor's one audio call pads it) and for features::
+
+    tokens     <vs> <as> [V]×4 [A]×7 [V]×4 [A]×6 [V]×4 ... [A]×19 <ae> <ve>     (s = 0.5: patches at 0, 6.5, 13, …)
+    temporal   <vs> <as> at st, st + 1; patch k at st + 2 + 13·k·s, audio token j at st + 2 + j; <ae> <ve> after
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import types
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -42,7 +50,8 @@ from ..family import AudioSide, Budgets, Family, ImageSide, Rows, VideoSide
 from .qwen_omni import _model_kwargs, pad_frame_rows
 from .qwen_vl import QWEN2_VIDEO, _pad_pixels, _pixels, _replacements, _video_token
 
-__all__ = ["FAMILIES", "QWEN3_OMNI", "QWEN3_OMNI_VIDEO", "qwen3_omni_positions", "qwen3_omni_sample_frames"]
+__all__ = ["FAMILIES", "QWEN3_OMNI", "QWEN3_OMNI_VIDEO", "qwen3_omni_positions", "qwen3_omni_sample_frames",
+           "qwen3_omni_with_audio"]
 
 _HOP, _RATE, _CHUNK = 160, 16_000, 100
 
@@ -168,10 +177,11 @@ def qwen3_omni_positions(input_ids: torch.Tensor, seq_lens: Sequence[int], outpu
         audio_end = audio + int((ids == cfg.audio_start_token_id).sum())
         if image_end == image and video_end == video:
             out[:, start:start + n] = torch.arange(n)
-        else:
+        else:  # a video with its own sound opens <|vision_start|><|audio_start|>: the thinker's use_audio_in_video
+            linked = bool(((ids[:-1] == cfg.vision_start_token_id) & (ids[1:] == cfg.audio_start_token_id)).any())
             rope, _ = _rope_index().get_rope_index(
                 model, ids[None], images[image:image_end] if image_end > image else None,
-                videos[video:video_end] if video_end > video else None, torch.ones(1, n, dtype=torch.int64), False,
+                videos[video:video_end] if video_end > video else None, torch.ones(1, n, dtype=torch.int64), linked,
                 lengths[audio:audio_end], seconds[video:video_end])
             out[:, start:start + n] = rope[:, 0]
         start, image, video, audio = start + n, image_end, video_end, audio_end
@@ -213,11 +223,39 @@ def _video_plan(header: Any, settings: QwenVideoSampling) -> Any:
     return dataclasses.replace(plan, second_per_grid_t=settings.temporal_patch_size / (settings.fps or 1.0))
 
 
+def qwen3_omni_with_audio(processor: Any, plan: Any, audio_tokens: int) -> str:
+    """``Qwen3OmniMoeProcessor.replace_video_with_audio_token``'s text for a video (its stored plan) with its own
+    sound of ``audio_tokens`` tokens: between ``<|audio_start|>`` and ``<|audio_end|>`` (the template's
+    ``<|vision_start|>``/``<|vision_end|>`` around it) the video's tokens and the audio's merged one by one by time,
+    temporal patch ``k`` at ``k · second_per_grid · position_id_per_seconds`` (float64, as the processor's numpy
+    computes it), audio token ``j`` at ``j``, a video token first where they tie: before patch ``k`` come the
+    audio tokens ``j < ⌈time⌉`` not yet written, after the last patch the rest.
+
+    Example:
+        >>> qwen3_omni_with_audio(processor, plan_of_grid_3x4x4_at_half_a_second, 20)  # doctest: +SKIP
+        '<|audio_start|>' + V * 4 + A * 7 + V * 4 + A * 6 + V * 4 + A * 7 + '<|audio_end|>'   # patches at 0, 6.5, 13
+    """
+    t, h, w = (int(v) for v in plan.grid)
+    merge = int(getattr(getattr(processor, "video_processor", None), "merge_size", None)
+                or processor.image_processor.merge_size)  # in memory without torchvision: the image processor's
+    per_patch = (h // merge) * (w // merge)
+    step, per_second = float(plan.second_per_grid_t), float(processor.position_id_per_seconds)
+    video, audio = _video_token(processor), _audio_token(processor)
+    text, written = [str(processor.audio_bos_token)], 0
+    for k in range(t):
+        before = min(audio_tokens, math.ceil(k * step * per_second))
+        text += [audio * (before - written), video * per_patch]
+        written = max(written, before)
+    text.append(audio * (audio_tokens - written))
+    return "".join(text) + str(processor.audio_eos_token)
+
+
 #: Qwen3-Omni's videos: ``<|video_pad|>`` repeated ``t·h·w / merge²`` times, Qwen2.5-VL's frames and pixels (16-px
-#: patches), the processor's own pixel bounds and seconds per patch.
+#: patches), the processor's own pixel bounds and seconds per patch. A video with its own sound merges with it
+#: (``qwen3_omni_with_audio``; :mod:`wdspack.media.audio.link`).
 QWEN3_OMNI_VIDEO = VideoSide(placeholder=_video_token, feature_token=_video_token, sampling=_video_sampling,
                              plan=_video_plan, replacement=QWEN2_VIDEO.replacement, pixels=QWEN2_VIDEO.pixels,
-                             pad=QWEN2_VIDEO.pad)
+                             pad=QWEN2_VIDEO.pad, with_audio=qwen3_omni_with_audio)
 
 QWEN3_OMNI = Family(
     name="qwen3_omni_moe", processors=("Qwen3OmniMoeProcessor",), model_types=("qwen3_omni_moe_thinker",),
@@ -230,7 +268,8 @@ QWEN3_OMNI = Family(
                     pad=_pad_audio, sample_tokens=_sample_tokens, features_per_sample=True),
     notes="thinker: Qwen2.5-VL's images and videos (16-px patches, DeepStack), Whisper audio padded to each "
           "sample's longest, never cut (13 <|audio_pad|> a second); position_ids [4, B, L] float32 (text row + the "
-          "thinker's 3-D rows; a video's time at 13 × temporal_patch_size / fps a patch); video_second_per_grid; "
+          "thinker's 3-D rows; a video's time at 13 × temporal_patch_size / fps a patch; a video's own sound merged "
+          "with it by time); video_second_per_grid; "
           "input_features as frame rows [B·R, 128] with audio_frame_mask, audio_feature_lengths and audio_mask "
           "[B·M]",
 )
