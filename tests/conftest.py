@@ -62,6 +62,7 @@ INTEGRATION = (
     "packer/test_placeholder_newline",  # every family's processor, a sample with and without the newline
     "train/test_ddp",  # torchrun: examples/train_ddp.py
     "train/test_cp_exact",  # 4 gloo ranks: context parallelism against the unsplit step, two families
+    "train/test_cp_recipe",  # torchrun: examples/train_cp.py, 2 CP ranks against the unsplit run
     "train/test_trainers",  # torchrun: the HF Trainer and Accelerate examples
     "loader/test_distributed",  # torchrun
     "packer/test_executors_ray",  # a Ray cluster

@@ -53,6 +53,13 @@ eager; ``--compile-backend``, default Inductor; MODE ``reduce-overhead`` for CUD
 rounds. Its first step is timed apart (``config.compile.compile_seconds``: that step less an eager packed
 step on the same batch), and dynamo's graphs made after it are reported (``recompiles_after_first_step``: 0).
 
+``--cp N`` adds figures, no process started: what context parallelism over ``N`` ranks holds per rank. Each packed
+step's segments (every pack's sub-samples and its padding tail, the loader's ``cu_seqlens``) go through
+``wdspack.train.cp.cp_layout``: the tokens each CP rank holds after the split (max and mean over ranks and
+steps; real tokens and with the ``2·cp`` padding) and what that padding costs (tokens, share), for the packs
+as planned (padded at load time) and for the same data packed with ``--cp N`` (the padding in the plan's
+budget, none at load time). The bench's data is the demo's (no long-video mix in this bench).
+
 Model FLOPs utilisation: ``6 · N · real tokens / seconds / peak`` (``N`` every parameter, attention
 FLOPs left out, so a lower bound), with ``--peak-tflops`` (default by device name: H100/H200 989,
 A100 312, the dense bf16 figures; none on a CPU). ``--profile FILE`` writes a torch profiler table of
@@ -173,6 +180,53 @@ def sub_samples(packs: list[Any]) -> dict[str, SubSample]:
             out[sid] = SubSample(pack.input_ids[span].astype(np.int64), pack.loss_mask[span],
                                  tuple(pack.images[j] for j in own), tuple(pack.image_tokens[j] for j in own))
     return out
+
+
+def cp_figures(packs: list[Any], *, seq_len: int, batch_size: int, cp: int, planned: bool = False) -> dict[str, Any]:
+    """Per-rank activation tokens and the ``2·cp`` padding of the packed steps (``batch_size`` packs each, in
+    stored order, the loader's ``cu_seqlens``: each pack's sub-samples, then its padding tail), split over ``cp``
+    ranks by :func:`wdspack.train.cp.cp_layout`. ``planned``: packs of a dataset packed with ``--cp``, whose
+    sub-samples the loader pads to ``2·cp`` as they load (that padding is the plan's, not counted here).
+
+    Example:
+        >>> from wdspack.format.pack import Pack
+        >>> p = Pack(np.arange(13), np.ones(13), (5, 8), ("a", "b"))
+        >>> cp_figures([p], seq_len=16, batch_size=1, cp=2)["padding_tokens"]  # 3 + 1 (the tail of 3 tokens)
+        4
+    """
+    from wdspack.train.cp import cp_layout
+
+    step = 2 * cp
+    held, real, padding, tokens = [], [], 0, 0
+    for k in range(0, len(packs) - batch_size + 1, batch_size):  # the loader's full batches
+        lens, loaded = [], []  # each segment's real tokens, and as the loader hands it out
+        for p in packs[k:k + batch_size]:
+            padded = [-(-n // step) * step if planned else n for n in p.seq_lens]
+            tail = seq_len - sum(padded)
+            lens += [*p.seq_lens, tail] if tail else list(p.seq_lens)
+            loaded += [*padded, tail] if tail else padded
+        for r in range(cp):
+            lay = cp_layout(loaded, cp=cp, rank=r)
+            mine = lay.index
+            held.append(int(mine.numel()))
+            real.append(int((lay.offset[mine] < torch.tensor(lens)[lay.segment[mine]]).sum()))
+        padding += lay.padding
+        tokens += sum(loaded)
+    return {"cp": cp, "steps": len(held) // cp,
+            "rank_tokens": {"max": max(held, default=0), "mean": round(float(np.mean(held)), 1) if held else 0.0},
+            "rank_real_tokens": {"max": max(real, default=0), "mean": round(float(np.mean(real)), 1) if real else 0.0},
+            "padding_tokens": padding, "padding_share": round(padding / (tokens + padding), 4) if tokens else 0.0}
+
+
+def cp_report(packs: list[Any], planned: Path, *, seq_len: int, batch_size: int, cp: int,
+              padding_in_plan: int) -> dict[str, Any]:
+    """:func:`cp_figures` of the bench's packs (padded at load time) and of the same data packed with ``--cp``
+    (``planned``: no padding at load time; ``padding_in_plan`` tokens counted in its budget)."""
+    again = read_packs(planned)
+    figures = cp_figures(again, seq_len=seq_len, batch_size=batch_size, cp=cp, planned=True)
+    return {"cp": cp, "load_time": cp_figures(packs, seq_len=seq_len, batch_size=batch_size, cp=cp),
+            "planned": {**figures, "packs": len(again), "padding_in_plan": padding_in_plan},
+            "packs": len(packs)}
 
 
 def read_records(sources: list[str]) -> dict[str, Any]:
@@ -585,6 +639,15 @@ def prepare(args: argparse.Namespace, work: Path, device: torch.device) -> tuple
         fa2.set_attn_implementation("flash_attention_2")
         modes["packed_padding_free_fa2"] = (fa2, packed_steps(work / "packed", folder, fa2, batch_size=args.batch_size,
                                                               packs=packs, padding_free=True)[0])
+    cp = None
+    if args.cp:  # the same data packed for CP: its padding in the plan's budget
+        again = pack_dataset(sources, str(work / "packed-cp"), sample_config=SampleConfig(processor=str(folder)),
+                             config=PackConfig(seq_len=args.seq_len, max_images=args.max_images, cp=args.cp,
+                                               run=RunOptions(max_drop_fraction=1.0)), progress=False)
+        padding = json.loads((work / "packed-cp" / "manifest.json").read_text())["totals"]["cp_padding"]
+        cp = cp_report(packs, work / "packed-cp", seq_len=args.seq_len, batch_size=args.batch_size, cp=args.cp,
+                       padding_in_plan=padding)
+        cp["planned"]["samples_packed"] = again.samples_packed
     images = sum(len(subs[s].images) for s in ids)
     params = sum(p.numel() for p in model.parameters())
     config = {
@@ -610,6 +673,8 @@ def prepare(args: argparse.Namespace, work: Path, device: torch.device) -> tuple
         "warmup_passes": args.warmup_passes, "seed": args.seed,
         "optimizer_step": False,
     }
+    if cp is not None:
+        config["cp"] = cp
     return modes, config
 
 
@@ -654,6 +719,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", help="write a torch profiler table of three packed steps to this file")
     ap.add_argument("--warmup-passes", type=int, help="untimed passes over every mode before the rounds (default: 1 "
                     "on CUDA, where cuDNN plans each new attention shape once; 0 on a CPU)")
+    ap.add_argument("--cp", type=int, metavar="N",
+                    help="add context-parallel figures for N ranks (per-rank activation tokens and the 2·cp padding, "
+                         "load-time and planned with --cp N; no processes): config.cp")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
@@ -736,6 +804,15 @@ def print_table(res: dict) -> None:
               f"{m['samples_per_s']:.2f} | {mfu} |")
     for name, r in res["ratios"].items():
         print(f"{name}: {r['median']:.2f}× (rounds {r['min']:.2f}-{r['max']:.2f})")
+    if "cp" in res["config"]:
+        c = res["config"]["cp"]
+        for key in ("load_time", "planned"):
+            f = c[key]
+            print(f"cp {c['cp']} ({key.replace('_', ' ')}): tokens per rank max {f['rank_tokens']['max']} mean "
+                  f"{f['rank_tokens']['mean']} (real max {f['rank_real_tokens']['max']} mean "
+                  f"{f['rank_real_tokens']['mean']}); 2·cp padding at load {f['padding_tokens']} tokens "
+                  f"({f['padding_share']:.2%})" + (f", {f['padding_in_plan']} in the plan's budget, {f['packs']} packs "
+                                                    f"vs {c['packs']}" if key == "planned" else ""))
     print(f"fill bound (packed fill / pad-to-longest fill): {res['fill_bound']:.2f}×; packed reaches "
           f"{res['ratios']['packed_vs_pad_to_longest']['median'] / res['fill_bound']:.2f} of it")
     if "packed_compiled_vs_pad_to_longest" in res["ratios"]:

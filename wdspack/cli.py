@@ -227,6 +227,10 @@ def _add_pack(sub) -> None:
     p.add_argument("--algorithm", default="bfd", help="greedy | shuffle | ffd | bfd | balanced (default bfd)")
     p.add_argument("--shard-size", default="512MB", help="roll over shards at this size (default 512MB)")
     p.add_argument("--shard-packs", type=int, help="roll over shards at this many packs")
+    p.add_argument("--cp", type=int, metavar="N",
+                   help="plan for N context-parallel ranks: each sample counts its tokens padded to a multiple of "
+                        "2·N (TransformerEngine's split), the manifest records N, and the loader inserts that "
+                        "padding so every segment splits evenly (--seq-len must divide by 2·N; default: none)")
     p.add_argument("--plan-groups", type=_plan_groups, metavar="N|off",
                    help="plan groups of N partitions in tasks, each writing its own shards: the driver holds no "
                         "per-sample state; off: one global plan (default: groups of ~200 k records for jobs of "
@@ -289,7 +293,7 @@ def _run_pack(args: argparse.Namespace) -> int:
     config = PackConfig(seq_len=args.seq_len, max_images=args.max_images, algorithm=args.algorithm,
                         seed=args.seed, shard_max_bytes=parse_size(args.shard_size),
                         shard_max_packs=args.shard_packs, on_error=args.on_error, split=args.split,
-                        plan_group_partitions=args.plan_groups, run=run)
+                        plan_group_partitions=args.plan_groups, cp=args.cp, run=run)
     summary = pack_dataset(args.sources, args.output, sample_config=sample_config, config=config,
                    image_root=args.image_root, resume=args.resume, progress=not args.quiet)
     for line in summary.lines():
@@ -479,6 +483,11 @@ def _add_reshard(sub) -> None:
     p.add_argument("--algorithm", default="bfd", help="greedy | shuffle | ffd | bfd | balanced (default bfd)")
     p.add_argument("--shard-size", default="512MB", help="roll over shards at this size (default 512MB)")
     p.add_argument("--shard-packs", type=int, help="roll over shards at this many packs")
+    p.add_argument("--cp", type=int, metavar="N",
+                   help="plan for N context-parallel ranks: each sample counts its tokens padded to a multiple of "
+                        "2·N (TransformerEngine's split), the manifest records N, and the loader inserts that "
+                        "padding so every segment splits evenly (--seq-len must divide by 2·N; default: none, "
+                        "whatever the source was planned for)")
     p.add_argument("--workers", type=int, default=1, help="processes for splitting and writing (default 1)")
     p.add_argument("--seed", type=int, default=0, help="seed for shuffles (default 0)")
     p.add_argument("--max-drop-fraction", type=float, metavar="F",
@@ -495,7 +504,7 @@ def _run_reshard(args: argparse.Namespace) -> int:
 
     config = PackConfig(seq_len=args.seq_len, max_images=args.max_images, algorithm=args.algorithm,
                         seed=args.seed, shard_max_bytes=parse_size(args.shard_size),
-                        shard_max_packs=args.shard_packs,
+                        shard_max_packs=args.shard_packs, cp=args.cp,
                         run=RunOptions(workers=args.workers, max_drop_fraction=_drop_fraction(args)))
     summary = reshard_dataset(args.source, args.output, config=config, resume=args.resume, progress=not args.quiet)
     for line in summary.lines():

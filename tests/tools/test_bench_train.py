@@ -139,6 +139,19 @@ def test_target_logits_need_one_row_batches():
 
 
 @pytest.mark.slow
+def test_cp_figures_split_each_step_as_cp_layout_does():
+    """Two packs of ``seq_len`` 16, one a step: the tokens each of 2 CP ranks holds and the padding, by hand."""
+    from wdspack.format.pack import Pack
+
+    packs = [Pack(np.arange(13), np.ones(13), (5, 8), ("a", "b")), Pack(np.arange(16), np.ones(16), (16,), ("c",))]
+    f = _tool().cp_figures(packs, seq_len=16, batch_size=1, cp=2)
+    # pack 0: 5 → 8, 8, tail 3 → 4: 20 padded, 10 a rank; pack 1: 16, 8 a rank
+    assert f["steps"] == 2 and f["padding_tokens"] == 4 and f["padding_share"] == round(4 / 36, 4)
+    assert f["rank_tokens"] == {"max": 10, "mean": 9.0}
+    planned = _tool().cp_figures(packs[1:], seq_len=16, batch_size=1, cp=2, planned=True)
+    assert planned["padding_tokens"] == 0 and planned["rank_real_tokens"] == {"max": 8, "mean": 8.0}
+
+
 def test_quick_run_trains_the_same_tokens_three_ways(tmp_path):
     """SDPA, the CPU's default, and ``--compile`` (the decoder layers compiled once; ``aot_eager``, which
     decides graphs and recompiles as Inductor does, without its minute of code generation here); the varlen
@@ -147,9 +160,12 @@ def test_quick_run_trains_the_same_tokens_three_ways(tmp_path):
     out = tmp_path / "bench_train.json"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     done = subprocess.run([sys.executable, "-m", "tools.bench_train", "--quick", "--json", str(out),
-                           "--attention", "sdpa", "--compile", "--compile-backend", "aot_eager"],
+                           "--attention", "sdpa", "--compile", "--compile-backend", "aot_eager", "--cp", "2"],
                           capture_output=True, text=True, timeout=400, env=env, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.loads(out.read_text())
     check_bench_train_record(record, "sdpa")
     assert "packed_compiled" in record["modes"] and record["config"]["compile"]["backend"] == "aot_eager"
+    cp = record["config"]["cp"]  # the same data packed with --cp 2: no padding left for the load
+    assert cp["planned"]["padding_tokens"] == 0 and cp["planned"]["padding_in_plan"] > 0
+    assert cp["load_time"]["padding_tokens"] > 0 and cp["load_time"]["steps"] == record["modes"]["packed"]["steps"]

@@ -136,6 +136,10 @@ class Manifest:
     #: ``pack_index.npy`` beside the manifest (:mod:`wdspack.format.pack_index`): file, columns, bytes, sha256;
     #: {} if none
     pack_index: dict[str, Any] = field(default_factory=dict)
+    #: The context-parallel degree the packs were planned for (``wdspack pack --cp``): every sub-sample's length
+    #: padded to a multiple of ``2·cp`` fits the pack's ``seq_len`` (``totals["cp_padding"]`` tokens in all), and
+    #: the loader inserts that padding. None (the key absent): planned at the real lengths.
+    cp: int | None = None
 
     @property
     def num_packs(self) -> int:
@@ -154,9 +158,10 @@ class Manifest:
     def to_json(self) -> str:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["shards"] = [shard.to_dict() for shard in self.shards]
-        order = ["format", "wdspack_version", "split", "seq_len", "max_images", "algorithm", "seed",
+        order = ["format", "wdspack_version", "split", "seq_len", "max_images", "algorithm", "seed", "cp",
                  "tokenizer", "image_policy", "sources", "provenance", "totals", "dropped_file", "pack_index", "shards"]
-        return json.dumps({k: d[k] for k in order if k != "pack_index" or d[k]}, indent=1, sort_keys=False,
+        optional = ("pack_index", "cp")  # written where set: a manifest without them keeps its bytes
+        return json.dumps({k: d[k] for k in order if k not in optional or d[k]}, indent=1, sort_keys=False,
                           ensure_ascii=False) + "\n"
 
     @classmethod
@@ -179,6 +184,7 @@ class Manifest:
                 sources=tuple(d.get("sources", ())), provenance=dict(d.get("provenance", {})),
                 dropped_file=d.get("dropped_file", DROPPED_NAME), format=d["format"],
                 wdspack_version=d.get("wdspack_version", ""), pack_index=dict(d.get("pack_index") or {}),
+                cp=int(d["cp"]) if d.get("cp") else None,
             )
         except (KeyError, TypeError) as e:
             raise ManifestError(f"manifest is missing or has a malformed field: {e}") from None

@@ -28,7 +28,7 @@ import numpy as np
 from ..errors import FormatError, NewerFormatError
 from ..media import KINDS, Media, MediaKind, by_kind, by_name, read_spelled, spelled
 
-__all__ = ["FORMAT", "MAX_PACK_BYTES", "Media", "Pack", "decode_pack", "drop_sample", "encode_pack",
+__all__ = ["FORMAT", "MAX_PACK_BYTES", "Media", "Pack", "decode_pack", "drop_sample", "encode_pack", "pad_samples",
            "token_dtype_for", "validate_pack"]
 
 FORMAT = "wdspack/1"
@@ -114,6 +114,33 @@ def drop_sample(pack: Pack, index: int) -> Pack:
         pack, input_ids=pack.input_ids[keep], loss_mask=pack.loss_mask[keep],
         seq_lens=pack.seq_lens[:index] + pack.seq_lens[index + 1:],
         sample_ids=pack.sample_ids[:index] + pack.sample_ids[index + 1:], media=media)
+
+
+def pad_samples(pack: Pack, *, multiple: int, pad_token_id: int) -> Pack:
+    """``pack`` with every sub-sample padded at its end to a multiple of ``multiple`` tokens (``pad_token_id``,
+    loss mask 0): the layout a pack planned for context parallelism is loaded in (``multiple = 2·cp``).
+
+    The padding comes after the sub-sample's last token, so causally no real token sees it, and it has no
+    target; media, ids and owners are kept. A pack whose lengths divide already is returned as it is.
+
+    Example:
+        >>> p = Pack(np.array([1, 2, 3, 4, 5]), np.array([0, 1, 0, 1, 1]), (2, 3), ("a", "b"))
+        >>> q = pad_samples(p, multiple=4, pad_token_id=0)
+        >>> q.input_ids.tolist(), q.loss_mask.tolist(), q.seq_lens
+        ([1, 2, 0, 0, 3, 4, 5, 0], [0, 1, 0, 0, 0, 1, 1, 0], (4, 4))
+    """
+    lens = np.asarray(pack.seq_lens, np.int64)
+    padded = -(-lens // multiple) * multiple
+    if np.array_equal(lens, padded):
+        return pack
+    total = int(padded.sum())
+    within = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)  # each token's offset in its sample
+    at = np.repeat(np.cumsum(padded) - padded, lens) + within
+    ids = np.full(total, pad_token_id, pack.input_ids.dtype)
+    mask = np.zeros(total, pack.loss_mask.dtype)
+    ids[at] = pack.input_ids
+    mask[at] = pack.loss_mask
+    return replace(pack, input_ids=ids, loss_mask=mask, seq_lens=tuple(int(n) for n in padded))
 
 
 def token_dtype_for(vocab_size: int) -> str:

@@ -26,6 +26,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ..errors import ConfigError, WdspackError
 from ..format.dataset import ResolvedSource, read_pack_index, resolve_source
+from ..format.pack import pad_samples
 from ..format.tar import Handler
 from ..storage.streams import open_stream
 from ..storage.urls import is_remote
@@ -146,6 +147,9 @@ class PackedDataset(IterableDataset):
                      sum(s.images for s in m.shards) if m is not None else 0,
                      processor=processor, image_transform=image_transform, text_only=text_only)
         self.model_batcher = self._model_batcher(processor)
+        #: the CP degree the packs were planned for (``wdspack pack --cp``): each sub-sample is padded to a
+        #: multiple of ``2·cp`` as it loads, so the batch's segments split with no more padding (None: as stored)
+        self.cp: int | None = m.cp if m is not None else None
         self._costs: list[np.ndarray] | None = None  # per shard, the packs' costs (balance="cost")
         self._offsets: list[np.ndarray] | None = None  # per shard, the packs' byte offsets (from the pack index)
         self._balance(Balance.of(balance))
@@ -455,6 +459,8 @@ class PackedDataset(IterableDataset):
         from .batch.buffers import MODEL_KEY, staged_example
         from .batch.collate import pack_to_example
 
+        if self.cp:  # planned for CP: the padding the plan counted goes in now (a pack of divisible lengths stays)
+            pack = pad_samples(pack, multiple=2 * self.cp, pad_token_id=self.pad_token_id)
         if self.with_position or self.model_batcher is not None:
             example = staged_example(pack, seq_len=self.seq_len, max_images=self.max_images,
                                      pad_token_id=self.pad_token_id, image_transform=self.image_transform,

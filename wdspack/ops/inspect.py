@@ -97,6 +97,9 @@ def dataset_stats(source: str, *, deep: bool = False, batch_size: int = 8,
     }
     if "records_read" in t:  # documents cut into pieces: fewer records than samples
         stats["records_read"] = t["records_read"]
+    if manifest.cp:  # planned for context parallelism: the 2·cp padding the loader inserts, counted in the plan
+        stats["cp"] = manifest.cp
+        stats["cp_padding"] = int(t.get("cp_padding") or 0)
     for kind in _SOMETIMES:  # a kind that some packs hold (videos): how many, and the most of its tokens one pack holds
         if t.get(kind.plural):
             stats[kind.plural] = int(t[kind.plural])
@@ -120,15 +123,21 @@ def dataset_stats(source: str, *, deep: bool = False, batch_size: int = 8,
     samples: list[int] = []
     lengths: list[int] = []
     columns: dict[str, dict[str, list[float]]] = {kind.name: {} for kind in KINDS}
+    padding: list[int] = []
     for _, pack in iter_dataset_packs(manifest, root):
         tokens.append(pack.num_tokens)
         samples.append(pack.num_samples)
         lengths.extend(pack.seq_lens)
+        if manifest.cp:
+            step = 2 * manifest.cp
+            padding.append(sum(-n % step for n in pack.seq_lens))
         for kind in KINDS:
             for key, value in _per_pack(kind, pack.media[kind.name]).items():
                 columns[kind.name].setdefault(key, []).append(value)
     lens = np.asarray(lengths, np.int64)
     stats["per_pack"] = {"tokens": _describe(np.asarray(tokens)), "samples": _describe(np.asarray(samples))}
+    if manifest.cp:
+        stats["per_pack"]["cp_padding"] = _describe(np.asarray(padding, np.int64))
     for kind in KINDS:  # a kind in every pack always; another (videos, their frames, their tokens) where a pack has one
         per_pack = columns[kind.name] or {kind.plural: []}  # no packs: none of it
         if kind.always_stored or any(per_pack[kind.plural]):
@@ -206,6 +215,7 @@ def format_stats(stats: dict[str, Any]) -> list[str]:
         + "".join(f"  {kind.plural} {stats[kind.plural]} (at most {stats[kind.budget]} {kind.name} tokens a pack)"
                   for kind in _SOMETIMES if stats.get(kind.plural)),
         *([f"budget    {stats['budget']['line']}"] if stats.get("budget", {}).get("line") else []),
+        *([_cp_line(stats)] if stats.get("cp") else []),
         f"samples per pack  mean {stats['mean_samples_per_pack']:.2f}",
     ]
     if "packs_per_step" in stats:
@@ -226,6 +236,14 @@ def format_stats(stats: dict[str, Any]) -> list[str]:
                      f"(batches of {stats['naive_batch_size']}, random order) would waste "
                      f"{stats['naive_padding_waste']:.1%}")
     return lines
+
+
+def _cp_line(stats: dict[str, Any]) -> str:
+    """The ``2·cp`` padding of a dataset planned for context parallelism, in all (per pack: ``--deep``)."""
+    cp, pad, real = stats["cp"], stats["cp_padding"], stats["tokens"]
+    share = pad / (real + pad) if real + pad else 0.0
+    return (f"cp        planned for {cp} CP ranks: each sub-sample padded to a multiple of {2 * cp} when it loads, "
+            f"{pad} padding tokens in all ({share:.2%} of the packs' tokens with it), in the plan's budget")
 
 
 def plot_stats(stats: dict[str, Any], path: str) -> None:

@@ -88,6 +88,10 @@ class PackConfig:
     split: str = "train"
     records_per_partition: int = 1000
     plan_group_partitions: int | None = None
+    #: the context-parallel degree the data will be trained with (``--cp``): each sub-sample is planned at its
+    #: length padded to a multiple of ``2·cp`` (TransformerEngine's split), and the manifest records it so the
+    #: loader hands out segments that divide already. None: planned at the real lengths (the bytes as before).
+    cp: int | None = None
     run: RunOptions = field(default_factory=RunOptions)
 
     def __post_init__(self) -> None:
@@ -106,6 +110,14 @@ class PackConfig:
                               f"size), got {self.plan_group_partitions}")
         if self.records_per_partition < 1:
             raise ConfigError(f"records_per_partition must be >= 1, got {self.records_per_partition}")
+        if self.cp is not None:
+            if isinstance(self.cp, bool) or not isinstance(self.cp, (int, np.integer)) or self.cp < 1:
+                raise ConfigError(f"--cp {self.cp!r}: the context-parallel degree is a number of ranks, >= 1")
+            if self.seq_len % (2 * self.cp):
+                step = 2 * self.cp
+                raise ConfigError(f"--seq-len {self.seq_len} is not a multiple of 2·cp = {step} (--cp {self.cp}): "
+                                  f"a pack's padding would not split evenly; use --seq-len "
+                                  f"{self.seq_len // step * step or step} or {-(-self.seq_len // step) * step}")
         if not isinstance(self.run, RunOptions):
             raise ConfigError(f"run={self.run!r}: pass a wdspack.RunOptions (workers, executor, ray_address, "
                               "max_drop_fraction)")
@@ -115,7 +127,22 @@ class PackConfig:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "run"}
         if not out["plan_group_partitions"]:  # the global plan: fingerprints as before the field
             del out["plan_group_partitions"]
+        if out["cp"] is None:  # not planned for CP: fingerprints as before the field
+            del out["cp"]
         return out
+
+    def planned_tokens(self, tokens: np.ndarray) -> np.ndarray:
+        """Each sample's tokens as the plan counts them: padded to a multiple of ``2·cp`` when planned for
+        context parallelism (``cp``), else as they are.
+
+        Example:
+            >>> PackConfig(seq_len=16, cp=2).planned_tokens(np.array([5, 8, 1])).tolist()
+            [8, 8, 4]
+        """
+        if not self.cp:
+            return tokens
+        step = 2 * int(self.cp)
+        return -(-np.asarray(tokens, np.int64) // step) * step
 
 
 @dataclass(frozen=True, slots=True)

@@ -91,6 +91,7 @@ from .selection import (
     Measured,
     assign_shards,
     check_drops,
+    cp_padding,
     plan_selected,
     select_samples,
     write_dropped,
@@ -289,7 +290,8 @@ def _run_global(out: Location, work: Location, measure: Callable[..., Any], task
                                max_samples_per_pack=max((len(p) for p in plan), default=0),
                                max_media_per_pack=max((int(table["media"][p].sum()) for p in plan), default=0),
                                max_media_tokens_per_pack=max((int(table["media_tokens"][p].sum()) for p in plan),
-                                                             default=0))
+                                                             default=0),
+                               cp_padding=cp_padding(table, config))
     return finish(out, manifest, start=start, resumed_shards=kept)
 
 
@@ -324,7 +326,8 @@ def _run_partitioned(out: Location, work: Location, measure: Callable[..., Any],
                                min_sample_tokens=result.min_sample_tokens,
                                max_media_per_pack=result.max_media_per_pack,
                                max_media_tokens_per_pack=result.max_media_tokens_per_pack,
-                               dropped_counts=(n_dropped, dict(sorted(dropped_counts.items()))))
+                               dropped_counts=(n_dropped, dict(sorted(dropped_counts.items()))),
+                               cp_padding=result.cp_padding)
     return finish(out, manifest, start=start)
 
 

@@ -56,7 +56,7 @@ from ..storage.location import Location
 from .config import PackConfig
 from .executors import report
 from .output import info_row
-from .selection import assign_shards, plan_selected
+from .selection import assign_shards, cp_padding, plan_selected, too_long
 from .sources.meta import collision_key, namespaced
 from .spool import COLUMNS, SpoolReader, assemble_pack, pack_counts, read_meta
 
@@ -95,6 +95,8 @@ class GroupResult:
     source_records: int = 0
     #: the shortest packed sample's tokens (None: no sample, or a group written before it was recorded)
     min_sample_tokens: int | None = None
+    #: the tokens the ``2·cp`` padding adds (None: not planned for CP)
+    cp_padding: int | None = None
 
 
 def plan_groups_above() -> int:
@@ -213,8 +215,8 @@ def _duplicate_task(b: int, groups: int, work: str) -> int:
     return len(repeats)
 
 
-def _group_table(loc: Location, parts: Sequence[int], seq_len: int,
-                 max_images: int | None) -> tuple[dict[str, Any], list[Dropped]]:
+def _group_table(loc: Location, parts: Sequence[int], seq_len: int, max_images: int | None,
+                 cp: int | None = None) -> tuple[dict[str, Any], list[Dropped]]:
     """The group's samples as a table (ids, integer columns, keep), and its drops in input order:
     the measure drops, then duplicates and samples over a budget, as :func:`select_samples` gives them."""
     repeats: set[tuple[int, int]] = set()
@@ -237,6 +239,8 @@ def _group_table(loc: Location, parts: Sequence[int], seq_len: int,
         dropped.extend(Dropped(renames.get((i, -1 - k), d[0]), *d[1:]) for k, d in enumerate(meta["dropped"]))
     cat = {c: np.concatenate(v) if v else np.zeros(0, np.int64) for c, v in cols.items()}
     keep = np.ones(len(ids), bool)
+    budgets = PackConfig(seq_len=seq_len, max_images=max_images, cp=cp)
+    planned = budgets.planned_tokens(cat["tokens"])
     rows = np.concatenate([np.arange(len(x)) for x in cols["tokens"]]) if ids else np.zeros(0, np.int64)
     for j, sid in enumerate(ids):
         if (int(cat["part"][j]), int(rows[j])) in repeats:
@@ -245,10 +249,9 @@ def _group_table(loc: Location, parts: Sequence[int], seq_len: int,
             dropped.append(Dropped(sid, "duplicate_id", f"id {sid!r} is used by more than one record{where}; the "
                                    "first is kept: give every record its own 'id' (or remove the 'id' fields to "
                                    "name records '{file}:{row}')"))
-        elif cat["tokens"][j] > seq_len:
+        elif planned[j] > seq_len:
             keep[j] = False
-            dropped.append(Dropped(sid, "too_long", f"{int(cat['tokens'][j])} tokens > seq_len {seq_len}; "
-                                   "raise --seq-len to keep it"))
+            dropped.append(too_long(sid, int(cat["tokens"][j]), budgets))
         elif max_images is not None and cat["media"][j] > max_images:
             keep[j] = False
             dropped.append(Dropped(sid, "too_many_images", f"{int(cat['media'][j])} images > max_images "
@@ -260,10 +263,10 @@ def _group_table(loc: Location, parts: Sequence[int], seq_len: int,
 
 
 def _select_task(g: int, parts: Sequence[int], work: str, seq_len: int, max_images: int | None,
-                 on_error: str) -> list[int]:
+                 on_error: str, cp: int | None = None) -> list[int]:
     """Write the group's drops (``plan/drop-{g}.jsonl``); return [records, drops, packed]."""
     loc = Location(work)
-    table, dropped = _group_table(loc, parts, seq_len, max_images)
+    table, dropped = _group_table(loc, parts, seq_len, max_images, cp)
     _raise_first(dropped, on_error)
     records = sum(read_meta(loc, i)["records"] for i in parts)
     text = "".join(json.dumps(d.to_json(), ensure_ascii=False) + "\n" for d in dropped)
@@ -275,7 +278,7 @@ def _plan_task(g: int, parts: Sequence[int], work: str, out: str, config: PackCo
                itemsize: int) -> int:
     """Plan the group's kept samples, write its shards and ``plan/done-{g}`` (infos, index rows)."""
     loc, dest = Location(work), Location(out)
-    table, _ = _group_table(loc, parts, config.seq_len, config.max_images)
+    table, _ = _group_table(loc, parts, config.seq_len, config.max_images, config.cp)
     plan = plan_selected(table, config)
     order = np.random.default_rng([config.seed, g]).permutation(len(plan))  # each group its own pack order
     plan = [plan[k] for k in order]
@@ -308,6 +311,8 @@ def _plan_task(g: int, parts: Sequence[int], work: str, out: str, config: PackCo
               "max": [max((len(p) for p in plan), default=0),
                       max((int(table["media"][p].sum()) for p in plan), default=0),
                       max((int(table["media_tokens"][p].sum()) for p in plan), default=0)]}
+    if config.cp:
+        result["cp_padding"] = cp_padding(table, config)
     loc.write_atomic(f"plan/done-{g:06d}", msgpack.packb(result, use_bin_type=True))
     return g
 
@@ -352,8 +357,8 @@ def plan_partitioned(out: Location, work: Location, parts: int, config: PackConf
             pass
         for _ in run(_duplicate_task, [(b, len(groups), str(work)) for b in range(BUCKETS)], "duplicates"):
             pass
-        counts = list(run(_select_task, [(g, p, str(work), config.seq_len, config.max_images, config.on_error)
-                                         for g, p in enumerate(groups)], "select"))
+        counts = list(run(_select_task, [(g, p, str(work), config.seq_len, config.max_images, config.on_error,
+                                          config.cp) for g, p in enumerate(groups)], "select"))
         records, drops, packed = (sum(c[k] for c in counts) for k in range(3))
         limit = config.run.max_drop_fraction
         if not packed or (limit is not None and records and drops / records > limit):
@@ -372,7 +377,7 @@ def plan_partitioned(out: Location, work: Location, parts: int, config: PackConf
             f.write(data)
     out.commit(f".{DROPPED_NAME}.tmp", DROPPED_NAME)
     shards: list[ShardInfo] = []
-    maxima, records, packs, source_records, shortest = [0, 0, 0], 0, 0, 0, []
+    maxima, records, packs, source_records, shortest, padding = [0, 0, 0], 0, 0, 0, [], 0
     for g in range(len(groups)):  # per-shard state only: the index rows are streamed below
         done = _read_done(work, g)
         shards.extend(ShardInfo(*s) for s in done["shards"])
@@ -380,6 +385,7 @@ def plan_partitioned(out: Location, work: Location, parts: int, config: PackConf
         records += done["records"]
         source_records += done.get("source_records", done["records"])  # a group written before the key
         shortest += [done["min_sample_tokens"]] if done.get("min_sample_tokens") is not None else []
+        padding += done.get("cp_padding", 0)
         packs += len(done["index"]) // (8 * len(INDEX_COLUMNS))
     digest = hashlib.sha256()
     with out.open_write(f".{INDEX_NAME}.tmp") as f:  # the .npy header, then each group's rows
@@ -394,7 +400,8 @@ def plan_partitioned(out: Location, work: Location, parts: int, config: PackConf
     out.commit(f".{INDEX_NAME}.tmp", INDEX_NAME)
     entry = {"file": INDEX_NAME, "columns": list(INDEX_COLUMNS), "bytes": size, "sha256": digest.hexdigest()}
     result = GroupResult(tuple(shards), maxima[0], maxima[1], maxima[2], source_records=source_records,
-                         min_sample_tokens=min(shortest) if shortest else None)
+                         min_sample_tokens=min(shortest) if shortest else None,
+                         cp_padding=padding if config.cp else None)
     return result, records, drops, entry
 
 

@@ -27,7 +27,7 @@ from .config import PackConfig
 from .planner import plan_packs
 from .sources.meta import collision_key, namespaced
 
-__all__ = ["Measured", "assign_shards", "check_drops", "plan_selected", "select_samples",
+__all__ = ["Measured", "assign_shards", "check_drops", "cp_padding", "plan_selected", "select_samples", "too_long",
            "write_dropped"]
 
 _PACK_OVERHEAD = 64  # msgpack framing per pack, bytes (for shard size estimates)
@@ -89,6 +89,7 @@ def select_samples(m: Measured, config: PackConfig, *, source_names: Sequence[st
     _namespace(m, part, source_names)
     several = len(set(source_names)) > 1
     keep = np.ones(tok.size, bool)
+    planned = config.planned_tokens(tok)
     dropped: list[Dropped] = []
     seen: set[str] = set()
     for j, sid in enumerate(m.ids):
@@ -100,10 +101,9 @@ def select_samples(m: Measured, config: PackConfig, *, source_names: Sequence[st
                                    "fields to name records '{file}:{row}')"))
             continue
         seen.add(sid)
-        if tok[j] > config.seq_len:
+        if planned[j] > config.seq_len:
             keep[j] = False
-            dropped.append(Dropped(sid, "too_long", f"{int(tok[j])} tokens > seq_len {config.seq_len}; "
-                                   "raise --seq-len to keep it"))
+            dropped.append(too_long(sid, int(tok[j]), config))
         elif config.max_images is not None and media[j] > config.max_images:
             keep[j] = False
             dropped.append(Dropped(sid, "too_many_images", f"{int(media[j])} images > max_images "
@@ -119,6 +119,13 @@ def select_samples(m: Measured, config: PackConfig, *, source_names: Sequence[st
     for column in (m.tokens, m.media, m.part, m.offset, m.length, m.media_bytes, m.media_tokens, m.targets):
         column.clear()  # the per-partition pieces: the table holds them now, once
     return table
+
+
+def too_long(sample_id: str, tokens: int, config: PackConfig) -> Dropped:
+    """The drop of a sample over ``seq_len``, as the plan counts it (padded to ``2·cp`` when planned for CP)."""
+    padded = int(config.planned_tokens(np.array([tokens]))[0])
+    cp = f" (padded to {padded} for --cp {config.cp})" if padded != tokens else ""
+    return Dropped(sample_id, "too_long", f"{tokens} tokens{cp} > seq_len {config.seq_len}; raise --seq-len to keep it")
 
 
 def check_drops(out: Location, m: Measured, table: dict[str, Any], config: PackConfig, *,
@@ -216,11 +223,19 @@ def _causes(counts: Counter, *, every: bool = False) -> str:
 def plan_selected(table: dict[str, Any], config: PackConfig) -> list[np.ndarray]:
     """Packs as arrays of sample indices (into the table), in a seeded shuffled order."""
     keep = np.flatnonzero(table["keep"])
-    packs = plan_packs(table["tokens"][keep], table["media"][keep], seq_len=config.seq_len,
+    packs = plan_packs(config.planned_tokens(table["tokens"][keep]), table["media"][keep], seq_len=config.seq_len,
                        max_images=config.max_images, algorithm=config.algorithm, seed=config.seed)
     # Shuffle packs so each shard mixes long and short samples (planners emit them sorted).
     order = np.random.default_rng(config.seed).permutation(len(packs))
     return [keep[np.asarray(packs[k], np.int64)] for k in order]
+
+
+def cp_padding(table: dict[str, Any], config: PackConfig) -> int | None:
+    """The tokens the ``2·cp`` padding adds to the kept samples (None: not planned for CP)."""
+    if not config.cp:
+        return None
+    kept = table["tokens"][table["keep"]]
+    return int(config.planned_tokens(kept).sum() - kept.sum())
 
 
 def assign_shards(plan, table, config: PackConfig, *, token_itemsize: int) -> list[list[np.ndarray]]:

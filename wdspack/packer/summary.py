@@ -29,10 +29,11 @@ def build_manifest(sources, config: PackConfig, describe, infos, records: int, d
                     extra: dict[str, Any], *, pack_index: dict[str, Any], max_samples_per_pack: int,
                     max_media_per_pack: int, max_media_tokens_per_pack: int,
                     dropped_counts: tuple[int, dict[str, int]] | None = None, records_read: int | None = None,
-                    min_sample_tokens: int | None = None) -> Manifest:
+                    min_sample_tokens: int | None = None, cp_padding: int | None = None) -> Manifest:
     """The manifest of a job's shards (``infos``). ``max_media_per_pack``: the most media items of every kind
     in one pack (what ``max_images`` bounds; the manifest's ``max_images_per_pack``), ``max_media_tokens_per_pack``
-    their tokens (its ``max_image_tokens_per_pack``)."""
+    their tokens (its ``max_image_tokens_per_pack``); ``cp_padding``: the tokens the ``2·cp`` padding adds, for a
+    job planned for context parallelism (``config.cp``; the manifest's ``cp`` and ``totals["cp_padding"]``)."""
     packs = sum(i.packs for i in infos)
     tokens = sum(i.tokens for i in infos)
     n_dropped, by_reason = dropped_counts or (len(dropped), dict(sorted(Counter(d.reason for d in dropped).items())))
@@ -60,6 +61,8 @@ def build_manifest(sources, config: PackConfig, describe, infos, records: int, d
         totals["records_read"] = records_read
     if min_sample_tokens is not None:  # what `budget` lines measure "full of tokens" against
         totals["min_sample_tokens"] = min_sample_tokens
+    if config.cp:  # planned for context parallelism: the padding the loader inserts, counted in the plan
+        totals["cp_padding"] = int(cp_padding or 0)
     provenance = {"shard_max_bytes": config.shard_max_bytes, "shard_max_packs": config.shard_max_packs,
                   "on_error": config.on_error, **extra}
     policy = describe["image_policy"]
@@ -70,7 +73,7 @@ def build_manifest(sources, config: PackConfig, describe, infos, records: int, d
         seq_len=config.seq_len, max_images=config.max_images, algorithm=config.algorithm, seed=config.seed,
         tokenizer=describe["tokenizer"], image_policy=policy, shards=tuple(infos),
         totals=totals, split=config.split, sources=tuple(str(s) for s in sources), provenance=provenance,
-        wdspack_version=__version__, pack_index=pack_index,
+        wdspack_version=__version__, pack_index=pack_index, cp=config.cp,
     )
 
 
