@@ -3,9 +3,11 @@ alone and two real families' training steps split over 2 and 4 CP ranks; the los
 divided by the step's target count, and the gradients after the all-reduce, equal the unsplit packed step
 (the harness's, float64, SDPA).
 
-Qwen2.5-VL (images, 3-D mRoPE positions computed on the whole pack before the split) and Mistral 3 with a
-sliding window of 8 (images, 1-D positions, the window's mask across ranks). Each split pads segments to a
-multiple of ``2·cp``; the attention case holds segments of 3, 1 and 7 tokens, shorter than ``2·cp = 8``.
+Qwen2.5-VL (images, 3-D mRoPE positions computed on the whole pack before the split), Qwen2.5-VL on video chats
+(LLaMA-Factory's video layout, a video beside an image in one chat; each video's time axis in its positions) and
+Mistral 3 with a sliding window of 8 (images, 1-D positions, the window's mask across ranks). Each split pads
+segments to a multiple of ``2·cp``; the attention case holds segments of 3, 1 and 7 tokens, shorter than
+``2·cp = 8``.
 """
 
 from __future__ import annotations
@@ -22,10 +24,33 @@ import torch
 import wdspack
 from tests.support import vlm_harness as h
 from tests.support.ranks import free_port
+from tests.support.video_chats import ROWS, source_folder
+from wdspack.media.video.plan import VideoSettings
+from wdspack.models import save_processor
+from wdspack.packer.config import PackConfig
+from wdspack.packer.job import pack_dataset
+from wdspack.packer.samples import SampleConfig
 from wdspack.train.cp import cp_layout
 
 FAMILIES = ("qwen2_5_vl", "mistral3_sliding")
+#: Qwen2.5-VL's model on packs of video chats (tests/support/video_chats.py's, as the video family tests pack them)
+VIDEO = "qwen2_5_vl_video"
 WORLD = 4
+
+
+def _video_dataset(processor, folder):
+    """The video chats (LLaMA-Factory's layout: a video alone, two turns, a video beside an image, text) packed
+    with Qwen2.5-VL's processor at 4 frames a second, small frames, two or more packs."""
+    src = source_folder(folder)
+    rows = {sid: row for sid, row in ROWS.items() if "videos" in row or "video" not in row}
+    (src / "chats.jsonl").write_text("".join(json.dumps({"id": sid, **row}) + "\n" for sid, row in rows.items()))
+    config = SampleConfig(processor=str(save_processor(processor, folder / "processor")),
+                          video=VideoSettings(fps=4.0, max_pixels=28 * 28 * 4))
+    dataset = folder / "packed"
+    summary = pack_dataset([str(src / "chats.jsonl")], str(dataset), sample_config=config, progress=False,
+                           config=PackConfig(seq_len=112, max_images=3, on_error="raise"))
+    assert summary.samples_packed == len(rows) and summary.packs >= 2, summary.lines()
+    return dataset
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +61,12 @@ def ranks(vlm_family, tmp_path_factory):
     out = folder / "out"
     out.mkdir()
     families, built = [], {}
-    for name in FAMILIES:
-        processor, model, dataset = vlm_family(name)
+    for name in (*FAMILIES, VIDEO):
+        if name == VIDEO:
+            processor, model, _ = vlm_family("qwen2_5_vl")
+            dataset = _video_dataset(processor, folder / "video")
+        else:
+            processor, model, dataset = vlm_family(name)
         model = model.double()
         model.set_attn_implementation("sdpa")
         model.save_pretrained(folder / name)
@@ -86,17 +115,21 @@ def _got(model, results: list[dict]) -> tuple:
     return torch.tensor(sum(float(r["loss"]) for r in results), dtype=torch.float64), int(results[0]["n"]), grads
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", (*FAMILIES, VIDEO))
 def test_four_cp_ranks_equal_the_unsplit_packed_step(ranks, family):
     out, refs = ranks
     model, whole, _, want = refs[family]
     lens = [b - a for batch in whole for a, b in zip(batch["cu_seqlens"].tolist(), batch["cu_seqlens"].tolist()[1:])]
     assert any(n % 8 for n in lens), "some segment is padded to a multiple of 2·cp"
-    assert sum(int(b["image_mask"].sum()) for b in whole) >= 4, "the packs hold images"
+    if family == VIDEO:
+        assert sum(int(b["video_mask"].sum()) for b in whole) == 3, "the packs hold the three videos"
+        assert sum(int(b["image_mask"].sum()) for b in whole) == 1, "and the picture beside one of them"
+    else:
+        assert sum(int(b["image_mask"].sum()) for b in whole) >= 4, "the packs hold images"
     h.assert_same(model, _got(model, _load(out, f"{family}-cp4")), want)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", (*FAMILIES, VIDEO))
 def test_two_dp_by_two_cp_ranks_equal_one_process_over_every_batch(ranks, family):
     """Each DP rank its own packs, split over its 2 CP ranks; ``num_items_in_batch`` over the DP group counts
     the step's targets once, and the gradients summed over all 4 ranks are the step's (the DP ranks' packs
