@@ -195,7 +195,8 @@ def test_show_lays_a_pack_out(built, capsys):
     _, _, dataset, _ = built["Glm46VForConditionalGeneration"]
     assert main(["show", str(dataset), "--packs", "9", "--color", "never"]) == 0
     shown = capsys.readouterr().out
-    assert "<|begin_of_video|><|begin_of_image|><image×" in shown
+    # the frames fill <|image|> tokens; show marks them by the item they belong to: the video's
+    assert "<|begin_of_video|><|begin_of_image|><video×" in shown
     assert "<|end_of_image|>0.0 seconds<|begin_of_image|>" in shown
     assert "[[Celebrating.]]" in shown and "What moves in" in shown
 

@@ -194,15 +194,16 @@ def _own_class(name: str, part: str) -> Any:
 
     import transformers
 
-    settings = _read_json(name, "processor_config.json").get(part) or _read_json(name, f"{part[:-10]}_preprocessor"
-                                                                                         "_config.json")
-    cls = settings.get(f"{part}_type") if isinstance(settings, dict) else None
-    klass = getattr(transformers, cls, None) if isinstance(cls, str) else None
-    if klass is None or not getattr(klass, "is_dummy", False):
-        return klass
-    try:
+    try:  # a file that does not parse, or a class whose module needs torchvision to define it: none (the Auto
+        # mapping's error is the one said)
+        settings = _read_json(name, "processor_config.json").get(part) or _read_json(
+            name, f"{part[:-10]}_preprocessor_config.json")
+        cls = settings.get(f"{part}_type") if isinstance(settings, dict) else None
+        klass = getattr(transformers, cls, None) if isinstance(cls, str) else None
+        if klass is None or not getattr(klass, "is_dummy", False):
+            return klass
         return getattr(importlib.import_module(klass.__module__), str(cls))
-    except ImportError:
+    except Exception:
         return None
 
 
