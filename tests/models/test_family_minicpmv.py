@@ -186,6 +186,24 @@ def test_packed_loss_and_gradients_equal_one_by_one(built, attn):
     h.assert_same(model, got, want, **TOLERANCE[attn], looser=GRADIENTS)
 
 
+def test_varlen_attention_loss_and_gradients_equal_one_by_one(built):
+    """``wdspack.use_varlen_attention`` (the CPU reference kernel, per-segment SDPA) on the padding-free batches:
+    the full-attention layers take the segments through the kernel, the linear-attention ones run per segment, and
+    the images and videos give each sample's loss and gradients alone."""
+    import copy
+
+    from wdspack.models.varlen import reference_varlen_attn
+
+    processor, model, dataset, refs, _ = built
+    model = copy.deepcopy(model)
+    want = one_by_one(model, dataset, refs)
+    wdspack.use_varlen_attention(model, kernel=reference_varlen_attn)
+    assert model.config.get_text_config()._attn_implementation.startswith("wdspack_varlen")
+    batches = h.loader_batches(dataset, processor, padding_free=True)
+    assert all(b["input_ids"].shape[0] == 1 for b in batches), "one row a batch: no padding between the packs"
+    h.assert_same(model, h.packed(model, batches), want, **TOLERANCE["sdpa"], looser=GRADIENTS)
+
+
 def test_linear_attention_across_sub_samples_is_not_exact(built):
     """The check above can fail: without the segments the linear-attention state runs on across sub-samples
     (the random model's near-uniform logits move the mean loss by little, so its logits are compared)."""

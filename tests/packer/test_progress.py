@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.demo import ROOT, read_files
-from tests.support.progress import slow_records
+from tests.support.progress import ctrl_c_in_the_pool, slow_records
 from wdspack.cli import main
 from wdspack.packer.executors import ProgressLog, reported, run_tasks
 from wdspack.packer.job import _records_of
@@ -83,6 +83,14 @@ def test_a_spawn_pool_reports_while_its_tasks_run():
     counts = [_number(m["done"]) for m in map(LINE.match, before) if m]
     assert any(0 < c < 80 for c in counts), lines  # no percentage or ETA without a total
     assert lines[-1].startswith("wdspack measure: 80 records done in "), lines
+
+
+def test_a_ctrl_c_that_ended_the_pool_is_an_interrupt_here_too():
+    """The pool processes end at once on Ctrl-C (exit 130); a driver that missed the signal (it ignores it while a
+    pool process starts) reads the broken pool as the interrupt it was, so the job says "interrupted" in one line
+    and exits 130 (CI once saw a BrokenProcessPool traceback instead)."""
+    with pytest.raises(KeyboardInterrupt):
+        list(run_tasks(ctrl_c_in_the_pool, [(0,), (1,), (2,)], workers=2))
 
 
 def test_the_measure_total_comes_from_the_partitions(tmp_path):

@@ -39,6 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager, nullcontext
 from multiprocessing import get_context
 from typing import Any, TextIO
@@ -145,21 +146,38 @@ def _run_local(fn, tasks: Iterable[tuple], *, workers: int, on_done) -> Iterator
     shared = _SHARED.get(workers)
     with (nullcontext(shared()) if shared is not None
           else _spawn_pool(workers)) as pool:
-        yield from _ordered(itertools.chain(head, tasks), lambda t: _submit(pool, _reporting, (fn, *t)), _wait_local,
-                            lambda fut: fut.result(), lambda futs: [f.cancel() for f in futs],
-                            limit=workers * _IN_FLIGHT_PER_SLOT, on_done=on_done)
+        try:
+            yield from _ordered(itertools.chain(head, tasks), lambda t: _submit(pool, _reporting, (fn, *t)),
+                                _wait_local, lambda fut: fut.result(), lambda futs: [f.cancel() for f in futs],
+                                limit=workers * _IN_FLIGHT_PER_SLOT, on_done=on_done)
+        except BrokenProcessPool:
+            if _interrupted(pool):
+                raise KeyboardInterrupt from None
+            raise
+
+
+def _interrupted(pool: ProcessPoolExecutor) -> bool:
+    """Whether a pool process was ended by Ctrl-C (:func:`_quiet_on_sigint` counts it in the pool's shared
+    ``wdspack_interrupts``). A Ctrl-C that reaches this process while :func:`_submit` ignores it is lost here, and
+    the pool's end is all there is to say it came."""
+    interrupts = getattr(pool, "wdspack_interrupts", None)
+    return interrupts is not None and interrupts.value > 0
 
 
 def _spawn_pool(workers: int) -> ProcessPoolExecutor:
-    return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_start_worker,
-                               initargs=(_shared_counter(),))
+    interrupts = get_context("spawn").Value("i", 0, lock=False)  # set in a signal handler: no lock to wait on
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_start_worker,
+                               initargs=(_shared_counter(), interrupts))
+    pool.wdspack_interrupts = interrupts  # type: ignore[attr-defined]
+    return pool
 
 
-def _start_worker(counter: Any) -> None:
-    """A pool process's set-up: its :func:`report` calls go to the driver's ``counter``; Ctrl-C is quiet."""
+def _start_worker(counter: Any, interrupts: Any) -> None:
+    """A pool process's set-up: its :func:`report` calls go to the driver's ``counter``; Ctrl-C is quiet, and
+    counted in ``interrupts``."""
     global _sink
     _sink = counter
-    _quiet_on_sigint()
+    _quiet_on_sigint(interrupts)
 
 
 def _submit(pool: ProcessPoolExecutor, fn: Callable[..., Any], task: tuple) -> Any:
@@ -177,13 +195,18 @@ def _submit(pool: ProcessPoolExecutor, fn: Callable[..., Any], task: tuple) -> A
         signal.signal(signal.SIGINT, previous)
 
 
-def _quiet_on_sigint() -> None:
+def _quiet_on_sigint(interrupts: Any) -> None:
     """In a pool process, once started: Ctrl-C (sent to the whole process group) ends it at once and in
-    silence; the job's own process says what happened, in one line (its work is kept for ``--resume``)."""
+    silence, counted in the driver's ``interrupts``; the job's own process says what happened, in one line (its
+    work is kept for ``--resume``)."""
     import os
     import signal
 
-    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+    def end(*_: Any) -> None:
+        interrupts.value += 1
+        os._exit(130)
+
+    signal.signal(signal.SIGINT, end)
 
 
 def _wait_local(pending: list) -> list:
