@@ -10,14 +10,12 @@ import logging
 import pytest
 import torch
 
-wds = pytest.importorskip("webdataset")
-
 import wdspack
-from tests.support.synthetic import write_dataset
+from tests.support.synthetic import plan_for_cp, write_dataset
 from wdspack.errors import ConfigError
-from wdspack.format.manifest import MANIFEST_NAME, write_json_atomic
-from wdspack.format.pack import pad_samples
 from wdspack.loader.wds import batched, read_dataset, to_examples
+
+wds = pytest.importorskip("webdataset")
 
 CP = 2
 B = 2
@@ -25,18 +23,12 @@ B = 2
 
 @pytest.fixture(scope="module")
 def planned(tmp_path_factory):
-    """A synthetic dataset (``seq_len`` 64, at most 3 samples a pack, so each pack padded to 4 fits) whose manifest
-    says it was planned for ``cp = 2``, the padding counted as the pack job counts it; and its packs padded."""
-    from wdspack.format.dataset import iter_dataset_packs, open_dataset
-
+    """A synthetic dataset (``seq_len`` 64: each pack padded to 4 a sub-sample fits) marked planned for
+    ``cp = 2``, the padding counted as the pack job counts it; its packs as stored and padded."""
     folder = tmp_path_factory.mktemp("cp-wds")
-    manifest = write_dataset(folder, shards=2, packs_per_shard=5, seed=7)
-    packs = [p for _, p in iter_dataset_packs(*open_dataset(str(folder)))]
-    padded = [pad_samples(p, multiple=2 * CP, pad_token_id=0) for p in packs]
-    padding = sum(q.num_tokens - p.num_tokens for p, q in zip(packs, padded))
-    assert padding > 0 and all(q.num_tokens <= 64 for q in padded)
-    manifest = dataclasses.replace(manifest, cp=CP, totals={**manifest.totals, "cp_padding": padding})
-    write_json_atomic(folder / MANIFEST_NAME, manifest.to_json())
+    write_dataset(folder, shards=2, packs_per_shard=5, seed=7)
+    packs, padded = plan_for_cp(folder, cp=CP)
+    assert any(q.num_tokens > p.num_tokens for p, q in zip(packs, padded))
     return folder, packs, padded
 
 
