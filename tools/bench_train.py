@@ -119,7 +119,8 @@ DEFAULT = {"records": 40, "seq_len": 1024, "batch_size": 1, "hidden": 256, "laye
 #: ``seconds[0]`` to ``seconds[1]`` in steps of ``seconds[2]``.
 LONG_VIDEO = {"videos": 40, "records": 200, "seq_len": 65536, "seconds": (60, 300, 30)}
 LONG_VIDEO_QUICK = {"videos": 3, "records": 12, "seq_len": 8192, "seconds": (10, 30, 10)}
-#: the long-video clips: so small a frame that Qwen2.5-VL's floor (128 merged patches) sets its size: 144 tokens a s
+#: the long-video clips: frames so small that Qwen2.5-VL's floor (128 merged patches) sets their size, 252×448:
+#: 144 tokens a second of video
 LONG_VIDEO_CLIP = {"width": 160, "height": 90, "fps": 4}
 #: ``--attention``'s choices for the packed modes.
 ATTENTIONS = ("sdpa", "varlen", "flex")
@@ -207,6 +208,7 @@ def cp_figures(packs: list[Any], *, seq_len: int, batch_size: int, cp: int, plan
     stored order, the loader's ``cu_seqlens``: each pack's sub-samples, then its padding tail), split over ``cp``
     ranks by :func:`wdspack.train.cp.cp_layout`. ``planned``: packs of a dataset packed with ``--cp``, whose
     sub-samples the loader pads to ``2·cp`` as they load (that padding is the plan's, not counted here).
+    ``steps_over_static``: the steps whose segments, padded, hold more than ``B·L`` tokens (a rank past ``B·L / cp``).
 
     Example:
         >>> from wdspack.format.pack import Pack
