@@ -35,7 +35,8 @@ def test_the_fill_says_real_tokens_and_cp_padding_apart(planned):
     cp = next(line for line in lines if line.startswith("cp "))
     assert f"{loaded - real} padding tokens in all ({f['cp_padding']:.2%} of the packs' seq_len budget" in cp, cp
     padding = next(line for line in lines if line.startswith("padding"))
-    assert f"packed {1 - f['real']:.1%} of tokens ({f['cp_padding']:.1%} the 2·cp padding" in padding, padding
+    assert (f"packed {1 - f['real']:.1%} of tokens: {f['cp_padding']:.1%} the 2·cp padding, "
+            f"{1 - f['loaded']:.1%} the packs' tails;" in padding), padding
 
 
 def test_a_dataset_not_planned_for_cp_reads_as_before(tmp_path):

@@ -253,8 +253,10 @@ def format_stats(stats: dict[str, Any]) -> list[str]:
         for key, d in stats["per_pack"].items():
             lines.append(f"{key + '/pack':<13} min {d['min']}  mean {d['mean']:.1f}  p50 {d['p50']:.0f}  "
                          f"p90 {d['p90']:.0f}  p99 {d['p99']:.0f}  max {d['max']}")
-        cp = (f" ({stats['cp_fill']['cp_padding']:.1%} the 2·cp padding, the rest the packs' tails)"
-              if stats.get("cp") else "")
+        cp = ""
+        if stats.get("cp"):  # planned for CP: the padding told apart from the packs' tails
+            pad = stats["cp_fill"]["cp_padding"]
+            cp = f": {pad:.1%} the 2·cp padding, {stats['padding_waste'] - pad:.1%} the packs' tails"
         lines.append(f"padding   packed {stats['padding_waste']:.1%} of tokens{cp}; a pad-to-longest loader "
                      f"(batches of {stats['naive_batch_size']}, random order) would waste "
                      f"{stats['naive_padding_waste']:.1%}")
