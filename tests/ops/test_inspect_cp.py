@@ -27,7 +27,8 @@ def test_the_fill_says_real_tokens_and_cp_padding_apart(planned):
     assert f["real"] == pytest.approx(stats["fill_ratio"]) == pytest.approx(real / budget, abs=1e-6)
     assert f["cp_padding"] == pytest.approx((loaded - real) / budget, abs=1e-6)
     assert f["loaded"] == pytest.approx(loaded / budget, abs=1e-6) and f["loaded"] > f["real"]
-    assert stats["per_pack"]["cp_padding"]["max"] == max(q.num_tokens - p.num_tokens for p, q in zip(packs, padded))
+    per_pack = [q.num_tokens - p.num_tokens for p, q in zip(packs, padded)]
+    assert stats["per_pack"]["cp_padding"]["max"] == max(per_pack) and stats["_arrays"]["cp_padding"] == per_pack
     lines = format_stats(stats)
     tokens = next(line for line in lines if line.startswith("tokens"))
     assert (f"fill {f['real']:.2%} real + {f['cp_padding']:.2%} CP padding = {f['loaded']:.2%} loaded"

@@ -168,6 +168,8 @@ def dataset_stats(source: str, *, deep: bool = False, batch_size: int = 8,
     stats["naive_padding_waste"] = naive_padding_waste(lens, batch_size=batch_size)
     stats["naive_batch_size"] = batch_size
     stats["_arrays"] = {"tokens": tokens, "samples": samples, "images": columns[IMAGE.name].get(IMAGE.plural, [])}
+    if manifest.cp:
+        stats["_arrays"]["cp_padding"] = padding
     return stats
 
 
@@ -300,15 +302,20 @@ def plot_stats(stats: dict[str, Any], path: str) -> None:
     L = stats["seq_len"]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4), gridspec_kw={"width_ratios": [2.2, 1, 1]})
     ax = axes[0]
-    shown = np.sort(tokens)[::-1][:400]
+    order = np.argsort(-tokens, kind="stable")[:400]
+    shown = tokens[order]
+    cp = np.asarray(arrays.get("cp_padding", np.zeros(tokens.size, np.int64)))[order]  # planned for CP: its padding
     x = np.arange(shown.size)
     ax.bar(x, shown, width=1.0, color="#2b7bba", label="real tokens")
-    ax.bar(x, L - shown, bottom=shown, width=1.0, color="#f4a582", label="padding")
+    if cp.any():
+        ax.bar(x, cp, bottom=shown, width=1.0, color="#92c5de", label="CP padding (2·cp)")
+    ax.bar(x, L - shown - cp, bottom=shown + cp, width=1.0, color="#f4a582", label="padding")
     ax.set_xlim(-0.5, shown.size - 0.5)
     ax.set_ylim(0, L)
     ax.set_xlabel(f"pack (sorted; {shown.size} of {tokens.size} shown)")
     ax.set_ylabel("tokens")
-    ax.set_title(f"fill {stats['fill_ratio']:.1%} vs pad-to-longest "
+    cp_fill = f" real + {stats['cp_fill']['cp_padding']:.1%} CP padding" if stats.get("cp") else ""
+    ax.set_title(f"fill {stats['fill_ratio']:.1%}{cp_fill} vs pad-to-longest "
                  f"{1 - stats['naive_padding_waste']:.1%}")
     ax.legend(loc="lower left")
     for ax, key, color in ((axes[1], "samples", "#4dac26"), (axes[2], "images", "#8073ac")):
