@@ -58,7 +58,21 @@ step's segments (every pack's sub-samples and its padding tail, the loader's ``c
 ``wdspack.train.cp.cp_layout``: the tokens each CP rank holds after the split (max and mean over ranks and
 steps; real tokens and with the ``2·cp`` padding) and what that padding costs (tokens, share), for the packs
 as planned (padded at load time) and for the same data packed with ``--cp N`` (the padding in the plan's
-budget, none at load time). The bench's data is the demo's (no long-video mix in this bench).
+budget, none at load time).
+
+``--long-video`` plans only (no model, no training step: padding and per-rank tokens are facts of the plan and of
+the loader's ``cu_seqlens``) the same figures on a long-video mix, for every ``--cp`` degree (default 2,4,8)::
+
+    python -m tools.bench_train --long-video --json docs/benchmarks/data/bench_train_cp_video.json  # ~2 min, 2 cores
+
+The mix: ``--videos`` chats (default 40) in LLaMA-Factory's video layout, each about a clip of 1 to 5 minutes
+(seeded, in steps of 30 s; h264/mp4 made with PyAV, 160×90 at 4 fps, the texture clips of ``tools.bench_video``),
+and ``--records`` of the demo's chats (default 200: short chats, a fifth text-only, with images), packed at
+``seq_len`` 65,536 by the tiny Qwen2.5-VL processor with Qwen2.5-VL's published video settings (2 frames a
+second, 128 to 768 merged patches a frame: so small a frame is scaled up to the 128-patch floor, 144 tokens a
+second, 8,640 a minute). That dataset loads with the padding at load time; each degree's planned dataset is it
+resharded with ``--cp N`` (``wdspack reshard``: the same samples, re-planned). A step is ``--batch-size`` packs
+(default 1).
 
 Model FLOPs utilisation: ``6 · N · real tokens / seconds / peak`` (``N`` every parameter, attention
 FLOPs left out, so a lower bound), with ``--peak-tflops`` (default by device name: H100/H200 989,
@@ -101,6 +115,13 @@ ROOT = Path(__file__).resolve().parents[1]
 #: ``--quick``: a smoke run (tiny data and model, one round).
 QUICK = {"records": 12, "seq_len": 512, "batch_size": 2, "hidden": 32, "layers": 1, "rounds": 1}
 DEFAULT = {"records": 40, "seq_len": 1024, "batch_size": 1, "hidden": 256, "layers": 4, "rounds": 2}
+#: ``--long-video``: the mix (``--quick``: a smoke run of the same path, short clips and packs); clips of
+#: ``seconds[0]`` to ``seconds[1]`` in steps of ``seconds[2]``.
+LONG_VIDEO = {"videos": 40, "records": 200, "seq_len": 65536, "seconds": (60, 300, 30)}
+LONG_VIDEO_QUICK = {"videos": 3, "records": 12, "seq_len": 8192, "seconds": (10, 30, 10)}
+#: the long-video clips: frames so small that Qwen2.5-VL's floor (128 merged patches) sets their size, 252×448:
+#: 144 tokens a second of video
+LONG_VIDEO_CLIP = {"width": 160, "height": 90, "fps": 4}
 #: ``--attention``'s choices for the packed modes.
 ATTENTIONS = ("sdpa", "varlen", "flex")
 
@@ -187,6 +208,7 @@ def cp_figures(packs: list[Any], *, seq_len: int, batch_size: int, cp: int, plan
     stored order, the loader's ``cu_seqlens``: each pack's sub-samples, then its padding tail), split over ``cp``
     ranks by :func:`wdspack.train.cp.cp_layout`. ``planned``: packs of a dataset packed with ``--cp``, whose
     sub-samples the loader pads to ``2·cp`` as they load (that padding is the plan's, not counted here).
+    ``steps_over_static``: the steps whose segments, padded, hold more than ``B·L`` tokens (a rank past ``B·L / cp``).
 
     Example:
         >>> from wdspack.format.pack import Pack
@@ -197,7 +219,7 @@ def cp_figures(packs: list[Any], *, seq_len: int, batch_size: int, cp: int, plan
     from wdspack.train.cp import cp_layout
 
     step = 2 * cp
-    held, real, padding, tokens = [], [], 0, 0
+    held, real, padding, tokens, over = [], [], 0, 0, 0
     for k in range(0, len(packs) - batch_size + 1, batch_size):  # the loader's full batches
         lens, loaded = [], []  # each segment's real tokens, and as the loader hands it out
         for p in packs[k:k + batch_size]:
@@ -212,7 +234,8 @@ def cp_figures(packs: list[Any], *, seq_len: int, batch_size: int, cp: int, plan
             real.append(int((lay.offset[mine] < torch.tensor(lens)[lay.segment[mine]]).sum()))
         padding += lay.padding
         tokens += sum(loaded)
-    return {"cp": cp, "steps": len(held) // cp,
+        over += sum(lay.padded_lens) > batch_size * seq_len  # past the static shape: some rank holds > B·L / cp
+    return {"cp": cp, "steps": len(held) // cp, "steps_over_static": over,
             "rank_tokens": {"max": max(held, default=0), "mean": round(float(np.mean(held)), 1) if held else 0.0},
             "rank_real_tokens": {"max": max(real, default=0), "mean": round(float(np.mean(real)), 1) if real else 0.0},
             "padding_tokens": padding, "padding_share": round(padding / (tokens + padding), 4) if tokens else 0.0}
@@ -227,6 +250,106 @@ def cp_report(packs: list[Any], planned: Path, *, seq_len: int, batch_size: int,
     return {"cp": cp, "load_time": cp_figures(packs, seq_len=seq_len, batch_size=batch_size, cp=cp),
             "planned": {**figures, "packs": len(again), "padding_in_plan": padding_in_plan},
             "packs": len(packs)}
+
+
+def write_long_video_chats(folder: Path, *, videos: int, seconds: tuple[int, int, int], seed: int = 0) -> Path:
+    """``chats.jsonl`` in LLaMA-Factory's video layout and ``clips/``: chat ``k`` (id ``lv{k}``) asks about a clip
+    of a seeded length (``seconds``: lo, hi, step), one clip file per length (``tools.bench_video.make_clip``)."""
+    from tools.bench_video import make_clip
+
+    rng = np.random.default_rng([seed, 52])
+    lo, hi, step = seconds
+    lengths = [int(x) for x in rng.choice(np.arange(lo, hi + 1, step), videos)]
+    words = "the red block moves right across a textured scene while the view pans slowly and bobs".split()
+    (folder / "clips").mkdir(parents=True, exist_ok=True)
+    for n in sorted(set(lengths)):
+        (folder / "clips" / f"d{n:03d}s.mp4").write_bytes(make_clip("mp4", seconds=n, seed=n, **LONG_VIDEO_CLIP))
+    lines = []
+    for k, n in enumerate(lengths):
+        answer = " ".join(rng.choice(words, int(rng.integers(20, 121)))).capitalize() + "."
+        lines.append(json.dumps({"id": f"lv{k}", "messages": [
+            {"role": "user", "content": "<video>Describe what happens in this video, minute by minute."},
+            {"role": "assistant", "content": answer}], "videos": [f"clips/d{n:03d}s.mp4"]}))
+    path = folder / "chats.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def cp_planning(dataset: Path, work: Path, *, cps: list[int], seq_len: int, max_images: int,
+                batch_size: int) -> dict[str, Any]:
+    """Per CP degree, :func:`cp_report` of ``dataset`` (padded at load time) and of it resharded with ``--cp N``
+    (``wdspack reshard``: the same samples re-planned, the padding in the budget)."""
+    from wdspack.packer.config import PackConfig, RunOptions
+    from wdspack.packer.reshard import reshard_dataset
+
+    packs = read_packs(dataset)
+    out = {}
+    for cp in cps:
+        target = work / f"cp{cp}"
+        reshard_dataset(str(dataset), target, config=PackConfig(seq_len=seq_len, max_images=max_images, cp=cp,
+                                                                run=RunOptions(max_drop_fraction=1.0)))
+        totals = json.loads((target / "manifest.json").read_text())["totals"]
+        out[str(cp)] = cp_report(packs, target, seq_len=seq_len, batch_size=batch_size, cp=cp,
+                                 padding_in_plan=int(totals["cp_padding"]))
+        out[str(cp)]["planned"]["samples_packed"] = int(totals["samples_packed"])
+        shutil.rmtree(target)
+    return out
+
+
+def long_video(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """``--long-video``: the mix packed (padded at load time) and planned for each ``--cp``; no model."""
+    from examples.make_demo_data import generate
+    from tools.bench_video import QWEN25_VL_VIDEO, tiny_processor, video_sample_config
+    from wdspack.packer.config import PackConfig, RunOptions
+    from wdspack.packer.job import pack_dataset
+
+    t0 = time.perf_counter()
+    generate(work / "data", records=args.records, seed=args.seed)
+    chats = write_long_video_chats(work / "video", videos=args.videos, seconds=args.seconds, seed=args.seed)
+    sources = [str(chats), str(work / "data" / "llava.jsonl"), str(work / "data" / "messages.jsonl")]
+    folder = tiny_processor(work)
+    summary = pack_dataset(sources, str(work / "packed"), sample_config=video_sample_config(folder),
+                           config=PackConfig(seq_len=args.seq_len, max_images=args.max_images,
+                                             run=RunOptions(max_drop_fraction=1.0)),
+                           progress=False)  # the demo's deliberately bad records
+    packs = read_packs(work / "packed")
+    lens = {i: n for p in packs for i, n in zip(p.sample_ids, p.seq_lens)}
+    video = np.array([n for i, n in lens.items() if i.startswith("lv")])
+    other = np.array([n for i, n in lens.items() if not i.startswith("lv")])
+    tokens = int(sum(lens.values()))
+    prepared = time.perf_counter() - t0
+    figures = cp_planning(work / "packed", work, cps=args.cp, seq_len=args.seq_len, max_images=args.max_images,
+                          batch_size=args.batch_size)
+    v = QWEN25_VL_VIDEO
+    return {"config": {
+        "mix": {"video_chats": int(video.size), "clip_seconds": list(args.seconds), "clip": LONG_VIDEO_CLIP,
+                "demo_records": args.records,
+                "video_chat_tokens": {"min": int(video.min()), "mean": round(float(video.mean()), 1),
+                                      "max": int(video.max())} if video.size else None,
+                "demo_chats": int(other.size),
+                "demo_chat_tokens": {"min": int(other.min()), "mean": round(float(other.mean()), 1),
+                                     "max": int(other.max())} if other.size else None},
+        "processor": "tiny Qwen2.5-VL (examples/tiny_vlm) with Qwen2.5-VL's published video settings: fps "
+                     f"{v.fps}, {v.min_pixels // 784} to {v.max_pixels // 784} patches of 28 px a frame",
+        "seq_len": args.seq_len, "max_images": args.max_images, "batch_size": args.batch_size,
+        "packs": len(packs), "samples_packed": summary.samples_packed, "tokens": tokens,
+        "fill": round(tokens / (len(packs) * args.seq_len), 4) if packs else 0.0, "seed": args.seed,
+        "training_step": False, "prepare_seconds": round(prepared, 1)},
+        "cp": figures, "seconds_total": round(time.perf_counter() - t0, 1)}
+
+
+def print_long_video(res: dict[str, Any]) -> None:
+    c = res["config"]
+    print(f"long-video mix: {c['mix']['video_chats']} video chats ({c['mix']['video_chat_tokens']}) and "
+          f"{c['mix']['demo_chats']} demo chats in {c['packs']} packs of {c['seq_len']} tokens, fill {c['fill']:.2%}")
+    print("\n| cp | load time: max / mean tokens a rank | padding (share) | steps past B·L | "
+          "planned: max / mean a rank | padding in the plan | packs |\n|---:|---:|---:|---:|---:|---:|---:|")
+    for cp, r in res["cp"].items():
+        lt, pl = r["load_time"], r["planned"]
+        print(f"| {cp} | {lt['rank_tokens']['max']:,} / {lt['rank_tokens']['mean']:,} | {lt['padding_tokens']} "
+              f"({lt['padding_share']:.3%}) | {lt['steps_over_static']} of {lt['steps']} | "
+              f"{pl['rank_tokens']['max']:,} / {pl['rank_tokens']['mean']:,} | {pl['padding_in_plan']} | "
+              f"{pl['packs']} / {r['packs']} |")
 
 
 def read_records(sources: list[str]) -> dict[str, Any]:
@@ -678,6 +801,17 @@ def prepare(args: argparse.Namespace, work: Path, device: torch.device) -> tuple
     return modes, config
 
 
+def cp_list(text: str) -> list[int]:
+    """``--cp``: ``N`` or ``N,M,...`` (each >= 1)."""
+    try:
+        out = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--cp {text!r}: a number of ranks, or several comma-separated") from None
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"--cp {text!r}: every degree is a number of ranks, >= 1")
+    return out
+
+
 def attention_list(text: str) -> str:
     """``--attention``: one of sdpa, varlen, flex, or several joined by commas (the first is the packed
     mode's; each other one adds a mode ``packed_<name>`` over the same batches)."""
@@ -719,12 +853,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", help="write a torch profiler table of three packed steps to this file")
     ap.add_argument("--warmup-passes", type=int, help="untimed passes over every mode before the rounds (default: 1 "
                     "on CUDA, where cuDNN plans each new attention shape once; 0 on a CPU)")
-    ap.add_argument("--cp", type=int, metavar="N",
+    ap.add_argument("--cp", type=cp_list, metavar="N",
                     help="add context-parallel figures for N ranks (per-rank activation tokens and the 2·cp padding, "
-                         "load-time and planned with --cp N; no processes): config.cp")
+                         "load-time and planned with --cp N; no processes): config.cp; with --long-video several, "
+                         "comma-separated (default 2,4,8)")
+    ap.add_argument("--long-video", action="store_true",
+                    help="plan only (no model, no training step): the --cp figures on a long-video mix (module "
+                         f"docstring; defaults {json.dumps(LONG_VIDEO)}, --quick {json.dumps(LONG_VIDEO_QUICK)})")
+    ap.add_argument("--videos", type=int, help="--long-video: the video chats")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
+    if args.long_video:
+        return long_video_main(args)
+    if args.cp and len(args.cp) > 1:
+        raise SystemExit(f"--cp {','.join(map(str, args.cp))}: one degree with the training modes (several with "
+                         "--long-video)")
+    args.cp = args.cp[0] if args.cp else None
     for key, value in (QUICK if args.quick else DEFAULT).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -761,6 +906,26 @@ def main(argv: list[str] | None = None) -> int:
         print_table(latest)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def long_video_main(args: argparse.Namespace) -> int:
+    for key, value in (LONG_VIDEO_QUICK if args.quick else LONG_VIDEO).items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    args.cp = args.cp or [2, 4, 8]
+    args.batch_size = args.batch_size or 1
+    for cp in args.cp:
+        if args.seq_len % (2 * cp):
+            raise SystemExit(f"--seq-len {args.seq_len} is not a multiple of 2·cp = {2 * cp} (--cp {cp})")
+    work = Path(tempfile.mkdtemp(prefix="bench-train-video-"))
+    try:
+        res = long_video(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
+    print_long_video(res)
     return 0
 
 

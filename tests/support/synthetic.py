@@ -28,7 +28,7 @@ from wdspack.format.pack import Pack, encode_pack
 from wdspack.format.pack_index import COLUMNS, INDEX_NAME, encode_index, index_entry, pack_row
 from wdspack.format.tar import ShardWriter, shard_name
 
-__all__ = ["PACK_ID_BASE", "PAD_ID", "IMAGE_TOKEN_ID", "TOKENIZER", "pack_numbers", "tiny_image",
+__all__ = ["PACK_ID_BASE", "PAD_ID", "IMAGE_TOKEN_ID", "TOKENIZER", "pack_numbers", "plan_for_cp", "tiny_image",
            "write_dataset"]
 
 PACK_ID_BASE = 1000
@@ -142,6 +142,26 @@ def write_dataset(root: str | Path, *, shards: int = 4, packs_per_shard: int | S
     if write_manifest:
         write_json_atomic(root / MANIFEST_NAME, manifest.to_json())
     return manifest
+
+
+def plan_for_cp(root: str | Path, *, cp: int) -> tuple[list[Pack], list[Pack]]:
+    """Mark the dataset in ``root`` as planned for ``cp`` context-parallel ranks (``wdspack pack --cp``): its
+    manifest gets ``"cp"`` and ``totals["cp_padding"]`` as the pack job counts them. Returns its packs as stored
+    and each padded to ``2·cp`` per sub-sample (as the loader loads them); every padded pack must fit
+    ``seq_len`` (``seq_len`` 64 and ``cp`` 2 do: a pack leaves 4 tokens a sample).
+    """
+    from wdspack.format.dataset import iter_dataset_packs, open_dataset
+    from wdspack.format.pack import pad_samples
+
+    manifest, where = open_dataset(str(root))
+    packs = [p for _, p in iter_dataset_packs(manifest, where)]
+    padded = [pad_samples(p, multiple=2 * cp, pad_token_id=PAD_ID) for p in packs]
+    if any(q.num_tokens > manifest.seq_len for q in padded):
+        raise ValueError(f"a pack padded to 2·cp = {2 * cp} exceeds seq_len {manifest.seq_len}")
+    padding = sum(q.num_tokens - p.num_tokens for p, q in zip(packs, padded))
+    manifest = dataclasses.replace(manifest, cp=cp, totals={**manifest.totals, "cp_padding": padding})
+    write_json_atomic(Path(root) / MANIFEST_NAME, manifest.to_json())
+    return packs, padded
 
 
 def pack_numbers(input_ids) -> list[int]:

@@ -31,7 +31,7 @@ from ..format.tar import Handler
 from ..storage.streams import open_stream
 from ..storage.urls import is_remote
 from .balance import RUNS, TARGET_WAITING, choose_run, plan_epoch_balanced, waiting
-from .batch.budgets import check_pixels, dataset_budgets, media_token_budgets
+from .batch.budgets import check_pixels, cp_padding_note, dataset_budgets, media_token_budgets
 from .batch.collate import META_KEY
 from .elastic import SharedBasis, consumed_packs
 from .mixture.read import slot_rounds
@@ -150,6 +150,9 @@ class PackedDataset(IterableDataset):
         #: the CP degree the packs were planned for (``wdspack pack --cp``): each sub-sample is padded to a
         #: multiple of ``2·cp`` as it loads, so the batch's segments split with no more padding (None: as stored)
         self.cp: int | None = m.cp if m is not None else None
+        if self.cp and m is not None:
+            logger.info(cp_padding_note(self._source.display, cp=self.cp, padding=int(m.totals.get("cp_padding") or 0),
+                                        packs=m.num_packs, seq_len=self.seq_len))
         self._costs: list[np.ndarray] | None = None  # per shard, the packs' costs (balance="cost")
         self._offsets: list[np.ndarray] | None = None  # per shard, the packs' byte offsets (from the pack index)
         self._balance(Balance.of(balance))

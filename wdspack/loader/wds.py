@@ -7,7 +7,8 @@
 
     info = read_dataset("hf://datasets/org/packed@main")   # the manifest, once: shard URLs and budgets
 
-Holds: the same tensors :func:`wdspack.make_loader` yields for the same packs in the same order;
+Holds: the same tensors :func:`wdspack.make_loader` yields for the same packs in the same order (a
+dataset planned for context parallelism, ``--cp N``, padded per sub-sample to ``2·N`` as it loads, the same);
 every stage a plain generator, none imports ``webdataset``; a sample's error goes to the
 pipeline's ``handler``, a setup error always raises; never ``.decode()`` the shards (the stages
 read the ``mp`` bytes with wdspack's own reader); a mixture is refused (:func:`read_dataset`).
@@ -30,7 +31,7 @@ import msgpack
 import torch
 
 from ..errors import ConfigError, FormatError, WdspackError
-from ..format.pack import Pack, decode_pack
+from ..format.pack import Pack, decode_pack, pad_samples
 from ..media import IMAGE, KINDS
 
 __all__ = ["DatasetInfo", "batched", "collate", "decode_packs", "read_dataset", "to_examples"]
@@ -56,6 +57,8 @@ class DatasetInfo:
     ``media_tokens`` holds, per kind, the most of its tokens one pack holds
     (:func:`~.batch.budgets.media_token_budgets`); a kind's entries also read as ``info.images``,
     ``info.videos`` (its count) and ``info.max_image_tokens``, ``info.max_video_tokens`` (its tokens).
+    ``cp``: the context-parallel degree the packs were planned for (``wdspack pack --cp``; None: not
+    planned), ``cp_padding`` the tokens that padding every sub-sample to ``2·cp`` adds (the manifest's).
     """
 
     urls: tuple[str, ...]
@@ -71,6 +74,8 @@ class DatasetInfo:
     media: Mapping[str, int] = field(default_factory=dict)
     #: per kind, the most of its tokens in one pack (the images' None: not recorded; another kind's 0: none)
     media_tokens: Mapping[str, int | None] = field(default_factory=dict)
+    cp: int | None = None
+    cp_padding: int = 0
 
     def __getattr__(self, key: str) -> Any:  # a kind's entries by name: info.images, info.max_video_tokens
         if key in ("media", "media_tokens"):  # not set yet (unpickling): not a kind's entry
@@ -131,7 +136,8 @@ def read_dataset(source: str | os.PathLike[str], *, storage_options: Mapping[str
                        max_samples_per_pack=m.totals.get("max_samples_per_pack"),
                        image_policy=dict(m.image_policy), display=resolved.display, max_images_per_pack=least,
                        media={kind.name: sum(getattr(s, kind.plural) for s in m.shards) for kind in KINDS},
-                       media_tokens=media_token_budgets(m.totals))
+                       media_tokens=media_token_budgets(m.totals), cp=m.cp,
+                       cp_padding=int(m.totals.get("cp_padding") or 0))
 
 
 def decode_packs(dataset: DatasetInfo | None = None, *, seq_len: int | None = None, max_images: int | None = None,
@@ -154,13 +160,16 @@ def to_examples(dataset: DatasetInfo | None = None, *, seq_len: int | None = Non
                 pad_token_id: int | None = None,
                 image_transform: Callable[[Sequence[bytes]], dict[str, torch.Tensor]] | None = None,
                 processor: Any = None, max_image_tokens: int | None = None, handler: Handler | None = None,
-                text_only: bool = False) -> Callable[[Iterable[Any]], Iterator[dict[str, Any]]]:
+                text_only: bool = False, cp: int | None = None) -> Callable[[Iterable[Any]], Iterator[dict[str, Any]]]:
     """A stage: samples (or :class:`~wdspack.Pack` records) → one fixed-shape example per pack.
 
     The examples are for :func:`collate` / :func:`batched`: with the built-in image transform the
     images are decoded and resized here and normalised by the collate straight into the batch
     tensor (as :func:`wdspack.make_loader` does); with ``processor`` the example carries the
-    processor's parts, which the collate joins.
+    processor's parts, which the collate joins. A dataset planned for context parallelism
+    (``wdspack pack --cp N``: ``info.cp``) has every sub-sample padded at its end to a multiple of
+    ``2·N`` here (pad id, no target), as ``make_loader`` does, so ``cu_seqlens`` split over ``N`` CP
+    ranks with no more padding; the stage logs once what that padding costs.
 
     Args:
         dataset: the dataset's :class:`DatasetInfo`; its budgets and pad id are the defaults, and a
@@ -176,6 +185,9 @@ def to_examples(dataset: DatasetInfo | None = None, *, seq_len: int | None = Non
             processor's pixel tensors.
         handler: webdataset's ``handler(exn)`` for bad samples; default: raise.
         text_only: the text of an image dataset without pixels, on purpose (no warning).
+        cp: the CP degree the packs were planned for (default: the manifest's ``cp``); without
+            ``dataset``, pass it for packs planned with ``--cp``. With ``dataset``, another value raises
+            :class:`ConfigError` (``wdspack reshard --cp N`` re-plans a dataset for another degree).
 
     Example:
         >>> info = read_dataset("packed/")  # doctest: +SKIP
@@ -186,6 +198,7 @@ def to_examples(dataset: DatasetInfo | None = None, *, seq_len: int | None = Non
     L, M, pad = _budgets(dataset, seq_len, max_images, pad_token_id)
     if pad is None:
         raise ConfigError("pad_token_id is needed (the id written into padding); pass it, or dataset=read_dataset(...)")
+    cp = _planned_cp(dataset, cp)
     if processor is not None and image_transform is not None:
         raise ConfigError("give processor= or image_transform=, not both: the processor lays out the pixels")
     from .batch.budgets import check_pixels
@@ -207,7 +220,7 @@ def to_examples(dataset: DatasetInfo | None = None, *, seq_len: int | None = Non
                               f"{batcher.family.name} ({type(batcher.processor).__name__}); use the one it was "
                               "packed with")
     return functools.partial(_example_stage, seq_len=L, max_images=M, pad_token_id=pad,
-                             image_transform=image_transform, batcher=batcher, handler=handler)
+                             image_transform=image_transform, batcher=batcher, handler=handler, cp=cp)
 
 
 def collate(examples: Sequence[dict[str, Any]], *, attention_mask: str | None = None, padding_free: bool = False,
@@ -277,11 +290,13 @@ def _decode_stage(src: Iterable[Any], *, seq_len: int, max_images: int, handler:
 
 
 def _example_stage(src: Iterable[Any], *, seq_len: int, max_images: int, pad_token_id: int, image_transform: Any,
-                   batcher: Any, handler: Handler | None) -> Iterator[dict[str, Any]]:
+                   batcher: Any, handler: Handler | None, cp: int | None) -> Iterator[dict[str, Any]]:
     handler = handler or _reraise
     for sample in src:
         try:
             pack = _pack_of(sample, seq_len=seq_len, max_images=max_images, handler=handler)
+            if cp:  # planned for CP: the padding the plan counted goes in now, as make_loader puts it
+                pack = pad_samples(pack, multiple=2 * cp, pad_token_id=pad_token_id)
             example = _example(pack, seq_len=seq_len, max_images=max_images, pad_token_id=pad_token_id,
                                image_transform=image_transform, batcher=batcher, where=_where(sample))
         except _Stop:
@@ -383,6 +398,24 @@ def _budgets(dataset: DatasetInfo | None, seq_len, max_images, pad_token_id) -> 
                           f"holds {least} images; pass max_images >= {least} (extra slots stay empty) or leave it "
                           f"out (default {dataset.max_images})")
     return dataset.seq_len, int(max_images), dataset.pad_token_id
+
+
+def _planned_cp(dataset: DatasetInfo | None, cp: int | None) -> int | None:
+    """The CP degree the packs were planned for: the manifest's (``cp`` must agree), else ``cp``; said once."""
+    if cp is not None and (isinstance(cp, bool) or not isinstance(cp, numbers.Integral) or cp < 1):
+        raise ConfigError(f"cp={cp!r}: the CP degree the packs were planned for is a number of ranks, >= 1")
+    if dataset is None:
+        return None if cp is None else int(cp)
+    if cp is not None and cp != dataset.cp:
+        planned = f"planned for cp {dataset.cp}" if dataset.cp else "not planned for CP"
+        raise ConfigError(f"cp={cp} does not match {dataset.display}, {planned}; drop the argument, or re-plan it "
+                          f"with `wdspack reshard {dataset.display} OUT --seq-len {dataset.seq_len} --cp {cp}`")
+    if dataset.cp:
+        from .batch.budgets import cp_padding_note
+
+        logger.info(cp_padding_note(dataset.display, cp=dataset.cp, padding=dataset.cp_padding,
+                                    packs=dataset.num_packs, seq_len=dataset.seq_len))
+    return dataset.cp
 
 
 def _mixture_refusal(source: Any) -> str:

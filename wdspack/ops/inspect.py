@@ -2,6 +2,9 @@
 
 From the manifest (and the pack index, when there is one): fill ratio, packs, samples, images,
 videos, tokens, dropped counts by reason, and which budget closed the packs (tokens or ``--max-images``).
+The fill counts real tokens only (``tokens / (packs · seq_len)``); a dataset planned for context parallelism
+(``--cp N``) also gives the ``2·N`` padding's share of that budget and the fill the packs load at, the two
+added (``cp_fill``).
 With ``deep=True`` (reads every pack): distributions of tokens, samples and images per pack (and of
 videos, the frames the loader will decode and the video tokens, for a dataset with videos), and
 the padding a naive pad-to-longest loader would have wasted on the same samples. A mixture (a
@@ -23,7 +26,7 @@ from ..format.manifest import Manifest
 from ..media import IMAGE, KINDS, Media, MediaKind
 from ..packer.config import dataset_budget_use, read_text
 
-__all__ = ["dataset_stats", "format_stats", "is_mixture", "naive_padding_waste", "plot_stats"]
+__all__ = ["cp_fill", "dataset_stats", "format_stats", "is_mixture", "naive_padding_waste", "plot_stats"]
 
 #: The kinds only some packs hold (videos): the manifest counts them where there are any.
 _SOMETIMES = tuple(kind for kind in KINDS if not kind.always_stored)
@@ -46,6 +49,22 @@ def naive_padding_waste(lengths: np.ndarray, *, batch_size: int = 8, seed: int =
         chunk = shuffled[start:start + batch_size]
         padded += int(chunk.max()) * batch_size if chunk.size == batch_size else int(chunk.max()) * chunk.size
     return 1.0 - float(lengths.sum()) / padded
+
+
+def cp_fill(*, tokens: int, padding: int, packs: int, seq_len: int) -> dict[str, float]:
+    """The fill of a dataset planned for context parallelism, told apart: its real tokens' share of the packs'
+    budget (``packs · seq_len``, the manifest's ``fill_ratio``), the ``2·cp`` padding's share, and the fill the
+    packs load at (the two added).
+
+    Example:
+        >>> cp_fill(tokens=900, padding=30, packs=1, seq_len=1000)
+        {'real': 0.9, 'cp_padding': 0.03, 'loaded': 0.93}
+    """
+    budget = packs * seq_len
+    if not budget:
+        return {"real": 0.0, "cp_padding": 0.0, "loaded": 0.0}
+    return {"real": round(tokens / budget, 6), "cp_padding": round(padding / budget, 6),
+            "loaded": round((tokens + padding) / budget, 6)}
 
 
 def is_mixture(source: Any) -> bool:
@@ -100,6 +119,8 @@ def dataset_stats(source: str, *, deep: bool = False, batch_size: int = 8,
     if manifest.cp:  # planned for context parallelism: the 2·cp padding the loader inserts, counted in the plan
         stats["cp"] = manifest.cp
         stats["cp_padding"] = int(t.get("cp_padding") or 0)
+        stats["cp_fill"] = cp_fill(tokens=int(t["tokens"]), padding=stats["cp_padding"], packs=int(t["packs"]),
+                                   seq_len=int(manifest.seq_len))
     for kind in _SOMETIMES:  # a kind that some packs hold (videos): how many, and the most of its tokens one pack holds
         if t.get(kind.plural):
             stats[kind.plural] = int(t[kind.plural])
@@ -147,6 +168,8 @@ def dataset_stats(source: str, *, deep: bool = False, batch_size: int = 8,
     stats["naive_padding_waste"] = naive_padding_waste(lens, batch_size=batch_size)
     stats["naive_batch_size"] = batch_size
     stats["_arrays"] = {"tokens": tokens, "samples": samples, "images": columns[IMAGE.name].get(IMAGE.plural, [])}
+    if manifest.cp:
+        stats["_arrays"]["cp_padding"] = padding
     return stats
 
 
@@ -211,7 +234,7 @@ def format_stats(stats: dict[str, Any]) -> list[str]:
         f"packs     {stats['packs']} in {stats['shards']} shards, {stats['bytes'] / 1e6:.1f} MB",
         f"samples   {stats['samples']} packed of {read_text(stats['samples_read'], stats.get('records_read'))} "
         f"read; dropped: {dropped}",
-        f"tokens    {stats['tokens']}  images {stats['images']}  fill {stats['fill_ratio']:.2%}"
+        f"tokens    {stats['tokens']}  images {stats['images']}  fill {stats['fill_ratio']:.2%}" + _cp_fill(stats)
         + "".join(f"  {kind.plural} {stats[kind.plural]} (at most {stats[kind.budget]} {kind.name} tokens a pack)"
                   for kind in _SOMETIMES if stats.get(kind.plural)),
         *([f"budget    {stats['budget']['line']}"] if stats.get("budget", {}).get("line") else []),
@@ -232,18 +255,30 @@ def format_stats(stats: dict[str, Any]) -> list[str]:
         for key, d in stats["per_pack"].items():
             lines.append(f"{key + '/pack':<13} min {d['min']}  mean {d['mean']:.1f}  p50 {d['p50']:.0f}  "
                          f"p90 {d['p90']:.0f}  p99 {d['p99']:.0f}  max {d['max']}")
-        lines.append(f"padding   packed {stats['padding_waste']:.1%} of tokens; a pad-to-longest loader "
+        cp = ""
+        if stats.get("cp"):  # planned for CP: the padding told apart from the packs' tails
+            pad = stats["cp_fill"]["cp_padding"]
+            cp = f": {pad:.1%} the 2·cp padding, {stats['padding_waste'] - pad:.1%} the packs' tails"
+        lines.append(f"padding   packed {stats['padding_waste']:.1%} of tokens{cp}; a pad-to-longest loader "
                      f"(batches of {stats['naive_batch_size']}, random order) would waste "
                      f"{stats['naive_padding_waste']:.1%}")
     return lines
 
 
+def _cp_fill(stats: dict[str, Any]) -> str:
+    """After the fill (real tokens), for a dataset planned for CP: the padding's share and the fill it loads at."""
+    if not stats.get("cp"):
+        return ""
+    f = stats["cp_fill"]
+    return f" real + {f['cp_padding']:.2%} CP padding = {f['loaded']:.2%} loaded"
+
+
 def _cp_line(stats: dict[str, Any]) -> str:
     """The ``2·cp`` padding of a dataset planned for context parallelism, in all (per pack: ``--deep``)."""
-    cp, pad, real = stats["cp"], stats["cp_padding"], stats["tokens"]
-    share = pad / (real + pad) if real + pad else 0.0
+    cp, pad = stats["cp"], stats["cp_padding"]
     return (f"cp        planned for {cp} CP ranks: each sub-sample padded to a multiple of {2 * cp} when it loads, "
-            f"{pad} padding tokens in all ({share:.2%} of the packs' tokens with it), in the plan's budget")
+            f"{pad} padding tokens in all ({stats['cp_fill']['cp_padding']:.2%} of the packs' seq_len budget, "
+            "counted in the plan)")
 
 
 def plot_stats(stats: dict[str, Any], path: str) -> None:
@@ -267,15 +302,20 @@ def plot_stats(stats: dict[str, Any], path: str) -> None:
     L = stats["seq_len"]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4), gridspec_kw={"width_ratios": [2.2, 1, 1]})
     ax = axes[0]
-    shown = np.sort(tokens)[::-1][:400]
+    order = np.argsort(-tokens, kind="stable")[:400]
+    shown = tokens[order]
+    cp = np.asarray(arrays.get("cp_padding", np.zeros(tokens.size, np.int64)))[order]  # planned for CP: its padding
     x = np.arange(shown.size)
     ax.bar(x, shown, width=1.0, color="#2b7bba", label="real tokens")
-    ax.bar(x, L - shown, bottom=shown, width=1.0, color="#f4a582", label="padding")
+    if cp.any():
+        ax.bar(x, cp, bottom=shown, width=1.0, color="#92c5de", label="CP padding (2·cp)")
+    ax.bar(x, L - shown - cp, bottom=shown + cp, width=1.0, color="#f4a582", label="padding")
     ax.set_xlim(-0.5, shown.size - 0.5)
     ax.set_ylim(0, L)
     ax.set_xlabel(f"pack (sorted; {shown.size} of {tokens.size} shown)")
     ax.set_ylabel("tokens")
-    ax.set_title(f"fill {stats['fill_ratio']:.1%} vs pad-to-longest "
+    cp_fill = f" real + {stats['cp_fill']['cp_padding']:.1%} CP padding" if stats.get("cp") else ""
+    ax.set_title(f"fill {stats['fill_ratio']:.1%}{cp_fill} vs pad-to-longest "
                  f"{1 - stats['naive_padding_waste']:.1%}")
     ax.legend(loc="lower left")
     for ax, key, color in ((axes[1], "samples", "#4dac26"), (axes[2], "images", "#8073ac")):

@@ -4,6 +4,7 @@
                 (a caller may ask for more slots, never fewer)
     images without image_transform= / processor= ─► check_pixels: refused (processor-packed) or warned once
     manifest totals ─► media_token_budgets: per kind, the most of its tokens one pack holds (pixel rows)
+    manifest cp ─► cp_padding_note: what padding each sub-sample to 2·cp as it loads costs (said once)
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ...format.dataset import ResolvedSource, read_pack_index
 from ...format.manifest import image_token_budget
 from ...media import IMAGE, KINDS
 
-__all__ = ["check_pixels", "dataset_budgets", "image_budget", "media_token_budgets"]
+__all__ = ["check_pixels", "cp_padding_note", "dataset_budgets", "image_budget", "media_token_budgets"]
 
 logger = logging.getLogger(__name__)
 
@@ -144,3 +145,19 @@ def media_token_budgets(totals: Mapping[str, Any]) -> dict[str, int | None]:
     """
     return {kind.name: image_token_budget(totals) if kind is IMAGE
             else int(totals.get(f"max_{kind.name}_tokens_per_pack") or 0) for kind in KINDS}
+
+
+def cp_padding_note(display: str, *, cp: int, padding: int, packs: int, seq_len: int) -> str:
+    """The line a loader logs once for a dataset planned for ``cp`` context-parallel ranks: each sub-sample is
+    padded to a multiple of ``2·cp`` as it loads, ``padding`` tokens in all, and their share of the packs'
+    ``seq_len`` budget (the plan counted them, so no pack grows past ``seq_len``).
+
+    Example:
+        >>> "30 tokens in all, 1.00% of the packs' seq_len budget" in cp_padding_note(
+        ...     "packed/", cp=2, padding=30, packs=3, seq_len=1000)
+        True
+    """
+    share = padding / (packs * seq_len) if packs and seq_len else 0.0
+    return (f"{display} was planned for {cp} CP ranks (--cp {cp}): each sub-sample is padded to a multiple of "
+            f"{2 * cp} tokens as it loads, {padding} tokens in all, {share:.2%} of the packs' seq_len budget "
+            "(counted in the plan: no pack grows past it)")

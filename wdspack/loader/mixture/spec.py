@@ -558,6 +558,8 @@ def combined_source(mixture: Mixture, sources: Sequence[ResolvedSource], max_ima
             totals[kind.plural] = sum(int(m.totals.get(kind.plural) or 0) for m in ms)
             totals[kind.budget] = max(int(m.totals.get(kind.budget) or 0) for m in ms)
     cp = ms[0].cp if all(m.cp == ms[0].cp for m in ms) else None  # sources planned for one CP degree: its padding
+    if cp:
+        totals["cp_padding"] = sum(int(m.totals.get("cp_padding") or 0) for m in ms)
     manifest = dataclasses.replace(holding, max_images=max_images, totals=totals, pack_index={}, cp=cp,
                                    shards=tuple(s for m in ms for s in m.shards), sources=tuple(mixture.names))
     shards = tuple(ShardRef(f"{name}/{s.name}", s.url, s.packs) for name, src in zip(mixture.names, sources)
