@@ -17,7 +17,7 @@ under a temp name and then renamed (``os.replace`` locally; ``fs.mv`` remotely, 
 stores do as a server-side copy, so the final object appears whole or not at all).
 
 Example:
-    >>> out = Location("/tmp/wdspack-doc-example")
+    >>> out = Location("/tmp/wdspack-doc-example"); out.makedirs("")
     >>> out.write_atomic("a.json", b"{}"); out.read_bytes("a.json")
     b'{}'
 """

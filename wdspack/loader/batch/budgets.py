@@ -141,7 +141,7 @@ def media_token_budgets(totals: Mapping[str, Any]) -> dict[str, int | None]:
 
     Example:
         >>> media_token_budgets({"images": 3, "max_image_tokens_per_pack": 64})
-        {'image': 64, 'video': 0}
+        {'image': 64, 'video': 0, 'audio': 0}
     """
     return {kind.name: image_token_budget(totals) if kind is IMAGE
             else int(totals.get(f"max_{kind.name}_tokens_per_pack") or 0) for kind in KINDS}
