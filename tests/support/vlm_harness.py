@@ -247,17 +247,18 @@ EAGER_GRADIENTS = ("", 1e-4, 1e-8)
 
 
 def assert_same(model: Any, got, want, *, rtol: float = 1e-9, atol: float = 1e-11,
-                looser: tuple[str, float, float] | None = None) -> None:
+                looser: tuple[str, float, float] | Sequence[tuple[str, float, float]] | None = None) -> None:
     """Equal mean loss and, where both carry them, equal mean gradients of every parameter (those whose name holds
-    ``looser``'s text to its own ``(rtol, atol)``)."""
+    ``looser``'s text to its own ``(rtol, atol)``; ``looser`` may be several such, the first that matches counts)."""
     (g_total, g_count, g_grads), (w_total, w_count, w_grads) = got, want
     assert g_count == w_count > 0
     torch.testing.assert_close(g_total / g_count, w_total / w_count, rtol=rtol, atol=atol)
     if g_grads is None and w_grads is None:
         return
+    loosers = () if looser is None else (looser,) if isinstance(looser[0], str) else tuple(looser)
     seen = 0
     for (name, _), g, w in zip(model.named_parameters(), g_grads, w_grads):
-        r, a = (looser[1], looser[2]) if looser is not None and looser[0] in name else (rtol, atol)
+        r, a = next(((lr, la) for text, lr, la in loosers if text in name), (rtol, atol))
         torch.testing.assert_close(g / g_count, w / w_count, rtol=r, atol=a,
                                    msg=lambda m, name=name: f"gradient of {name}: {m}")
         seen += int(w.abs().sum() > 0)
