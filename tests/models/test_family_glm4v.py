@@ -260,3 +260,19 @@ def test_settings_without_a_counterpart_are_refused():
     long = VideoHeader(frames=400 * 30, fps=30.0, width=64, height=48)
     assert len(plan_glm4v(long).indices) == 600 and plan_glm4v(long).indices[-1] == 400 * 30 - 1
     assert len(plan_glm46v(long).indices) == 400
+
+
+def test_inspect_counts_what_the_packs_hold(glm, capsys):
+    """``wdspack inspect --deep``: per pack its samples, tokens, images, videos, the frames the video processor
+    samples (two a temporal patch) and the video's ``<|image|>`` tokens, the processor's own counts."""
+    processor, _, dataset, refs = glm
+    temporal = int(processor.image_processor.temporal_patch_size)
+    packs = [{"tokens": sum(refs[s]["input_ids"].shape[1] for s in ids), "samples": len(ids),
+              "images": sum(len(ROWS[s].get("images", ())) for s in ids),
+              "videos": sum(len(ROWS[s].get("videos", ())) for s in ids),
+              "frames": sum(int(refs[s]["video_grid_thw"][:, 0].sum()) * temporal for s in ids
+                            if "video_grid_thw" in refs[s]),
+              "video_tokens": sum(int((refs[s]["mm_token_type_ids"] == 2).sum()) for s in ids)}
+             for ids in _sub_samples(dataset)]
+    assert all(p["images"] and p["videos"] for p in packs), packs  # every kind in every pack: the spread tells
+    h.check_inspect(dataset, packs, capsys)

@@ -147,6 +147,35 @@ def pack_sample_ids(dataset: Path) -> list[tuple[str, ...]]:
     return out
 
 
+def check_inspect(dataset: Path, packs: Sequence[dict[str, int]], capsys: Any) -> dict[str, Any]:
+    """``wdspack inspect --deep`` on ``dataset`` against what each pack holds: ``packs`` gives, per pack, its counts
+    by inspect's per-pack names (``tokens``, ``samples``, ``images``, ``videos``, ``frames``, ``video_tokens``: the
+    processor's, never the pack's). The JSON's totals, fill and per-pack spread of each name are theirs, and the
+    text names the totals; the JSON stats."""
+    from wdspack.cli import main
+
+    assert main(["inspect", str(dataset), "--deep", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    total = {key: sum(p[key] for p in packs) for key in packs[0]}
+    assert (stats["packs"], stats["samples"], stats["tokens"]) == (len(packs), total["samples"], total["tokens"])
+    assert stats["fill_ratio"] == round(total["tokens"] / (len(packs) * stats["seq_len"]), 6)
+    for key in ("images", "videos"):
+        assert stats.get(key, 0) == total[key], key
+    if total["videos"]:
+        assert stats["max_video_tokens_per_pack"] == max(p["video_tokens"] for p in packs)
+    for key in packs[0]:
+        values = np.asarray([p[key] for p in packs])
+        p50, p90, p99 = np.percentile(values, [50, 90, 99])
+        want = {"min": int(values.min()), "mean": round(float(values.mean()), 3), "max": int(values.max()),
+                "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+        assert stats["per_pack"][key] == want, (key, stats["per_pack"][key], want)
+    assert main(["inspect", str(dataset), "--deep"]) == 0
+    text = capsys.readouterr().out
+    assert f"tokens    {total['tokens']}  images {total['images']}  " in text, text
+    assert f"  videos {total['videos']} " in text if total["videos"] else "videos" not in text, text
+    return stats
+
+
 def oracle(processor: Any, chat) -> dict[str, torch.Tensor]:
     """The plain path: the processor's own ``apply_chat_template`` with the chat's PIL images."""
     pil = [Image.open(io.BytesIO(b)) for b in chat_images(chat)]
