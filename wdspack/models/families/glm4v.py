@@ -309,7 +309,8 @@ def _family(name: str, processor: str, model_types: tuple[str, ...], video: Vide
 
 
 GLM4V = replace(_family("glm4v", "Glm4vProcessor", ("glm4v", "glm4v_moe"),
-                        _video_side(GLM4V_VIDEO, plan_glm4v, lambda t: int(t)), "its second (3)"), aliases=("glm4v", "glm-4.1v"), image_processor=_image_processor)
+                        _video_side(GLM4V_VIDEO, plan_glm4v, lambda t: int(t)), "its second (3)"),
+                aliases=("glm4v", "glm-4.1v", "glm-4.5v"), image_processor=_image_processor)
 GLM46V = _family("glm46v", "Glm46VProcessor", ("glm46v",),
                  _video_side(GLM46V_VIDEO, plan_glm46v, lambda t: f"{t:.1f} seconds"), "its time (3.0 seconds)")
 
