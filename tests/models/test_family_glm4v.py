@@ -1,9 +1,10 @@
-"""GLM-4.1V and GLM-4.6V, exactly: the real processor classes (their real video processors in the reference child)
-and model classes (tiny, random), on LLaMA-Factory's ``mllm_demo.json`` and ``mllm_video_demo.json`` layouts.
+"""GLM-4.1V, GLM-4.5V and GLM-4.6V, exactly: the real processor classes (their real video processors in the reference
+child) and model classes (tiny, random), on LLaMA-Factory's ``mllm_demo.json`` and ``mllm_video_demo.json`` layouts.
 
-One dataset per class holds image chats, video chats and a text chat, packed so that one pack holds an image
-chat and a video chat: its tokens and pixels are the processor's, its ``position_ids`` rows each sub-sample's own
-``get_rope_index``, and its loss and gradients equal the chats run one by one through processor → model.
+One dataset per processor class holds image chats, video chats and a text chat, packed so that one pack holds an
+image chat and a video chat: its tokens and pixels are the processor's, its ``position_ids`` rows each sub-sample's
+own ``get_rope_index``, and its loss and gradients equal the chats run one by one through processor → model.
+GLM-4.5V (a mixture-of-experts text model behind GLM-4.1V's processor) runs on GLM-4.1V's dataset.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ SEQ_LEN = 112
 #: the model class -> (its processor class, the user's video settings, the video processor's beyond VIDEO)
 CLASSES = {"Glm4vForConditionalGeneration": ("Glm4vProcessor", VideoSettings(fps=4.0), {"fps": 4.0}),
            "Glm46VForConditionalGeneration": ("Glm46VProcessor", None, {})}
+#: GLM-4.5V: GLM-4.1V's processor, dataset and references in front of another model
+MOE, GLM41 = glm4v.MOE, "Glm4vForConditionalGeneration"
+MODELS = [*CLASSES, MOE]
 #: the video processor as transformers builds it from the tiny image processor's settings (the folder has no video
 #: processor's): its pixel bounds, mean and std
 VIDEO = {"do_sample_frames": True, "size": {"shortest_edge": 4 * 28 * 28, "longest_edge": 2 * 64 * 28 * 28},
@@ -61,7 +65,8 @@ ROWS = {
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, tiny_processors, video_reference):
     """Per model class: the session's processor, the tiny model (float64), the packed rows and the real processor's
-    outputs per row (its real video processor, images by Pillow as here, in the session's reference child)."""
+    outputs per row (its real video processor, images by Pillow as here, in the session's reference child); GLM-4.5V's
+    all but the model GLM-4.1V's."""
     root = tmp_path_factory.mktemp("glm4v")
     src = source_folder(root)
     (src / "images" / "w.png").write_bytes(h._png((90, 40), seed=5))
@@ -85,11 +90,23 @@ def built(tmp_path_factory, tiny_processors, video_reference):
         jobs.append(processor_job(folder, name, {**VIDEO, **call}, calls))
         out[cls] = (processor, model, dataset)
     references = run_jobs(jobs)
-    return {cls: (*out[cls], dict(zip(ROWS, refs))) for cls, refs in zip(CLASSES, references)}
+    models = {cls: (*out[cls], dict(zip(ROWS, refs))) for cls, refs in zip(CLASSES, references)}
+    processor, _, dataset, refs = models[GLM41]
+    moe = glm4v.model(processor, cls=MOE).double()
+    moe.set_experts_implementation("eager")  # grouped_mm, the default, has no float64 kernel; the loop, per expert
+    assert type(moe).__name__ == MOE
+    return {**models, MOE: (processor, moe, dataset, refs)}
 
 
 @pytest.fixture(scope="module", params=list(CLASSES))
 def glm(request, built):
+    """Per processor class."""
+    return built[request.param]
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def glm_model(request, built):
+    """Per model class (GLM-4.5V's processor and dataset GLM-4.1V's)."""
     return built[request.param]
 
 
@@ -115,10 +132,10 @@ def test_tokens_and_pixels_are_the_processors(glm):
                                                                     if grid in refs[s]]).tolist()
 
 
-def test_the_batchs_positions_and_token_types_are_the_models(glm):
+def test_the_batchs_positions_and_token_types_are_the_models(glm_model):
     """Rows 1-3 of every sub-sample are the model's own ``get_rope_index`` of it alone (a video's frames split by
     their times), row 0 restarts; ``mm_token_type_ids`` are the processor's (2 inside a video)."""
-    processor, model, dataset, refs = glm
+    processor, model, dataset, refs = glm_model
     (batch,) = h.loader_batches(dataset, processor)
     videos = 0
     for b, ids in enumerate(_sub_samples(dataset)):
@@ -137,21 +154,49 @@ def test_the_batchs_positions_and_token_types_are_the_models(glm):
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_packed_loss_and_gradients_equal_one_by_one(glm, attn):
+def test_packed_loss_and_gradients_equal_one_by_one(glm_model, attn):
     """Images, videos, and a pack with both (whose frames go to the model as images, in token order). The tower
     casts its position table to float32 for ``grid_sample``, whose backward sums every patch's part in one float32
-    buffer: that gradient is the packed and one-by-one sums rounded apart (~1e-10 absolute, measured); eager's
-    float32 softmax rounds apart as for the audio families (``EAGER_GRADIENTS``)."""
-    processor, model, dataset, refs = glm
+    buffer: that gradient is the packed and one-by-one sums rounded apart (~1e-10 absolute, measured); GLM-4.5V's
+    router casts the hidden states and its weight to float32, whose gradient is a float32 sum over the tokens too
+    (3e-11 absolute apart on a scale of 4e-4, measured); eager's float32 softmax rounds apart as for the audio
+    families (``EAGER_GRADIENTS``)."""
+    processor, model, dataset, refs = glm_model
     model.set_attn_implementation(attn)
     try:
         want = one_by_one(model, dataset, refs)
         batches = h.loader_batches(dataset, processor)
         assert any(int(n) < SEQ_LEN for b in batches for n in b["num_tokens"])
-        looser = h.EAGER_GRADIENTS if attn == "eager" else ("visual.embeddings.position_embedding", 1e-4, 1e-9)
+        looser = h.EAGER_GRADIENTS if attn == "eager" else [("visual.embeddings.position_embedding", 1e-4, 1e-9),
+                                                            ("mlp.gate.weight", 1e-4, 1e-9)]
         h.assert_same(model, h.packed(model, batches), want, looser=looser)
     finally:
         model.set_attn_implementation("sdpa")
+
+
+def test_each_token_goes_to_the_same_experts_packed(built):
+    """GLM-4.5V routes each token by its own hidden state (top 2 of 4 experts by a sigmoid score, no capacity, no
+    token dropped): packed, every real token of a sub-sample goes to the experts it goes to alone, and the tiny
+    model's tokens spread over the experts (the check can fail)."""
+    processor, model, dataset, refs = built[MOE]
+    gate = model.model.language_model.layers[1].mlp.gate
+    seen: list[torch.Tensor] = []
+    hook = gate.register_forward_hook(lambda module, args, out: seen.append(out[2].sort(dim=-1).values))
+    try:
+        with torch.no_grad():
+            (batch,) = h.loader_batches(dataset, processor)
+            model(**wdspack.model_inputs(batch, model))
+            packed = seen.pop().view(*batch["input_ids"].shape, -1)
+            for b, ids in enumerate(_sub_samples(dataset)):
+                start = 0
+                for sid in ids:
+                    model(**{k: torch.from_numpy(v) for k, v in refs[sid].items()}, use_cache=False)
+                    alone = seen.pop()
+                    assert torch.equal(packed[b, start:start + len(alone)], alone), sid
+                    start += len(alone)
+    finally:
+        hook.remove()
+    assert len(torch.unique(packed.flatten(0, 1), dim=0)) >= 3, "the tokens go to different experts"
 
 
 def test_varlen_attention_covers_text_and_tower(built):
@@ -177,9 +222,9 @@ def test_varlen_attention_covers_text_and_tower(built):
     assert calls["vision"] > 0 and calls["text"] > 0, calls
 
 
-def test_two_d_positions_are_not_exact(glm):
+def test_two_d_positions_are_not_exact(glm_model):
     """The checks above can fail: the text row alone as positions gives another loss."""
-    processor, model, dataset, _ = glm
+    processor, model, dataset, _ = glm_model
     (batch,) = h.loader_batches(dataset, processor)
     kwargs = wdspack.model_inputs(batch, model)
     with torch.no_grad():
@@ -215,3 +260,19 @@ def test_settings_without_a_counterpart_are_refused():
     long = VideoHeader(frames=400 * 30, fps=30.0, width=64, height=48)
     assert len(plan_glm4v(long).indices) == 600 and plan_glm4v(long).indices[-1] == 400 * 30 - 1
     assert len(plan_glm46v(long).indices) == 400
+
+
+def test_inspect_counts_what_the_packs_hold(glm, capsys):
+    """``wdspack inspect --deep``: per pack its samples, tokens, images, videos, the frames the video processor
+    samples (two a temporal patch) and the video's ``<|image|>`` tokens, the processor's own counts."""
+    processor, _, dataset, refs = glm
+    temporal = int(processor.image_processor.temporal_patch_size)
+    packs = [{"tokens": sum(refs[s]["input_ids"].shape[1] for s in ids), "samples": len(ids),
+              "images": sum(len(ROWS[s].get("images", ())) for s in ids),
+              "videos": sum(len(ROWS[s].get("videos", ())) for s in ids),
+              "frames": sum(int(refs[s]["video_grid_thw"][:, 0].sum()) * temporal for s in ids
+                            if "video_grid_thw" in refs[s]),
+              "video_tokens": sum(int((refs[s]["mm_token_type_ids"] == 2).sum()) for s in ids)}
+             for ids in _sub_samples(dataset)]
+    assert all(p["images"] and p["videos"] for p in packs), packs  # every kind in every pack: the spread tells
+    h.check_inspect(dataset, packs, capsys)

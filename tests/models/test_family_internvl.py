@@ -199,3 +199,19 @@ def test_runs_that_fit_no_item_are_refused(built):
         tile_kinds(ids, [6], [1], [], context_id=ctx, start_id=start, per_tile=4, frame_text=lambda ids, k: True)
     assert tile_kinds(ids, [6], [], [1], context_id=ctx, start_id=start, per_tile=3,
                       frame_text=lambda ids, k: True).tolist() == [0, 0, 2, 2, 2, 0]
+
+
+def test_inspect_counts_what_the_packs_hold(built, capsys):
+    """``wdspack inspect --deep``: per pack its samples, tokens (the processor's, tiles and thumbnails included),
+    images, videos, the folder's frames a video and a frame's ``<IMG_CONTEXT>`` tokens."""
+    processor, _, dataset, _, refs = built
+    rows = {**IMAGE_ROWS, **ROWS}
+    packs = [{"tokens": sum(refs[s]["input_ids"].shape[1] for s in ids), "samples": len(ids),
+              "images": sum(len(rows[s].get("images", ())) for s in ids),
+              "videos": sum(len(rows[s].get("videos", ())) for s in ids),
+              "frames": FRAMES * sum(len(rows[s].get("videos", ())) for s in ids),
+              "video_tokens": FRAMES * int(processor.image_seq_length) * sum(len(rows[s].get("videos", ()))
+                                                                            for s in ids)}
+             for ids in h.pack_sample_ids(dataset)]
+    assert len({p["images"] for p in packs}) > 1 and all(p["videos"] for p in packs), packs
+    h.check_inspect(dataset, packs, capsys)

@@ -240,3 +240,20 @@ def test_show_lays_a_pack_out(built, capsys):
     text = capsys.readouterr().out
     sliced = "<image><image×1></image><slice><image×1></slice><slice><image×1></slice>"
     assert f"<image_id>0</image_id>{sliced} or <image_id>1</image_id><image><image×4></image>?" in text, text
+
+
+def test_inspect_counts_what_the_packs_hold(built, capsys):
+    """``wdspack inspect --deep``: per pack its samples, tokens (overviews and slices included), images, videos,
+    the frames the real video processor samples from each clip and a video's ``<|video_pad|>`` tokens."""
+    processor, _, dataset, refs, clips = built
+    paths, per_clip = clips["default"]
+    frames = {str(path.relative_to(path.parents[1])): len(out["frames_indices"]) for path, out in zip(paths, per_clip)}
+    pad = processor.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    packs = [{"tokens": sum(refs[s]["input_ids"].shape[1] for s in ids), "samples": len(ids),
+              "images": sum(len(ROWS[s].get("images", ())) for s in ids),
+              "videos": sum(len(ROWS[s].get("videos", ())) for s in ids),
+              "frames": sum(frames[v] for s in ids for v in ROWS[s].get("videos", ())),
+              "video_tokens": sum(int((refs[s]["input_ids"] == pad).sum()) for s in ids)}
+             for ids in h.pack_sample_ids(dataset)]
+    assert len({p["frames"] for p in packs}) == 3, packs  # no video, one frame, three: the spread tells
+    h.check_inspect(dataset, packs, capsys)

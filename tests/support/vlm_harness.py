@@ -147,6 +147,35 @@ def pack_sample_ids(dataset: Path) -> list[tuple[str, ...]]:
     return out
 
 
+def check_inspect(dataset: Path, packs: Sequence[dict[str, int]], capsys: Any) -> dict[str, Any]:
+    """``wdspack inspect --deep`` on ``dataset`` against what each pack holds: ``packs`` gives, per pack, its counts
+    by inspect's per-pack names (``tokens``, ``samples``, ``images``, ``videos``, ``frames``, ``video_tokens``: the
+    processor's, never the pack's). The JSON's totals, fill and per-pack spread of each name are theirs, and the
+    text names the totals; the JSON stats."""
+    from wdspack.cli import main
+
+    assert main(["inspect", str(dataset), "--deep", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    total = {key: sum(p[key] for p in packs) for key in packs[0]}
+    assert (stats["packs"], stats["samples"], stats["tokens"]) == (len(packs), total["samples"], total["tokens"])
+    assert stats["fill_ratio"] == round(total["tokens"] / (len(packs) * stats["seq_len"]), 6)
+    for key in ("images", "videos"):
+        assert stats.get(key, 0) == total[key], key
+    if total["videos"]:
+        assert stats["max_video_tokens_per_pack"] == max(p["video_tokens"] for p in packs)
+    for key in packs[0]:
+        values = np.asarray([p[key] for p in packs])
+        p50, p90, p99 = np.percentile(values, [50, 90, 99])
+        want = {"min": int(values.min()), "mean": round(float(values.mean()), 3), "max": int(values.max()),
+                "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+        assert stats["per_pack"][key] == want, (key, stats["per_pack"][key], want)
+    assert main(["inspect", str(dataset), "--deep"]) == 0
+    text = capsys.readouterr().out
+    assert f"tokens    {total['tokens']}  images {total['images']}  " in text, text
+    assert f"  videos {total['videos']} " in text if total["videos"] else "videos" not in text, text
+    return stats
+
+
 def oracle(processor: Any, chat) -> dict[str, torch.Tensor]:
     """The plain path: the processor's own ``apply_chat_template`` with the chat's PIL images."""
     pil = [Image.open(io.BytesIO(b)) for b in chat_images(chat)]
@@ -247,17 +276,18 @@ EAGER_GRADIENTS = ("", 1e-4, 1e-8)
 
 
 def assert_same(model: Any, got, want, *, rtol: float = 1e-9, atol: float = 1e-11,
-                looser: tuple[str, float, float] | None = None) -> None:
+                looser: tuple[str, float, float] | Sequence[tuple[str, float, float]] | None = None) -> None:
     """Equal mean loss and, where both carry them, equal mean gradients of every parameter (those whose name holds
-    ``looser``'s text to its own ``(rtol, atol)``)."""
+    ``looser``'s text to its own ``(rtol, atol)``; ``looser`` may be several such, the first that matches counts)."""
     (g_total, g_count, g_grads), (w_total, w_count, w_grads) = got, want
     assert g_count == w_count > 0
     torch.testing.assert_close(g_total / g_count, w_total / w_count, rtol=rtol, atol=atol)
     if g_grads is None and w_grads is None:
         return
+    loosers = () if looser is None else (looser,) if isinstance(looser[0], str) else tuple(looser)
     seen = 0
     for (name, _), g, w in zip(model.named_parameters(), g_grads, w_grads):
-        r, a = (looser[1], looser[2]) if looser is not None and looser[0] in name else (rtol, atol)
+        r, a = next(((lr, la) for text, lr, la in loosers if text in name), (rtol, atol))
         torch.testing.assert_close(g / g_count, w / w_count, rtol=r, atol=a,
                                    msg=lambda m, name=name: f"gradient of {name}: {m}")
         seen += int(w.abs().sum() > 0)

@@ -1,4 +1,9 @@
-"""GLM-4.1V and GLM-4.6V: Qwen2-VL's patches and grids, every frame of a video an image of its own.
+"""GLM-4.1V, GLM-4.5V and GLM-4.6V: Qwen2-VL's patches and grids, every frame of a video an image of its own.
+
+GLM-4.5V (``Glm4vMoeForConditionalGeneration``, model type ``glm4v_moe``) is GLM-4.1V's processor (``Glm4vProcessor``)
+in front of a mixture-of-experts text model with GLM-4.1V's ``get_rope_index``: the same tokens, pixels and
+positions, so the same family. Inside the model its text rope turns each rotated dimension with the one half the
+rotary width away (NeoX's pairs; GLM-4.1V's pairs neighbours), and each token goes to its own experts.
 
 An image becomes ``t·h·w / merge²`` ``<|image|>`` tokens between the template's ``<|begin_of_image|>`` and
 ``<|end_of_image|>`` (the image processor's ``smart_resize`` counts the image as two frames). A video's
@@ -292,9 +297,9 @@ def _video_side(base: GlmVideoSampling, plan: Any, stamp: Any) -> VideoSide:
                      pad=_pad_videos)
 
 
-def _family(name: str, processor: str, model_type: str, video: VideoSide, frame: str) -> Family:
+def _family(name: str, processor: str, model_types: tuple[str, ...], video: VideoSide, frame: str) -> Family:
     return Family(
-        name=name, processors=(processor,), model_types=(model_type,),
+        name=name, processors=(processor,), model_types=model_types,
         image=ImageSide(replacements=_replacements, pixels=_pixels, pad=_pad_pixels, uint8_pixels=True),
         token_rows=glm_positions, token_keys=("mrope_position_ids", "mm_token_type_ids"), finish_batch=_finish,
         model_kwargs=_model_kwargs, video=video,
@@ -303,9 +308,10 @@ def _family(name: str, processor: str, model_type: str, video: VideoSide, frame:
     )
 
 
-GLM4V = replace(_family("glm4v", "Glm4vProcessor", "glm4v", _video_side(GLM4V_VIDEO, plan_glm4v, lambda t: int(t)),
-                        "its second (3)"), aliases=("glm4v", "glm-4.1v"), image_processor=_image_processor)
-GLM46V = _family("glm46v", "Glm46VProcessor", "glm46v",
+GLM4V = replace(_family("glm4v", "Glm4vProcessor", ("glm4v", "glm4v_moe"),
+                        _video_side(GLM4V_VIDEO, plan_glm4v, lambda t: int(t)), "its second (3)"),
+                aliases=("glm4v", "glm-4.1v", "glm-4.5v"), image_processor=_image_processor)
+GLM46V = _family("glm46v", "Glm46VProcessor", ("glm46v",),
                  _video_side(GLM46V_VIDEO, plan_glm46v, lambda t: f"{t:.1f} seconds"), "its time (3.0 seconds)")
 
 FAMILIES = (GLM4V, GLM46V)
