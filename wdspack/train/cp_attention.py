@@ -7,8 +7,15 @@ Each layer all-gathers keys and values over the CP group (backward: reduce-scatt
 gradients) and every query sees its own segment's keys causally, by their padded positions::
 
     rank r: q [1, H, n, D]   k, v [1, Hkv, n, D] ─all-gather─► [1, Hkv, cp·n, D]  (rank after rank)
-    mask [n, cp·n]: same segment and key offset <= query offset (and within a sliding window)
-    SDPA(q, k, v, mask) ─► [1, n, H, D]
+    SDPA path:   mask [n, cp·n]: same segment and key offset <= query offset (and within a sliding window)
+                 SDPA(q, k, v, mask) ─► [1, n, H, D]
+    varlen path: each of the rank's two chunks of a segment is a query sequence over its segment's keys up
+                 to the chunk's end (CPLayout.varlen: cu_seqlens_q ≠ cu_seqlens_k, causal bottom-right)
+                 kernel(q [n, H, D], k [Σ prefixes, Hkv, D], v, cu_q, cu_k, ...) ─► [1, n, H, D]
+
+:func:`cp_attention` runs the varlen path on PyTorch's varlen FlashAttention kernel for CUDA queries in
+bfloat16/float16 (:func:`auto_kernel`), the SDPA path elsewhere; ``use_cp_attention(model, kernel=...)``
+runs the varlen path over any kernel of ``varlen_attn``'s signature (``reference_varlen_attn`` on CPU).
 
 The step (``cp_layout`` from :mod:`wdspack.train.cp`)::
 
