@@ -186,7 +186,9 @@ def test_the_varlen_view_of_a_rank():
 def test_cuda_varlen_kernel_across_ranks_equals_unsplit_attention(cp, window):
     """On one GPU, bfloat16: PyTorch's varlen FlashAttention kernel over every simulated rank's chunks (what
     :func:`cp_attention` runs on CUDA) against the same kernel on the unsplit segments, both measured against
-    float32 attention: the CP path's error is at most twice the unsplit kernel's (FlashAttention's own criterion)."""
+    float32 attention of the same inputs: the CP path's error is at most twice the unsplit kernel's
+    (FlashAttention's own criterion), the key and value gradients with a bfloat16 rounding of their largest
+    entry more (each key's gradient is a sum over the query sequences that see it, as a reduce-scatter sums it)."""
     from wdspack.models.varlen import torch_varlen_kernel
 
     kernel = torch_varlen_kernel()
@@ -196,15 +198,17 @@ def test_cuda_varlen_kernel_across_ranks_equals_unsplit_attention(cp, window):
     weight = torch.randn(sum(lens), 8, 64, generator=gen).cuda()
     assert auto_kernel(leaves[0].bfloat16()) is kernel and auto_kernel(leaves[0]) is None
     results = []
-    for dtype, run in ((torch.bfloat16, lambda q, k, v: _ranks_in_one_process(q, k, v, lens, cp=cp, window=window,
-                                                                             kernel=kernel)),
-                       (torch.bfloat16, lambda q, k, v: _unsplit(q, k, v, lens, window=window, kernel=kernel)),
-                       (torch.float32, lambda q, k, v: _unsplit(q, k, v, lens, window=window))):
-        qkv = [t.to(dtype).requires_grad_() for t in leaves]
-        out = run(*qkv)
+    for dtype, how in ((torch.bfloat16, kernel), (torch.bfloat16, "unsplit"), (torch.float32, None)):
+        qkv = [t.clone().requires_grad_() for t in leaves]  # float32 leaves, cast in the graph
+        q, k, v = (t.to(dtype) for t in qkv)
+        if how is kernel:
+            out = _ranks_in_one_process(q, k, v, lens, cp=cp, window=window, kernel=kernel)
+        else:
+            out = _unsplit(q, k, v, lens, window=window, **({"kernel": kernel} if how == "unsplit" else {}))
         (out.float() * weight).sum().backward()
-        results.append([out.detach().float(), *(t.grad.float() for t in qkv)])
+        results.append([out.detach().float(), *(t.grad for t in qkv)])
     got, unsplit, want = results
     for g, u, w, name in zip(got, unsplit, want, ("out", "dq", "dk", "dv")):
         err, base = (g - w).abs().max(), (u - w).abs().max()
-        assert err <= 2 * base + 1e-3, f"{name}: the CP path is {err} off float32 attention, the unsplit kernel {base}"
+        slack = 1e-3 + (2**-8 * w.abs().max() if name in ("dk", "dv") else 0)
+        assert err <= 2 * base + slack, f"{name}: the CP path is {err} off float32 attention, the unsplit kernel {base}"
