@@ -128,12 +128,11 @@ def _ranks_in_one_process(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, len
     """Every CP rank's :func:`attend_gathered` on one device (the all-gather is the concatenation of the ranks'
     shares, rank after rank); the real tokens' outputs ``[N, H, D]`` back in the unsplit order."""
     out = torch.zeros_like(q)
-    for r in range(cp):
-        lay = cp_layout(lens, cp=cp, rank=r)
+    layouts = [cp_layout(lens, cp=cp, rank=r) for r in range(cp)]
+    key, value = (torch.cat([split_tokens(t.transpose(0, 1)[None], lay, dim=2) for lay in layouts], dim=2)
+                  for t in (k, v))  # [1, Hkv, N_pad, D], rank after rank: the same on every rank
+    for lay in layouts:
         share = split_tokens(q.transpose(0, 1)[None], lay, dim=2)  # [1, H, n, D]
-        shares = [[split_tokens(t.transpose(0, 1)[None], cp_layout(lens, cp=cp, rank=s), dim=2) for s in range(cp)]
-                  for t in (k, v)]
-        key, value = (torch.cat(parts, dim=2) for parts in shares)  # [1, Hkv, N_pad, D], rank after rank
         got = attend_gathered(share, key, value, layout=lay, scale=0.3, window=window, kernel=kernel)[0]
         src = lay.source[lay.index].to(q.device)
         out = out.index_put((src[src >= 0],), got[src >= 0])
