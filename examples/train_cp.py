@@ -10,7 +10,10 @@ Ranks ``[k·cp, (k+1)·cp)`` form CP group ``k``; the ranks with the same CP ran
 loader reads by DP rank, so the ``cp`` ranks of a group see the same packs. In every step each rank runs
 the encoders on the whole batch, and the text model on its share of every sub-sample
 (:func:`wdspack.train.cp_attention.context_parallel`: TransformerEngine's split, positions computed on the
-whole pack, labels shifted before the split; attention all-gathers keys and values over the CP group).
+whole pack, labels shifted before the split; attention all-gathers keys and values over the CP group: on CUDA
+in bfloat16/float16 through PyTorch's varlen FlashAttention kernel, each rank's two chunks of every sub-sample
+a query sequence over its key prefix, elsewhere through SDPA with each rank's mask; ``--kernel reference``
+runs the varlen path on any device over the reference kernel).
 The loss of a step is the sum over every rank's targets divided by the step's target count
 (``wdspack.num_items_in_batch`` over the DP group), and the gradients are summed over all ranks
 (:func:`~wdspack.train.cp_attention.all_reduce_gradients`): the unsplit step's, exactly. A dataset packed with
@@ -72,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--kernel", choices=("auto", "reference"), default="auto",
+                    help="auto: PyTorch's varlen kernel on CUDA in bfloat16/float16, SDPA with a mask elsewhere; "
+                         "reference: the varlen path over wdspack's reference kernel on any device (slow)")
     args = ap.parse_args(argv)
 
     import torch
@@ -79,8 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch.nn.functional as F
 
     import wdspack
+    from wdspack.models.varlen import reference_varlen_attn
     from wdspack.train.cp import cp_layout
-    from wdspack.train.cp_attention import all_reduce_gradients, context_parallel, use_cp_attention
+    from wdspack.train.cp_attention import all_reduce_gradients, auto_kernel, context_parallel, use_cp_attention
 
     dist.init_process_group(args.backend or ("nccl" if torch.cuda.is_available() else "gloo"))
     rank, world, cp = dist.get_rank(), dist.get_world_size(), args.cp
@@ -97,7 +104,13 @@ def main(argv: list[str] | None = None) -> int:
 
         model = AutoModelForImageTextToText.from_pretrained(args.model)
     model.to(device=device, dtype=getattr(torch, args.dtype)).train()
-    use_cp_attention(model)  # the text stack only; the encoders keep theirs
+    # the text stack only; the encoders keep theirs
+    name = use_cp_attention(model, kernel=reference_varlen_attn if args.kernel == "reference" else None)
+    if rank == 0:
+        probe = torch.empty(0, device=device, dtype=getattr(torch, args.dtype))
+        varlen = args.kernel == "reference" or auto_kernel(probe) is not None
+        path = "the varlen path" if varlen else "SDPA with each rank's mask"
+        say(f"attention: {name} ({path} on {device.type})")
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     loader = wdspack.make_loader(args.dataset, batch_size=args.batch_size, num_workers=args.workers,
                                  processor=processor, seed=0, rank=rank // cp, world_size=world // cp)

@@ -325,7 +325,9 @@ def run_all(args: argparse.Namespace, env: dict[str, str], out: Path, log: Log) 
             xml = out / "gpu-tests.xml"
             procs = args.test_processes if results["environment"]["xdist"] else 1
             # -v: each test's verdict is in the log as it ends, so a run stopped for time still tells them
-            cmd = [args.python, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "gpu", "tests", "-rfEs",
+            # the gpu-marked tests and the CP ones (tests/train/test_cp*.py marked ``cp``: the split, both attention
+            # paths, the torchrun recipe over gloo; their CUDA varlen check is gpu-marked)
+            cmd = [args.python, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "gpu or cp", "tests", "-rfEs",
                    f"--junitxml={xml}", *(["-n", str(procs)] if procs > 1 else []), *args.pytest_args.split()]
             code, seconds = run_step(cmd, env, log, limit(step))
             results["tests"] = {**parse_junit(xml, code), "processes": procs, "seconds": round(seconds, 1)}

@@ -1,21 +1,28 @@
 """One rank of the context-parallel exactness runs (``tests/train/test_cp_exact.py`` starts four at once).
 
-``python -m tests.support.cp_ranks SPEC.json RANK`` joins a gloo group of ``world`` ranks and runs every case
-of the spec, writing ``out/<case>-rank<R>.npz`` (the loss sum over this rank's targets, its target count and,
-after the gradients' all-reduce, every parameter's gradient). Cases:
+``python -m tests.support.cp_ranks SPEC.json RANK`` joins a gloo group of ``world`` ranks, runs the attention
+cases, imports the model classes of ``preload`` and waits for the spec's ``families`` file (the test writes it
+once the models and batches are saved: the ranks start meanwhile), then runs every family's cases, writing
+``out/<case>-rank<R>.npz`` (the loss sum over this rank's targets, its target count and, after the gradients'
+all-reduce, a digest of every parameter's gradient; rank 0 also the gradients). Cases:
 
 - ``attention``: random queries, keys and values over segments some shorter than ``2·cp``, through
-  :func:`~wdspack.train.cp_attention.cp_attention` (output and gradients gathered back to the unsplit order);
-- ``<family>-cp4``: a family's model (``save_pretrained`` in float64) on one loader batch (every pack), split
-  over the 4 ranks;
+  :func:`~wdspack.train.cp_attention.cp_attention` (SDPA with the mask, on CPU) and through the varlen path over
+  the reference kernel (``varlen_`` outputs), output and gradients gathered back to the unsplit order;
+- ``<family>-cp4`` / ``<family>-cp4-varlen``: a family's model (``save_pretrained`` in float64) on one loader batch
+  (every pack), split over the 4 ranks, under :func:`~wdspack.train.cp_attention.cp_attention` / the varlen path
+  over :func:`~wdspack.models.varlen.reference_varlen_attn`;
 - ``<family>-dpcp``: 2 DP × 2 CP, each DP rank its own loader batches (one pack each), the step's target count
   from :func:`wdspack.num_items_in_batch` over the DP group.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +32,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import wdspack
+from wdspack.models.varlen import reference_varlen_attn
 from wdspack.train.cp import cp_layout, split_tokens
 from wdspack.train.cp_attention import (
     CP_LAYOUT_KEY,
     all_reduce_gradients,
     context_parallel,
     cp_attention,
+    cp_varlen_attention,
     use_cp_attention,
 )
 
@@ -52,25 +61,29 @@ def groups(world: int, cp: int) -> tuple[Any, Any]:
 
 
 def attention_case(cp: int, group: Any) -> dict[str, np.ndarray]:
-    """CP attention against per-segment SDPA on the unsplit tokens; returns the gathered output and gradients."""
-    from wdspack.models.varlen import reference_varlen_attn
-
+    """CP attention (both paths) against per-segment SDPA on the unsplit tokens; returns the gathered outputs and
+    gradients (the varlen path's with a ``varlen_`` prefix)."""
     lens = [3, 13, 1, 7, 16]  # 3, 1 and 7 are shorter than 2·cp for cp = 4
     gen = torch.Generator().manual_seed(7)
     N, H, Hkv, D = sum(lens), 4, 2, 8
     q, k, v = (torch.randn(N, h, D, generator=gen, dtype=torch.float64) for h in (H, Hkv, Hkv))
     rank = dist.get_rank(group)
     layout = cp_layout(lens, cp=cp, rank=rank, group=group)
-    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    share = [split_tokens(t.transpose(0, 1)[None], layout, dim=2) for t in leaves]  # [1, h, n, D]
 
     class Layer(torch.nn.Module):
         is_causal = True
 
-    out, _ = cp_attention(Layer(), *share, scaling=0.3, **{CP_LAYOUT_KEY: layout})
     real = (layout.source[layout.index] >= 0)[None, :, None, None]  # padding has no loss: no weight
-    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(100 + rank), dtype=torch.float64)
-    (out * weight * real).sum().backward()
+    src = layout.source[layout.index]
+    found: dict[str, np.ndarray] = {}
+    for prefix, attend in (("", cp_attention), ("varlen_", cp_varlen_attention(reference_varlen_attn))):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        share = [split_tokens(t.transpose(0, 1)[None], layout, dim=2) for t in leaves]  # [1, h, n, D]
+        out, _ = attend(Layer(), *share, scaling=0.3, **{CP_LAYOUT_KEY: layout})
+        weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(100 + rank), dtype=torch.float64)
+        (out * weight * real).sum().backward()
+        found |= {f"{prefix}out": out[0][src >= 0].detach().numpy(),
+                  **{f"{prefix}grad_{n}": _all_reduced(t.grad, group).numpy() for n, t in zip("qkv", leaves)}}
     # the same on the unsplit tokens, with every rank's weights put back at their tokens
     cu = torch.tensor([0, *np.cumsum(lens)], dtype=torch.int32)
     ref_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
@@ -79,13 +92,12 @@ def attention_case(cp: int, group: Any) -> dict[str, np.ndarray]:
     full_w = torch.zeros_like(ref)
     for r in range(cp):
         lay = cp_layout(lens, cp=cp, rank=r)
-        w = torch.randn(out.shape, generator=torch.Generator().manual_seed(100 + r), dtype=torch.float64)[0]
-        src = lay.source[lay.index]
-        full_w[src[src >= 0]] = w[src >= 0]
+        w = torch.randn((1, lay.index.numel(), H, D), generator=torch.Generator().manual_seed(100 + r),
+                        dtype=torch.float64)[0]
+        src_r = lay.source[lay.index]
+        full_w[src_r[src_r >= 0]] = w[src_r >= 0]
     (ref * full_w).sum().backward()
-    src = layout.source[layout.index]
-    return {"out": out[0][src >= 0].detach().numpy(), "want_out": ref[src[src >= 0]].detach().numpy(),
-            **{f"grad_{n}": _all_reduced(t.grad, group).numpy() for n, t in zip("qkv", leaves)},
+    return {**found, "want_out": ref[src[src >= 0]].detach().numpy(),
             **{f"want_grad_{n}": t.grad.numpy() for n, t in zip("qkv", ref_leaves)}}
 
 
@@ -122,29 +134,48 @@ def main(spec_path: str, rank_arg: str) -> None:
         np.savez(out / f"attention-cp{cp}-rank{rank}.npz", **attention_case(cp, made[cp][0]))
     from transformers import AutoModelForImageTextToText
 
-    for fam in spec["families"]:
+    for name in spec["preload"]:
+        importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+    for fam in _wait_for(Path(spec["families"])):
         model = AutoModelForImageTextToText.from_pretrained(fam["model"], dtype=torch.float64)
-        use_cp_attention(model)
         batches = torch.load(fam["batches"], weights_only=False)
-        model.zero_grad()
-        loss = model_step(model, batches["whole"], cp=4, group=made[4][0])
-        all_reduce_gradients(model, made[4][0])
-        _save(out / f"{fam['name']}-cp4-rank{rank}.npz", model, loss, batches["count"])
-        # 2 DP x 2 CP: each DP rank its own packs; the step's target count from the exact-loss helper
-        cp_group, dp_group = made[2]
-        mine = batches["dp"][rank // 2]
-        model.zero_grad()
-        n = wdspack.num_items_in_batch(mine, group=dp_group)
-        loss = model_step(model, mine, cp=2, group=cp_group)
-        all_reduce_gradients(model)  # DP x CP: every rank
-        _save(out / f"{fam['name']}-dpcp-rank{rank}.npz", model, loss, n)
+        for case in fam["cases"]:
+            use_cp_attention(model, kernel=reference_varlen_attn if case.endswith("-varlen") else None)
+            model.zero_grad()
+            if case.startswith("cp4"):
+                loss = model_step(model, batches["whole"], cp=4, group=made[4][0])
+                all_reduce_gradients(model, made[4][0])
+                n = batches["count"]
+            else:  # dpcp: 2 DP x 2 CP, each DP rank its own packs; the step's target count from the exact-loss helper
+                cp_group, dp_group = made[2]
+                mine = batches["dp"][rank // 2]
+                n = wdspack.num_items_in_batch(mine, group=dp_group)
+                loss = model_step(model, mine, cp=2, group=cp_group)
+                all_reduce_gradients(model)  # DP x CP: every rank
+            _save(out / f"{fam['name']}-{case}-rank{rank}.npz", model, loss, n, rank=rank)
     dist.destroy_process_group()
 
 
-def _save(path: Path, model: Any, loss: torch.Tensor, n: torch.Tensor | int) -> None:
-    np.savez(path, loss=loss.numpy(), n=np.asarray(int(n)),
-             **{f"grad{k}": (p.grad if p.grad is not None else torch.zeros_like(p)).numpy()
-                for k, p in enumerate(model.parameters())})
+def _wait_for(path: Path, timeout: float = 600.0) -> list[dict]:
+    """The families the test writes to ``path`` (atomically) once their models and batches are saved."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {path} after {timeout:.0f} s: the test did not get its models ready")
+        time.sleep(0.05)
+    return json.loads(path.read_text())
+
+
+def _save(path: Path, model: Any, loss: torch.Tensor, n: torch.Tensor | int, *, rank: int) -> None:
+    """The loss sum, the target count and a digest of every gradient's bytes; rank 0 also the gradients (the
+    all-reduce leaves them equal on every rank, which the digests show: the tiny models' float64 embedding
+    gradients are tens of MB, written once)."""
+    grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).numpy() for p in model.parameters()]
+    digest = hashlib.sha256()
+    for g in grads:
+        digest.update(np.ascontiguousarray(g).tobytes())
+    np.savez(path, loss=loss.numpy(), n=np.asarray(int(n)), digest=np.asarray(digest.hexdigest()),
+             **({f"grad{k}": g for k, g in enumerate(grads)} if rank == 0 else {}))
 
 
 if __name__ == "__main__":

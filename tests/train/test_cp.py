@@ -10,7 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wdspack.errors import ConfigError
+from wdspack.models.varlen import reference_varlen_attn
 from wdspack.train.cp import cp_layout, cp_shard, padded_lengths, partitioned_indices, shift_labels, split_tokens
+from wdspack.train.cp_attention import attend_gathered, auto_kernel
+
+pytestmark = pytest.mark.cp  # make gpu-check runs these too (tools/gpu_check.py)
 
 
 def test_index_equals_transformer_engines_case():
@@ -117,3 +121,93 @@ def test_split_carries_the_gradient_back():
 def test_a_tensor_of_another_batch_is_refused():
     with pytest.raises(ConfigError, match="13 tokens along dim 1, but the layout's segments hold 12"):
         split_tokens(torch.zeros(1, 13), cp_layout([4, 8], cp=2, rank=0))
+
+
+def _ranks_in_one_process(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: list[int], *, cp: int,
+                          window: int | None, kernel) -> torch.Tensor:
+    """Every CP rank's :func:`attend_gathered` on one device (the all-gather is the concatenation of the ranks'
+    shares, rank after rank); the real tokens' outputs ``[N, H, D]`` back in the unsplit order."""
+    out = torch.zeros_like(q)
+    layouts = [cp_layout(lens, cp=cp, rank=r) for r in range(cp)]
+    key, value = (torch.cat([split_tokens(t.transpose(0, 1)[None], lay, dim=2) for lay in layouts], dim=2)
+                  for t in (k, v))  # [1, Hkv, N_pad, D], rank after rank: the same on every rank
+    for lay in layouts:
+        share = split_tokens(q.transpose(0, 1)[None], lay, dim=2)  # [1, H, n, D]
+        got = attend_gathered(share, key, value, layout=lay, scale=0.3, window=window, kernel=kernel)[0]
+        src = lay.source[lay.index].to(q.device)
+        out = out.index_put((src[src >= 0],), got[src >= 0])
+    return out
+
+
+def _unsplit(q, k, v, lens, *, window, kernel=reference_varlen_attn) -> torch.Tensor:
+    cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=q.device)
+    return kernel(q, k, v, cu, cu, max(lens), max(lens), scale=0.3, enable_gqa=True,
+                  window_size=(-1, 0) if window is None else (window - 1, 0))
+
+
+#: Segments of a batch: some shorter than 2·cp (3, 1, 7), an empty one, and some that do not divide
+LENS = [3, 13, 1, 0, 7, 16, 2]
+
+
+@pytest.mark.parametrize(("cp", "window"), [(2, None), (4, 5)])
+def test_varlen_path_across_ranks_equals_the_mask_path_and_unsplit_attention(cp, window):
+    """Each rank's two chunks of every segment as query sequences over their key prefix (``cu_seqlens_q`` ≠
+    ``cu_seqlens_k``), through the reference varlen kernel: the same outputs and gradients as SDPA with the mask
+    and as the unsplit segments' causal attention, in float64."""
+    gen = torch.Generator().manual_seed(cp)
+    leaves = [torch.randn(sum(LENS), h, 8, generator=gen, dtype=torch.float64) for h in (4, 2, 2)]
+    weight = torch.randn(sum(LENS), 4, 8, generator=gen, dtype=torch.float64)
+    results = []
+    for kernel in (reference_varlen_attn, None, "unsplit"):
+        qkv = [t.clone().requires_grad_() for t in leaves]
+        out = (_unsplit(*qkv, LENS, window=window) if kernel == "unsplit" else
+               _ranks_in_one_process(*qkv, LENS, cp=cp, window=window, kernel=kernel))
+        (out * weight).sum().backward()
+        results.append([out.detach(), *(t.grad for t in qkv)])
+    for other in results[1:]:
+        for got, want, name in zip(results[0], other, ("out", "dq", "dk", "dv")):
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-13, msg=lambda m, name=name: f"{name}: {m}")
+    assert results[0][0].abs().sum() > 0
+
+
+def test_the_varlen_view_of_a_rank():
+    """cp = 2, segments of 5 and 8 (padded to 8 and 8): rank 0's chunks 0 and 3 of each see keys up to their end."""
+    lay = cp_layout([5, 8], cp=2, rank=0)
+    plan = lay.varlen()
+    assert plan.cu_seqlens_q.tolist() == [0, 2, 4, 6, 8] and plan.cu_seqlens_k.tolist() == [0, 2, 10, 12, 20]
+    assert (plan.max_seqlen_q, plan.max_seqlen_k) == (2, 8)
+    assert lay.all_index[plan.key_index].tolist() == [0, 1, *range(8), 8, 9, *range(8, 16)]
+    assert lay.varlen() is plan, "built once"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("cp", "window"), [(2, None), (4, None), (4, 24)])
+def test_cuda_varlen_kernel_across_ranks_equals_unsplit_attention(cp, window):
+    """On one GPU, bfloat16: PyTorch's varlen FlashAttention kernel over every simulated rank's chunks (what
+    :func:`cp_attention` runs on CUDA) against the same kernel on the unsplit segments, both measured against
+    float32 attention of the same inputs: the CP path's error is at most twice the unsplit kernel's
+    (FlashAttention's own criterion), the key and value gradients with a bfloat16 rounding of their largest
+    entry more (each key's gradient is a sum over the query sequences that see it, as a reduce-scatter sums it)."""
+    from wdspack.models.varlen import torch_varlen_kernel
+
+    kernel = torch_varlen_kernel()
+    lens = [3, 200, 1, 7, 131, 64, 2, 517]
+    gen = torch.Generator().manual_seed(cp)
+    leaves = [torch.randn(sum(lens), h, 64, generator=gen).cuda() for h in (8, 2, 2)]
+    weight = torch.randn(sum(lens), 8, 64, generator=gen).cuda()
+    assert auto_kernel(leaves[0].bfloat16()) is kernel and auto_kernel(leaves[0]) is None
+    results = []
+    for dtype, how in ((torch.bfloat16, kernel), (torch.bfloat16, "unsplit"), (torch.float32, None)):
+        qkv = [t.clone().requires_grad_() for t in leaves]  # float32 leaves, cast in the graph
+        q, k, v = (t.to(dtype) for t in qkv)
+        if how is kernel:
+            out = _ranks_in_one_process(q, k, v, lens, cp=cp, window=window, kernel=kernel)
+        else:
+            out = _unsplit(q, k, v, lens, window=window, **({"kernel": kernel} if how == "unsplit" else {}))
+        (out.float() * weight).sum().backward()
+        results.append([out.detach().float(), *(t.grad for t in qkv)])
+    got, unsplit, want = results
+    for g, u, w, name in zip(got, unsplit, want, ("out", "dq", "dk", "dv")):
+        err, base = (g - w).abs().max(), (u - w).abs().max()
+        slack = 1e-3 + (2**-8 * w.abs().max() if name in ("dk", "dv") else 0)
+        assert err <= 2 * base + slack, f"{name}: the CP path is {err} off float32 attention, the unsplit kernel {base}"

@@ -14,21 +14,23 @@ import pytest
 from tests.support import vlm_harness as h
 from tests.support.ranks import free_port
 
+pytestmark = pytest.mark.cp  # make gpu-check runs these too (tools/gpu_check.py)
+
 SCRIPT = h.ROOT / "examples" / "train_cp.py"
 STEPS = 2
 
 
 @pytest.fixture(scope="module")
-def planned(tmp_path_factory):
-    from tiny_vlm import qwen2_5_vl
+def planned(vlm_family, tiny_processors, tmp_path_factory):
+    """The session's Qwen2.5-VL chats (``vlm_family``'s, packed at 96 tokens) resharded for ``cp = 2``, and the
+    session's saved processor."""
     from wdspack.packer.config import PackConfig
     from wdspack.packer.reshard import reshard_dataset
 
     folder = tmp_path_factory.mktemp("cp-recipe")
-    processor = qwen2_5_vl.processor(folder / "tok")
-    dataset = h.pack_chats(folder, processor, seq_len=96)
+    processor, _, dataset = vlm_family("qwen2_5_vl")
     reshard_dataset(str(dataset), folder / "cp2", config=PackConfig(seq_len=96, max_images=4, cp=2))
-    return folder / "cp2", folder / "processor"
+    return folder / "cp2", tiny_processors.folder(processor)
 
 
 def _reference(dataset, processor_dir) -> list[float]:
@@ -63,12 +65,17 @@ def test_cp_recipe_trains_with_the_unsplit_loss(planned):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(free_port()), str(SCRIPT), str(dataset), "--cp", "2", "--processor", str(processor),
            "--tiny", "--dtype", "float64", "--backend", "gloo", "--workers", "0", "--steps", str(STEPS)]
-    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
+    run = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        want = _reference(dataset, processor)  # while the ranks run
+        stdout, stderr = run.communicate(timeout=300)
+    finally:
+        run.kill()
+    assert run.returncode == 0, stderr[-3000:]
     line = r"step \d+: loss (\S+) \((\d+) target tokens, 1 DP × 2 CP, 2·cp padding (\d+) tokens"
-    found = re.findall(line, run.stdout)
-    assert len(found) == STEPS, run.stdout
+    found = re.findall(line, stdout)
+    assert len(found) == STEPS, stdout
     assert found[-1][2] == "0", "packs planned for cp 2 split with no padding of their own"
-    want = _reference(dataset, processor)
+    assert "attention: wdspack_cp (SDPA with each rank's mask on cpu)" in stdout, stdout
     got = [float(loss) for loss, _, _ in found]
     assert got == pytest.approx(want, rel=1e-9), (got, want)

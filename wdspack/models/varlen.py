@@ -87,33 +87,47 @@ def reference_varlen_attn(query: torch.Tensor, key: torch.Tensor, value: torch.T
     it reads ``cu_seq_q`` on the host). The ``kernel=`` of :func:`use_varlen_attention` for CPU tests.
 
     ``window_size`` ``(left, right)``: query ``i`` sees keys ``i - left .. i + right`` of its own
-    segment (``-1``: unbounded); ``(-1, 0)`` is causal.
+    segment (``-1``: unbounded); ``(-1, 0)`` is causal. Where a segment has more keys than queries
+    (``cu_seq_k`` ≠ ``cu_seq_q``: queries that attend to a longer key prefix, as context parallelism's
+    chunks do), the window is aligned bottom-right as FlashAttention aligns it: the segment's last query
+    is its last key's position, query ``i`` of ``n_q`` stands at key position ``i + n_k - n_q``. A query
+    that sees no key gets zeros.
 
     Example:
         >>> q = torch.randn(5, 2, 4); cu = torch.tensor([0, 3, 5], dtype=torch.int32)
         >>> out = reference_varlen_attn(q, q, q, cu, cu, 3, 3, window_size=(-1, 0))
         >>> torch.allclose(out[3], q[3])  # the first token of a segment sees only itself
         True
+        >>> k = torch.randn(4, 2, 4); one, four = (torch.tensor([0, n], dtype=torch.int32) for n in (1, 4))
+        >>> out = reference_varlen_attn(q[:1], k, k, one, four, 1, 4, window_size=(-1, 0))
+        >>> torch.allclose(out, F.scaled_dot_product_attention(q[:1].transpose(0, 1), k.transpose(0, 1),
+        ...                k.transpose(0, 1)).transpose(0, 1))  # the last query of its segment: every key
+        True
     """
-    if not torch.equal(cu_seq_q, cu_seq_k):
-        raise ConfigError("reference_varlen_attn computes self-attention only (cu_seq_q == cu_seq_k)")
+    if cu_seq_q.shape != cu_seq_k.shape:
+        raise ConfigError(f"cu_seq_q holds {cu_seq_q.numel()} offsets and cu_seq_k {cu_seq_k.numel()}: one segment "
+                          "of keys per segment of queries")
     out = torch.zeros_like(query)
     left, right = window_size
-    bounds = cu_seq_q.tolist()
-    for start, end in itertools.pairwise(bounds):
+    same = cu_seq_k is cu_seq_q or torch.equal(cu_seq_q, cu_seq_k)
+    bounds_k = cu_seq_q.tolist() if same else cu_seq_k.tolist()
+    for (start, end), (k_start, k_end) in zip(itertools.pairwise(cu_seq_q.tolist()), itertools.pairwise(bounds_k)):
         if end <= start:
             continue
         pos = torch.arange(end - start, device=query.device)
-        diff = pos[None, :] - pos[:, None]  # key - query
+        k_pos = pos if same else torch.arange(k_end - k_start, device=query.device) - (k_end - k_start - (end - start))
+        diff = k_pos[None, :] - pos[:, None]  # key - query
         allowed = torch.ones_like(diff, dtype=torch.bool)
         if right >= 0:
             allowed &= diff <= right
         if left >= 0:
             allowed &= diff >= -left
-        q, k, v = (t[start:end].transpose(0, 1) for t in (query, key, value))  # [H, n, D]
+        q = query[start:end].transpose(0, 1)  # [H, n, D]
+        k, v = (t[k_start:k_end].transpose(0, 1) for t in (key, value))
         if k.shape[0] != q.shape[0]:
             k, v = (t.repeat_interleave(q.shape[0] // t.shape[0], dim=0) for t in (k, v))
-        out[start:end] = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale).transpose(0, 1)
+        seen = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale).transpose(0, 1)
+        out[start:end] = seen if same else torch.where(allowed.any(dim=1)[:, None, None], seen, 0)
     return out
 
 

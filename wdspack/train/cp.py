@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from ..errors import ConfigError
 from ..loader.batch.collate import IGNORE_INDEX
 
-__all__ = ["CPLayout", "CPShare", "cp_layout", "cp_shard", "padded_lengths", "partitioned_indices", "shift_labels",
-           "split_tokens"]
+__all__ = ["CPLayout", "CPShare", "CPVarlen", "cp_layout", "cp_shard", "padded_lengths", "partitioned_indices",
+           "shift_labels", "split_tokens"]
 
 
 def padded_lengths(seq_lens: Sequence[int], *, cp: int) -> tuple[int, ...]:
@@ -129,6 +129,47 @@ class CPLayout:
                 allowed &= qo - ko < window
             self._masks[key] = allowed.to(device) if device is not None else allowed
         return self._masks[key]
+
+    def varlen(self, device: torch.device | None = None) -> CPVarlen:
+        """The varlen kernel's view of this rank's queries (built once per device, no host sync after):
+        each of its two chunks of every segment a query sequence of its own, attending to its segment's
+        key prefix up to the chunk's end (bottom-right-aligned causal, Llama 3's all-gather CP)::
+
+            segment of 8, cp = 2, rank 0: chunks 0 and 3   q: [k0 k1]      keys: k0 k1
+                                                            q: [k6 k7]      keys: k0 .. k7
+        """
+        key = ("varlen", str(device))
+        if key not in self._masks:
+            gathered = torch.argsort(self.all_index)  # padded position -> its row in the all-gathered keys
+            keys: list[torch.Tensor] = []
+            q_lens: list[int] = []
+            k_lens: list[int] = []
+            start = 0
+            for n in self.padded_lens:
+                c = n // (2 * self.cp)
+                if c:
+                    for upto in ((self.rank + 1) * c, (2 * self.cp - self.rank) * c):
+                        keys.append(gathered[start:start + upto])
+                        q_lens.append(c)
+                        k_lens.append(upto)
+                start += n
+            key_index = torch.cat(keys) if keys else torch.zeros(0, dtype=torch.int64)
+            self._masks[key] = CPVarlen(key_index=key_index.to(device),
+                                        cu_seqlens_q=_cumulative(q_lens).to(device),
+                                        cu_seqlens_k=_cumulative(k_lens).to(device),
+                                        max_seqlen_q=max(q_lens, default=0), max_seqlen_k=max(k_lens, default=0))
+        return self._masks[key]
+
+
+class CPVarlen(NamedTuple):
+    """This rank's queries as the varlen kernel takes them (:meth:`CPLayout.varlen`): ``key_index`` picks,
+    from the all-gathered keys, every query sequence's key prefix in turn; ``cu_seqlens_q`` ≠ ``cu_seqlens_k``."""
+
+    key_index: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
 
 
 def cp_layout(seq_lens: Sequence[int] | torch.Tensor, *, cp: int, rank: int, group: Any = None,

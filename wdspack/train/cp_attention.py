@@ -7,8 +7,15 @@ Each layer all-gathers keys and values over the CP group (backward: reduce-scatt
 gradients) and every query sees its own segment's keys causally, by their padded positions::
 
     rank r: q [1, H, n, D]   k, v [1, Hkv, n, D] ─all-gather─► [1, Hkv, cp·n, D]  (rank after rank)
-    mask [n, cp·n]: same segment and key offset <= query offset (and within a sliding window)
-    SDPA(q, k, v, mask) ─► [1, n, H, D]
+    SDPA path:   mask [n, cp·n]: same segment and key offset <= query offset (and within a sliding window)
+                 SDPA(q, k, v, mask) ─► [1, n, H, D]
+    varlen path: each of the rank's two chunks of a segment is a query sequence over its segment's keys up
+                 to the chunk's end (CPLayout.varlen: cu_seqlens_q ≠ cu_seqlens_k, causal bottom-right)
+                 kernel(q [n, H, D], k [Σ prefixes, Hkv, D], v, cu_q, cu_k, ...) ─► [1, n, H, D]
+
+:func:`cp_attention` runs the varlen path on PyTorch's varlen FlashAttention kernel for CUDA queries in
+bfloat16/float16 (:func:`auto_kernel`), the SDPA path elsewhere; ``use_cp_attention(model, kernel=...)``
+runs the varlen path over any kernel of ``varlen_attn``'s signature (``reference_varlen_attn`` on CPU).
 
 The step (``cp_layout`` from :mod:`wdspack.train.cp`)::
 
@@ -25,17 +32,20 @@ non-causal text layers (Gemma 3's bidirectional image spans: ``Family.no_varlen`
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import functools
+import inspect
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
+from ..models.varlen import Kernel, _check_half_on_cuda, torch_varlen_kernel
 from .cp import CPLayout, CPShare, cp_shard
 
-__all__ = ["CP_ATTENTION", "CP_LAYOUT_KEY", "all_gather_sequence", "all_reduce_gradients", "context_parallel",
-           "cp_attention", "use_cp_attention"]
+__all__ = ["CP_ATTENTION", "CP_LAYOUT_KEY", "all_gather_sequence", "all_reduce_gradients", "attend_gathered",
+           "auto_kernel", "context_parallel", "cp_attention", "cp_varlen_attention", "use_cp_attention"]
 
 #: The name :func:`use_cp_attention` registers with ``transformers.AttentionInterface``.
 CP_ATTENTION = "wdspack_cp"
@@ -97,44 +107,132 @@ def all_gather_sequence(x: torch.Tensor, group: Any = None) -> torch.Tensor:
     return _GatherSequence.apply(x, group)
 
 
+def attend_gathered(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, layout: CPLayout,
+                    scale: float | None = None, window: int | None = None,
+                    kernel: Kernel | None = None) -> torch.Tensor:
+    """This rank's attention output ``[1, n, H, D]`` from its queries ``[1, H, n, D]`` and every rank's keys
+    and values ``[1, Hkv, N_pad, D]`` (all-gathered: rank after rank, ``layout.all_index``'s order).
+
+    Without ``kernel``: SDPA with ``layout.mask`` (``[n, N_pad]``, any device and dtype). With one (``varlen_attn``'s
+    signature): each of this rank's two chunks of every segment is a query sequence attending to its key
+    prefix (``layout.varlen``; ``cu_seqlens_q`` ≠ ``cu_seqlens_k``, bottom-right-aligned causal), one kernel
+    call and no ``[n, N_pad]`` mask. Both give every query its own segment's keys, causally, within ``window``.
+    """
+    if kernel is None:
+        mask = layout.mask(window, device=query.device)
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale,
+                                             enable_gqa=key.shape[1] != query.shape[1])
+        return out.transpose(1, 2).contiguous()
+    plan = layout.varlen(query.device)
+    q = query[0].transpose(0, 1).contiguous()  # [n, H, D]
+    k, v = (t[0].transpose(0, 1).index_select(0, plan.key_index) for t in (key, value))  # [Σ prefixes, Hkv, D]
+    extra = {"enable_gqa": k.shape[1] != q.shape[1]} if _takes_gqa(kernel) else {}
+    out = kernel(q, k, v, plan.cu_seqlens_q, plan.cu_seqlens_k, plan.max_seqlen_q, plan.max_seqlen_k, scale=scale,
+                 window_size=(-1, 0) if window is None else (int(window) - 1, 0), **extra)
+    return out[None]
+
+
+def auto_kernel(query: torch.Tensor) -> Kernel | None:
+    """The kernel :func:`cp_attention` runs for ``query``: PyTorch's varlen FlashAttention kernel for a CUDA query in
+    bfloat16/float16 where this torch has it, else ``None`` (SDPA with the mask). Reads no tensor: no host sync."""
+    if query.device.type != "cuda" or query.dtype not in (torch.bfloat16, torch.float16):
+        return None
+    return _torch_kernel()
+
+
+@functools.cache
+def _torch_kernel() -> Kernel | None:
+    try:
+        return torch_varlen_kernel()
+    except ConfigError:
+        return None
+
+
+@functools.cache
+def _takes_gqa(kernel: Kernel) -> bool:
+    return "enable_gqa" in inspect.signature(kernel).parameters
+
+
+def _check_call(module: Any, query: torch.Tensor, layout: CPLayout | None, *, name: str, dropout: float,
+                softcap: float | None, is_causal: bool | None, s_aux: torch.Tensor | None) -> CPLayout:
+    layer = type(module).__name__
+    if layout is None:
+        raise ConfigError(f"{layer} runs attn_implementation {name!r} outside a CP step: call the model "
+                          "inside `with wdspack.train.cp_attention.context_parallel(model, layout):`")
+    if dropout and module.training:
+        raise ConfigError(f"{layer}: attention dropout {dropout} while training is not supported by {name!r}; "
+                          "set the config's attention_dropout to 0.0")
+    if softcap is not None or s_aux is not None:
+        raise ConfigError(f"{layer} uses {'logit soft-capping' if softcap is not None else 'attention sinks'}, "
+                          f"which {name!r} does not compute")
+    if not (is_causal if is_causal is not None else getattr(module, "is_causal", True)):
+        raise ConfigError(f"{layer} is not causal; {name!r} serves causal text layers only")
+    if query.shape[0] != 1 or query.shape[2] != layout.index.numel():
+        raise ConfigError(f"{layer}: a query of {tuple(query.shape)} ([B, H, n, D]), but this rank's share holds "
+                          f"{layout.index.numel()} tokens in one row: run the model inside context_parallel")
+    return layout
+
+
+def _gather(key: torch.Tensor, value: torch.Tensor, layout: CPLayout) -> tuple[torch.Tensor, torch.Tensor]:
+    if layout.cp == 1:
+        return key, value
+    if key.shape == value.shape:
+        key, value = all_gather_sequence(torch.stack([key, value]), layout.group).unbind(0)
+        return key, value
+    return all_gather_sequence(key, layout.group), all_gather_sequence(value, layout.group)
+
+
 def cp_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  attention_mask: Any = None, dropout: float = 0.0, scaling: float | None = None,
                  sliding_window: int | None = None, softcap: float | None = None, is_causal: bool | None = None,
                  s_aux: torch.Tensor | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """The transformers attention function of :data:`CP_ATTENTION`: ``query`` ``[1, H, n, D]`` of this
     rank's tokens, keys and values gathered from every CP rank, each query's segment causal mask; returns
-    ``([1, n, H, D], None)``."""
-    layout: CPLayout | None = kwargs.get(CP_LAYOUT_KEY)
-    layer = type(module).__name__
-    if layout is None:
-        raise ConfigError(f"{layer} runs attn_implementation {CP_ATTENTION!r} outside a CP step: call the model "
-                          "inside `with wdspack.train.cp_attention.context_parallel(model, layout):`")
-    if dropout and module.training:
-        raise ConfigError(f"{layer}: attention dropout {dropout} while training is not supported by {CP_ATTENTION!r}; "
-                          "set the config's attention_dropout to 0.0")
-    if softcap is not None or s_aux is not None:
-        raise ConfigError(f"{layer} uses {'logit soft-capping' if softcap is not None else 'attention sinks'}, "
-                          f"which {CP_ATTENTION!r} does not compute")
-    if not (is_causal if is_causal is not None else getattr(module, "is_causal", True)):
-        raise ConfigError(f"{layer} is not causal; {CP_ATTENTION!r} serves causal text layers only")
-    if query.shape[0] != 1 or query.shape[2] != layout.index.numel():
-        raise ConfigError(f"{layer}: a query of {tuple(query.shape)} ([B, H, n, D]), but this rank's share holds "
-                          f"{layout.index.numel()} tokens in one row: run the model inside context_parallel")
-    if layout.cp == 1:
-        pass
-    elif key.shape == value.shape:
-        key, value = all_gather_sequence(torch.stack([key, value]), layout.group).unbind(0)
-    else:
-        key, value = all_gather_sequence(key, layout.group), all_gather_sequence(value, layout.group)
-    mask = layout.mask(None if sliding_window is None else int(sliding_window), device=query.device)
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling,
-                                         enable_gqa=key.shape[1] != query.shape[1])
-    return out.transpose(1, 2).contiguous(), None
+    ``([1, n, H, D], None)``. On CUDA in bfloat16/float16 it runs PyTorch's varlen kernel (:func:`auto_kernel`),
+    elsewhere SDPA with the mask (:func:`attend_gathered`)."""
+    layout = _check_call(module, query, kwargs.get(CP_LAYOUT_KEY), name=CP_ATTENTION, dropout=dropout,
+                         softcap=softcap, is_causal=is_causal, s_aux=s_aux)
+    key, value = _gather(key, value, layout)
+    return attend_gathered(query, key, value, layout=layout, scale=scaling,
+                           window=None if sliding_window is None else int(sliding_window),
+                           kernel=auto_kernel(query)), None
 
 
-def use_cp_attention(model: Any) -> str:
+def cp_varlen_attention(kernel: Kernel | None = None) -> Callable[..., tuple[torch.Tensor, None]]:
+    """:func:`cp_attention` always on the varlen path, over ``kernel`` (default: PyTorch's ``varlen_attn``,
+    checked for CUDA and half precision at each call; ``reference_varlen_attn`` runs it anywhere)."""
+    checked = kernel is None
+    run = torch_varlen_kernel() if kernel is None else kernel
+    name = f"{CP_ATTENTION}_varlen" + ("" if kernel is None else f"_{getattr(kernel, '__name__', 'kernel')}")
+
+    def attend(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               attention_mask: Any = None, dropout: float = 0.0, scaling: float | None = None,
+               sliding_window: int | None = None, softcap: float | None = None, is_causal: bool | None = None,
+               s_aux: torch.Tensor | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+        layout = _check_call(module, query, kwargs.get(CP_LAYOUT_KEY), name=name, dropout=dropout,
+                             softcap=softcap, is_causal=is_causal, s_aux=s_aux)
+        if checked:
+            _check_half_on_cuda(query)
+        key, value = _gather(key, value, layout)
+        return attend_gathered(query, key, value, layout=layout, scale=scaling,
+                               window=None if sliding_window is None else int(sliding_window), kernel=run), None
+
+    attend.__name__ = name
+    return attend
+
+
+def use_cp_attention(model: Any, *, kernel: Kernel | None = None) -> str:
     """Register :data:`CP_ATTENTION` with transformers and set it on ``model``'s text stack (the vision
     and audio towers keep theirs: they run on whole images before the split).
+
+    Args:
+        model: a transformers model of a family wdspack feeds.
+        kernel: run the varlen path over this kernel always (``varlen_attn``'s signature;
+            ``wdspack.models.varlen.reference_varlen_attn`` on CPU). Default: :func:`cp_attention`, which
+            takes PyTorch's varlen kernel on CUDA in bfloat16/float16 and SDPA with a mask elsewhere.
+
+    Returns:
+        The implementation's name: ``"wdspack_cp"``, or with a ``kernel`` ``"wdspack_cp_varlen_"`` + its ``__name__``.
 
     Raises:
         ConfigError: the family's text masks are not block-causal (Gemma 3); the message says why.
@@ -148,10 +246,12 @@ def use_cp_attention(model: Any) -> str:
                    "")
     if refusal:
         raise ConfigError(f"{CP_ATTENTION!r} cannot train {model.config.model_type}: {refusal}")
-    AttentionInterface.register(CP_ATTENTION, cp_attention)
+    fn = cp_attention if kernel is None else cp_varlen_attention(kernel)
+    name = CP_ATTENTION if kernel is None else fn.__name__
+    AttentionInterface.register(name, fn)
     key = _text_config_key(model.config)
-    model.set_attn_implementation(CP_ATTENTION if key is None else {key: CP_ATTENTION})
-    return CP_ATTENTION
+    model.set_attn_implementation(name if key is None else {key: name})
+    return name
 
 
 def _text_model(model: Any) -> Any:
@@ -178,7 +278,7 @@ def context_parallel(model: Any, layout: CPLayout, *, labels: torch.Tensor | Non
         ConfigError: the text stack does not run :data:`CP_ATTENTION` (call :func:`use_cp_attention`).
     """
     text = model.config.get_text_config()
-    if getattr(text, "_attn_implementation", None) != CP_ATTENTION:
+    if not str(getattr(text, "_attn_implementation", None)).startswith(CP_ATTENTION):
         raise ConfigError(f"the text stack runs {getattr(text, '_attn_implementation', None)!r}, not "
                           f"{CP_ATTENTION!r}: call wdspack.train.cp_attention.use_cp_attention(model) once before "
                           "the CP steps")
