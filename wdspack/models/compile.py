@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
+from .families.minicpmv import traceable_linear_attention
 from .varlen import MAX_SEQLEN_KEY, Kernel
 
 __all__ = ["VISION_PREFIXES", "compile_decoder_layers", "decoder_layers", "traceable_kernel"]
@@ -67,16 +68,17 @@ def compile_decoder_layers(model: Any, **options: Any) -> Any:
         >>> loss = model(**wdspack.model_inputs(batch, model)).loss  # doctest: +SKIP
     """
     layers = decoder_layers(model)
-    recurrent = sorted({type(m).__name__ for layer in layers for m in layer.modules()
-                        if getattr(m, "layer_type", None) == "linear_attention"})
-    if recurrent:  # a pack's sub-samples each start the recurrence afresh: one run per segment, in Python
-        raise ConfigError(f"{type(model).__name__} has linear-attention layers ({', '.join(recurrent)}) that run once "
-                          "per sub-sample of a pack, as many times as the pack has sub-samples: compiled, they would "
-                          "recompile for each new layout; train this model eager")
     for layer in layers:
         if "forward" in vars(layer):
             raise ConfigError(f"{type(layer).__name__}.forward is already replaced on this model "
                               "(compile_decoder_layers ran, or a hook library patched it); compile a fresh copy")
+    refused = traceable_linear_attention(model)
+    if refused:  # a pack's sub-samples each start the recurrence afresh: one run per segment, in Python
+        raise ConfigError(f"{type(model).__name__} has linear-attention layers ({', '.join(refused)}) that run once "
+                          "per sub-sample of a pack, and wdspack splits only Qwen3.5's Gated DeltaNet into traced "
+                          "row work and an opaque per-segment core: compiled whole, they would recompile for each "
+                          "new layout; train this model eager")
+    for layer in layers:
         layer.forward = _without_vision_kwargs(torch.compile(layer.forward, **options))
     return model
 
