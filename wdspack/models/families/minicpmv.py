@@ -16,7 +16,10 @@ slice's ``target_sizes`` ``[S, 2]`` (``slice_mask``); ``model_kwargs`` hands the
 in NaViT form (``[1, 3, P, n·P]``). The tower attends within each slice, so packing changes nothing
 there. The text model (Qwen3.5) takes the restarting ``position_ids``; its linear-attention (Gated
 DeltaNet) layers carry a recurrent state along the row, so wdspack runs them per sub-sample
-(:func:`segment_linear_attention`; transformers' CPU path ignores ``cu_seqlens``).
+(:func:`segment_linear_attention`; transformers' CPU path ignores ``cu_seqlens``). Under ``torch.compile``
+(:func:`wdspack.models.compile.compile_decoder_layers`) those layers are split instead
+(:func:`traceable_linear_attention`): their per-token work traced on the whole rows, the per-segment core one
+custom op.
 """
 
 from __future__ import annotations
@@ -487,9 +490,9 @@ def _segments_backward_op(grad: torch.Tensor, mixed_qkv: torch.Tensor, weight: t
                           source: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     def replay() -> tuple[torch.Tensor, ...]:
         with torch.enable_grad():
-            inputs = [t.detach().requires_grad_() for t in (mixed_qkv, weight, g, beta)]
-            out = _segments_core(*inputs, cu, dims, activation, source)
-            return torch.autograd.grad(out, inputs, grad)
+            x, w, decay, gate = (t.detach().requires_grad_() for t in (mixed_qkv, weight, g, beta))
+            out = _segments_core(x, w, decay, gate, cu, dims, activation, source)
+            return torch.autograd.grad(out, (x, w, decay, gate), grad)
 
     # autograd is off for this thread inside an op (a thread-local dispatch setting): replay in a thread of its own
     with ThreadPoolExecutor(max_workers=1) as pool:
