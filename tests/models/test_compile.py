@@ -5,10 +5,12 @@ packs of one to three images, a pack holding one long sample) compiles at the fi
 (``error_on_recompile`` from the second step on), and the compiled model's loss and gradients are the eager
 model's; under SDPA for every family, under varlen attention for one of each kind (Qwen's mRoPE, LLaVA's).
 Dynamo alone decides graphs, breaks and recompiles, whatever the backend: most families run its ``eager``
-backend (the captured graph run as Python); ``aot_eager`` (dynamo and AOTAutograd, which also traces the
-backward and each custom op's fake and autograd, without Inductor's code generation, which takes a minute here)
-runs one family of each kind: LLaVA's plain rope under SDPA, Qwen2.5-VL's mRoPE under the varlen op, MiniCPM-V
-4.6's linear-attention op. ``python -m tools.bench_train --compile`` measures Inductor.
+backend (the captured forward graph run as Python, its backward torch's autograd: every parameter's gradient
+is compared at the compiling step, the loss at every step); ``aot_eager`` (dynamo and AOTAutograd, which also
+traces the backward and each custom op's fake and autograd, without Inductor's code generation, which takes a
+minute here) runs one family of each kind, gradients compared at every step: LLaVA's plain rope under SDPA,
+Qwen2.5-VL's mRoPE under the varlen op, MiniCPM-V 4.6's linear-attention op. An epoch is the first pack of each
+kind (image count, holding the long sample or not). ``python -m tools.bench_train --compile`` measures Inductor.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ FAMILIES = ("gemma3", "glm4v", "idefics3", "internvl", "llava", "llava_onevision
             "qwen2_5_vl", "qwen2_vl", "qwen3_vl", "smolvlm")
 #: the families whose SDPA epoch runs AOTAutograd too (one of each kind; Qwen2.5-VL's under varlen)
 AOT = ("llava", "minicpmv4_6")
+#: the models whose forward takes no ``logits_to_keep`` (their LM head runs on every position)
+WHOLE_HEAD = ("MiniCPMV4_6ForConditionalGeneration",)
 #: dynamo's graphs for an epoch: one per kind of decoder layer (MiniCPM-V 4.6: linear and full attention)
 GRAPHS = {"minicpmv4_6": 2}
 
@@ -40,7 +44,8 @@ GRAPHS = {"minicpmv4_6": 2}
 @pytest.fixture(scope="module")
 def epochs(tmp_path_factory, tiny_processors):
     """``get(name) -> (model, batches)``: the tiny model (each test compiles a copy) and the epoch's one-pack
-    batches, whose contents differ; built once per family (its processor the session's)."""
+    batches, whose contents differ (the first pack of each kind: its image count, whether it holds the long
+    sample); built once per family (its processor the session's)."""
     built: dict[str, tuple] = {}
 
     def get(name: str) -> tuple:
@@ -49,10 +54,12 @@ def epochs(tmp_path_factory, tiny_processors):
                                                        processors=tiny_processors)
             batches = list(wdspack.make_loader(str(dataset), batch_size=1, num_workers=0, shuffle=False,
                                                processor=processor))
+            seq_len = h.ALL_FAMILIES[name][3]
+            kinds = {(int(b["image_mask"].sum()), int(b["max_seqlen"]) >= seq_len // 2): b for b in reversed(batches)}
+            batches = [b for b in batches if any(b is kept for kept in kinds.values())]  # the first of each kind
             images = [int(b["image_mask"].sum()) for b in batches]
             assert 0 in images and len(set(images)) >= 2, images  # a text-only pack and packs with images
-            seq_len = h.ALL_FAMILIES[name][3]
-            assert any(int(b["max_seqlen"]) >= seq_len // 2 for b in batches)  # the long sample's pack
+            assert any(long for _, long in kinds)  # the long sample's pack
             built[name] = model, batches
         return built[name]
 
@@ -71,20 +78,32 @@ def family(request, epochs):
 
 
 def _step(model, batch) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Loss and every parameter's gradient; the LM head on the target positions only where the model takes
+    ``logits_to_keep`` (the same loss and gradients as the whole head, test_target_logits.py; the tiny models'
+    131k-word head is most of an eager step)."""
     model.zero_grad()
-    loss = model(**wdspack.model_inputs(batch, model)).loss
+    logits = "all" if type(model).__name__ in WHOLE_HEAD else "targets"
+    loss = model(**wdspack.model_inputs(batch, model, logits=logits)).loss
     loss.backward()
     return loss.detach(), [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
 
 
-def _epoch(compiled, eager, batches, *, graphs: int = 1) -> None:
-    """Every batch: compiled equals eager; no compile after the first step."""
+def _loss(model, batch) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The loss alone: a forward with autograd on (as in training: dynamo guards on the grad mode), no backward."""
+    logits = "all" if type(model).__name__ in WHOLE_HEAD else "targets"
+    return model(**wdspack.model_inputs(batch, model, logits=logits)).loss.detach(), []
+
+
+def _epoch(compiled, eager, batches, *, graphs: int = 1, every_backward: bool = True) -> None:
+    """Every batch: compiled equals eager (loss, and every parameter's gradient at the first step, or at every
+    step with ``every_backward``: a backend that compiles the backward); no compile after the first step."""
     dynamo.reset()
     counters.clear()
     for i, batch in enumerate(batches):
+        run = _step if every_backward or i == 0 else _loss
         with dynamo.config.patch(error_on_recompile=i > 0):
-            got, got_grads = _step(compiled, batch)
-        want, want_grads = _step(eager, batch)
+            got, got_grads = run(compiled, batch)
+        want, want_grads = run(eager, batch)
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
         for (name, _), g, w in zip(eager.named_parameters(), got_grads, want_grads):
             torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
@@ -94,8 +113,9 @@ def _epoch(compiled, eager, batches, *, graphs: int = 1) -> None:
 def test_compiled_layers_compile_once_and_equal_eager(any_family):
     name, eager, batches = any_family
     model = copy.deepcopy(eager)
-    compiled = compile_decoder_layers(model, backend="aot_eager" if name in AOT else "eager", fullgraph=True)
-    _epoch(compiled, eager, batches, graphs=GRAPHS.get(name, 1))
+    aot = name in AOT
+    compiled = compile_decoder_layers(model, backend="aot_eager" if aot else "eager", fullgraph=True)
+    _epoch(compiled, eager, batches, graphs=GRAPHS.get(name, 1), every_backward=aot)
 
 
 def test_varlen_layers_compile_once_and_equal_eager(family):
@@ -108,8 +128,9 @@ def test_varlen_layers_compile_once_and_equal_eager(family):
     model = copy.deepcopy(built)
     use_varlen_attention(model, kernel=traceable_kernel(reference_varlen_attn))
     assert len({int(b["max_seqlen"]) for b in batches}) > 1  # a max_seqlen that would recompile per value
-    backend = "aot_eager" if name == "qwen2_5_vl" else "eager"
-    _epoch(compile_decoder_layers(model, backend=backend, fullgraph=True), eager, batches)
+    aot = name == "qwen2_5_vl"
+    _epoch(compile_decoder_layers(model, backend="aot_eager" if aot else "eager", fullgraph=True), eager, batches,
+           every_backward=aot)
 
 
 def test_the_plain_reference_kernel_breaks_the_graph(family):
