@@ -554,6 +554,10 @@ def traceable_linear_attention(model: Any) -> list[str]:
     Returns:
         The class names of the linear-attention modules it cannot split (laid out otherwise than Qwen3.5's Gated
         DeltaNet, or with a convolution bias); given any, no layer is changed (the caller refuses the model).
+
+    Example:
+        >>> traceable_linear_attention(model)  # doctest: +SKIP
+        []
     """
     import types
 
