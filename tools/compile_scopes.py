@@ -10,7 +10,8 @@ one long sample; the first pack again at the end) goes forward and backward thro
 model: one under ``torch.compile(model)``, one under
 :func:`wdspack.models.compile.compile_decoder_layers`. Reported per scope: dynamo's graph count after
 each step (a count that grows after the first step is a recompile), its graph breaks and their most
-common reasons. ``aot_eager``: dynamo and AOTAutograd decide graphs, breaks and recompiles as they do
+common reasons (the layers: one graph per kind of decoder layer, MiniCPM-V 4.6's linear- and full-attention
+layers two). ``aot_eager``: dynamo and AOTAutograd decide graphs, breaks and recompiles as they do
 for Inductor, without its code generation. What a compile buys in time is ``bench_train --compile``'s
 subject.
 """

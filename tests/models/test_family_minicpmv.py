@@ -216,20 +216,6 @@ def test_linear_attention_across_sub_samples_is_not_exact(built):
     assert float((state - exact).abs().max()) > 1e-3
 
 
-def test_compiling_the_layers_is_refused_in_one_line(built):
-    """Its linear-attention layers run once per sub-sample: compiled, they would recompile for each pack layout
-    (tests/models/test_compile.py leaves the family out for it); the layers stay as they were."""
-    import copy
-
-    from wdspack.errors import ConfigError
-    from wdspack.models.compile import compile_decoder_layers, decoder_layers
-
-    model = copy.deepcopy(built[1])
-    with pytest.raises(ConfigError, match=r"linear-attention layers \(\w+\).*train this model eager"):
-        compile_decoder_layers(model)
-    assert not any("forward" in vars(layer) for layer in decoder_layers(model))
-
-
 def test_show_lays_a_pack_out(built, capsys):
     """``wdspack show``: a marker per run of an item's tokens (its overview and each slice), each item's count
     taken run by run: the thin image after the sliced one reads as its own 4 tokens, not as the rest of the other."""

@@ -9,7 +9,10 @@ are absent from a text-only pack; :func:`compile_decoder_layers` drops them at t
 dynamo does not guard on them. Under :func:`wdspack.use_varlen_attention` it also hands the layers the
 row length as ``max_seqlen`` (an upper bound, as the kernel allows) instead of the pack's own, an int
 that would recompile per value; :func:`traceable_kernel` makes a Python kernel (the CPU reference) a
-custom op that dynamo traces without reading ``cu_seqlens``.
+custom op that dynamo traces without reading ``cu_seqlens``. Linear-attention layers (MiniCPM-V 4.6's Qwen3.5
+Gated DeltaNet), which run once per sub-sample, are split first
+(:func:`~wdspack.models.families.minicpmv.traceable_linear_attention`): their per-token work is traced on the
+whole rows, their per-segment core (convolution and recurrence) is one custom op that runs eager.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
+from .families.minicpmv import traceable_linear_attention
 from .varlen import MAX_SEQLEN_KEY, Kernel
 
 __all__ = ["VISION_PREFIXES", "compile_decoder_layers", "decoder_layers", "traceable_kernel"]
@@ -50,8 +54,12 @@ def compile_decoder_layers(model: Any, **options: Any) -> Any:
     """Compile each text decoder layer of ``model`` (in place) with ``torch.compile(**options)``.
 
     Over an epoch of packs whose contents differ (text only, one image, several) the layers
-    compile at the first step and never again: every layer is the same code with the same input shapes.
-    The vision tower, the embeddings, the mask and the LM head stay eager. Loss and gradients are the
+    compile at the first step and never again: every layer is the same code with the same input shapes
+    (one graph per kind of layer). The vision tower, the embeddings, the mask and the LM head stay eager.
+    A model with linear-attention layers (MiniCPM-V 4.6) has them made traceable first
+    (:func:`~wdspack.models.families.minicpmv.traceable_linear_attention`): compiled, the decoder layer
+    around them and their per-token projections, gates, gated norm and ``out_proj`` on the whole rows; eager,
+    inside one custom op, each sub-sample's causal convolution and gated delta rule. Loss and gradients are the
     eager model's (tests/models/test_compile.py). Calling it twice is refused; copy a model before, not after
     (a copy's layers would call the original's).
 
@@ -62,21 +70,26 @@ def compile_decoder_layers(model: Any, **options: Any) -> Any:
     Returns:
         ``model``.
 
+    Raises:
+        ConfigError: a layer's forward already replaced, or linear-attention layers laid out otherwise than
+            Qwen3.5's Gated DeltaNet (they would run whole once per sub-sample: train such a model eager).
+
     Example:
         >>> wdspack.models.compile.compile_decoder_layers(model, fullgraph=True)  # doctest: +SKIP
         >>> loss = model(**wdspack.model_inputs(batch, model)).loss  # doctest: +SKIP
     """
     layers = decoder_layers(model)
-    recurrent = sorted({type(m).__name__ for layer in layers for m in layer.modules()
-                        if getattr(m, "layer_type", None) == "linear_attention"})
-    if recurrent:  # a pack's sub-samples each start the recurrence afresh: one run per segment, in Python
-        raise ConfigError(f"{type(model).__name__} has linear-attention layers ({', '.join(recurrent)}) that run once "
-                          "per sub-sample of a pack, as many times as the pack has sub-samples: compiled, they would "
-                          "recompile for each new layout; train this model eager")
     for layer in layers:
         if "forward" in vars(layer):
             raise ConfigError(f"{type(layer).__name__}.forward is already replaced on this model "
                               "(compile_decoder_layers ran, or a hook library patched it); compile a fresh copy")
+    refused = traceable_linear_attention(model)
+    if refused:  # a pack's sub-samples each start the recurrence afresh: one run per segment, in Python
+        raise ConfigError(f"{type(model).__name__} has linear-attention layers ({', '.join(refused)}) that run once "
+                          "per sub-sample of a pack, and wdspack splits only Qwen3.5's Gated DeltaNet into traced "
+                          "row work and an opaque per-segment core: compiled whole, they would recompile for each "
+                          "new layout; train this model eager")
+    for layer in layers:
         layer.forward = _without_vision_kwargs(torch.compile(layer.forward, **options))
     return model
 
