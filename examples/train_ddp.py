@@ -3,7 +3,7 @@
     torchrun --nproc-per-node 8 examples/train_ddp.py packed/ --processor Qwen/Qwen2.5-VL-3B-Instruct \\
         --model Qwen/Qwen2.5-VL-3B-Instruct --steps 1000 --accumulation 4
 
-    # offline, on CPU, with a tiny random-init Qwen2.5-VL (what tests/train/test_ddp.py runs):
+    # offline, on CPU, with a tiny random-init Qwen2.5-VL (what tests/train/test_trainers.py runs):
     torchrun --nproc-per-node 2 examples/train_ddp.py packed/ --processor proc/ --tiny --backend gloo
 
 Each rank streams its own share of the packs (``make_loader`` reads rank and world size from

@@ -6,6 +6,7 @@ size of issue 24, in that order, then a short summary.
     python -m tools.gpu_check --out gpu-check --budget-s 540   # keep every file; stop each step in time
     python -m tools.gpu_check --skip-bench --skip-loader       # the tests only
     python -m tools.gpu_check --attention varlen,sdpa,flex     # the bench's packed mode under each
+    python -m tools.gpu_check --smoke --skip-tests --out x     # every step's plumbing at toy sizes (the tests, CPU)
 
 On a machine without a virtual environment (docs/guides/train.md#on-a-gpu) run it with ``python3`` and
 ``PYTHONPATH`` set to the checkout (and the wheels' folder). The summary of one H200 host's figures, in this
@@ -38,7 +39,7 @@ later one running out of time. With ``--budget-s`` each step is stopped when the
 no longer get their share (:data:`SHARES`) of what is left.
 
 Exit status: 0 when every test passed (skips allowed) and each step that ran finished in time, 1 otherwise,
-2 without CUDA.
+2 without CUDA (but for ``--smoke``).
 """
 
 from __future__ import annotations
@@ -67,6 +68,18 @@ ROOT = Path(__file__).resolve().parents[1]
 #: one pack a step: ``--bench-args "--batch-size 1"``).
 BENCH_ARGS = ("--device", "cuda", "--records", "2000", "--seq-len", "4096", "--hidden", "1024", "--layers", "8",
               "--batch-size", "2", "--target-logits", "--compile", "reduce-overhead")
+
+#: ``--smoke``'s bench_train arguments, in place of :data:`BENCH_ARGS`: the steps' plumbing at the smallest sizes
+#: (bench_train's ``--quick`` model on half its records: two packed steps, on the CPU), the packed modes as on a
+#: GPU (the varlen kernel, its reference on a CPU, with target logits; ``--peak-tflops 1`` so MFU is figured),
+#: one round, nothing compiled
+#: (``tests/tools/test_bench_train.py``'s quick run checks the compiled mode, ``tests/models/test_compile.py`` the
+#: compile itself).
+SMOKE_BENCH_ARGS = ("--quick", "--records", "6", "--device", "cpu", "--target-logits", "--peak-tflops", "1")
+
+#: ``--smoke``'s bench_loader sizes, in place of the options' defaults: one worker, one round, 120 samples (a few
+#: batches after the worker's warm-up one).
+SMOKE_LOADER = {"workers": 1, "loader_samples": 120, "loader_rounds": 1}
 
 #: bench_loader's image pass at the host's cores: N warm workers (``balance="cost"``, bench_loader's default)
 #: against N raw decoders side by side.
@@ -243,6 +256,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--loader-rounds", type=int, default=3, help="bench_loader's rounds (default 3)")
     ap.add_argument("--test-processes", type=int, default=min(8, max(1, (os.cpu_count() or 1) // 2)),
                     help="pytest-xdist processes for the tests where it is installed (default: half the CPUs, <= 8)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="each step's plumbing at toy sizes, the bench on the CPU (SMOKE_BENCH_ARGS, SMOKE_LOADER); "
+                         "needs no CUDA")
     ap.add_argument("--skip-tests", action="store_true")
     ap.add_argument("--skip-bench", action="store_true")
     ap.add_argument("--skip-loader", action="store_true")
@@ -259,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() and not args.smoke:
         print(f"gpu-check needs a CUDA device; torch {torch.__version__} sees none here. Run it on a GPU machine "
               "(docs/guides/train.md#on-a-gpu).", file=sys.stderr)
         return 2
@@ -290,11 +306,14 @@ def step_env() -> dict[str, str]:
 
 def bench_args(step: str, args: argparse.Namespace, out: Path) -> list[str]:
     """The bench tool and its arguments for ``step`` (``bench`` or ``loader``)."""
+    smoke = args.smoke
     if step == "bench":
-        return ["-m", "tools.bench_train", *BENCH_ARGS, "--attention", args.attention, "--rounds",
-                str(args.rounds), "--profile", str(out / "profile.txt"), *args.bench_args.split()]
-    return ["-m", "tools.bench_loader", *LOADER_ARGS, "--rounds", str(args.loader_rounds), "--workers",
-            str(args.workers), "--samples", str(args.loader_samples)]
+        return ["-m", "tools.bench_train", *(SMOKE_BENCH_ARGS if smoke else BENCH_ARGS), "--attention", args.attention,
+                "--rounds", str(1 if smoke else args.rounds), "--profile", str(out / "profile.txt"),
+                *args.bench_args.split()]
+    sizes = SMOKE_LOADER if smoke else {k: getattr(args, k) for k in SMOKE_LOADER}
+    return ["-m", "tools.bench_loader", *LOADER_ARGS, "--rounds", str(sizes["loader_rounds"]), "--workers",
+            str(sizes["workers"]), "--samples", str(sizes["loader_samples"])]
 
 
 def step_limit(step: str, steps: list[str], budget_s: float | None, elapsed_s: float) -> float | None:

@@ -128,6 +128,10 @@ def test_two_d_positions_are_not_exact(qwen3):
     assert not torch.allclose(flat, exact, rtol=1e-6)
 
 
-def test_training_from_the_loader_lowers_the_loss(qwen3):
-    processor, model, dataset = qwen3
-    h.check_training(model, dataset, processor)
+def test_training_from_the_loader_lowers_the_loss(packed_set):
+    """The dense class alone: the MoE class runs the same loader → model_inputs → optimizer path (its packed loss and
+    gradients are checked exact above, its experts and router included)."""
+    from tiny_vlm import qwen3_vl
+
+    processor, dataset = packed_set
+    h.check_training(qwen3_vl.model(processor, cls="Qwen3VLForConditionalGeneration").double(), dataset, processor)

@@ -111,13 +111,6 @@ def test_packed_loss_and_gradients_equal_one_by_one(smol, long_chats, attn):
     h.assert_same(model, got, want)
 
 
-def test_flex_attention_loss_equals_one_by_one(smol, monkeypatch):
-    """Under FlexAttention (the class supports it) the packed loss is the one-by-one loss: forward on
-    CPU in float64 (torch has no CPU FlexAttention backward); gradients in the ``gpu`` test below."""
-    processor, model, dataset = smol
-    h.check_flex(model, processor, dataset, seq_len=SEQ_LEN, monkeypatch=monkeypatch)
-
-
 @pytest.mark.gpu
 def test_flex_attention_gradients_equal_one_by_one(smol):
     """On CUDA with the compiled kernel, which takes head dims of 16 or more: the same tiny model with head_dim 16."""
@@ -129,10 +122,13 @@ def test_flex_attention_gradients_equal_one_by_one(smol):
     h.check_flex_gradients(gpu_model, processor, dataset, seq_len=SEQ_LEN)
 
 
-def test_flex_runs_keep_to_the_main_kernel(smol, monkeypatch):
-    """The gpu flex test's one-by-one chats include queries under 128 tokens whose length × 2 query heads per KV
-    head passes 128, where torch's decoding kernel finds no tile (pytorch/pytorch#185349); under
-    ``flex_main_kernel`` every FlexAttention call carries the option that keeps it on the main kernel."""
+def test_flex_attention_loss_equals_one_by_one_on_the_main_kernel(smol, monkeypatch):
+    """Under FlexAttention (the class supports it) the packed loss is the one-by-one loss: forward on CPU in float64
+    (torch has no CPU FlexAttention backward; gradients in the ``gpu`` test below), transformers' compiled wrapper
+    swapped for the uncompiled ``flex_attention`` as :func:`vlm_harness.check_flex` does, to its tolerances. The gpu
+    flex test's one-by-one chats include queries under 128 tokens whose length × 2 query heads per KV head passes
+    128, where torch's decoding kernel finds no tile (pytorch/pytorch#185349); under ``flex_main_kernel`` every
+    FlexAttention call carries the option that keeps it on the main kernel."""
     import transformers.integrations.flex_attention as tfa
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -191,9 +187,11 @@ def test_misplaced_tiles_or_positions_are_not_exact(smol):
             assert not torch.allclose(model(**wrong).loss, exact, rtol=1e-6)
 
 
-def test_training_from_the_loader_lowers_the_loss(smol):
-    processor, model, dataset = smol
-    h.check_training(model, dataset, processor)
+def test_training_from_the_loader_lowers_the_loss(vlm_family):
+    """SmolVLM's class alone: Idefics3's runs the same loader → model_inputs → optimizer path (its packed loss and
+    gradients are checked exact above)."""
+    processor, model, dataset = vlm_family("smolvlm")
+    h.check_training(model.double(), dataset, processor)
 
 
 def test_tile_slots_depend_on_the_budgets_only(smol):

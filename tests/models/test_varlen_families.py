@@ -42,9 +42,12 @@ class _Counting:
         return reference_varlen_attn(*args, **kwargs)
 
 
-def _check(model, processor, dataset, *, kernel=None, padding_free: bool, rtol: float, atol: float):
+def _check(model, processor, dataset, *, kernel=None, padding_free: bool, rtol: float, atol: float, want=None):
+    """The packed loss and gradients under the varlen kernel against the one-by-one SDPA ones (``want``, worked out
+    here unless given); ``(the loader's batches, want)``."""
     model.set_attn_implementation("sdpa")
-    want = h.reference(model, processor, dataset)
+    if want is None:
+        want = h.reference(model, processor, dataset)
     wdspack.use_varlen_attention(model, kernel=kernel)
     try:
         assert model.config.get_text_config()._attn_implementation.startswith("wdspack_varlen")
@@ -53,16 +56,24 @@ def _check(model, processor, dataset, *, kernel=None, padding_free: bool, rtol: 
     finally:
         model.set_attn_implementation("sdpa")
     h.assert_same(model, got, want, rtol=rtol, atol=atol)
-    return batches
+    return batches, want
+
+
+@pytest.fixture(scope="module")
+def cpu_references() -> dict:
+    """The one-by-one float64 loss and gradients per family, worked out once for both layouts (each test's fresh
+    tiny model has the same weights, seed 0)."""
+    return {}
 
 
 @pytest.mark.parametrize("padding_free", [False, True], ids=["rows", "padding_free"])
 @pytest.mark.parametrize("name", ["qwen2_5_vl", "qwen3_vl", "mistral3_sliding"])
-def test_packed_equals_one_by_one_on_cpu(name, padding_free, vlm_family):
+def test_packed_equals_one_by_one_on_cpu(name, padding_free, vlm_family, cpu_references):
     processor, model, dataset = vlm_family(name)
     model = model.double()
     kernel = _Counting()
-    batches = _check(model, processor, dataset, kernel=kernel, padding_free=padding_free, rtol=1e-9, atol=1e-11)
+    batches, cpu_references[name] = _check(model, processor, dataset, kernel=kernel, padding_free=padding_free,
+                                           rtol=1e-9, atol=1e-11, want=cpu_references.get(name))
     layers = model.config.get_text_config().num_hidden_layers
     assert kernel.calls["text"] == layers * len(batches), "every text layer of every forward"
     with_images = sum(int(b["pixel_values"].numel() > 0) for b in batches if "pixel_values" in b)

@@ -157,32 +157,40 @@ def test_resume_on_s3_after_a_crash_while_writing(s3, local, remote_demo, sample
         pack_dataset(sources, url, sample_config=sample_config, config=_config())
 
 
-def _pack_on_ray(remote_demo: str, url: str, sample_config, config: PackConfig, tmp_path_factory) -> None:
-    """Pack the demo's two sources on S3 into ``url`` with a fresh 2-CPU Ray cluster, shut down after."""
+@pytest.fixture(scope="module")
+def ray_cluster(s3, tmp_path_factory):
+    """A fresh 2-CPU Ray cluster for this module's Ray jobs, started once (its workers, separate processes, stay
+    warm from one job to the next) and shut down after them."""
     ray = pytest.importorskip("ray")
     if ray.is_initialized():
         ray.shutdown()
     ray.init(num_cpus=2, include_dashboard=False, _temp_dir=str(tmp_path_factory.mktemp("ray")),
              log_to_driver=False, logging_level=logging.ERROR, object_store_memory=100 * 2**20)
     try:
-        sources = [f"{remote_demo}/llava.jsonl", f"{remote_demo}/messages.jsonl"]
-        pack_dataset(sources, url, sample_config=sample_config, config=config)
+        yield ray
     finally:
         ray.shutdown()
 
 
-def test_ray_reads_and_writes_s3_like_local(s3, local, remote_demo, sample_config, tmp_path_factory):
+def _pack_on_ray(remote_demo: str, url: str, sample_config, config: PackConfig) -> None:
+    """Pack the demo's two sources on S3 into ``url`` on the module's Ray cluster."""
+    sources = [f"{remote_demo}/llava.jsonl", f"{remote_demo}/messages.jsonl"]
+    pack_dataset(sources, url, sample_config=sample_config, config=config)
+
+
+def test_ray_reads_and_writes_s3_like_local(s3, local, remote_demo, sample_config, ray_cluster):
     """Ray workers (separate processes, as on other machines) read the inputs and write the
     spool and shards on S3; the output equals the local executor's on local disk."""
     _, fs = s3
     url = f"s3://{BUCKET}/ray"
-    _pack_on_ray(remote_demo, url, sample_config, _config({"executor": "ray"}), tmp_path_factory)
+    _pack_on_ray(remote_demo, url, sample_config, _config({"executor": "ray"}))
     files, expected = _remote_files(fs, url), local[1]
     assert [n for n in files if n.endswith(".tar")] == [n for n in expected if n.endswith(".tar")]
     assert all(files[n] == expected[n] for n in expected if n.endswith(".tar"))
 
 
-def test_partitioned_job_on_ray_and_s3_equals_local(s3, remote_demo, demo_data, sample_config, tmp_path_factory):
+def test_partitioned_job_on_ray_and_s3_equals_local(s3, remote_demo, demo_data, sample_config, ray_cluster,
+                                                   tmp_path_factory):
     """Planning in groups (``plan_group_partitions``) with Ray workers reading and writing S3: the
     bucket, duplicate, select and plan tasks share the work folder on S3 (``plan/*``), and the shards
     and drops equal the same grouped job run by the local executor on local disk."""
@@ -191,7 +199,7 @@ def test_partitioned_job_on_ray_and_s3_equals_local(s3, remote_demo, demo_data, 
     local_out = tmp_path_factory.mktemp("grouped-local") / "ds"
     pack_dataset(demo_sources(demo_data), local_out, sample_config=sample_config, config=_config(**grouped))
     url = f"s3://{BUCKET}/ray-grouped"
-    _pack_on_ray(remote_demo, url, sample_config, _config({"executor": "ray"}, **grouped), tmp_path_factory)
+    _pack_on_ray(remote_demo, url, sample_config, _config({"executor": "ray"}, **grouped))
     files, expected = _remote_files(fs, url), read_files(local_out)
     tars = [n for n in expected if n.endswith(".tar")]
     assert len({n.split("-")[1] for n in tars}) > 1, "several groups wrote shards"

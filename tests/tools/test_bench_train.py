@@ -152,14 +152,16 @@ def test_cp_figures_split_each_step_as_cp_layout_does():
     assert planned["padding_tokens"] == 0 and planned["rank_real_tokens"] == {"max": 8, "mean": 8.0}
 
 
+@pytest.mark.slow
 def test_quick_run_trains_the_same_tokens_three_ways(tmp_path):
     """SDPA, the CPU's default, and ``--compile`` (the decoder layers compiled once; ``aot_eager``, which
     decides graphs and recompiles as Inductor does, without its minute of code generation here); the varlen
     kernel (the reference kernel on a CPU, padding-free batches) with target logits is gpu_check's
-    configuration, checked the same way by its whole run on a CPU (tests/tools/test_gpu_check.py)."""
+    configuration, checked the same way by its whole run on a CPU (tests/tools/test_gpu_check.py). Half the
+    quick run's records: two packed steps, the compiled mode's first step and one after it."""
     out = tmp_path / "bench_train.json"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    done = subprocess.run([sys.executable, "-m", "tools.bench_train", "--quick", "--json", str(out),
+    done = subprocess.run([sys.executable, "-m", "tools.bench_train", "--quick", "--records", "6", "--json", str(out),
                            "--attention", "sdpa", "--compile", "--compile-backend", "aot_eager", "--cp", "2"],
                           capture_output=True, text=True, timeout=400, env=env, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -44,6 +44,14 @@ def test_summary_names_counts_ratios_shares_and_the_loader():
     assert lines[5] == "loader, 16 workers: float32 85.0%, uint8 93.0% of 16 raw decoders side by side (goal >= 90%)"
     assert lines[6] == "  uint8, 16 workers, CPU", "where the uint8 workers' CPU went"
     assert len(lines) == 7
+    compiled = {**BENCH, "modes": {**BENCH["modes"], "packed_compiled": {"tokens_per_s": 66000.0, "mfu": 0.198}},
+                "ratios": {**BENCH["ratios"], "packed_compiled_vs_pad_to_longest": {"median": 3.14},
+                           "packed_compiled_vs_packed": {"median": 1.1}},
+                "config": {**BENCH["config"], "compile": {"mode": "reduce-overhead", "compile_seconds": 41.6}},
+                "recompiles_after_first_step": 0}
+    assert _tool().summary_lines({"bench": compiled})[3] == (
+        "  packed_compiled: 3.14x, 1.10 of the fill bound; 1.10x packed; MFU 19.8%; compiled in 42 s "
+        "(reduce-overhead), 0 recompiles after its first step")
     profiled = {**BENCH, "config": {**BENCH["config"], "profile": {"step_wall_ms": 184.2, "gpu_busy_ms": 61.4,
                                                                      "host_waits_per_step": 2.0}}}
     lines = _tool().summary_lines({"bench": profiled, "attention": "varlen,sdpa"})
@@ -137,24 +145,21 @@ def test_refuses_without_cuda(capsys):
 
 @pytest.mark.slow
 def test_a_whole_run_on_cpu_keeps_each_steps_files_and_sums_them_up(tmp_path):
-    """run_all's bench and loader steps for real, at a smoke size on this CPU (the reference varlen kernel)."""
+    """run_all's bench and loader steps for real at ``--smoke`` sizes on this CPU (the reference varlen kernel);
+    the compiled mode's record is bench_train's own quick run's, its summary line the first test's."""
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the run would be the real one")
     tool = _tool()
-    args = tool.parser().parse_args([
-        "--skip-tests", "--rounds", "1", "--workers", "1", "--loader-samples", "120", "--loader-rounds", "1",
-        "--out", str(tmp_path), "--bench-args",
-        "--device cpu --records 12 --seq-len 512 --hidden 32 --layers 1 --batch-size 2 --peak-tflops 1 "
-        "--compile default --compile-backend aot_eager"])  # CUDA graphs need CUDA: the same compile, on the CPU
+    args = tool.parser().parse_args(["--smoke", "--skip-tests", "--out", str(tmp_path)])
+    assert tool.bench_args("loader", args, tmp_path)[-4:] == ["--workers", "1", "--samples", "120"]
     results = tool.run_all(args, tool.step_env(), tmp_path, tool.Log(tmp_path / "gpu-check.log"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench_loader.json", "bench_train.json", "gpu-check.log",
                                                         "profile.txt", "summary.json"]
     bench, loader = results["bench"], results["loader"]
     assert bench["config"]["attention"].startswith("varlen") and bench["config"]["other_attention"] == ["sdpa"]
-    assert set(bench["modes"]) == {"packed", "pad_to_longest", "on_the_fly", "packed_sdpa", "packed_target_logits",
-                                   "packed_compiled"}
+    assert set(bench["modes"]) == {"packed", "pad_to_longest", "on_the_fly", "packed_sdpa", "packed_target_logits"}
     assert bench["rounds_done"] == 1 and "stopped" not in bench
     check_bench_train_record(bench, "varlen")  # bench_train's quick-run checks, for gpu_check's configuration
     assert bench["modes"]["packed_sdpa"]["real_tokens"] == bench["modes"]["packed"]["real_tokens"]
@@ -163,13 +168,10 @@ def test_a_whole_run_on_cpu_keeps_each_steps_files_and_sums_them_up(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text()) == json.loads(json.dumps(results))
     text = (tmp_path / "gpu-check.log").read_text()
     summary = text[text.index("== gpu-check summary =="):].splitlines()[1:]
-    assert summary == tool.summary_lines(results) and len(summary) == 9, summary
+    assert summary == tool.summary_lines(results) and len(summary) == 8, summary
     assert summary[0].startswith(f"torch {torch.__version__}, ") and "no CUDA device" in summary[0]
-    assert summary[3].startswith("  packed_sdpa: ") and summary[7].startswith("loader, 1 workers: float32 ")
+    assert summary[3].startswith("  packed_sdpa: ") and summary[6].startswith("loader, 1 workers: float32 ")
     assert summary[4].startswith("  packed_target_logits: ") and summary[4].endswith("x packed")
-    assert summary[5].startswith("  packed_compiled: ") and "x packed; MFU " in summary[5]
-    assert summary[5].endswith("(default), 0 recompiles after its first step")
-    assert bench["recompiles_after_first_step"] == 0
-    assert summary[6].startswith("  a packed step: ") and "the GPU busy 0 ms" in summary[6]
-    assert summary[8].startswith("  uint8, 1 workers, CPU per image: decoding ")
+    assert summary[5].startswith("  a packed step: ") and "the GPU busy 0 ms" in summary[5]
+    assert summary[7].startswith("  uint8, 1 workers, CPU per image: decoding ")
     assert bench["config"]["profile"]["step_wall_ms"] > 0

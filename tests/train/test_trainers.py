@@ -1,5 +1,5 @@
-"""``examples/train_hf_trainer.py`` (``PackedTrainer``) and ``examples/train_accelerate.py`` under
-``torchrun``: 2 CPU ranks (gloo) train a tiny real Qwen2.5-VL on processor-exact packs.
+"""``examples/train_ddp.py``, ``examples/train_hf_trainer.py`` (``PackedTrainer``) and ``examples/train_accelerate.py``
+under ``torchrun``: 2 CPU ranks (gloo) train a tiny real Qwen2.5-VL on processor-exact packs.
 
 Each recipe, stopped at a checkpoint in the middle of an epoch and resumed, must end with the
 very parameters an uninterrupted ``examples/train_ddp.py`` run trains (same losses, same parameter
@@ -102,6 +102,19 @@ def own_batches(packed):
         out[rank] = seen[:want]
     assert out[0] != out[1] and not set(out[0]) & set(out[1]), "the ranks read different packs"
     return out
+
+
+def test_ddp_recipe_stopped_mid_epoch_and_resumed_equals_its_uninterrupted_run(packed, reference, tmp_path):
+    """train_ddp.py's own checkpoint (model, optimizer, each rank's loader state), saved in the middle of epoch 1:
+    the resumed run logs the uninterrupted run's very losses and ends with its parameters."""
+    ref_losses, ref_digest = reference
+    ckpt = tmp_path / "ckpt"
+    first = _torchrun("ddp", *packed, "--steps", "1", "--save-every", "1", "--checkpoint", str(ckpt))
+    states = [json.loads((ckpt / f"loader-rank{r}.json").read_text()) for r in range(2)]
+    assert [(s["epoch"], s["batches"]) for s in states] == [(1, 1), (1, 1)], "saved in the middle of epoch 1"
+    resumed = _torchrun("ddp", *packed, "--steps", str(STEPS), "--checkpoint", str(ckpt), "--resume")
+    assert _losses(first) + _losses(resumed) == ref_losses
+    assert _digests(resumed) == {0: ref_digest, 1: ref_digest}, "stopped and resumed = uninterrupted"
 
 
 @pytest.mark.parametrize("recipe", ["trainer", "accelerate"])
