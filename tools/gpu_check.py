@@ -15,7 +15,7 @@ then read "GPU busy 49 ms", a double count since mended, and which also timed ``
 two-pack bench from ``bench_train`` run alone with these arguments at 8957da3::
 
     torch 2.11.0+cu130, transformers 5.17.0, NVIDIA H200, 16 CPUs; varlen_attn: window_size
-    gpu tests: 27 passed, 0 failed, 7 skipped (pytest -m gpu tests, 8 processes) in 133 s
+    gpu tests: 27 passed, 0 failed, 7 skipped (pytest -m 'gpu or cp' tests, 8 processes) in 133 s
     bench_train (varlen, NVIDIA H200, 1 x 4,096 tokens a step): packed 65,844 tokens/s, pad-to-longest 28,284: 2.28x;
       fill bound 2.86x (packed 99.4%, pad-to-longest 34.8%): 0.80 of it (goal >= 0.90); packed MFU 15.8%
     bench_train (varlen, NVIDIA H200, 2 x 4,096 tokens a step): packed 123,843 tokens/s, pad-to-longest 30,691: 4.00x;
@@ -186,8 +186,9 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
     tests = results.get("tests")
     if tests is not None:
         procs = tests.get("processes", 1)
+        where = f", {procs} processes" if procs > 1 else ""
         lines.append(f"gpu tests: {tests['passed']} passed, {tests['failed'] + tests['errors']} failed, "
-                     f"{tests['skipped']} skipped (pytest -m gpu tests{f', {procs} processes' if procs > 1 else ''})"
+                     f"{tests['skipped']} skipped (pytest -m 'gpu or cp' tests{where})"
                      + (f" in {tests['seconds']:.0f} s" if "seconds" in tests else "")
                      + (" - STOPPED for time" if tests["exit"] == 124 else ""))
     if "bench" in results:

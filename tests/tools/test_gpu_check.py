@@ -37,7 +37,7 @@ def test_summary_names_counts_ratios_shares_and_the_loader():
                                    "attention": "varlen,sdpa"})
     assert lines[0] == ("torch 2.11.0+cu130, transformers 5.17.0, NVIDIA H100 80GB HBM3, 16 CPUs; "
                         "varlen_attn: window_size")
-    assert lines[1] == "gpu tests: 30 passed, 2 failed, 4 skipped (pytest -m gpu tests, 8 processes) in 95 s"
+    assert lines[1] == "gpu tests: 30 passed, 2 failed, 4 skipped (pytest -m 'gpu or cp' tests, 8 processes) in 95 s"
     assert "(varlen, NVIDIA H100" in lines[2] and "packed 60,000 tokens/s, pad-to-longest 21,000: 2.60x" in lines[2]
     assert "fill bound 2.86x" in lines[3] and "0.91 of it (goal >= 0.90)" in lines[3] and "MFU 18.0%" in lines[3]
     assert lines[4] == "  packed_sdpa: 1.82x, 0.64 of the fill bound"
