@@ -9,8 +9,9 @@ all-reduce, a digest of every parameter's gradient; rank 0 also the gradients). 
 - ``attention``: random queries, keys and values over segments some shorter than ``2·cp``, through
   :func:`~wdspack.train.cp_attention.cp_attention` (SDPA with the mask, on CPU) and through the varlen path over
   the reference kernel (``varlen_`` outputs), output and gradients gathered back to the unsplit order;
-- ``<family>-cp4`` / ``<family>-cp4-varlen``: a family's model (``save_pretrained`` in float64) on one loader batch
-  (every pack), split over the 4 ranks, under :func:`~wdspack.train.cp_attention.cp_attention` / the varlen path
+- ``<family>-cp2`` / ``<family>-cp4`` / ``<family>-cp4-varlen``: a family's model (``save_pretrained`` in float64)
+  on one loader batch (every pack), split over 2 ranks (each pair of ranks a CP group) or the 4 ranks, under
+  :func:`~wdspack.train.cp_attention.cp_attention` / the varlen path
   over :func:`~wdspack.models.varlen.reference_varlen_attn`;
 - ``<family>-dpcp``: 2 DP × 2 CP, each DP rank its own loader batches (one pack each), the step's target count
   from :func:`wdspack.num_items_in_batch` over the DP group.
@@ -142,9 +143,10 @@ def main(spec_path: str, rank_arg: str) -> None:
         for case in fam["cases"]:
             use_cp_attention(model, kernel=reference_varlen_attn if case.endswith("-varlen") else None)
             model.zero_grad()
-            if case.startswith("cp4"):
-                loss = model_step(model, batches["whole"], cp=4, group=made[4][0])
-                all_reduce_gradients(model, made[4][0])
+            if case.startswith("cp"):  # cp2 (two CP groups of 2 ranks, each the whole batch) or cp4
+                cp = int(case[2])
+                loss = model_step(model, batches["whole"], cp=cp, group=made[cp][0])
+                all_reduce_gradients(model, made[cp][0])
                 n = batches["count"]
             else:  # dpcp: 2 DP x 2 CP, each DP rank its own packs; the step's target count from the exact-loss helper
                 cp_group, dp_group = made[2]
