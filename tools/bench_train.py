@@ -133,9 +133,9 @@ LONG_VIDEO_CLIP = {"width": 160, "height": 90, "fps": 4}
 ATTENTIONS = ("sdpa", "varlen", "flex")
 #: ``--family``: name -> (``examples/tiny_vlm`` module, its processor's options, its model's options); the names
 #: and options of ``tests/support/vlm_harness.py``'s ``ALL_FAMILIES``. Qwen2.5-VL's model is :func:`build_model`'s
-#: (sized by ``--hidden``/``--layers``); the others are their example's tiny model.
+#: (sized by ``--hidden``/``--layers``; its model options unused); the others are their example's tiny model.
 FAMILIES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
-    "qwen2_5_vl": ("qwen2_5_vl", {}, {}),
+    "qwen2_5_vl": ("qwen2_5_vl", {"cls": "Qwen2_5_VLProcessor"}, {"cls": "Qwen2_5_VLForConditionalGeneration"}),
     "internvl": ("internvl", {}, {}),
     "glm4v": ("glm4v", {"cls": "Glm4vProcessor"}, {}),
     "minicpmv4_6": ("minicpmv", {}, {}),
@@ -905,7 +905,8 @@ def main(argv: list[str] | None = None) -> int:
     sized = [f"--{k}" for k in ("hidden", "layers") if getattr(args, k) is not None]
     if args.family != "qwen2_5_vl" and sized:
         raise SystemExit(f"{' and '.join(sized)}: --family {args.family}'s tiny model has its example's sizes "
-                         f"(examples/tiny_vlm/{FAMILIES[args.family][0]}.py); leave them out, or use --family qwen2_5_vl")
+                         f"(examples/tiny_vlm/{FAMILIES[args.family][0]}.py); leave them out, or use --family "
+                         "qwen2_5_vl")
     for key, value in (QUICK if args.quick else DEFAULT).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
