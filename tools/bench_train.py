@@ -896,6 +896,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
+    if args.long_video and args.family != "qwen2_5_vl":
+        raise SystemExit(f"--long-video plans with Qwen2.5-VL's video settings, not --family {args.family}'s; "
+                         "leave --family out")
     if args.long_video:
         return long_video_main(args)
     if args.cp and len(args.cp) > 1:

@@ -24,6 +24,8 @@ def test_family_refuses_sizes_and_unknown_names(capsys):
         tool.main(["--quick", "--family", "internvl", "--hidden", "64", "--layers", "2"])
     with pytest.raises(SystemExit, match=r"^--layers: --family glm4v's"):
         tool.main(["--family", "glm4v", "--layers", "2"])
+    with pytest.raises(SystemExit, match=r"^--long-video plans with Qwen2.5-VL's video settings, not --family minicpm"):
+        tool.main(["--long-video", "--family", "minicpmv4_6"])
     with pytest.raises(SystemExit) as exit_:
         tool.main(["--family", "gemma9"])
     assert exit_.value.code == 2
