@@ -74,6 +74,13 @@ second, 8,640 a minute). That dataset loads with the padding at load time; each 
 resharded with ``--cp N`` (``wdspack reshard``: the same samples, re-planned). A step is ``--batch-size`` packs
 (default 1).
 
+``--family NAME`` builds another family's tiny processor and model instead (``examples/tiny_vlm/<module>``:
+its real processor class packs the demo's data, its real ``*ForConditionalGeneration`` class with the example's
+fixed tiny sizes, so ``--hidden``/``--layers`` are Qwen2.5-VL's alone): :data:`FAMILIES`. With ``--compile`` it
+shows the family's decoder layers compile once over a packed epoch, its loss eager's::
+
+    python -m tools.bench_train --quick --family internvl --compile --compile-backend aot_eager
+
 Model FLOPs utilisation: ``6 · N · real tokens / seconds / peak`` (``N`` every parameter, attention
 FLOPs left out, so a lower bound), with ``--peak-tflops`` (default by device name: H100/H200 989,
 A100 312, the dense bf16 figures; none on a CPU). ``--profile FILE`` writes a torch profiler table of
@@ -124,6 +131,15 @@ LONG_VIDEO_QUICK = {"videos": 3, "records": 12, "seq_len": 8192, "seconds": (10,
 LONG_VIDEO_CLIP = {"width": 160, "height": 90, "fps": 4}
 #: ``--attention``'s choices for the packed modes.
 ATTENTIONS = ("sdpa", "varlen", "flex")
+#: ``--family``: name -> (``examples/tiny_vlm`` module, its processor's options, its model's options); the names
+#: and options of ``tests/support/vlm_harness.py``'s ``ALL_FAMILIES``. Qwen2.5-VL's model is :func:`build_model`'s
+#: (sized by ``--hidden``/``--layers``; its model options unused); the others are their example's tiny model.
+FAMILIES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
+    "qwen2_5_vl": ("qwen2_5_vl", {"cls": "Qwen2_5_VLProcessor"}, {"cls": "Qwen2_5_VLForConditionalGeneration"}),
+    "internvl": ("internvl", {}, {}),
+    "glm4v": ("glm4v", {"cls": "Glm4vProcessor"}, {}),
+    "minicpmv4_6": ("minicpmv", {}, {}),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -473,7 +489,7 @@ def padded_steps(records: dict[str, Any], subs: dict[str, SubSample], order: lis
                             for p in _typed_content(m["content"])]}
                           for m in records[sid].messages])
         inputs = dict(processor.apply_chat_template(chats, tokenize=True, return_dict=True, padding=True,
-                                                    return_tensors="pt"))
+                                                    padding_side="right", return_tensors="pt"))  # InternVL's: left
         labels = torch.full_like(inputs["input_ids"], -100)
         for row, sid in enumerate(names):
             s = subs[sid]
@@ -712,7 +728,6 @@ def ratio(timing: dict[str, dict], a: str, b: str) -> dict[str, Any]:
 def prepare(args: argparse.Namespace, work: Path, device: torch.device) -> tuple[dict, dict]:
     """Data, processor, model and every mode's steps; the configuration record."""
     from examples.make_demo_data import generate
-    from examples.tiny_vlm import qwen2_5_vl
     from wdspack.models import save_processor
     from wdspack.packer.config import PackConfig, RunOptions
     from wdspack.packer.job import pack_dataset
@@ -720,14 +735,18 @@ def prepare(args: argparse.Namespace, work: Path, device: torch.device) -> tuple
 
     generate(work / "data", records=args.records, seed=args.seed)
     sources = [str(work / "data" / "llava.jsonl"), str(work / "data" / "messages.jsonl")]
-    processor = qwen2_5_vl.processor(work / "tok")
+    name, proc_opts, model_opts = FAMILIES[args.family]
+    tiny = importlib.import_module(f"examples.tiny_vlm.{name}")
+    processor = tiny.processor(work / "tok", **proc_opts)
     folder = save_processor(processor, work / "processor")
     summary = pack_dataset(sources, str(work / "packed"), sample_config=SampleConfig(processor=str(folder)),
                            config=PackConfig(seq_len=args.seq_len, max_images=args.max_images,
                                              run=RunOptions(max_drop_fraction=1.0)),
                            progress=False)  # the demo's deliberately bad records, and chats over seq_len
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-    model = build_model(processor, hidden=args.hidden, layers=args.layers).to(device, dtype).train()
+    built = (build_model(processor, hidden=args.hidden, layers=args.layers) if args.family == "qwen2_5_vl"
+             else tiny.model(processor, **model_opts))
+    model = built.to(device, dtype).train()
     model.set_attn_implementation("sdpa")
     attention, *others = args.attention.split(",")
     packed_model = with_attention(model, attention, device)
@@ -784,7 +803,10 @@ def prepare(args: argparse.Namespace, work: Path, device: torch.device) -> tuple
         "torch": torch.__version__, "transformers": __import__("transformers").__version__,
         "model": {"class": type(model).__name__, "params": params, "hidden": args.hidden, "layers": args.layers,
                   "vocab": model.config.text_config.vocab_size,
-                  "vision": "depth 2, hidden 64; 4-64 tokens per image"},
+                  "vision": "depth 2, hidden 64; 4-64 tokens per image"} if args.family == "qwen2_5_vl" else
+                 {"class": type(model).__name__, "params": params, "family": args.family,
+                  "hidden": model.config.text_config.hidden_size, "layers": model.config.text_config.num_hidden_layers,
+                  "vocab": model.config.text_config.vocab_size, "vision": f"examples/tiny_vlm/{name}.py's tiny tower"},
         "data": {"records": args.records, "samples": len(ids),
                  "dropped_by_packer": summary.samples_read - summary.samples_packed,
                  "real_tokens": int(lens.sum()), "images": images,
@@ -812,6 +834,13 @@ def cp_list(text: str) -> list[int]:
     return out
 
 
+def family_name(text: str) -> str:
+    """``--family``: a name of :data:`FAMILIES`."""
+    if text not in FAMILIES:
+        raise argparse.ArgumentTypeError(f"{text!r}: give one of {', '.join(FAMILIES)}")
+    return text
+
+
 def attention_list(text: str) -> str:
     """``--attention``: one of sdpa, varlen, flex, or several joined by commas (the first is the packed
     mode's; each other one adds a mode ``packed_<name>`` over the same batches)."""
@@ -835,6 +864,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--otf-rows", type=int, default=4, help="open rows of the on-the-fly packer (1: next-fit)")
     ap.add_argument("--hidden", type=int, help=f"text model width (default {DEFAULT['hidden']})")
     ap.add_argument("--layers", type=int, help=f"text model layers (default {DEFAULT['layers']})")
+    ap.add_argument("--family", type=family_name, default="qwen2_5_vl",
+                    help="the tiny processor and model of examples/tiny_vlm to pack and train (module docstring): "
+                         + ", ".join(FAMILIES) + "; --hidden/--layers size qwen2_5_vl's alone")
     ap.add_argument("--rounds", type=int, help=f"timed passes over every mode (default {DEFAULT['rounds']})")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--attention", type=attention_list, default="sdpa",
@@ -864,12 +896,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
+    if args.long_video and args.family != "qwen2_5_vl":
+        raise SystemExit(f"--long-video plans with Qwen2.5-VL's video settings, not --family {args.family}'s; "
+                         "leave --family out")
     if args.long_video:
         return long_video_main(args)
     if args.cp and len(args.cp) > 1:
         raise SystemExit(f"--cp {','.join(map(str, args.cp))}: one degree with the training modes (several with "
                          "--long-video)")
     args.cp = args.cp[0] if args.cp else None
+    sized = [f"--{k}" for k in ("hidden", "layers") if getattr(args, k) is not None]
+    if args.family != "qwen2_5_vl" and sized:
+        raise SystemExit(f"{' and '.join(sized)}: --family {args.family}'s tiny model has its example's sizes "
+                         f"(examples/tiny_vlm/{FAMILIES[args.family][0]}.py); leave them out, or use --family "
+                         "qwen2_5_vl")
     for key, value in (QUICK if args.quick else DEFAULT).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -984,6 +1024,9 @@ def print_table(res: dict) -> None:
         reached = res["ratios"]["packed_compiled_vs_pad_to_longest"]["median"] / res["fill_bound"]
         print(f"packed_compiled reaches {reached:.2f} of the fill bound; recompiles after its first step: "
               f"{res['recompiles_after_first_step']}")
+        compiled, eager = res["modes"]["packed_compiled"]["loss_sum"], res["modes"]["packed"]["loss_sum"]
+        print(f"summed loss: packed_compiled {compiled:.6f}, packed (eager) {eager:.6f} "
+              f"(relative difference {abs(compiled - eager) / abs(eager):.1e})")
 
 
 if __name__ == "__main__":
