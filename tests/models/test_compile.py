@@ -26,7 +26,7 @@ import wdspack
 from tests.support import vlm_harness as h
 from wdspack.errors import ConfigError
 from wdspack.models.compile import compile_decoder_layers, decoder_layers, traceable_kernel
-from wdspack.models.families.minicpmv import segment_linear_attention
+from wdspack.models.linear_attention import segment_linear_attention
 from wdspack.models.varlen import reference_varlen_attn, use_varlen_attention
 
 #: every family the loader feeds (tests/support/vlm_harness.py; Mistral 3's sliding-window variant is a config),

@@ -11,7 +11,7 @@ row length as ``max_seqlen`` (an upper bound, as the kernel allows) instead of t
 that would recompile per value; :func:`traceable_kernel` makes a Python kernel (the CPU reference) a
 custom op that dynamo traces without reading ``cu_seqlens``. Linear-attention layers (MiniCPM-V 4.6's Qwen3.5
 Gated DeltaNet), which run once per sub-sample, are split first
-(:func:`~wdspack.models.families.minicpmv.traceable_linear_attention`): their per-token work is traced on the
+(:func:`~wdspack.models.linear_attention.traceable_linear_attention`): their per-token work is traced on the
 whole rows, their per-segment core (convolution and recurrence) is one custom op that runs eager.
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
-from .families.minicpmv import traceable_linear_attention
+from .linear_attention import traceable_linear_attention
 from .varlen import MAX_SEQLEN_KEY, Kernel
 
 __all__ = ["VISION_PREFIXES", "compile_decoder_layers", "decoder_layers", "traceable_kernel"]
@@ -57,7 +57,7 @@ def compile_decoder_layers(model: Any, **options: Any) -> Any:
     compile at the first step and never again: every layer is the same code with the same input shapes
     (one graph per kind of layer). The vision tower, the embeddings, the mask and the LM head stay eager.
     A model with linear-attention layers (MiniCPM-V 4.6) has them made traceable first
-    (:func:`~wdspack.models.families.minicpmv.traceable_linear_attention`): compiled, the decoder layer
+    (:func:`~wdspack.models.linear_attention.traceable_linear_attention`): compiled, the decoder layer
     around them and their per-token projections, gates, gated norm and ``out_proj`` on the whole rows; eager,
     inside one custom op, each sub-sample's causal convolution and gated delta rule. Loss and gradients are the
     eager model's (tests/models/test_compile.py). Calling it twice is refused; copy a model before, not after
